@@ -1,0 +1,126 @@
+// Package collective holds nexar's collective algorithms as pure schedules
+// over a small Link interface, plus the element-wise reduction kernels.
+//
+// Nothing in this package does I/O of its own or imports another package of
+// the module: an algorithm is a sequence of Send/Recv calls on a Link, so it
+// can be run by N goroutines over an in-memory Link in a unit test and by
+// core over a real transport in production.
+package collective
+
+import (
+	"context"
+	"fmt"
+)
+
+// DType is an element type. The numeric values are part of the C ABI
+// (nexar_datatype_t) and of the wire signature: append, never renumber.
+type DType uint8
+
+const (
+	Int8 DType = iota
+	Uint8
+	Int32
+	Uint32
+	Int64
+	Uint64
+	Float16
+	BFloat16
+	Float32
+	Float64
+	numDTypes
+)
+
+var dtypeInfo = [numDTypes]struct {
+	name string
+	size int
+}{
+	Int8: {"int8", 1}, Uint8: {"uint8", 1}, Int32: {"int32", 4}, Uint32: {"uint32", 4},
+	Int64: {"int64", 8}, Uint64: {"uint64", 8}, Float16: {"float16", 2},
+	BFloat16: {"bfloat16", 2}, Float32: {"float32", 4}, Float64: {"float64", 8},
+}
+
+// Valid reports whether d is a known element type.
+func (d DType) Valid() bool { return d < numDTypes }
+
+// Size is the element size in bytes (0 for an invalid type).
+func (d DType) Size() int {
+	if !d.Valid() {
+		return 0
+	}
+	return dtypeInfo[d].size
+}
+
+// IsFloat reports whether d is a floating-point type.
+func (d DType) IsFloat() bool {
+	return d == Float16 || d == BFloat16 || d == Float32 || d == Float64
+}
+
+func (d DType) String() string {
+	if !d.Valid() {
+		return fmt.Sprintf("dtype(%d)", uint8(d))
+	}
+	return dtypeInfo[d].name
+}
+
+// Op is a reduction operator. Values are part of the C ABI (nexar_op_t).
+type Op uint8
+
+const (
+	Sum Op = iota
+	Prod
+	Min
+	Max
+	Avg // floating types only: sum, then divide by the number of ranks
+	Band
+	Bor
+	Bxor
+	numOps
+)
+
+var opNames = [numOps]string{"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"}
+
+// Valid reports whether o is a known operator.
+func (o Op) Valid() bool { return o < numOps }
+
+func (o Op) String() string {
+	if !o.Valid() {
+		return fmt.Sprintf("op(%d)", uint8(o))
+	}
+	return opNames[o]
+}
+
+// Check returns an error when op makes no sense for dt (bitwise ops on
+// floats, avg on integers) or either is unknown.
+func Check(dt DType, op Op) error {
+	switch {
+	case !dt.Valid():
+		return fmt.Errorf("collective: invalid datatype %d", uint8(dt))
+	case !op.Valid():
+		return fmt.Errorf("collective: invalid op %d", uint8(op))
+	case dt.IsFloat() && (op == Band || op == Bor || op == Bxor):
+		return fmt.Errorf("collective: op %s is not defined for floating type %s", op, dt)
+	case !dt.IsFloat() && op == Avg:
+		return fmt.Errorf("collective: op avg is only defined for floating types, not %s", dt)
+	}
+	return nil
+}
+
+// Link is what an algorithm needs from the world: this rank's place in the
+// group and reliable, ordered, matched byte transfer to and from peers.
+//
+// A message is identified by (peer, step). step is chosen by the algorithm
+// and must be unique per direction within one collective call; the caller of
+// the algorithm (core) scopes it by communicator and operation sequence
+// number, so steps of different calls never meet.
+//
+// Send may return once data is handed off (it must not alias data after
+// returning). Recv fills buf completely with the message sent under the same
+// step and returns an error if the message length differs from len(buf).
+// Both are safe to call concurrently from several goroutines for different
+// (peer, step) pairs.
+type Link interface {
+	Rank() int
+	Size() int
+	Send(ctx context.Context, peer int, step uint32, data []byte) error
+	Recv(ctx context.Context, peer int, step uint32, buf []byte) error
+}

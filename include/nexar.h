@@ -1,0 +1,475 @@
+/*
+ * nexar.h - the C ABI of libnexar, a distributed communication runtime
+ * (point-to-point messages and collectives between processes).
+ *
+ * SPDX-License-Identifier: Apache-2.0
+ *
+ * Conventions
+ * -----------
+ * - Functions are nexar_<object>_<verb>, types nexar_*_t, macros NEXAR_*.
+ * - Every function except nexar_result_string, nexar_last_error and
+ *   nexar_get_version returns a nexar_result_t: NEXAR_SUCCESS (0) or an
+ *   error code. On error, nexar_last_error() returns a message naming the
+ *   function and the argument or peer at fault.
+ * - Counts are size_t and count ELEMENTS of the given datatype, never bytes.
+ *   A count whose byte size overflows size_t is NEXAR_ERR_INVALID_ARGUMENT.
+ *   A NULL buffer is allowed only when its count is 0.
+ * - Argument order follows MPI and NCCL:
+ *   (sendbuf, recvbuf, count, datatype, op, root, comm[, request]).
+ * - In place: passing the same pointer as sendbuf and recvbuf means "the
+ *   input is already in recvbuf" wherever that makes sense; each function
+ *   says what it means for it. Other overlaps are undefined.
+ * - Handles (nexar_comm_t, nexar_request_t) are opaque. Every call validates
+ *   them: an unknown, NULL or destroyed handle gives NEXAR_ERR_INVALID_HANDLE,
+ *   never a crash. Handle values are never reused within a process.
+ * - Collectives on one communicator must be called in the same order on
+ *   every member. Mismatched calls (different kind, count, datatype, op or
+ *   root) fail with NEXAR_ERR_MISMATCH instead of corrupting data.
+ *
+ * Threads
+ * -------
+ * Every function may be called from any thread. Calls on different
+ * communicators from different threads are fully independent. On ONE
+ * communicator, point-to-point calls and request functions may be made from
+ * several threads at once; collectives are memory-safe from several threads
+ * too, but since their order must agree across ranks, issue the collectives
+ * of one communicator from one thread at a time (or order them yourself).
+ * nexar_last_error() is per thread.
+ *
+ * Limits of the implementation (a Go runtime inside a shared library)
+ * -------------------------------------------------------------------
+ * - Load exactly one copy of libnexar.so per process and never dlclose it.
+ * - After fork() without exec() the library is unusable in the child: start
+ *   worker processes with fork+exec or posix_spawn (Python: the "spawn"
+ *   start method).
+ * - Signal handlers installed by the host program must use SA_ONSTACK.
+ */
+#ifndef NEXAR_H
+#define NEXAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------
+ * Versions
+ * --------------------------------------------------------------------- */
+
+#define NEXAR_VERSION_MAJOR 0
+#define NEXAR_VERSION_MINOR 1
+#define NEXAR_VERSION_PATCH 0
+
+/* NEXAR_VERSION encodes a version as one comparable integer. */
+#define NEXAR_VERSION(major, minor, patch) \
+    ((major) * 10000 + (minor) * 100 + (patch))
+
+/* NEXAR_VERSION_CODE is the version of this header. */
+#define NEXAR_VERSION_CODE \
+    NEXAR_VERSION(NEXAR_VERSION_MAJOR, NEXAR_VERSION_MINOR, NEXAR_VERSION_PATCH)
+
+/* ------------------------------------------------------------------------
+ * Types
+ * --------------------------------------------------------------------- */
+
+/* nexar_result_t is the result of every call. Values are part of the ABI:
+ * codes are only ever appended, never renumbered. */
+typedef enum nexar_result {
+    NEXAR_SUCCESS = 0,
+    NEXAR_ERR_INVALID_ARGUMENT = 1, /* bad pointer, count, datatype, op, root, peer, config */
+    NEXAR_ERR_INVALID_HANDLE = 2,   /* unknown, NULL or destroyed comm/request handle */
+    NEXAR_ERR_MISMATCH = 3,         /* ranks made different collective calls */
+    NEXAR_ERR_PEER_DOWN = 4,        /* a peer process died or became unreachable */
+    NEXAR_ERR_TIMEOUT = 5,          /* the operation did not finish in time */
+    NEXAR_ERR_ABORTED = 6,          /* the communicator was aborted */
+    NEXAR_ERR_CLOSED = 7,           /* the communicator was closed */
+    NEXAR_ERR_AUTH = 8,             /* authentication with the seed or a peer failed */
+    NEXAR_ERR_TRUNCATED = 9,        /* a message was larger than the receive buffer */
+    NEXAR_ERR_UNAVAILABLE = 10,     /* a feature or device is not available */
+    NEXAR_ERR_INTERNAL = 11         /* a bug in nexar; the message says more */
+} nexar_result_t;
+
+/* nexar_datatype_t is an element type. Values are part of the ABI. */
+typedef enum nexar_datatype {
+    NEXAR_INT8 = 0,
+    NEXAR_UINT8 = 1,
+    NEXAR_INT32 = 2,
+    NEXAR_UINT32 = 3,
+    NEXAR_INT64 = 4,
+    NEXAR_UINT64 = 5,
+    NEXAR_FLOAT16 = 6,  /* IEEE 754 binary16 */
+    NEXAR_BFLOAT16 = 7, /* bfloat16 (upper half of a float32) */
+    NEXAR_FLOAT32 = 8,
+    NEXAR_FLOAT64 = 9
+} nexar_datatype_t;
+
+/* nexar_op_t is a reduction operator. Values are part of the ABI.
+ * NEXAR_AVG is defined for floating types only; NEXAR_BAND, NEXAR_BOR and
+ * NEXAR_BXOR for integer types only. Half types are reduced in float32 and
+ * rounded to nearest even. NaN propagates through MIN and MAX. */
+typedef enum nexar_op {
+    NEXAR_SUM = 0,
+    NEXAR_PROD = 1,
+    NEXAR_MIN = 2,
+    NEXAR_MAX = 3,
+    NEXAR_AVG = 4, /* sum divided by the number of ranks */
+    NEXAR_BAND = 5,
+    NEXAR_BOR = 6,
+    NEXAR_BXOR = 7
+} nexar_op_t;
+
+/* nexar_comm_t is a communicator: a group of ranks 0..size-1. */
+typedef struct nexar_comm_s* nexar_comm_t;
+
+/* nexar_request_t is an operation started by a non-blocking call. */
+typedef struct nexar_request_s* nexar_request_t;
+
+#define NEXAR_COMM_NULL ((nexar_comm_t)0)
+#define NEXAR_REQUEST_NULL ((nexar_request_t)0)
+
+/* NEXAR_ANY_SOURCE as the peer of a receive matches a message from any rank. */
+#define NEXAR_ANY_SOURCE (-1)
+
+/* NEXAR_UNDEFINED as the color of nexar_comm_split means "not a member". */
+#define NEXAR_UNDEFINED (-1)
+
+/* nexar_status_t describes a completed receive. */
+typedef struct nexar_status {
+    int source;       /* rank that sent the message */
+    uint64_t tag;     /* tag of the message */
+    size_t count;     /* number of ELEMENTS received (<= the posted count) */
+    size_t bytes;     /* number of bytes received */
+    uint64_t reserved_[4];
+} nexar_status_t;
+
+/* nexar_config_t configures nexar_comm_init. Always initialize it with
+ * NEXAR_CONFIG_INIT, then set the fields you need; struct_size lets later
+ * versions append fields without breaking programs built against this one.
+ * A zero/NULL field means "the library default" unless stated otherwise. */
+typedef struct nexar_config {
+    size_t struct_size;            /* sizeof(nexar_config_t); set by NEXAR_CONFIG_INIT */
+    int rank;                      /* this process's rank, or -1: assigned by the seed in join order */
+    int world_size;                /* number of ranks (required, >= 1) */
+    const char* seed_addr;         /* rendezvous "host:port"; rank 0 runs it embedded */
+    const void* token;             /* cluster secret shared by all ranks */
+    size_t token_len;              /* bytes in token */
+    const char* bind_addr;         /* local UDP "host:port" to listen on (default: any) */
+    const char* advertise_addr;    /* address peers should dial (default: derived) */
+    int64_t timeout_ms;            /* deadline of each blocking operation */
+    int64_t connect_timeout_ms;    /* deadline of rendezvous and mesh set-up */
+    int64_t heartbeat_interval_ms; /* how often peers are probed */
+    int64_t heartbeat_timeout_ms;  /* silence after which a peer is down */
+    int64_t max_buffered_bytes;    /* bound on early-arrival buffering per communicator */
+} nexar_config_t;
+
+#define NEXAR_CONFIG_INIT \
+    { sizeof(nexar_config_t), -1, 0, NULL, NULL, 0, NULL, NULL, 0, 0, 0, 0, 0 }
+
+/* ------------------------------------------------------------------------
+ * Errors and version
+ * --------------------------------------------------------------------- */
+
+/* nexar_result_string returns a static, human-readable name for code
+ * ("unknown result" for a code this library does not know).
+ * Result: never NULL; must not be freed.
+ * Thread-safety: safe from any thread. */
+const char* nexar_result_string(nexar_result_t code);
+
+/* nexar_last_error returns a description of the most recent failing nexar
+ * call made BY THE CALLING THREAD, naming the function and the argument or
+ * peer at fault, e.g. "nexar_send: buf is NULL but count is 4".
+ * Successful calls leave it unchanged.
+ * Result: never NULL ("" if no call has failed on this thread); owned by
+ * the library and valid until the next nexar call on this thread.
+ * Thread-safety: the message is thread-local. */
+const char* nexar_last_error(void);
+
+/* nexar_get_version stores the version of the loaded library (which may
+ * differ from NEXAR_VERSION_* of the header you compiled against).
+ * Args: major, minor, patch: out; each may be NULL to skip it.
+ * Thread-safety: safe from any thread. */
+void nexar_get_version(int* major, int* minor, int* patch);
+
+/* ------------------------------------------------------------------------
+ * Communicators
+ * --------------------------------------------------------------------- */
+
+/* nexar_comm_init_from_env creates the world communicator from the
+ * environment of the launcher: NEXAR_RANK, NEXAR_WORLD_SIZE, NEXAR_SEED,
+ * NEXAR_TOKEN (set by `nexar run`), else torchrun's RANK, WORLD_SIZE,
+ * MASTER_ADDR, MASTER_PORT, else Slurm's or Open MPI's variables.
+ * Blocks until every rank has joined (rendezvous plus connection set-up).
+ * Args: comm: out; receives the new handle (NEXAR_COMM_NULL on failure).
+ * Result: NEXAR_SUCCESS; NEXAR_ERR_INVALID_ARGUMENT (comm NULL, missing or
+ * bad variables); NEXAR_ERR_TIMEOUT; NEXAR_ERR_AUTH; NEXAR_ERR_PEER_DOWN.
+ * Thread-safety: safe from any thread; each call creates a new world. */
+nexar_result_t nexar_comm_init_from_env(nexar_comm_t* comm);
+
+/* nexar_comm_init creates the world communicator from an explicit
+ * configuration. Blocks until every rank has joined.
+ * Args: config: initialized with NEXAR_CONFIG_INIT; read during the call
+ *       only (strings and token are copied).
+ *       comm: out; receives the new handle (NEXAR_COMM_NULL on failure).
+ * Result: as nexar_comm_init_from_env; NEXAR_ERR_INVALID_ARGUMENT also for
+ * a bad config (struct_size too small, world_size < 1, rank out of range).
+ * Thread-safety: safe from any thread; each call creates a new world. */
+nexar_result_t nexar_comm_init(const nexar_config_t* config, nexar_comm_t* comm);
+
+/* nexar_comm_destroy releases a communicator and everything it holds.
+ * It is local (no communication with other ranks). Pending operations fail
+ * with NEXAR_ERR_CLOSED; requests stay valid handles until freed.
+ * Destroying a handle twice gives NEXAR_ERR_INVALID_HANDLE.
+ * Args: comm: the communicator.
+ * Result: NEXAR_SUCCESS or NEXAR_ERR_INVALID_HANDLE.
+ * Thread-safety: safe from any thread, but no other thread may be using
+ * comm at the same time unless it is prepared to get NEXAR_ERR_CLOSED or
+ * NEXAR_ERR_INVALID_HANDLE. */
+nexar_result_t nexar_comm_destroy(nexar_comm_t comm);
+
+/* nexar_comm_abort makes every pending and later operation on comm fail
+ * with NEXAR_ERR_ABORTED, on this rank at once and on the other ranks as
+ * soon as they notice. The handle must still be destroyed.
+ * Args: comm: the communicator.
+ * Result: NEXAR_SUCCESS or NEXAR_ERR_INVALID_HANDLE.
+ * Thread-safety: safe from any thread, also while other threads are blocked
+ * in calls on comm (that is what it is for). */
+nexar_result_t nexar_comm_abort(nexar_comm_t comm);
+
+/* nexar_comm_rank stores this process's rank in comm (0..size-1).
+ * Args: comm; rank: out, non-NULL.
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE, NEXAR_ERR_INVALID_ARGUMENT.
+ * Thread-safety: safe from any thread. */
+nexar_result_t nexar_comm_rank(nexar_comm_t comm, int* rank);
+
+/* nexar_comm_size stores the number of ranks in comm.
+ * Args: comm; size: out, non-NULL.
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE, NEXAR_ERR_INVALID_ARGUMENT.
+ * Thread-safety: safe from any thread. */
+nexar_result_t nexar_comm_size(nexar_comm_t comm, int* size);
+
+/* nexar_comm_split partitions comm: ranks passing the same color form a new
+ * communicator, ordered by key (ties by their rank in comm). Collective
+ * over comm. A rank passing color NEXAR_UNDEFINED (any negative color)
+ * joins none and gets NEXAR_COMM_NULL.
+ * Args: comm; color; key; newcomm: out, non-NULL.
+ * Result: NEXAR_SUCCESS or an error of a collective.
+ * Thread-safety: as for collectives. */
+nexar_result_t nexar_comm_split(nexar_comm_t comm, int color, int key, nexar_comm_t* newcomm);
+
+/* nexar_comm_get_error stores the communicator's sticky failure:
+ * NEXAR_SUCCESS while healthy, else the code that broke it (for example
+ * NEXAR_ERR_PEER_DOWN found by the background failure detector).
+ * Args: comm; error: out, non-NULL.
+ * Result: NEXAR_SUCCESS (the call itself worked), NEXAR_ERR_INVALID_HANDLE,
+ * NEXAR_ERR_INVALID_ARGUMENT. Thread-safety: safe from any thread. */
+nexar_result_t nexar_comm_get_error(nexar_comm_t comm, nexar_result_t* error);
+
+/* ------------------------------------------------------------------------
+ * Point-to-point
+ *
+ * Messages are matched by (source, tag) in the order sent per (source, tag),
+ * as in MPI. A send may complete before the matching receive is posted
+ * (messages are buffered, with back-pressure).
+ * Thread-safety: safe from several threads on one communicator.
+ * --------------------------------------------------------------------- */
+
+/* nexar_send sends count elements of buf to rank peer with the given tag.
+ * Returns when buf may be reused.
+ * Result: NEXAR_SUCCESS; NEXAR_ERR_INVALID_ARGUMENT (buf NULL with count >
+ * 0, bad dt, peer out of range, overflow); NEXAR_ERR_INVALID_HANDLE;
+ * NEXAR_ERR_PEER_DOWN, NEXAR_ERR_TIMEOUT, NEXAR_ERR_ABORTED, NEXAR_ERR_CLOSED. */
+nexar_result_t nexar_send(const void* buf, size_t count, nexar_datatype_t dt, int peer,
+                          uint64_t tag, nexar_comm_t comm);
+
+/* nexar_recv receives a message from peer (or NEXAR_ANY_SOURCE) with the
+ * given tag into buf, which holds up to count elements. A shorter message is
+ * fine (use nexar_recv_status to learn its size); a longer one gives
+ * NEXAR_ERR_TRUNCATED.
+ * Result: as nexar_send, plus NEXAR_ERR_TRUNCATED. */
+nexar_result_t nexar_recv(void* buf, size_t count, nexar_datatype_t dt, int peer,
+                          uint64_t tag, nexar_comm_t comm);
+
+/* nexar_recv_status is nexar_recv that also reports the source, tag and size
+ * of the received message.
+ * Args: as nexar_recv; status: out, may be NULL.
+ * Result: as nexar_recv. */
+nexar_result_t nexar_recv_status(void* buf, size_t count, nexar_datatype_t dt, int peer,
+                                 uint64_t tag, nexar_comm_t comm, nexar_status_t* status);
+
+/* ------------------------------------------------------------------------
+ * Collectives (blocking)
+ *
+ * Every member of comm must call the same collective with matching
+ * arguments, in the same order as its other collectives on comm.
+ * Common results: NEXAR_SUCCESS; NEXAR_ERR_INVALID_ARGUMENT (NULL buffer
+ * with count > 0, bad dt/op/root, overflowing count); NEXAR_ERR_INVALID_HANDLE;
+ * NEXAR_ERR_MISMATCH; NEXAR_ERR_PEER_DOWN; NEXAR_ERR_TIMEOUT;
+ * NEXAR_ERR_ABORTED; NEXAR_ERR_CLOSED.
+ * Thread-safety: see "Threads" above.
+ * --------------------------------------------------------------------- */
+
+/* nexar_allreduce: recvbuf[i] = op over ranks of sendbuf[i], i < count, on
+ * every rank. In place: sendbuf == recvbuf. */
+nexar_result_t nexar_allreduce(const void* sendbuf, void* recvbuf, size_t count,
+                               nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm);
+
+/* nexar_broadcast copies count elements of buf on rank root into buf on
+ * every other rank. */
+nexar_result_t nexar_broadcast(void* buf, size_t count, nexar_datatype_t dt, int root,
+                               nexar_comm_t comm);
+
+/* nexar_reduce: like nexar_allreduce, but only root receives the result.
+ * recvbuf is used on root only (may be NULL elsewhere). In place on root:
+ * sendbuf == recvbuf. */
+nexar_result_t nexar_reduce(const void* sendbuf, void* recvbuf, size_t count,
+                            nexar_datatype_t dt, nexar_op_t op, int root, nexar_comm_t comm);
+
+/* nexar_allgather: recvbuf (size*sendcount elements) receives rank r's
+ * sendcount elements at offset r*sendcount, on every rank. In place:
+ * sendbuf == recvbuf, with this rank's block already at its offset. */
+nexar_result_t nexar_allgather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                               nexar_datatype_t dt, nexar_comm_t comm);
+
+/* nexar_allgatherv: recvbuf receives rank r's recvcounts[r] elements at
+ * element offset displs[r]; sendcount must equal recvcounts[rank].
+ * recvcounts and displs have size entries. In place: sendbuf == recvbuf,
+ * with this rank's block already at displs[rank]. */
+nexar_result_t nexar_allgatherv(const void* sendbuf, size_t sendcount, void* recvbuf,
+                                const size_t* recvcounts, const size_t* displs,
+                                nexar_datatype_t dt, nexar_comm_t comm);
+
+/* nexar_reduce_scatter: sendbuf holds size*recvcount elements; the
+ * element-wise reduction of block r over all ranks goes to recvbuf
+ * (recvcount elements) on rank r. In place: sendbuf == recvbuf holding
+ * size*recvcount elements; the result is left in its first recvcount. */
+nexar_result_t nexar_reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                    nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm);
+
+/* nexar_alltoall: block j (count_per_peer elements) of sendbuf on rank i
+ * goes to block i of recvbuf on rank j. Both buffers hold
+ * size*count_per_peer elements. In place: sendbuf == recvbuf. */
+nexar_result_t nexar_alltoall(const void* sendbuf, void* recvbuf, size_t count_per_peer,
+                              nexar_datatype_t dt, nexar_comm_t comm);
+
+/* nexar_alltoallv: sendcounts[j] elements at sendbuf offset sdispls[j] go
+ * to rank j, which receives them at recvbuf offset rdispls[i] (i = sender),
+ * recvcounts[i] elements. All four arrays have size entries, in elements,
+ * and recvcounts[i] on rank j must equal sendcounts[j] on rank i. */
+nexar_result_t nexar_alltoallv(const void* sendbuf, const size_t* sendcounts,
+                               const size_t* sdispls, void* recvbuf,
+                               const size_t* recvcounts, const size_t* rdispls,
+                               nexar_datatype_t dt, nexar_comm_t comm);
+
+/* nexar_gather: root's recvbuf (size*sendcount elements) receives rank r's
+ * sendcount elements at offset r*sendcount. recvbuf is used on root only.
+ * In place on root: sendbuf == recvbuf, root's block already in place. */
+nexar_result_t nexar_gather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                            nexar_datatype_t dt, int root, nexar_comm_t comm);
+
+/* nexar_gatherv: root's recvbuf receives rank r's sendcount elements
+ * (= recvcounts[r]) at element offset displs[r]. recvbuf, recvcounts and
+ * displs are used on root only (may be NULL elsewhere). In place on root:
+ * sendbuf == recvbuf. */
+nexar_result_t nexar_gatherv(const void* sendbuf, size_t sendcount, void* recvbuf,
+                             const size_t* recvcounts, const size_t* displs,
+                             nexar_datatype_t dt, int root, nexar_comm_t comm);
+
+/* nexar_scatter: block r (recvcount elements) of root's sendbuf
+ * (size*recvcount elements) goes to recvbuf on rank r. sendbuf is used on
+ * root only. In place on root: recvbuf == sendbuf (root's block stays). */
+nexar_result_t nexar_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                             nexar_datatype_t dt, int root, nexar_comm_t comm);
+
+/* nexar_scatterv: sendcounts[r] elements at element offset displs[r] of
+ * root's sendbuf go to recvbuf on rank r (recvcount must equal
+ * sendcounts[r]). sendbuf, sendcounts and displs are used on root only.
+ * In place on root: recvbuf == sendbuf. */
+nexar_result_t nexar_scatterv(const void* sendbuf, const size_t* sendcounts,
+                              const size_t* displs, void* recvbuf, size_t recvcount,
+                              nexar_datatype_t dt, int root, nexar_comm_t comm);
+
+/* nexar_scan: inclusive prefix reduction: rank r receives op over ranks
+ * 0..r. In place: sendbuf == recvbuf. */
+nexar_result_t nexar_scan(const void* sendbuf, void* recvbuf, size_t count,
+                          nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm);
+
+/* nexar_exscan: exclusive prefix reduction: rank r > 0 receives op over
+ * ranks 0..r-1; rank 0's recvbuf is left unchanged (as in MPI). In place:
+ * sendbuf == recvbuf. */
+nexar_result_t nexar_exscan(const void* sendbuf, void* recvbuf, size_t count,
+                            nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm);
+
+/* nexar_barrier returns once every member of comm has entered it. */
+nexar_result_t nexar_barrier(nexar_comm_t comm);
+
+/* ------------------------------------------------------------------------
+ * Non-blocking operations
+ *
+ * Each takes the arguments of its blocking form, then req (out, non-NULL),
+ * and returns once the operation is started; errors in the arguments are
+ * reported at once, errors of the operation by nexar_wait/nexar_test.
+ * Several operations may be in flight on one communicator and complete in
+ * any order; collectives are ordered by the order of the calls that start
+ * them. Buffers must stay valid and untouched until the request completes.
+ * Every request must be released with nexar_request_free.
+ * --------------------------------------------------------------------- */
+
+nexar_result_t nexar_isend(const void* buf, size_t count, nexar_datatype_t dt, int peer,
+                           uint64_t tag, nexar_comm_t comm, nexar_request_t* req);
+nexar_result_t nexar_irecv(void* buf, size_t count, nexar_datatype_t dt, int peer,
+                           uint64_t tag, nexar_comm_t comm, nexar_request_t* req);
+nexar_result_t nexar_iallreduce(const void* sendbuf, void* recvbuf, size_t count,
+                                nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm,
+                                nexar_request_t* req);
+nexar_result_t nexar_ibroadcast(void* buf, size_t count, nexar_datatype_t dt, int root,
+                                nexar_comm_t comm, nexar_request_t* req);
+nexar_result_t nexar_ireduce(const void* sendbuf, void* recvbuf, size_t count,
+                             nexar_datatype_t dt, nexar_op_t op, int root, nexar_comm_t comm,
+                             nexar_request_t* req);
+nexar_result_t nexar_iallgather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                                nexar_datatype_t dt, nexar_comm_t comm, nexar_request_t* req);
+nexar_result_t nexar_ireduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                     nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm,
+                                     nexar_request_t* req);
+nexar_result_t nexar_ialltoall(const void* sendbuf, void* recvbuf, size_t count_per_peer,
+                               nexar_datatype_t dt, nexar_comm_t comm, nexar_request_t* req);
+nexar_result_t nexar_ibarrier(nexar_comm_t comm, nexar_request_t* req);
+
+/* nexar_wait blocks until req completes and returns the operation's result
+ * (the comm's timeout applies). Waiting again returns the same result.
+ * The request stays valid until nexar_request_free.
+ * Result: the operation's result, or NEXAR_ERR_INVALID_HANDLE.
+ * Thread-safety: safe from any thread; several threads may wait on
+ * different requests at once. */
+nexar_result_t nexar_wait(nexar_request_t req);
+
+/* nexar_test stores in *done 1 if req has completed, else 0, without
+ * blocking. When done, returns the operation's result.
+ * Args: req; done: out, non-NULL.
+ * Result: NEXAR_SUCCESS while in progress or on success; the operation's
+ * error once done; NEXAR_ERR_INVALID_HANDLE; NEXAR_ERR_INVALID_ARGUMENT.
+ * Thread-safety: as nexar_wait. */
+nexar_result_t nexar_test(nexar_request_t req, int* done);
+
+/* nexar_request_status stores the status of a completed receive request
+ * (nexar_irecv) in *status. For other requests it stores zeros.
+ * Result: NEXAR_SUCCESS; NEXAR_ERR_INVALID_HANDLE; NEXAR_ERR_INVALID_ARGUMENT
+ * (status NULL, or the request has not completed).
+ * Thread-safety: as nexar_wait. */
+nexar_result_t nexar_request_status(nexar_request_t req, nexar_status_t* status);
+
+/* nexar_request_free releases req. If the operation is still running it
+ * carries on in the background and its result is dropped; its buffers must
+ * stay valid until it would have completed, so wait first unless the
+ * communicator is being torn down. Freeing twice gives
+ * NEXAR_ERR_INVALID_HANDLE.
+ * Thread-safety: safe from any thread; no other thread may use req then. */
+nexar_result_t nexar_request_free(nexar_request_t req);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* NEXAR_H */

@@ -1,0 +1,103 @@
+// Package frame encodes and decodes the bulk wire frame shared by the stream
+// transports: a fixed little-endian prefix, the 48-byte opaque header and the
+// raw payload.
+//
+//	offset size field
+//	0      2    magic 'N' 'X'
+//	2      1    version (1)
+//	3      1    lane
+//	4      4    payload length, u32 LE, <= transport.MaxPayload
+//	8      48   header, opaque
+//	56     n    payload
+//
+// It is kept apart from any one transport so that a later bulk path (TCP,
+// shared memory) can speak the same frames.
+package frame
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/nexar-go/nexar/transport"
+)
+
+const (
+	// Magic0 and Magic1 open every frame.
+	Magic0, Magic1 = 'N', 'X'
+	// Version is the only frame version this code speaks.
+	Version = 1
+	// PrefixSize is the size of the fixed part before the payload.
+	PrefixSize = 8 + transport.HeaderSize
+)
+
+// ErrMalformed wraps every decoding error caused by the bytes on the wire.
+var ErrMalformed = errors.New("frame: malformed")
+
+// AppendPrefix appends the fixed part of a frame for a payload of n bytes.
+func AppendPrefix(dst []byte, lane transport.Lane, h *transport.Header, n int) []byte {
+	var p [8]byte
+	p[0], p[1], p[2], p[3] = Magic0, Magic1, Version, byte(lane)
+	binary.LittleEndian.PutUint32(p[4:], uint32(n))
+	dst = append(dst, p[:]...)
+	if h == nil {
+		var z transport.Header
+		return append(dst, z[:]...)
+	}
+	return append(dst, h[:]...)
+}
+
+// ParsePrefix checks the fixed part of a frame and returns its lane, header
+// and payload length; max bounds the length (use transport.MaxPayload).
+func ParsePrefix(b *[PrefixSize]byte, max uint32) (transport.Lane, *transport.Header, int, error) {
+	if b[0] != Magic0 || b[1] != Magic1 {
+		return 0, nil, 0, fmt.Errorf("%w: bad magic %#02x%02x", ErrMalformed, b[0], b[1])
+	}
+	if b[2] != Version {
+		return 0, nil, 0, fmt.Errorf("%w: unknown version %d", ErrMalformed, b[2])
+	}
+	lane := transport.Lane(b[3])
+	if lane >= transport.NumLanes {
+		return 0, nil, 0, fmt.Errorf("%w: unknown lane %d", ErrMalformed, b[3])
+	}
+	n := binary.LittleEndian.Uint32(b[4:8])
+	if n > max {
+		return 0, nil, 0, fmt.Errorf("%w: payload length %d exceeds %d", ErrMalformed, n, max)
+	}
+	h := new(transport.Header)
+	copy(h[:], b[8:])
+	return lane, h, int(n), nil
+}
+
+// Reader decodes frames from a byte stream. It is not safe for concurrent use.
+type Reader struct {
+	R   io.Reader
+	Max uint32 // payload bound; zero means transport.MaxPayload
+	buf [PrefixSize]byte
+}
+
+// Next reads one frame. It returns io.EOF only on a clean end between frames;
+// a truncated frame is io.ErrUnexpectedEOF. The payload is freshly allocated
+// (after the length was checked) and belongs to the caller.
+func (r *Reader) Next() (transport.Lane, *transport.Header, []byte, error) {
+	if _, err := io.ReadFull(r.R, r.buf[:]); err != nil {
+		return 0, nil, nil, err
+	}
+	max := r.Max
+	if max == 0 {
+		max = transport.MaxPayload
+	}
+	lane, h, n, err := ParsePrefix(&r.buf, max)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	p := make([]byte, n)
+	if _, err := io.ReadFull(r.R, p); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, nil, nil, err
+	}
+	return lane, h, p, nil
+}

@@ -70,7 +70,7 @@ func checkRounding(t *testing.T, name string, toF32 func(uint16) float32, fromF3
 		a, b := float64(toF32(lo)), float64(toF32(lo+1)) // lo+1 may be +Inf
 		var mid float32
 		if lo == maxFinite {
-			mid = float32(a + (a - float64(toF32(lo-1)))/2)
+			mid = float32(a + (a-float64(toF32(lo-1)))/2)
 		} else {
 			mid = float32((a + b) / 2)
 		}

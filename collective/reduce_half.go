@@ -14,12 +14,14 @@ func F16ToF32(h uint16) float32 {
 	x := uint32(h)
 	sign := x & 0x8000 << 16
 	o := x & 0x7fff << 13
-	if o >= 0x0f800000 { // Inf or NaN
+	switch {
+	case o >= 0x0f800000: // Inf or NaN
 		return math.Float32frombits(sign | 0x7f800000 | o)
+	case o < 0x00800000: // zero or subnormal: man * 2^-24, exact; no
+		// denormal operand, which would cost a microcode assist
+		return math.Float32frombits(sign | math.Float32bits(float32(x&0x3ff)*0x1p-24))
 	}
-	// Rebias the exponent by multiplying by 2^112; exact, and it also
-	// normalizes subnormals (Go never flushes denormals).
-	return math.Float32frombits(math.Float32bits(math.Float32frombits(o)*0x1p112) | sign)
+	return math.Float32frombits(sign | (o + 112<<23))
 }
 
 // F32ToF16 converts f to IEEE 754 binary16, rounding to nearest even;

@@ -1,0 +1,92 @@
+//go:build amd64 && !purego
+
+#include "textflag.h"
+
+// Every kernel is func(dst, src unsafe.Pointer, n int): n > 0 bytes, a
+// multiple of 128, no alignment needed; dst = dst op src, four 32-byte
+// vectors per iteration. Intel's src1 is always the dst element, so a NaN
+// from dst wins for add/mul as in the scalar SSE code Go emits.
+
+// BINOP: a single VEX instruction with src as the memory operand.
+#define BINOP(NAME, INSN) \
+TEXT NAME(SB), NOSPLIT, $0-24 \
+	MOVQ dst+0(FP), DI \
+	MOVQ src+8(FP), SI \
+	MOVQ n+16(FP), CX \
+loop: \
+	VMOVDQU 0(DI), Y0 \
+	VMOVDQU 32(DI), Y1 \
+	VMOVDQU 64(DI), Y2 \
+	VMOVDQU 96(DI), Y3 \
+	INSN 0(SI), Y0, Y0 \
+	INSN 32(SI), Y1, Y1 \
+	INSN 64(SI), Y2, Y2 \
+	INSN 96(SI), Y3, Y3 \
+	VMOVDQU Y0, 0(DI) \
+	VMOVDQU Y1, 32(DI) \
+	VMOVDQU Y2, 64(DI) \
+	VMOVDQU Y3, 96(DI) \
+	ADDQ $128, DI \
+	ADDQ $128, SI \
+	SUBQ $128, CX \
+	JNZ loop \
+	VZEROUPPER \
+	RET
+
+BINOP(·addF32AVX2, VADDPS)
+BINOP(·mulF32AVX2, VMULPS)
+BINOP(·addF64AVX2, VADDPD)
+BINOP(·mulF64AVX2, VMULPD)
+BINOP(·addI8AVX2, VPADDB)
+BINOP(·minI8AVX2, VPMINSB)
+BINOP(·maxI8AVX2, VPMAXSB)
+BINOP(·minU8AVX2, VPMINUB)
+BINOP(·maxU8AVX2, VPMAXUB)
+BINOP(·addI32AVX2, VPADDD)
+BINOP(·mulI32AVX2, VPMULLD)
+BINOP(·minI32AVX2, VPMINSD)
+BINOP(·maxI32AVX2, VPMAXSD)
+BINOP(·minU32AVX2, VPMINUD)
+BINOP(·maxU32AVX2, VPMAXUD)
+BINOP(·addI64AVX2, VPADDQ)
+BINOP(·andAVX2, VPAND)
+BINOP(·orAVX2, VPOR)
+BINOP(·xorAVX2, VPXOR)
+
+// FMM: one vector of float min/max with the scalar semantics of fmin/fmax.
+// MINOP(a, b) returns b when they compare equal or either is NaN, so:
+//   t = MINOP(a, b)
+//   t = (a == b) ? MERGE(t, a) : t   // OR picks -0 for min, AND +0 for max
+//   t = isNaN(a) ? a : t             // a NaN in b is already in t
+#define FMM(OFF, A, B, T, M, MINOP, MERGE, CMP, BLEND) \
+	VMOVDQU OFF(DI), A \
+	VMOVDQU OFF(SI), B \
+	MINOP B, A, T \
+	CMP $0, B, A, M \
+	MERGE A, T, B \
+	BLEND M, B, T, T \
+	CMP $3, A, A, M \
+	BLEND M, A, T, T \
+	VMOVDQU T, OFF(DI)
+
+#define FMINMAX(NAME, MINOP, MERGE, CMP, BLEND) \
+TEXT NAME(SB), NOSPLIT, $0-24 \
+	MOVQ dst+0(FP), DI \
+	MOVQ src+8(FP), SI \
+	MOVQ n+16(FP), CX \
+loop: \
+	FMM(0, Y0, Y1, Y2, Y3, MINOP, MERGE, CMP, BLEND) \
+	FMM(32, Y4, Y5, Y6, Y7, MINOP, MERGE, CMP, BLEND) \
+	FMM(64, Y8, Y9, Y10, Y11, MINOP, MERGE, CMP, BLEND) \
+	FMM(96, Y12, Y13, Y14, Y15, MINOP, MERGE, CMP, BLEND) \
+	ADDQ $128, DI \
+	ADDQ $128, SI \
+	SUBQ $128, CX \
+	JNZ loop \
+	VZEROUPPER \
+	RET
+
+FMINMAX(·minF32AVX2, VMINPS, VORPS, VCMPPS, VBLENDVPS)
+FMINMAX(·maxF32AVX2, VMAXPS, VANDPS, VCMPPS, VBLENDVPS)
+FMINMAX(·minF64AVX2, VMINPD, VORPD, VCMPPD, VBLENDVPD)
+FMINMAX(·maxF64AVX2, VMAXPD, VANDPD, VCMPPD, VBLENDVPD)

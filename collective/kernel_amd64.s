@@ -90,3 +90,45 @@ FMINMAX(·minF32AVX2, VMINPS, VORPS, VCMPPS, VBLENDVPS)
 FMINMAX(·maxF32AVX2, VMAXPS, VANDPS, VCMPPS, VBLENDVPS)
 FMINMAX(·minF64AVX2, VMINPD, VORPD, VCMPPD, VBLENDVPD)
 FMINMAX(·maxF64AVX2, VMAXPD, VANDPD, VCMPPD, VBLENDVPD)
+
+// Float16 via F16C: widen 8 halves to float32, operate, and narrow with
+// round-to-nearest-even (imm 0), which is exactly the portable rule.
+#define F16STEP(OFF, INSN) \
+	VCVTPH2PS OFF(DI), Y0 \
+	VCVTPH2PS OFF(SI), Y1 \
+	INSN Y1, Y0, Y0 \
+	VCVTPS2PH $0, Y0, OFF(DI)
+
+#define F16OP(NAME, INSN) \
+TEXT NAME(SB), NOSPLIT, $0-24 \
+	MOVQ dst+0(FP), DI \
+	MOVQ src+8(FP), SI \
+	MOVQ n+16(FP), CX \
+loop: \
+	F16STEP(0, INSN) \
+	F16STEP(16, INSN) \
+	F16STEP(32, INSN) \
+	F16STEP(48, INSN) \
+	F16STEP(64, INSN) \
+	F16STEP(80, INSN) \
+	F16STEP(96, INSN) \
+	F16STEP(112, INSN) \
+	ADDQ $128, DI \
+	ADDQ $128, SI \
+	SUBQ $128, CX \
+	JNZ loop \
+	VZEROUPPER \
+	RET
+
+F16OP(·addF16F16C, VADDPS)
+F16OP(·mulF16F16C, VMULPS)
+
+// func hasF16C() bool: CPUID.1:ECX bit 29 (x/sys/cpu does not report it).
+TEXT ·hasF16C(SB), NOSPLIT, $0-1
+	MOVL $1, AX
+	XORL CX, CX
+	CPUID
+	SHRL $29, CX
+	ANDL $1, CX
+	MOVB CX, ret+0(FP)
+	RET

@@ -1,0 +1,389 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/nexar-go/nexar/transport"
+	"github.com/nexar-go/nexar/transport/mem"
+)
+
+// AnySource lets a receive match a message from any rank.
+const AnySource = -1
+
+// Status describes a completed receive. Count is in bytes.
+type Status struct {
+	Source int
+	Tag    uint64
+	Count  int
+}
+
+// Comm is a communicator: a group of ranks with point-to-point messages and
+// collectives. All methods are safe for concurrent use; as in MPI, ranks
+// must issue collectives on one Comm in the same order (the order in which
+// the calls are made, across goroutines, is the order they take).
+type Comm struct {
+	n     *node
+	id    uint64
+	rank  int
+	size  int
+	world []int // comm rank -> world rank
+	of    map[int]int
+	cfg   Config
+
+	ctx    context.Context // cancelled when the comm fails or closes
+	cancel context.CancelFunc
+	failed chan struct{}  // closed with err set
+	ops    sync.WaitGroup // running operation goroutines
+	bg     sync.WaitGroup // abort broadcasts started on failure
+
+	closeOnce sync.Once
+
+	// mu guards the following fields.
+	mu         sync.Mutex
+	err        error
+	nextSeq    uint64
+	mySig      map[uint64]signature // own calls whose ring check has not arrived
+	remoteSig  map[uint64]remoteSig // signatures seen for calls not made here yet
+	coll       map[collKey]*inMsg
+	posted     []*p2pRecv
+	unexpected []*inMsg
+	cur        []*inMsg        // p2p message in progress per source
+	sendTail   []chan struct{} // per peer: done when the previous p2p send finished
+}
+
+type remoteSig struct {
+	sig   signature
+	from  int
+	ringd bool // the ring check for this seq has arrived
+}
+
+type collKey struct {
+	src  int
+	seq  uint64
+	step uint32
+}
+
+// inMsg is one inbound message (collective or p2p), buffered or matched.
+type inMsg struct {
+	src      int
+	tag      uint64
+	total    int
+	got      int
+	chunks   [][]byte      // held while unmatched
+	held     int64         // bytes of chunks accounted in node.buffered
+	buf      []byte        // matched destination (collective)
+	recv     *p2pRecv      // matched destination (p2p)
+	done     chan struct{} // collective: closed when a matched message is complete
+	err      error
+	complete bool // p2p: all chunks arrived
+}
+
+type p2pRecv struct {
+	src    int
+	tag    uint64
+	buf    []byte
+	req    *Request
+	msg    *inMsg
+	cancel bool
+}
+
+func newComm(n *node, id uint64, rank int, world []int) *Comm {
+	c := &Comm{
+		n: n, id: id, rank: rank, size: len(world), world: world,
+		of: make(map[int]int, len(world)), cfg: n.cfg,
+		failed:    make(chan struct{}),
+		mySig:     make(map[uint64]signature),
+		remoteSig: make(map[uint64]remoteSig),
+		coll:      make(map[collKey]*inMsg),
+		cur:       make([]*inMsg, len(world)),
+		sendTail:  make([]chan struct{}, len(world)),
+	}
+	for r, w := range world {
+		c.of[w] = r
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	return c
+}
+
+// NewLocal builds n communicators in this process, connected by the
+// in-memory transport; element i is rank i. cfg's Rank, WorldSize, Seed and
+// Token are ignored.
+func NewLocal(n int, cfg Config) ([]*Comm, error) {
+	if n < 1 {
+		return nil, invalidArg("new", "world size %d must be >= 1", n)
+	}
+	cfg = cfg.withDefaults()
+	nodes := make([]*node, n)
+	hs := make([]transport.Handler, n)
+	ds := make([]transport.DownHandler, n)
+	for i := range nodes {
+		nodes[i] = newNode(cfg, i, n)
+		hs[i] = nodes[i].handle
+		ds[i] = nodes[i].onDown
+	}
+	eps := mem.NewMesh(n, hs, ds)
+	return worldComms(nodes, eps)
+}
+
+func worldComms(nodes []*node, eps []transport.Endpoint) ([]*Comm, error) {
+	n := len(nodes)
+	world := make([]int, n)
+	for i := range world {
+		world[i] = i
+	}
+	comms := make([]*Comm, n)
+	for i, nd := range nodes {
+		nd.ep = eps[i]
+		comms[i] = newComm(nd, worldID, i, world)
+		if err := nd.register(comms[i]); err != nil {
+			return nil, err
+		}
+	}
+	for _, nd := range nodes {
+		nd.start()
+	}
+	return comms, nil
+}
+
+// worldID is the id of every world communicator; split children derive
+// theirs from it (see childID).
+const worldID = 0
+
+// Rank is this process's rank in c.
+func (c *Comm) Rank() int { return c.rank }
+
+// Size is the number of ranks in c.
+func (c *Comm) Size() int { return c.size }
+
+// Err returns the sticky failure of c, or nil while it is healthy.
+func (c *Comm) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Abort fails every pending and later operation on c with err (wrapped in
+// an *Error with CodeAborted unless it is one already) and tells the other
+// ranks, whose operations then fail too.
+func (c *Comm) Abort(err error) {
+	var e *Error
+	if !errors.As(err, &e) {
+		msg := "aborted"
+		if err != nil {
+			msg = "aborted: " + err.Error()
+		}
+		e = &Error{Code: CodeAborted, Op: "abort", Rank: c.rank, Msg: msg, Cause: err}
+	}
+	if c.fail(e) {
+		c.broadcastAbort(e)
+	}
+}
+
+// Close destroys c: pending operations fail with CodeClosed, and the
+// goroutines and buffers of c are released; the transport endpoint is
+// closed with the last communicator that shares it. Close is local (not
+// collective) and idempotent.
+func (c *Comm) Close() error {
+	c.closeOnce.Do(func() {
+		c.fail(newError(CodeClosed, "close", c.rank, "communicator is closed"))
+		c.ops.Wait()
+		c.bg.Wait()
+		c.mu.Lock()
+		var held int64
+		for _, m := range c.coll {
+			held += m.held
+		}
+		for _, m := range c.unexpected {
+			held += m.held
+		}
+		for _, m := range c.cur {
+			if m != nil && m.recv == nil {
+				held += m.held
+			}
+		}
+		c.coll, c.unexpected, c.posted = nil, nil, nil
+		c.cur = make([]*inMsg, c.size)
+		c.mu.Unlock()
+		c.n.release(held)
+		c.n.unregister(c)
+	})
+	return nil
+}
+
+// fail makes err the sticky failure of c; it reports whether it did (false
+// when c had already failed).
+func (c *Comm) fail(err error) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.failLocked(err)
+}
+
+func (c *Comm) failLocked(err error) bool {
+	if c.err != nil {
+		return false
+	}
+	c.err = err
+	close(c.failed)
+	c.cancel()
+	if CodeOf(err) != CodeClosed {
+		c.n.log.Warn("nexar: communicator failed", "comm", c.id, "rank", c.rank, "err", err)
+	}
+	return true
+}
+
+// peerDownLocked is called with node.mu held.
+func (c *Comm) peerDownLocked(w int, why error) {
+	r, ok := c.of[w]
+	if !ok {
+		return
+	}
+	msg := fmt.Sprintf("rank %d is unreachable: %v", r, why)
+	if c.id != worldID && r != w {
+		msg = fmt.Sprintf("rank %d (world rank %d) is unreachable: %v", r, w, why)
+	}
+	c.fail(&Error{Code: CodePeerDown, Op: "comm", Rank: r, Msg: msg, Cause: why})
+}
+
+// broadcastAbort tells every other rank, best effort and bounded in time,
+// why c failed.
+func (c *Comm) broadcastAbort(e *Error) {
+	if c.size == 1 {
+		return
+	}
+	payload := append([]byte{byte(e.Code)}, []byte(truncate(e.Msg, 4096))...)
+	var th transport.Header
+	(&header{kind: kindControl, sub: ctlAbort, comm: c.id}).encode(&th)
+	for p := 0; p < c.size; p++ {
+		if p == c.rank || c.peerIsDown(p) {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.HeartbeatTimeout)
+		_ = c.n.ep.Send(ctx, c.world[p], transport.LaneControl, &th, payload)
+		cancel()
+	}
+}
+
+func (c *Comm) peerIsDown(p int) bool {
+	c.n.mu.Lock()
+	defer c.n.mu.Unlock()
+	return c.n.down[c.world[p]] != nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// failure returns the sticky error relabelled for op.
+func (c *Comm) failure(op string) error {
+	c.mu.Lock()
+	err := c.err
+	c.mu.Unlock()
+	if err == nil {
+		return nil
+	}
+	return withOp(err, op)
+}
+
+// deliver routes one inbound message. preAccounted means its payload is
+// already counted in node.buffered (a replay from node.pending, called with
+// node.mu held: deliver must then not block).
+func (c *Comm) deliver(from int, lane transport.Lane, h header, payload []byte, preAccounted bool) {
+	src, ok := c.of[from]
+	if !ok {
+		c.n.log.Warn("nexar: message from a non-member", "comm", c.id, "from", from)
+		if preAccounted {
+			c.n.buffered.Add(-int64(len(payload)))
+		}
+		return
+	}
+	switch h.kind {
+	case kindControl:
+		if preAccounted {
+			c.n.buffered.Add(-int64(len(payload)))
+		}
+		c.control(src, h, payload)
+	case kindColl:
+		c.deliverColl(src, h, payload, preAccounted)
+	case kindP2P:
+		c.deliverP2P(src, h, payload, preAccounted)
+	}
+}
+
+func (c *Comm) control(src int, h header, payload []byte) {
+	switch h.sub {
+	case ctlSigCheck:
+		c.mu.Lock()
+		c.checkSigLocked(src, h.seqOrTag, h.sig, true)
+		c.mu.Unlock()
+	case ctlAbort:
+		if len(payload) < 1 {
+			return
+		}
+		code := Code(payload[0])
+		if code <= CodeOK || code >= numCodes {
+			code = CodeAborted
+		}
+		msg := string(payload[1:])
+		if code != CodeMismatch {
+			msg = fmt.Sprintf("rank %d failed: %s", src, msg)
+		}
+		c.fail(&Error{Code: code, Op: "comm", Rank: src, Msg: msg})
+	}
+}
+
+// checkSigLocked compares a peer's signature for seq with ours, or keeps it
+// until we make call seq. ring marks the ring check (which retires mySig).
+func (c *Comm) checkSigLocked(src int, seq uint64, sig signature, ring bool) {
+	if mine, ok := c.mySig[seq]; ok {
+		if ring {
+			delete(c.mySig, seq)
+		}
+		if !mine.matches(sig) {
+			c.mismatchLocked(mine, src, sig)
+		}
+		return
+	}
+	if seq < c.nextSeq {
+		return // our call seq is done and already checked
+	}
+	if prev, ok := c.remoteSig[seq]; ok {
+		if !prev.sig.matches(sig) {
+			c.mismatchBetweenLocked(prev.from, prev.sig, src, sig)
+		}
+		if ring {
+			prev.ringd = true
+			c.remoteSig[seq] = prev
+		}
+		return
+	}
+	c.remoteSig[seq] = remoteSig{sig: sig, from: src, ringd: ring}
+}
+
+func (c *Comm) mismatchLocked(mine signature, src int, theirs signature) {
+	e := &Error{Code: CodeMismatch, Op: mine.kind.String(), Rank: src,
+		Msg: fmt.Sprintf("rank %d called %v but rank %d called %v", c.rank, mine, src, theirs)}
+	c.failAndTellLocked(e)
+}
+
+// failAndTellLocked fails c and, in the background, tells the other ranks.
+func (c *Comm) failAndTellLocked(e *Error) {
+	if c.failLocked(e) {
+		c.bg.Add(1)
+		go func() {
+			defer c.bg.Done()
+			c.broadcastAbort(e)
+		}()
+	}
+}
+
+func (c *Comm) mismatchBetweenLocked(a int, as signature, b int, bs signature) {
+	e := &Error{Code: CodeMismatch, Op: "comm", Rank: b,
+		Msg: fmt.Sprintf("rank %d called %v but rank %d called %v", a, as, b, bs)}
+	c.failAndTellLocked(e)
+}

@@ -1,0 +1,221 @@
+package core
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config describes one rank's place in a job. The zero value of every field
+// except Rank, WorldSize, Seed and Token means "use the default" documented
+// on the field. A Config is read once by New; it is not retained mutably.
+type Config struct {
+	// Rank is this process's rank in [0, WorldSize), or -1 to let the seed
+	// assign ranks in join order (New only).
+	Rank int
+	// WorldSize is the number of ranks in the job (>= 1).
+	WorldSize int
+	// Seed is the rendezvous service's host:port. Rank 0 runs the seed
+	// embedded when Seed names an address of its own host.
+	Seed string
+	// Token is the job's shared secret (NEXAR_TOKEN). Required when
+	// WorldSize > 1; there is no default token. Never logged.
+	Token []byte
+	// BindAddr is the local UDP address of this rank's mesh node.
+	// Default "0.0.0.0:0" (all interfaces, a free port).
+	BindAddr string
+	// AdvertiseAddr is the host:port peers dial to reach this rank. Default:
+	// the IP of the interface that routes to the seed, with the bound port
+	// (never a hard-wired 127.0.0.1).
+	AdvertiseAddr string
+	// Timeout bounds every operation that has no earlier deadline of its
+	// own. Default 5 minutes.
+	Timeout time.Duration
+	// ConnectTimeout bounds rendezvous and mesh formation. Default 60 s.
+	ConnectTimeout time.Duration
+	// HeartbeatInterval is how often each rank tells every peer it is alive.
+	// Default 500 ms.
+	HeartbeatInterval time.Duration
+	// HeartbeatTimeout is how long a silent peer is tolerated before the
+	// communicator fails with CodePeerDown. Default 3 s.
+	HeartbeatTimeout time.Duration
+	// MaxBufferedBytes bounds the payload bytes of messages that arrived
+	// before their receive was posted. Beyond it the transport handler
+	// blocks, which back-pressures the sending peer. Default 256 MiB.
+	MaxBufferedBytes int64
+	// Logger receives diagnostics. Default: slog.Default() (discarding
+	// nothing, logging no secrets).
+	Logger *slog.Logger
+}
+
+const (
+	defaultBindAddr          = "0.0.0.0:0"
+	defaultTimeout           = 5 * time.Minute
+	defaultConnectTimeout    = 60 * time.Second
+	defaultHeartbeatInterval = 500 * time.Millisecond
+	defaultHeartbeatTimeout  = 3 * time.Second
+	defaultMaxBufferedBytes  = 256 << 20
+)
+
+// withDefaults returns cfg with zero fields filled in.
+func (cfg Config) withDefaults() Config {
+	if cfg.BindAddr == "" {
+		cfg.BindAddr = defaultBindAddr
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = defaultTimeout
+	}
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = defaultConnectTimeout
+	}
+	if cfg.HeartbeatInterval <= 0 {
+		cfg.HeartbeatInterval = defaultHeartbeatInterval
+	}
+	if cfg.HeartbeatTimeout <= 0 {
+		cfg.HeartbeatTimeout = defaultHeartbeatTimeout
+	}
+	if cfg.HeartbeatTimeout < 2*cfg.HeartbeatInterval {
+		cfg.HeartbeatTimeout = 2 * cfg.HeartbeatInterval
+	}
+	if cfg.MaxBufferedBytes <= 0 {
+		cfg.MaxBufferedBytes = defaultMaxBufferedBytes
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return cfg
+}
+
+// ConfigFromEnv reads a Config from the environment of the launcher that
+// started this process, in this order of precedence:
+//
+//   - nexar: NEXAR_RANK, NEXAR_WORLD_SIZE, NEXAR_SEED (host:port),
+//     NEXAR_TOKEN or NEXAR_TOKEN_FILE, NEXAR_BIND_ADDR, NEXAR_ADVERTISE_ADDR,
+//     NEXAR_TIMEOUT, NEXAR_CONNECT_TIMEOUT, NEXAR_HEARTBEAT_INTERVAL,
+//     NEXAR_HEARTBEAT_TIMEOUT (Go durations, e.g. "30s"),
+//     NEXAR_MAX_BUFFERED_BYTES;
+//   - torchrun: RANK, WORLD_SIZE, MASTER_ADDR + MASTER_PORT;
+//   - Slurm: SLURM_PROCID, SLURM_NTASKS (the seed must come from NEXAR_SEED
+//     or MASTER_ADDR/MASTER_PORT);
+//   - Open MPI: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE.
+//
+// The token is always NEXAR_TOKEN or NEXAR_TOKEN_FILE; it is required when
+// the world has more than one rank. Errors name the missing variable.
+func ConfigFromEnv() (Config, error) {
+	return configFromLookup(os.LookupEnv, os.ReadFile)
+}
+
+func configFromLookup(lookup func(string) (string, bool), readFile func(string) ([]byte, error)) (Config, error) {
+	var cfg Config
+	get := func(names ...string) (string, string) {
+		for _, n := range names {
+			if v, ok := lookup(n); ok && strings.TrimSpace(v) != "" {
+				return strings.TrimSpace(v), n
+			}
+		}
+		return "", ""
+	}
+	atoi := func(names ...string) (int, string, error) {
+		v, name := get(names...)
+		if name == "" {
+			return 0, "", nil
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return 0, name, fmt.Errorf("core: %s=%q is not an integer", name, v)
+		}
+		return n, name, nil
+	}
+	rank, rankVar, err := atoi("NEXAR_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+	if err != nil {
+		return cfg, err
+	}
+	size, sizeVar, err := atoi("NEXAR_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+	if err != nil {
+		return cfg, err
+	}
+	if sizeVar == "" {
+		return cfg, fmt.Errorf("core: world size not set: set NEXAR_WORLD_SIZE (or WORLD_SIZE, SLURM_NTASKS, OMPI_COMM_WORLD_SIZE)")
+	}
+	if size < 1 {
+		return cfg, fmt.Errorf("core: %s=%d: world size must be >= 1", sizeVar, size)
+	}
+	if rankVar == "" {
+		if size > 1 {
+			return cfg, fmt.Errorf("core: rank not set: set NEXAR_RANK (or RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK)")
+		}
+		rank = 0
+	}
+	if rank < -1 || rank >= size {
+		return cfg, fmt.Errorf("core: %s=%d is out of range for world size %d", rankVar, rank, size)
+	}
+	cfg.Rank, cfg.WorldSize = rank, size
+
+	if v, _ := get("NEXAR_SEED"); v != "" {
+		cfg.Seed = v
+	} else if host, _ := get("MASTER_ADDR"); host != "" {
+		port, _ := get("MASTER_PORT")
+		if port == "" {
+			return cfg, fmt.Errorf("core: MASTER_ADDR is set but MASTER_PORT is not")
+		}
+		cfg.Seed = net.JoinHostPort(host, port)
+	}
+	if cfg.Seed == "" && size > 1 {
+		return cfg, fmt.Errorf("core: seed address not set: set NEXAR_SEED=host:port (or MASTER_ADDR and MASTER_PORT)")
+	}
+	if cfg.Seed != "" {
+		if _, _, err := net.SplitHostPort(cfg.Seed); err != nil {
+			return cfg, fmt.Errorf("core: seed address %q is not host:port: %v", cfg.Seed, err)
+		}
+	}
+
+	if v, _ := get("NEXAR_TOKEN"); v != "" {
+		cfg.Token = []byte(v)
+	} else if path, _ := get("NEXAR_TOKEN_FILE"); path != "" {
+		b, err := readFile(path)
+		if err != nil {
+			return cfg, fmt.Errorf("core: NEXAR_TOKEN_FILE: %v", err)
+		}
+		cfg.Token = []byte(strings.TrimSpace(string(b)))
+		if len(cfg.Token) == 0 {
+			return cfg, fmt.Errorf("core: NEXAR_TOKEN_FILE %s is empty", path)
+		}
+	}
+	if len(cfg.Token) == 0 && size > 1 {
+		return cfg, fmt.Errorf("core: no token: set NEXAR_TOKEN or NEXAR_TOKEN_FILE to the job's shared secret (every rank the same)")
+	}
+
+	cfg.BindAddr, _ = get("NEXAR_BIND_ADDR")
+	cfg.AdvertiseAddr, _ = get("NEXAR_ADVERTISE_ADDR")
+	for _, d := range []struct {
+		name string
+		dst  *time.Duration
+	}{
+		{"NEXAR_TIMEOUT", &cfg.Timeout},
+		{"NEXAR_CONNECT_TIMEOUT", &cfg.ConnectTimeout},
+		{"NEXAR_HEARTBEAT_INTERVAL", &cfg.HeartbeatInterval},
+		{"NEXAR_HEARTBEAT_TIMEOUT", &cfg.HeartbeatTimeout},
+	} {
+		v, _ := get(d.name)
+		if v == "" {
+			continue
+		}
+		t, err := time.ParseDuration(v)
+		if err != nil || t <= 0 {
+			return cfg, fmt.Errorf("core: %s=%q is not a positive duration (e.g. \"30s\")", d.name, v)
+		}
+		*d.dst = t
+	}
+	if v, _ := get("NEXAR_MAX_BUFFERED_BYTES"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			return cfg, fmt.Errorf("core: NEXAR_MAX_BUFFERED_BYTES=%q is not a positive integer", v)
+		}
+		cfg.MaxBufferedBytes = n
+	}
+	return cfg, nil
+}

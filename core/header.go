@@ -1,0 +1,210 @@
+package core
+
+import (
+	"encoding/binary"
+	"fmt"
+	"strings"
+
+	"github.com/nexar-go/nexar/collective"
+	"github.com/nexar-go/nexar/transport"
+)
+
+// Header layout (transport.Header, 48 bytes, little-endian; see
+// docs/wire-format.md):
+//
+//	off len field
+//	  0   1 version (wireVersion)
+//	  1   1 kind: 1 p2p, 2 collective, 3 control, 4 heartbeat
+//	  2   1 control subtype (kind 3), else 0
+//	  3   1 signature: collective kind (collKind)
+//	  4   1 signature: dtype (collective.DType)
+//	  5   1 signature: op (collective.Op)
+//	  6   2 reserved, 0
+//	  8   8 communicator id
+//	 16   8 collective: operation sequence number; p2p: tag
+//	 24   4 collective: step
+//	 28   4 signature: root (int32, -1 = none)
+//	 32   8 signature: count in elements (all ones = not compared)
+//	 40   8 total length of the message in bytes
+//
+// A message longer than transport.MaxPayload travels as consecutive chunks
+// with identical headers on the same lane; the receiver knows the offset of
+// each chunk from the bytes it has already received for that message.
+const wireVersion = 1
+
+type msgKind uint8
+
+const (
+	kindP2P       msgKind = 1
+	kindColl      msgKind = 2
+	kindControl   msgKind = 3
+	kindHeartbeat msgKind = 4
+)
+
+// Control subtypes.
+const (
+	ctlSigCheck uint8 = 1 // the sender's signature for seq, to its ring successor
+	ctlAbort    uint8 = 2 // payload: code byte + UTF-8 message; fail the comm
+)
+
+type header struct {
+	kind     msgKind
+	sub      uint8
+	comm     uint64
+	seqOrTag uint64
+	step     uint32
+	sig      signature
+	total    uint64
+}
+
+func (h *header) encode(dst *transport.Header) {
+	*dst = transport.Header{}
+	dst[0] = wireVersion
+	dst[1] = byte(h.kind)
+	dst[2] = h.sub
+	dst[3] = byte(h.sig.kind)
+	dst[4] = byte(h.sig.dt)
+	dst[5] = byte(h.sig.op)
+	binary.LittleEndian.PutUint64(dst[8:], h.comm)
+	binary.LittleEndian.PutUint64(dst[16:], h.seqOrTag)
+	binary.LittleEndian.PutUint32(dst[24:], h.step)
+	binary.LittleEndian.PutUint32(dst[28:], uint32(int32(h.sig.root)))
+	binary.LittleEndian.PutUint64(dst[32:], h.sig.count)
+	binary.LittleEndian.PutUint64(dst[40:], h.total)
+}
+
+func decodeHeader(src *transport.Header) (header, error) {
+	var h header
+	if src[0] != wireVersion {
+		return h, fmt.Errorf("unknown header version %d", src[0])
+	}
+	h.kind = msgKind(src[1])
+	if h.kind < kindP2P || h.kind > kindHeartbeat {
+		return h, fmt.Errorf("unknown message kind %d", src[1])
+	}
+	h.sub = src[2]
+	h.sig.kind = collKind(src[3])
+	h.sig.dt = collective.DType(src[4])
+	h.sig.op = collective.Op(src[5])
+	h.comm = binary.LittleEndian.Uint64(src[8:])
+	h.seqOrTag = binary.LittleEndian.Uint64(src[16:])
+	h.step = binary.LittleEndian.Uint32(src[24:])
+	h.sig.root = int(int32(binary.LittleEndian.Uint32(src[28:])))
+	h.sig.count = binary.LittleEndian.Uint64(src[32:])
+	h.total = binary.LittleEndian.Uint64(src[40:])
+	return h, nil
+}
+
+// collKind names a collective in signatures. Values are on the wire.
+type collKind uint8
+
+const (
+	collNone collKind = iota
+	collAllreduce
+	collBroadcast
+	collReduce
+	collAllgather
+	collAllgatherv
+	collReduceScatter
+	collAlltoall
+	collAlltoallv
+	collGather
+	collGatherv
+	collScatter
+	collScatterv
+	collScan
+	collExscan
+	collBarrier
+	collSplit
+	numCollKinds
+)
+
+var collNames = [numCollKinds]string{
+	"none", "allreduce", "broadcast", "reduce", "allgather", "allgatherv",
+	"reduce_scatter", "alltoall", "alltoallv", "gather", "gatherv", "scatter",
+	"scatterv", "scan", "exscan", "barrier", "split",
+}
+
+func (k collKind) String() string {
+	if k >= numCollKinds {
+		return fmt.Sprintf("collective(%d)", uint8(k))
+	}
+	return collNames[k]
+}
+
+// noCount marks a signature count that is not compared (v-forms whose
+// counts legitimately differ between ranks).
+const noCount = ^uint64(0)
+
+// signature is what ranks compare to detect mismatched collective calls.
+type signature struct {
+	kind  collKind
+	dt    collective.DType
+	op    collective.Op
+	root  int // -1 when the collective has no root
+	count uint64
+}
+
+func (k collKind) hasOp() bool {
+	switch k {
+	case collAllreduce, collReduce, collReduceScatter, collScan, collExscan:
+		return true
+	}
+	return false
+}
+
+func (k collKind) hasDType() bool { return k != collBarrier && k != collSplit }
+
+// String renders a call as users wrote it: "allreduce(float32, count=10, sum)".
+func (s signature) String() string {
+	var args []string
+	if s.kind.hasDType() {
+		args = append(args, s.dt.String())
+	}
+	if s.count != noCount && s.kind != collBarrier {
+		args = append(args, fmt.Sprintf("count=%d", s.count))
+	}
+	if s.kind.hasOp() {
+		args = append(args, s.op.String())
+	}
+	if s.root >= 0 {
+		args = append(args, fmt.Sprintf("root=%d", s.root))
+	}
+	return s.kind.String() + "(" + strings.Join(args, ", ") + ")"
+}
+
+func (s signature) matches(o signature) bool {
+	if s.kind != o.kind || s.root != o.root {
+		return false
+	}
+	if s.kind.hasDType() && s.dt != o.dt {
+		return false
+	}
+	if s.kind.hasOp() && s.op != o.op {
+		return false
+	}
+	if s.count != noCount && o.count != noCount && s.count != o.count {
+		return false
+	}
+	return true
+}
+
+// sigBytes is the fixed encoding of a signature used as the payload of the
+// signature exchange of zero-byte collectives.
+const sigBytes = 16
+
+func (s signature) put(b []byte) {
+	b[0], b[1], b[2], b[3] = byte(s.kind), byte(s.dt), byte(s.op), 0
+	binary.LittleEndian.PutUint32(b[4:], uint32(int32(s.root)))
+	binary.LittleEndian.PutUint64(b[8:], s.count)
+}
+
+func getSignature(b []byte) signature {
+	return signature{
+		kind:  collKind(b[0]),
+		dt:    collective.DType(b[1]),
+		op:    collective.Op(b[2]),
+		root:  int(int32(binary.LittleEndian.Uint32(b[4:]))),
+		count: binary.LittleEndian.Uint64(b[8:]),
+	}
+}

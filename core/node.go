@@ -1,0 +1,337 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nexar-go/nexar/transport"
+)
+
+// node is one rank's attachment to a transport mesh, shared by the world
+// communicator and every communicator split from it. It demultiplexes
+// inbound messages by communicator id, accounts buffered bytes, and runs
+// failure detection.
+//
+// Lock order: node.mu before Comm.mu. A Comm never takes node.mu while
+// holding its own mu.
+type node struct {
+	cfg  Config
+	log  *slog.Logger
+	rank int // world rank
+	size int // world size
+	ep   transport.Endpoint
+
+	lastSeen []atomic.Int64 // unix nanos of the last message from each world rank
+	buffered atomic.Int64   // payload bytes held for unmatched messages
+
+	done    chan struct{} // closed by close
+	wg      sync.WaitGroup
+	closers []func() error // run by close after the endpoint (quic node, seed)
+
+	freed atomic.Pointer[chan struct{}] // closed and replaced when buffered bytes are released
+
+	// mu guards the following fields.
+	mu      sync.Mutex
+	comms   map[uint64]*Comm
+	pending map[uint64][]pendingMsg // messages for communicators not created yet
+	down    []error                 // per world rank, nil while alive
+	refs    int
+	closed  bool
+}
+
+type pendingMsg struct {
+	from    int
+	lane    transport.Lane
+	h       header
+	payload []byte
+}
+
+func newNode(cfg Config, rank, size int) *node {
+	n := &node{
+		cfg: cfg, log: cfg.Logger, rank: rank, size: size,
+		lastSeen: make([]atomic.Int64, size),
+		done:     make(chan struct{}),
+		comms:    make(map[uint64]*Comm),
+		pending:  make(map[uint64][]pendingMsg),
+		down:     make([]error, size),
+	}
+	ch := make(chan struct{})
+	n.freed.Store(&ch)
+	now := time.Now().UnixNano()
+	for i := range n.lastSeen {
+		n.lastSeen[i].Store(now)
+	}
+	return n
+}
+
+// start begins heartbeats and monitoring once ep is set.
+func (n *node) start() {
+	now := time.Now().UnixNano()
+	for i := range n.lastSeen {
+		n.lastSeen[i].Store(now)
+	}
+	if n.size == 1 {
+		return
+	}
+	for p := 0; p < n.size; p++ {
+		if p == n.rank {
+			continue
+		}
+		n.wg.Add(1)
+		go n.heartbeatTo(p)
+	}
+	n.wg.Add(1)
+	go n.monitor()
+}
+
+// heartbeatTo runs one loop per peer so that a peer whose lane is stuck
+// never delays heartbeats to the others.
+func (n *node) heartbeatTo(peer int) {
+	defer n.wg.Done()
+	var th transport.Header
+	(&header{kind: kindHeartbeat}).encode(&th)
+	t := time.NewTicker(n.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.HeartbeatInterval)
+		stop := context.AfterFunc(ctxDone(n.done), cancel)
+		_ = n.ep.Send(ctx, peer, transport.LaneHeartbeat, &th, nil)
+		stop()
+		cancel()
+		select {
+		case <-n.done:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (n *node) monitor() {
+	defer n.wg.Done()
+	tick := n.cfg.HeartbeatInterval / 2
+	if tick > 250*time.Millisecond {
+		tick = 250 * time.Millisecond
+	}
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.done:
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		for p := range n.lastSeen {
+			if p == n.rank {
+				continue
+			}
+			silent := now.Sub(time.Unix(0, n.lastSeen[p].Load()))
+			if silent > n.cfg.HeartbeatTimeout {
+				n.peerDown(p, fmt.Sprintf("no heartbeat for %v", silent.Round(100*time.Millisecond)), nil)
+			}
+		}
+	}
+}
+
+// peerDown fails, once, every communicator that contains world rank p.
+func (n *node) peerDown(p int, why string, cause error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed || n.down[p] != nil {
+		return
+	}
+	n.down[p] = fmt.Errorf("%s", why)
+	if cause != nil {
+		n.down[p] = fmt.Errorf("%s: %w", why, cause)
+	}
+	n.log.Warn("nexar: peer unreachable", "rank", n.rank, "peer", p, "why", why)
+	for _, c := range n.comms {
+		c.peerDownLocked(p, n.down[p])
+	}
+}
+
+// onDown is the transport's DownHandler.
+func (n *node) onDown(peer int, err error) {
+	if peer < 0 || peer >= n.size {
+		return
+	}
+	n.peerDown(peer, "connection lost", err)
+}
+
+// handle is the transport Handler: one goroutine per (peer, lane).
+func (n *node) handle(from int, lane transport.Lane, th *transport.Header, payload []byte) {
+	if from < 0 || from >= n.size {
+		return
+	}
+	n.lastSeen[from].Store(time.Now().UnixNano())
+	if lane == transport.LaneHeartbeat {
+		return
+	}
+	h, err := decodeHeader(th)
+	if err != nil {
+		n.log.Warn("nexar: dropping message", "rank", n.rank, "from", from, "lane", lane.String(), "err", err)
+		return
+	}
+	if h.kind == kindHeartbeat {
+		return
+	}
+	if h.total > 1<<62 || uint64(len(payload)) > h.total {
+		n.log.Warn("nexar: dropping message with bad length", "rank", n.rank, "from", from)
+		return
+	}
+	for {
+		freed := n.freedCh()
+		n.mu.Lock()
+		if n.closed {
+			n.mu.Unlock()
+			return
+		}
+		c := n.comms[h.comm]
+		if c != nil {
+			n.mu.Unlock()
+			c.deliver(from, lane, h, payload, false)
+			return
+		}
+		if n.tryAcquire(int64(len(payload))) {
+			n.pending[h.comm] = append(n.pending[h.comm], pendingMsg{from, lane, h, payload})
+			n.mu.Unlock()
+			return
+		}
+		n.mu.Unlock()
+		select {
+		case <-freed:
+		case <-n.done:
+			return
+		}
+	}
+}
+
+func (n *node) freedCh() chan struct{} { return *n.freed.Load() }
+
+// tryAcquire reserves n buffered bytes if the budget allows (a lone
+// message larger than the budget is admitted when nothing else is held).
+func (n *node) tryAcquire(b int64) bool {
+	if b == 0 {
+		return true
+	}
+	for {
+		cur := n.buffered.Load()
+		if cur > 0 && cur+b > n.cfg.MaxBufferedBytes {
+			return false
+		}
+		if n.buffered.CompareAndSwap(cur, cur+b) {
+			return true
+		}
+	}
+}
+
+func (n *node) release(b int64) {
+	if b == 0 {
+		return
+	}
+	n.buffered.Add(-b)
+	ch := make(chan struct{})
+	old := n.freed.Swap(&ch)
+	close(*old)
+}
+
+// waitBudget blocks until b bytes may be buffered. It gives up, returning
+// false, when the node closes or stop is closed.
+func (n *node) waitBudget(b int64, stop <-chan struct{}) bool {
+	for {
+		freed := n.freedCh()
+		if n.tryAcquire(b) {
+			return true
+		}
+		select {
+		case <-freed:
+		case <-n.done:
+			return false
+		case <-stop:
+			return false
+		}
+	}
+}
+
+// register adds c and replays messages that arrived before it existed, in
+// the same critical section so that no later message overtakes them.
+func (n *node) register(c *Comm) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return newError(CodeClosed, "split", -1, "communicator is closed")
+	}
+	n.comms[c.id] = c
+	n.refs++
+	for _, w := range c.world {
+		if n.down[w] != nil {
+			c.peerDownLocked(w, n.down[w])
+		}
+	}
+	for _, m := range n.pending[c.id] {
+		c.deliver(m.from, m.lane, m.h, m.payload, true)
+	}
+	delete(n.pending, c.id)
+	return nil
+}
+
+// unregister removes c; the last one out closes the node.
+func (n *node) unregister(c *Comm) {
+	n.mu.Lock()
+	delete(n.comms, c.id)
+	n.refs--
+	last := n.refs == 0
+	n.mu.Unlock()
+	if last {
+		n.close()
+	}
+}
+
+func (n *node) close() {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return
+	}
+	n.closed = true
+	close(n.done)
+	var held int64
+	for _, ms := range n.pending {
+		for _, m := range ms {
+			held += int64(len(m.payload))
+		}
+	}
+	n.pending = nil
+	n.mu.Unlock()
+	n.release(held)
+	if n.ep != nil {
+		_ = n.ep.Close()
+	}
+	n.wg.Wait()
+	for _, f := range n.closers {
+		_ = f()
+	}
+}
+
+// ctxDone turns a channel into a context for context.AfterFunc.
+func ctxDone(ch <-chan struct{}) context.Context {
+	return doneCtx(ch)
+}
+
+type doneCtx <-chan struct{}
+
+func (d doneCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (d doneCtx) Done() <-chan struct{}       { return d }
+func (d doneCtx) Err() error {
+	select {
+	case <-d:
+		return context.Canceled
+	default:
+		return nil
+	}
+}
+func (d doneCtx) Value(any) any { return nil }

@@ -1,0 +1,116 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"sync"
+)
+
+// Request is a pending non-blocking operation. Wait, Test and Status are
+// safe for concurrent use. The buffers given to the operation must stay
+// untouched until it completes.
+type Request struct {
+	c      *Comm
+	op     string
+	worker bool // a goroutine runs the op and finishes the request itself
+	done   chan struct{}
+	once   sync.Once
+	err    error
+	st     Status
+}
+
+func newRequest(c *Comm, op string, worker bool) *Request {
+	return &Request{c: c, op: op, worker: worker, done: make(chan struct{})}
+}
+
+func doneRequest(c *Comm, op string, err error) *Request {
+	r := newRequest(c, op, false)
+	r.finish(Status{}, err)
+	return r
+}
+
+func (r *Request) finish(st Status, err error) {
+	r.once.Do(func() {
+		r.st, r.err = st, err
+		close(r.done)
+	})
+}
+
+// failedCh is the channel that ends a wait early: the comm's failure for
+// requests no goroutine finishes (receives), nil otherwise.
+func (r *Request) failedCh() <-chan struct{} {
+	if r.worker || r.c == nil {
+		return nil
+	}
+	return r.c.failed
+}
+
+// Wait blocks until the operation completes or ctx ends (a ctx without a
+// deadline gets the communicator's Timeout). When ctx ends first, Wait
+// returns a CodeTimeout error and the operation stays pending.
+func (r *Request) Wait(ctx context.Context) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if _, ok := ctx.Deadline(); !ok && r.c != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, r.c.cfg.Timeout)
+		defer cancel()
+	}
+	select {
+	case <-r.done:
+		return r.err
+	case <-r.failedCh():
+		return r.failedErr()
+	case <-ctx.Done():
+		select {
+		case <-r.done:
+			return r.err
+		default:
+		}
+		return &Error{Code: CodeTimeout, Op: r.op, Rank: -1,
+			Msg: fmt.Sprintf("wait: %v (the operation is still pending)", ctx.Err()), Cause: ctx.Err()}
+	}
+}
+
+// wait blocks until the operation completes; the operation bounds itself.
+func (r *Request) wait() error {
+	select {
+	case <-r.done:
+		return r.err
+	case <-r.failedCh():
+		return r.failedErr()
+	}
+}
+
+func (r *Request) failedErr() error {
+	select {
+	case <-r.done:
+		return r.err
+	default:
+	}
+	r.finish(Status{}, r.c.failure(r.op))
+	return r.err
+}
+
+// Test reports whether the operation has completed and, if so, its error.
+func (r *Request) Test() (done bool, err error) {
+	select {
+	case <-r.done:
+		return true, r.err
+	case <-r.failedCh():
+		return true, r.failedErr()
+	default:
+		return false, nil
+	}
+}
+
+// Status describes a completed receive (zero for other operations).
+func (r *Request) Status() Status {
+	select {
+	case <-r.done:
+		return r.st
+	default:
+		return Status{}
+	}
+}

@@ -1,0 +1,383 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// Tuning knobs. They are read at the start of every call and must be equal on
+// all ranks (a different chunk size changes the step numbering). Set them
+// before the first collective and never concurrently with one.
+var (
+	// ChunkSize bounds one Link message; larger transfers are split into
+	// several Send/Recv steps. It must not exceed transport.MaxPayload.
+	ChunkSize = 4 << 20
+
+	// PipelineSegment is the unit that pipelined schedules (chain broadcast,
+	// chain scan) forward while receiving the next one. Clamped to ChunkSize.
+	PipelineSegment = 512 << 10
+
+	// AllreduceRingThreshold: allreduce payloads of at least this many bytes
+	// use ring reduce-scatter + ring allgather (bandwidth-optimal, 2(n-1)
+	// steps); smaller ones use recursive doubling (log2 n steps).
+	AllreduceRingThreshold = 256 << 10
+
+	// ReduceRingThreshold: reduce payloads of at least this many bytes use
+	// ring reduce-scatter followed by a gather to the root; smaller ones a
+	// binomial tree.
+	ReduceRingThreshold = 256 << 10
+
+	// BroadcastPipelineThreshold: broadcasts of at least this many bytes on
+	// more than two ranks use a segmented chain; smaller ones a binomial tree.
+	BroadcastPipelineThreshold = 1 << 20
+
+	// AllgatherBruckThreshold: allgathers whose total result is smaller than
+	// this use Bruck's algorithm (ceil(log2 n) steps); larger ones the ring.
+	AllgatherBruckThreshold = 64 << 10
+
+	// GatherBinomialThreshold: gathers and scatters whose total size is
+	// smaller than this use a binomial tree; larger ones talk to the root
+	// directly, which moves every byte only once.
+	GatherBinomialThreshold = 64 << 10
+
+	// ScanChainThreshold: scans of at least this many bytes use a pipelined
+	// chain (each byte crosses each link once); smaller ones use recursive
+	// doubling (log2 n steps, log2 n full-size messages per rank).
+	ScanChainThreshold = 1 << 20
+)
+
+// Algorithm names a schedule. AlgoAuto lets the package choose by payload
+// size and world size.
+type Algorithm uint8
+
+const (
+	AlgoAuto Algorithm = iota
+	AlgoRecursiveDoubling
+	AlgoRing
+	AlgoBinomial
+	AlgoPipeline
+	AlgoBruck
+	AlgoLinear
+)
+
+var algoNames = [...]string{"auto", "recursive-doubling", "ring", "binomial", "pipeline", "bruck", "linear"}
+
+func (a Algorithm) String() string {
+	if int(a) < len(algoNames) {
+		return algoNames[a]
+	}
+	return fmt.Sprintf("algorithm(%d)", uint8(a))
+}
+
+// Force overrides the size-based choice per collective when a field is not
+// AlgoAuto; a value a collective does not implement is reported as an error.
+// It exists for tests and benchmarks: set it before a call, on all ranks
+// alike, and never concurrently with one.
+var Force struct {
+	Allreduce Algorithm // AlgoRecursiveDoubling, AlgoRing
+	Reduce    Algorithm // AlgoBinomial, AlgoRing
+	Broadcast Algorithm // AlgoBinomial, AlgoPipeline
+	Allgather Algorithm // AlgoBruck, AlgoRing
+	Gather    Algorithm // AlgoBinomial, AlgoLinear
+	Scatter   Algorithm // AlgoBinomial, AlgoLinear
+	Scan      Algorithm // AlgoRecursiveDoubling, AlgoPipeline (also Exscan)
+}
+
+// choose returns the forced algorithm when set, auto otherwise, and an error
+// when the forced one is not among ok.
+func choose(name string, forced, auto Algorithm, ok ...Algorithm) (Algorithm, error) {
+	if forced == AlgoAuto {
+		return auto, nil
+	}
+	for _, a := range ok {
+		if a == forced {
+			return a, nil
+		}
+	}
+	return 0, fmt.Errorf("collective: %s has no %s algorithm", name, forced)
+}
+
+// steps numbers the messages of one call. Each direction has its own
+// counter; a message of k chunks takes k consecutive steps. Both ends issue
+// the messages of a direction in the same order with the same lengths, so
+// they agree on every step without talking. Reserve steps in the goroutine
+// that runs the schedule, before handing work to helper goroutines.
+type steps struct {
+	out, in []uint32
+	chunk   int
+}
+
+func newSteps(l Link) *steps {
+	c := ChunkSize
+	if c <= 0 {
+		c = 4 << 20
+	}
+	return &steps{out: make([]uint32, l.Size()), in: make([]uint32, l.Size()), chunk: c}
+}
+
+// nchunks is the number of messages for n bytes: at least one, so that
+// empty messages still synchronize.
+func nchunks(n, chunk int) int {
+	if n <= chunk {
+		return 1
+	}
+	return (n + chunk - 1) / chunk
+}
+
+func (s *steps) sendTo(peer, n int) uint32 {
+	b := s.out[peer]
+	s.out[peer] += uint32(nchunks(n, s.chunk))
+	return b
+}
+
+func (s *steps) recvFrom(peer, n int) uint32 {
+	b := s.in[peer]
+	s.in[peer] += uint32(nchunks(n, s.chunk))
+	return b
+}
+
+// sendMsg sends data as consecutive chunks starting at step base.
+func (s *steps) sendMsg(ctx context.Context, l Link, peer int, base uint32, data []byte) error {
+	if len(data) <= s.chunk {
+		return l.Send(ctx, peer, base, data)
+	}
+	for off, i := 0, uint32(0); off < len(data); off, i = off+s.chunk, i+1 {
+		end := min(off+s.chunk, len(data))
+		if err := l.Send(ctx, peer, base+i, data[off:end]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *steps) recvMsg(ctx context.Context, l Link, peer int, base uint32, buf []byte) error {
+	if len(buf) <= s.chunk {
+		return l.Recv(ctx, peer, base, buf)
+	}
+	for off, i := 0, uint32(0); off < len(buf); off, i = off+s.chunk, i+1 {
+		end := min(off+s.chunk, len(buf))
+		if err := l.Recv(ctx, peer, base+i, buf[off:end]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// send sends one whole message to peer.
+func (s *steps) send(ctx context.Context, l Link, peer int, data []byte) error {
+	return s.sendMsg(ctx, l, peer, s.sendTo(peer, len(data)), data)
+}
+
+// recv receives one whole message from peer.
+func (s *steps) recv(ctx context.Context, l Link, peer int, buf []byte) error {
+	return s.recvMsg(ctx, l, peer, s.recvFrom(peer, len(buf)), buf)
+}
+
+// exchange sends data to `to` while receiving buf from `from`. The send runs
+// in its own goroutine because it may block under back-pressure until the
+// peer posts its receive; it has returned when exchange returns.
+func (s *steps) exchange(ctx context.Context, l Link, to int, data []byte, from int, buf []byte) error {
+	sb, rb := s.sendTo(to, len(data)), s.recvFrom(from, len(buf))
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- s.sendMsg(ctx, l, to, sb, data) }()
+	rerr := s.recvMsg(ctx, l, from, rb, buf)
+	if rerr != nil {
+		cancel()
+	}
+	serr := <-errc
+	if rerr != nil {
+		return rerr
+	}
+	return serr
+}
+
+// group runs functions concurrently and cancels the rest on the first
+// error, like errgroup.WithContext.
+type group struct {
+	wg     sync.WaitGroup
+	cancel context.CancelFunc
+	once   sync.Once
+	err    error
+}
+
+func newGroup(ctx context.Context) (*group, context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	return &group{cancel: cancel}, ctx
+}
+
+func (g *group) Go(f func() error) {
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		if err := f(); err != nil {
+			g.once.Do(func() { g.err = err; g.cancel() })
+		}
+	}()
+}
+
+func (g *group) Wait() error {
+	g.wg.Wait()
+	g.cancel()
+	return g.err
+}
+
+// pipeline receives in segment by segment from prev (when prev >= 0), calls
+// got(lo, hi) after each segment, and forwards out[lo:hi] to next (when next
+// >= 0), overlapping the forward of one segment with the receipt of the
+// following ones. in and out have equal lengths (they may be the same slice).
+func (s *steps) pipeline(ctx context.Context, l Link, prev int, in []byte, next int, out []byte, got func(lo, hi int)) error {
+	seg := min(PipelineSegment, s.chunk)
+	if seg <= 0 {
+		seg = s.chunk
+	}
+	n := len(out)
+	nseg := nchunks(n, seg)
+	bound := func(i int) (int, int) { return i * seg, min((i+1)*seg, n) }
+	// Each segment is one message of at most one chunk: one step each.
+	var rb, sb uint32
+	if prev >= 0 {
+		rb = s.in[prev]
+		s.in[prev] += uint32(nseg)
+	}
+	if next >= 0 {
+		sb = s.out[next]
+		s.out[next] += uint32(nseg)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ready := make(chan int, nseg) // never blocks the receiving side
+	errc := make(chan error, 1)
+	if next >= 0 {
+		go func() {
+			for i := range ready {
+				lo, hi := bound(i)
+				if err := l.Send(ctx, next, sb+uint32(i), out[lo:hi]); err != nil {
+					cancel()
+					errc <- err
+					return
+				}
+			}
+			errc <- nil
+		}()
+	}
+	var rerr error
+	for i := 0; i < nseg; i++ {
+		lo, hi := bound(i)
+		if prev >= 0 {
+			if rerr = l.Recv(ctx, prev, rb+uint32(i), in[lo:hi]); rerr != nil {
+				cancel()
+				break
+			}
+		}
+		if got != nil {
+			got(lo, hi)
+		}
+		if next >= 0 {
+			ready <- i
+		}
+	}
+	close(ready)
+	var serr error
+	if next >= 0 {
+		serr = <-errc
+	}
+	if rerr != nil {
+		return rerr
+	}
+	return serr
+}
+
+// Argument checks shared by the algorithms.
+
+var errNilLink = errors.New("collective: nil link")
+
+func checkLink(l Link) (rank, size int, err error) {
+	if l == nil {
+		return 0, 0, errNilLink
+	}
+	rank, size = l.Rank(), l.Size()
+	if size < 1 || rank < 0 || rank >= size {
+		return 0, 0, fmt.Errorf("collective: rank %d out of range for size %d", rank, size)
+	}
+	return rank, size, nil
+}
+
+func checkRoot(root, size int) error {
+	if root < 0 || root >= size {
+		return fmt.Errorf("collective: root %d out of range for size %d", root, size)
+	}
+	return nil
+}
+
+func checkElems(name string, n int, dt DType) error {
+	if n%dt.Size() != 0 {
+		return fmt.Errorf("collective: %s buffer of %d bytes is not a whole number of %s elements", name, n, dt)
+	}
+	return nil
+}
+
+// checkV validates per-rank byte counts and displacements against a buffer
+// of length n.
+func checkV(name string, counts, displs []int, size, n int) error {
+	if len(counts) != size || len(displs) != size {
+		return fmt.Errorf("collective: %s needs %d counts and displacements, got %d and %d", name, size, len(counts), len(displs))
+	}
+	for i := range counts {
+		c, d := counts[i], displs[i]
+		if c < 0 || d < 0 || d > n || c > n-d {
+			return fmt.Errorf("collective: %s block %d (displ %d, count %d) outside buffer of %d bytes", name, i, d, c, n)
+		}
+	}
+	return nil
+}
+
+// vblocks slices buf into the per-rank blocks described by counts/displs.
+func vblocks(buf []byte, counts, displs []int) [][]byte {
+	b := make([][]byte, len(counts))
+	for i := range counts {
+		b[i] = buf[displs[i] : displs[i]+counts[i] : displs[i]+counts[i]]
+	}
+	return b
+}
+
+// eqblocks slices buf into size blocks of blk bytes.
+func eqblocks(buf []byte, size, blk int) [][]byte {
+	b := make([][]byte, size)
+	for i := range b {
+		b[i] = buf[i*blk : (i+1)*blk : (i+1)*blk]
+	}
+	return b
+}
+
+// balanced slices buf (count elements of es bytes) into size blocks whose
+// element counts differ by at most one, the larger ones first.
+func balanced(buf []byte, size, es int) [][]byte {
+	count := len(buf) / es
+	base, rem := count/size, count%size
+	b := make([][]byte, size)
+	off := 0
+	for i := range b {
+		n := base * es
+		if i < rem {
+			n += es
+		}
+		b[i] = buf[off : off+n : off+n]
+		off += n
+	}
+	return b
+}
+
+// redOp is the operator actually applied: Avg reduces with Sum and divides
+// once at the end.
+func redOp(op Op) Op {
+	if op == Avg {
+		return Sum
+	}
+	return op
+}
+
+func mod(a, n int) int { return ((a % n) + n) % n }

@@ -1,0 +1,143 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+)
+
+// Allgather concatenates every rank's send, in rank order, into recv
+// (size*len(send) bytes) on every rank. send == nil means this rank's block
+// is already in place in recv.
+func Allgather(ctx context.Context, l Link, send, recv []byte) error {
+	rank, size, err := checkLink(l)
+	if err != nil {
+		return err
+	}
+	if len(recv)%size != 0 || (send != nil && len(recv) != size*len(send)) {
+		return fmt.Errorf("collective: allgather recv has %d bytes, want %d blocks of %d", len(recv), size, len(send))
+	}
+	blk := len(recv) / size
+	auto := AlgoRing
+	if len(recv) < AllgatherBruckThreshold {
+		auto = AlgoBruck
+	}
+	algo, err := choose("allgather", Force.Allgather, auto, AlgoBruck, AlgoRing)
+	if err != nil {
+		return err
+	}
+	blocks := eqblocks(recv, size, blk)
+	if send != nil {
+		copy(blocks[rank], send)
+	}
+	if size == 1 || blk == 0 {
+		return nil
+	}
+	st := newSteps(l)
+	if algo == AlgoRing {
+		return st.ringAllgather(ctx, l, blocks)
+	}
+	// Bruck: tmp[i] holds the block of rank (rank+i) mod size. In round k
+	// a rank has the first k blocks and fetches the next min(k, size-k)
+	// from rank+k, which holds them as its own first ones.
+	tmp := make([]byte, len(recv))
+	copy(tmp, blocks[rank])
+	for k := 1; k < size; k <<= 1 {
+		c := min(k, size-k)
+		if err := st.exchange(ctx, l, mod(rank-k, size), tmp[:c*blk], mod(rank+k, size), tmp[k*blk:(k+c)*blk]); err != nil {
+			return err
+		}
+	}
+	for i := 1; i < size; i++ {
+		copy(blocks[(rank+i)%size], tmp[i*blk:(i+1)*blk])
+	}
+	return nil
+}
+
+// Allgatherv places rank i's send at recv[displs[i]:displs[i]+counts[i]] on
+// every rank (counts and displacements in bytes, equal on all ranks). send
+// == nil means this rank's block is already in place.
+func Allgatherv(ctx context.Context, l Link, send, recv []byte, counts, displs []int) error {
+	rank, size, err := checkLink(l)
+	if err != nil {
+		return err
+	}
+	if err := checkV("allgatherv", counts, displs, size, len(recv)); err != nil {
+		return err
+	}
+	if send != nil && len(send) != counts[rank] {
+		return fmt.Errorf("collective: allgatherv rank %d sends %d bytes, counts say %d", rank, len(send), counts[rank])
+	}
+	blocks := vblocks(recv, counts, displs)
+	if send != nil {
+		copy(blocks[rank], send)
+	}
+	if size == 1 {
+		return nil
+	}
+	return newSteps(l).ringAllgather(ctx, l, blocks)
+}
+
+// Alltoall sends block j of send to rank j, which stores it as block Rank()
+// of its recv; blocks are len(recv)/size bytes. send == nil means in place:
+// the outgoing blocks are in recv.
+func Alltoall(ctx context.Context, l Link, send, recv []byte) error {
+	_, size, err := checkLink(l)
+	if err != nil {
+		return err
+	}
+	if len(recv)%size != 0 || (send != nil && len(send) != len(recv)) {
+		return fmt.Errorf("collective: alltoall buffers of %d and %d bytes are not %d equal blocks", len(send), len(recv), size)
+	}
+	blk := len(recv) / size
+	counts, displs := make([]int, size), make([]int, size)
+	for i := range counts {
+		counts[i], displs[i] = blk, i*blk
+	}
+	if send == nil {
+		return alltoallv(ctx, l, nil, counts, displs, recv, counts, displs)
+	}
+	return alltoallv(ctx, l, send, counts, displs, recv, counts, displs)
+}
+
+// Alltoallv sends send[sdispls[j]:+scounts[j]] to rank j, which stores it at
+// recv[rdispls[i]:+rcounts[i]] for sender i (all in bytes). send == nil means
+// in place: the outgoing blocks are in recv, laid out by rcounts/rdispls.
+func Alltoallv(ctx context.Context, l Link, send []byte, scounts, sdispls []int, recv []byte, rcounts, rdispls []int) error {
+	_, size, err := checkLink(l)
+	if err != nil {
+		return err
+	}
+	if err := checkV("alltoallv recv", rcounts, rdispls, size, len(recv)); err != nil {
+		return err
+	}
+	if send != nil {
+		if err := checkV("alltoallv send", scounts, sdispls, size, len(send)); err != nil {
+			return err
+		}
+	}
+	return alltoallv(ctx, l, send, scounts, sdispls, recv, rcounts, rdispls)
+}
+
+// alltoallv is the pairwise exchange: in step s rank r sends to r+s and
+// receives from r-s, so every rank talks to one peer at a time in each
+// direction.
+func alltoallv(ctx context.Context, l Link, send []byte, scounts, sdispls []int, recv []byte, rcounts, rdispls []int) error {
+	rank, size := l.Rank(), l.Size()
+	if send == nil {
+		send = append([]byte(nil), recv...)
+		scounts, sdispls = rcounts, rdispls
+	}
+	sb, rb := vblocks(send, scounts, sdispls), vblocks(recv, rcounts, rdispls)
+	if len(sb[rank]) != len(rb[rank]) {
+		return fmt.Errorf("collective: alltoallv rank %d sends itself %d bytes but expects %d", rank, len(sb[rank]), len(rb[rank]))
+	}
+	copy(rb[rank], sb[rank])
+	st := newSteps(l)
+	for s := 1; s < size; s++ {
+		to, from := (rank+s)%size, mod(rank-s, size)
+		if err := st.exchange(ctx, l, to, sb[to], from, rb[from]); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,218 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+)
+
+// Allreduce combines send of every rank element-wise with op and leaves the
+// result in recv on every rank. send == nil means in place (input in recv).
+// Results are bit-identical on all ranks: every element is combined by one
+// fixed expression tree.
+func Allreduce(ctx context.Context, l Link, send, recv []byte, dt DType, op Op) error {
+	rank, size, err := checkLink(l)
+	if err != nil {
+		return err
+	}
+	if err := Check(dt, op); err != nil {
+		return err
+	}
+	if send != nil && len(send) != len(recv) {
+		return fmt.Errorf("collective: allreduce send has %d bytes, recv %d", len(send), len(recv))
+	}
+	if err := checkElems("allreduce", len(recv), dt); err != nil {
+		return err
+	}
+	count := len(recv) / dt.Size()
+	auto := AlgoRecursiveDoubling
+	if len(recv) >= AllreduceRingThreshold && count >= size {
+		auto = AlgoRing
+	}
+	algo, err := choose("allreduce", Force.Allreduce, auto, AlgoRecursiveDoubling, AlgoRing)
+	if err != nil {
+		return err
+	}
+	if size == 1 || count == 0 {
+		if send != nil {
+			copy(recv, send)
+		}
+		return nil
+	}
+	st := newSteps(l)
+	if algo == AlgoRing {
+		in := send
+		if in == nil {
+			in = recv
+		}
+		blocks := balanced(recv, size, dt.Size())
+		if err := st.ringReduceScatter(ctx, l, balanced(in, size, dt.Size()), blocks[rank], dt, op); err != nil {
+			return err
+		}
+		return st.ringAllgather(ctx, l, blocks)
+	}
+	if send != nil {
+		copy(recv, send)
+	}
+	if err := st.recursiveDoubling(ctx, l, rank, size, recv, dt, redOp(op)); err != nil {
+		return err
+	}
+	if op == Avg {
+		FinishAvg(recv, dt, size)
+	}
+	return nil
+}
+
+// recursiveDoubling allreduces buf in place (MPICH's algorithm). With
+// pof2 the largest power of two <= size and rem = size-pof2, the first
+// 2*rem ranks pair up so that the odd one holds the pair's sum; the pof2
+// survivors exchange and combine at distances 1, 2, 4, ...; the odd ranks
+// finally hand the result back to their even partner. Each pair combines
+// lower-rank data op higher-rank data, so both compute the same bits.
+func (st *steps) recursiveDoubling(ctx context.Context, l Link, rank, size int, buf []byte, dt DType, op Op) error {
+	pof2 := 1
+	for pof2*2 <= size {
+		pof2 *= 2
+	}
+	rem := size - pof2
+	tmp := make([]byte, len(buf))
+	newrank := rank - rem
+	if rank < 2*rem {
+		if rank%2 == 0 {
+			if err := st.send(ctx, l, rank+1, buf); err != nil {
+				return err
+			}
+			newrank = -1
+		} else {
+			if err := st.recv(ctx, l, rank-1, tmp); err != nil {
+				return err
+			}
+			ReduceInto(tmp, buf, dt, op) // (rank-1) op rank
+			copy(buf, tmp)
+			newrank = rank / 2
+		}
+	}
+	if newrank >= 0 {
+		for mask := 1; mask < pof2; mask <<= 1 {
+			nd := newrank ^ mask
+			peer := nd + rem
+			if nd < rem {
+				peer = nd*2 + 1
+			}
+			if err := st.exchange(ctx, l, peer, buf, peer, tmp); err != nil {
+				return err
+			}
+			if peer < rank {
+				ReduceInto(tmp, buf, dt, op)
+				copy(buf, tmp)
+			} else {
+				ReduceInto(buf, tmp, dt, op)
+			}
+		}
+	}
+	if rank < 2*rem {
+		if rank%2 == 1 {
+			return st.send(ctx, l, rank-1, buf)
+		}
+		return st.recv(ctx, l, rank+1, buf)
+	}
+	return nil
+}
+
+// ringReduceScatter reduces the blocks in[0..size) of every rank so that out
+// (len(in[rank]) bytes) ends up holding block rank of the reduction, divided
+// by size for Avg. At step s rank r sends its running block (r-s-1) mod size
+// to r+1 and folds block (r-s-2) mod size received from r-1 into its own
+// input; after size-1 steps the block that arrives is block r, complete.
+// out may alias in[rank]: that block is read only at the last step.
+func (st *steps) ringReduceScatter(ctx context.Context, l Link, in [][]byte, out []byte, dt DType, op Op) error {
+	rank, size := l.Rank(), l.Size()
+	if size == 1 {
+		copy(out, in[0])
+		return nil
+	}
+	maxb := 0
+	for _, b := range in {
+		maxb = max(maxb, len(b))
+	}
+	bufs := [2][]byte{make([]byte, maxb), make([]byte, maxb)}
+	next, prev := mod(rank+1, size), mod(rank-1, size)
+	cur := in[mod(rank-1, size)] // what we send at step 0: our own block
+	for s := 0; s < size-1; s++ {
+		rb := mod(rank-s-2, size)
+		tmp := bufs[s%2][:len(in[rb])]
+		if err := st.exchange(ctx, l, next, cur, prev, tmp); err != nil {
+			return err
+		}
+		ReduceInto(tmp, in[rb], dt, redOp(op))
+		cur = tmp
+	}
+	copy(out, cur)
+	if op == Avg {
+		FinishAvg(out, dt, size)
+	}
+	return nil
+}
+
+// ringAllgather completes blocks on every rank, given that blocks[rank] is
+// filled: at step s rank r forwards block (r-s) mod size to r+1 and receives
+// block (r-s-1) mod size from r-1.
+func (st *steps) ringAllgather(ctx context.Context, l Link, blocks [][]byte) error {
+	rank, size := l.Rank(), l.Size()
+	next, prev := mod(rank+1, size), mod(rank-1, size)
+	for s := 0; s < size-1; s++ {
+		if err := st.exchange(ctx, l, next, blocks[mod(rank-s, size)], prev, blocks[mod(rank-s-1, size)]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ReduceScatter reduces send (size equal blocks of len(recv) bytes) across
+// ranks and leaves block Rank() of the result in recv.
+func ReduceScatter(ctx context.Context, l Link, send, recv []byte, dt DType, op Op) error {
+	_, size, err := checkLink(l)
+	if err != nil {
+		return err
+	}
+	if err := Check(dt, op); err != nil {
+		return err
+	}
+	if send == nil && len(recv) > 0 {
+		return fmt.Errorf("collective: reduce-scatter needs a send buffer (use ReduceScatterInPlace)")
+	}
+	if len(send) != size*len(recv) {
+		return fmt.Errorf("collective: reduce-scatter send has %d bytes, want %d blocks of %d", len(send), size, len(recv))
+	}
+	if err := checkElems("reduce-scatter", len(recv), dt); err != nil {
+		return err
+	}
+	if len(recv) == 0 {
+		return nil
+	}
+	return newSteps(l).ringReduceScatter(ctx, l, eqblocks(send, size, len(recv)), recv, dt, op)
+}
+
+// ReduceScatterInPlace reduces buf (size equal blocks) across ranks and
+// leaves the result's block Rank() in block Rank() of buf; the other blocks
+// are left unspecified.
+func ReduceScatterInPlace(ctx context.Context, l Link, buf []byte, dt DType, op Op) error {
+	rank, size, err := checkLink(l)
+	if err != nil {
+		return err
+	}
+	if err := Check(dt, op); err != nil {
+		return err
+	}
+	if len(buf)%size != 0 {
+		return fmt.Errorf("collective: reduce-scatter buffer of %d bytes is not %d equal blocks", len(buf), size)
+	}
+	blk := len(buf) / size
+	if err := checkElems("reduce-scatter", blk, dt); err != nil {
+		return err
+	}
+	if blk == 0 {
+		return nil
+	}
+	blocks := eqblocks(buf, size, blk)
+	return newSteps(l).ringReduceScatter(ctx, l, blocks, blocks[rank], dt, op)
+}

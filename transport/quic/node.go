@@ -1,0 +1,230 @@
+// Package quictransport is the QUIC implementation of transport.Endpoint
+// (import path .../transport/quic), built on quic-go.
+//
+// A rank calls Listen early, advertises Addr and its Identity's fingerprint
+// through the rendezvous, then calls Connect with the peer table. Every pair
+// of ranks shares one QUIC connection (the lower rank dials), authenticated
+// by TLS 1.3 in both directions with each side pinning the other's
+// certificate fingerprint; a stranger cannot complete the handshake. After
+// TLS the dialer names its rank in a small hello that the listener checks
+// against the certificate it pinned.
+//
+// Each lane is one long-lived unidirectional stream per direction, opened on
+// first use, carrying frames of transport/internal/frame; one goroutine per
+// inbound (peer, lane) stream calls the Handler, so a slow handler applies
+// QUIC flow control to that lane only. The connection window is sized so
+// that a stalled lane cannot starve the others.
+//
+// Future bulk path: one quic-go connection tops out near 0.6 GB/s on a small
+// host, so a later bulk transport (parallel TCP sockets authorised over this
+// control plane, shared memory on one host) will implement
+// transport.Endpoint itself, reuse transport/internal/frame for its wire
+// format, and be chosen per peer by a composite Endpoint that routes LaneData
+// to it and keeps control, heartbeats and RPC on QUIC.
+package quictransport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/nexar-go/nexar/transport"
+)
+
+// Options configures a Node. The zero value of every field selects the
+// documented default.
+type Options struct {
+	// BindAddr is the UDP address to listen on. Default ":0" (every
+	// interface, a free port).
+	BindAddr string
+	// IdleTimeout is how long a connection may stay silent before it is
+	// declared dead; keep-alives are sent every IdleTimeout/3. Default 5s.
+	IdleTimeout time.Duration
+	// HandshakeTimeout bounds one TLS handshake plus hello. Default 10s.
+	HandshakeTimeout time.Duration
+	// MaxStreamWindow is the flow-control window of one lane stream.
+	// Default 16 MiB.
+	MaxStreamWindow uint64
+	// MaxConnWindow is the flow-control window of one connection. Default
+	// and minimum: transport.NumLanes * MaxStreamWindow, so that lanes whose
+	// handlers stall cannot use up the window of the others.
+	MaxConnWindow uint64
+}
+
+func (o Options) withDefaults() Options {
+	if o.BindAddr == "" {
+		o.BindAddr = ":0"
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = 5 * time.Second
+	}
+	if o.HandshakeTimeout <= 0 {
+		o.HandshakeTimeout = 10 * time.Second
+	}
+	if o.MaxStreamWindow == 0 {
+		o.MaxStreamWindow = 16 << 20
+	}
+	if min := uint64(transport.NumLanes) * o.MaxStreamWindow; o.MaxConnWindow < min {
+		o.MaxConnWindow = min
+	}
+	return o
+}
+
+func (o Options) quicConfig() *quic.Config {
+	return &quic.Config{
+		HandshakeIdleTimeout:           o.HandshakeTimeout,
+		MaxIdleTimeout:                 o.IdleTimeout,
+		KeepAlivePeriod:                o.IdleTimeout / 3,
+		InitialStreamReceiveWindow:     o.MaxStreamWindow,
+		MaxStreamReceiveWindow:         o.MaxStreamWindow,
+		InitialConnectionReceiveWindow: o.MaxConnWindow,
+		MaxConnectionReceiveWindow:     o.MaxConnWindow,
+		// One bidirectional stream (the hello) and one stream per lane,
+		// ever: credit is never released, so a peer cannot open more.
+		MaxIncomingStreams:         1,
+		MaxIncomingUniStreams:      int64(transport.NumLanes),
+		RequireStreamCreditRelease: true,
+	}
+}
+
+// Peer is one row of the peer table from the rendezvous.
+type Peer struct {
+	Rank        int
+	Addr        string   // host:port of the peer's Node; needed for ranks above self
+	Fingerprint [32]byte // the peer's Identity.Fingerprint
+}
+
+// Node owns one UDP socket and the QUIC transport on it. Listen, Addr and
+// Close are safe for concurrent use; Connect may be called once.
+type Node struct {
+	id    *Identity
+	opt   Options
+	udp   *net.UDPConn
+	tr    *quic.Transport
+	ln    *quic.Listener
+	qconf *quic.Config
+
+	mu        sync.Mutex
+	ep        *endpoint // set by Connect; nil before
+	connected bool
+	closed    bool
+}
+
+// Listen binds the UDP socket now, so its port can be advertised before the
+// peer table is known. Incoming handshakes are refused until Connect.
+func Listen(id *Identity, opt Options) (*Node, error) {
+	if id == nil {
+		return nil, errors.New("quic: nil identity")
+	}
+	opt = opt.withDefaults()
+	ua, err := net.ResolveUDPAddr("udp", opt.BindAddr)
+	if err != nil {
+		return nil, fmt.Errorf("quic: bind address %q: %w", opt.BindAddr, err)
+	}
+	udp, err := net.ListenUDP("udp", ua)
+	if err != nil {
+		return nil, fmt.Errorf("quic: listen on %q: %w", opt.BindAddr, err)
+	}
+	n := &Node{id: id, opt: opt, udp: udp, tr: &quic.Transport{Conn: udp}, qconf: opt.quicConfig()}
+	n.ln, err = n.tr.Listen(ServerTLSConfig(id, n.verifyClient), n.qconf)
+	if err != nil {
+		n.tr.Close()
+		udp.Close()
+		return nil, fmt.Errorf("quic: listen: %w", err)
+	}
+	return n, nil
+}
+
+// Addr returns the bound UDP address.
+func (n *Node) Addr() net.Addr { return n.udp.LocalAddr() }
+
+// verifyClient accepts a client certificate only if it is pinned for a rank
+// below ours (only those dial us).
+func (n *Node) verifyClient(fp [32]byte) error {
+	n.mu.Lock()
+	e := n.ep
+	n.mu.Unlock()
+	if e == nil {
+		return errors.New("quic: not connecting yet")
+	}
+	found := false
+	for r := 0; r < e.self; r++ {
+		if Equal(fp, e.peers[r].Fingerprint) {
+			found = true // no early exit: constant time over the table
+		}
+	}
+	if !found {
+		return fmt.Errorf("quic: unknown client certificate %x", fp[:8])
+	}
+	return nil
+}
+
+// Close releases the socket and, if Connect succeeded, the endpoint. It is
+// idempotent.
+func (n *Node) Close() error {
+	n.mu.Lock()
+	e := n.ep
+	n.mu.Unlock()
+	if e != nil {
+		return e.Close()
+	}
+	n.closeSocket()
+	return nil
+}
+
+func (n *Node) closeSocket() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return
+	}
+	n.closed = true
+	n.ln.Close()
+	n.tr.Close()
+	n.udp.Close()
+}
+
+// Connect builds the full mesh described by peers (one row per rank 0..n-1,
+// in any order; the row for self must carry this node's fingerprint) and
+// returns once every connection is up. h and down serve this rank. On error
+// the Node is closed. The endpoint's Close also closes the Node.
+func (n *Node) Connect(ctx context.Context, self int, peers []Peer, h transport.Handler, down transport.DownHandler) (transport.Endpoint, error) {
+	table := make([]Peer, len(peers))
+	seen := make([]bool, len(peers))
+	for _, p := range peers {
+		if p.Rank < 0 || p.Rank >= len(peers) || seen[p.Rank] {
+			n.Close()
+			return nil, fmt.Errorf("quic: peer table: rank %d duplicated or out of range [0,%d)", p.Rank, len(peers))
+		}
+		seen[p.Rank] = true
+		table[p.Rank] = p
+	}
+	if self < 0 || self >= len(table) {
+		n.Close()
+		return nil, fmt.Errorf("quic: self rank %d out of range [0,%d)", self, len(table))
+	}
+	if !Equal(table[self].Fingerprint, n.id.Fingerprint) {
+		n.Close()
+		return nil, fmt.Errorf("quic: peer table: rank %d's fingerprint is not this node's", self)
+	}
+	n.mu.Lock()
+	if n.connected || n.closed {
+		n.mu.Unlock()
+		return nil, errors.New("quic: Connect called twice or after Close")
+	}
+	n.connected = true
+	e := newEndpoint(n, self, table, h, down)
+	n.ep = e
+	n.mu.Unlock()
+
+	if err := e.connect(ctx); err != nil {
+		e.Close()
+		return nil, err
+	}
+	return e, nil
+}

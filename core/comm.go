@@ -255,7 +255,7 @@ func (c *Comm) broadcastAbort(e *Error) {
 	}
 	payload := append([]byte{byte(e.Code)}, []byte(truncate(e.Msg, 4096))...)
 	var th transport.Header
-	(&header{kind: kindControl, sub: ctlAbort, comm: c.id}).encode(&th)
+	(&header{kind: kindControl, sub: ctlAbort, comm: c.id, total: uint64(len(payload))}).encode(&th)
 	for p := 0; p < c.size; p++ {
 		if p == c.rank || c.peerIsDown(p) {
 			continue

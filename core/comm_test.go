@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"runtime"
 	"strings"
@@ -18,7 +19,8 @@ import (
 
 // testConfig keeps failure detection fast and every wait short.
 func testConfig() Config {
-	return Config{Timeout: 20 * time.Second, HeartbeatInterval: 100 * time.Millisecond, HeartbeatTimeout: 2 * time.Second}
+	return Config{Timeout: 20 * time.Second, HeartbeatInterval: 100 * time.Millisecond, HeartbeatTimeout: 2 * time.Second,
+		Logger: slog.New(slog.DiscardHandler)}
 }
 
 // each runs f on every rank concurrently and returns the errors by rank.

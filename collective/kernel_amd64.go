@@ -22,7 +22,7 @@ const asmBlock = 128
 type asmKernel func(dst, src unsafe.Pointer, n int)
 
 // asmKernels[dt][op] is nil where the portable code is used (int8 and
-// int64 products, int64 min/max, bfloat16, float16 min/max, and float16
+// int64 products, int64 min/max, half-precision min/max, and float16
 // on the rare AVX2 CPU without F16C).
 var asmKernels [numDTypes][numOps]asmKernel
 
@@ -44,6 +44,7 @@ func init() {
 	asmKernels[Uint32][Min], asmKernels[Uint32][Max] = minU32AVX2, maxU32AVX2
 	asmKernels[Int64][Sum], asmKernels[Uint64][Sum] = addI64AVX2, addI64AVX2
 	asmKernels[Float32] = [numOps]asmKernel{Sum: addF32AVX2, Avg: addF32AVX2, Prod: mulF32AVX2, Min: minF32AVX2, Max: maxF32AVX2}
+	asmKernels[BFloat16] = [numOps]asmKernel{Sum: addBF16AVX2, Avg: addBF16AVX2, Prod: mulBF16AVX2}
 	if hasF16C() {
 		asmKernels[Float16] = [numOps]asmKernel{Sum: addF16F16C, Avg: addF16F16C, Prod: mulF16F16C}
 	}
@@ -138,3 +139,9 @@ func addF16F16C(dst, src unsafe.Pointer, n int)
 func mulF16F16C(dst, src unsafe.Pointer, n int)
 
 func hasF16C() bool
+
+//go:noescape
+func addBF16AVX2(dst, src unsafe.Pointer, n int)
+
+//go:noescape
+func mulBF16AVX2(dst, src unsafe.Pointer, n int)

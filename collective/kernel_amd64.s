@@ -132,3 +132,57 @@ TEXT ·hasF16C(SB), NOSPLIT, $0-1
 	ANDL $1, CX
 	MOVB CX, ret+0(FP)
 	RET
+
+// BFloat16: widen by shifting into the top half of a float32, operate, and
+// round to nearest even with integer ops (x + 0x7fff + lsb) >> 16; NaNs
+// are kept NaN by OR-ing the quiet bit. Y13 = 0x40, Y14 = 0x7fff, Y15 = 1.
+#define BF16ROUND(X, H, R, M) \
+	VPSRLD $16, X, H \
+	VPAND Y15, H, R \
+	VPADDD Y14, R, R \
+	VPADDD X, R, R \
+	VPSRLD $16, R, R \
+	VPOR Y13, H, H \
+	VCMPPS $3, X, X, M \
+	VBLENDVPS M, H, R, X
+
+#define BF16STEP(OFF, INSN) \
+	VPMOVZXWD OFF(DI), Y0 \
+	VPMOVZXWD 16+OFF(DI), Y1 \
+	VPMOVZXWD OFF(SI), Y2 \
+	VPMOVZXWD 16+OFF(SI), Y3 \
+	VPSLLD $16, Y0, Y0 \
+	VPSLLD $16, Y1, Y1 \
+	VPSLLD $16, Y2, Y2 \
+	VPSLLD $16, Y3, Y3 \
+	INSN Y2, Y0, Y0 \
+	INSN Y3, Y1, Y1 \
+	BF16ROUND(Y0, Y4, Y5, Y6) \
+	BF16ROUND(Y1, Y7, Y8, Y9) \
+	VPACKUSDW Y1, Y0, Y0 \
+	VPERMQ $0xD8, Y0, Y0 \
+	VMOVDQU Y0, OFF(DI)
+
+#define BF16OP(NAME, INSN) \
+TEXT NAME(SB), NOSPLIT, $0-24 \
+	MOVQ dst+0(FP), DI \
+	MOVQ src+8(FP), SI \
+	MOVQ n+16(FP), CX \
+	VPCMPEQD Y15, Y15, Y15 \
+	VPSRLD $17, Y15, Y14 \
+	VPSRLD $31, Y15, Y15 \
+	VPSLLD $6, Y15, Y13 \
+loop: \
+	BF16STEP(0, INSN) \
+	BF16STEP(32, INSN) \
+	BF16STEP(64, INSN) \
+	BF16STEP(96, INSN) \
+	ADDQ $128, DI \
+	ADDQ $128, SI \
+	SUBQ $128, CX \
+	JNZ loop \
+	VZEROUPPER \
+	RET
+
+BF16OP(·addBF16AVX2, VADDPS)
+BF16OP(·mulBF16AVX2, VMULPS)

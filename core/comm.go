@@ -125,27 +125,27 @@ func NewLocal(n int, cfg Config) ([]*Comm, error) {
 		ds[i] = nodes[i].onDown
 	}
 	eps := mem.NewMesh(n, hs, ds)
-	return worldComms(nodes, eps)
-}
-
-func worldComms(nodes []*node, eps []transport.Endpoint) ([]*Comm, error) {
-	n := len(nodes)
-	world := make([]int, n)
-	for i := range world {
-		world[i] = i
-	}
 	comms := make([]*Comm, n)
 	for i, nd := range nodes {
-		nd.ep = eps[i]
-		comms[i] = newComm(nd, worldID, i, world)
-		if err := nd.register(comms[i]); err != nil {
-			return nil, err
-		}
+		comms[i] = worldComm(nd, eps[i])
 	}
 	for _, nd := range nodes {
 		nd.start()
 	}
 	return comms, nil
+}
+
+// worldComm attaches ep to nd and creates its world communicator; the
+// caller starts nd once every node of the process is attached.
+func worldComm(nd *node, ep transport.Endpoint) *Comm {
+	world := make([]int, nd.size)
+	for i := range world {
+		world[i] = i
+	}
+	nd.ep = ep
+	c := newComm(nd, worldID, nd.rank, world)
+	_ = nd.register(c) // a fresh node is never closed
+	return c
 }
 
 // worldID is the id of every world communicator; split children derive

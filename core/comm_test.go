@@ -64,7 +64,9 @@ func f32s(v ...float32) []byte {
 	return b
 }
 
-func getF32(b []byte, i int) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:])) }
+func getF32(b []byte, i int) float32 {
+	return math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+}
 
 func i64(b []byte, i int) int64 { return int64(binary.LittleEndian.Uint64(b[8*i:])) }
 

@@ -1,0 +1,419 @@
+package core
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/fxamacker/cbor/v2"
+	"github.com/quic-go/quic-go"
+
+	nquic "github.com/nexar-go/nexar/transport/quic"
+)
+
+// Rendezvous protocol (docs/wire-format.md): over QUIC with ALPN rdvALPN,
+// the joiner opens one bidirectional stream and sends a joinMsg, the seed
+// answers with one welcomeMsg once every rank has joined. Frames are a
+// 4-byte big-endian length and a CBOR body. Both sides prove the token
+// bound to this TLS session: HMAC-SHA256(token, exporter(label)), label
+// "nexar-join" for the joiner and "nexar-seed" for the seed, so neither a
+// stranger nor a fake seed (nor a relay between the two) gets through.
+const (
+	rdvALPN      = "nexar-rdv/1"
+	rdvVersion   = 1
+	maxJoinFrame = 4 << 10
+	maxWelcome   = 16 << 20
+	labelJoin    = "nexar-join"
+	labelSeed    = "nexar-seed"
+)
+
+type joinMsg struct {
+	V     int    `cbor:"v"`
+	Rank  int    `cbor:"rank"` // requested rank or -1
+	Addr  string `cbor:"addr"` // host:port of the joiner's mesh node
+	FP    []byte `cbor:"fp"`   // SHA-256 of the mesh node's certificate
+	Proof []byte `cbor:"proof"`
+}
+
+type peerMsg struct {
+	Rank int    `cbor:"rank"`
+	Addr string `cbor:"addr"`
+	FP   []byte `cbor:"fp"`
+}
+
+type welcomeMsg struct {
+	V     int       `cbor:"v"`
+	Code  int       `cbor:"code,omitempty"` // non-zero: refused, Err says why
+	Err   string    `cbor:"err,omitempty"`
+	Rank  int       `cbor:"rank"`
+	Size  int       `cbor:"size"`
+	Peers []peerMsg `cbor:"peers"`
+	Proof []byte    `cbor:"proof"`
+}
+
+var rdvDec = func() cbor.DecMode {
+	dm, err := cbor.DecOptions{
+		MaxArrayElements: 1 << 20,
+		MaxMapPairs:      64,
+		MaxNestedLevels:  8,
+		DupMapKey:        cbor.DupMapKeyEnforcedAPF,
+	}.DecMode()
+	if err != nil {
+		panic(err)
+	}
+	return dm
+}()
+
+func writeFrame(w io.Writer, v any) error {
+	b, err := cbor.Marshal(v)
+	if err != nil {
+		return err
+	}
+	var n [4]byte
+	binary.BigEndian.PutUint32(n[:], uint32(len(b)))
+	if _, err := w.Write(n[:]); err != nil {
+		return err
+	}
+	_, err = w.Write(b)
+	return err
+}
+
+func readFrame(r io.Reader, max int, v any) error {
+	var n [4]byte
+	if _, err := io.ReadFull(r, n[:]); err != nil {
+		return err
+	}
+	size := binary.BigEndian.Uint32(n[:])
+	if size > uint32(max) {
+		return fmt.Errorf("frame of %d bytes exceeds the limit of %d", size, max)
+	}
+	b := make([]byte, size)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return err
+	}
+	return rdvDec.Unmarshal(b, v)
+}
+
+func proof(token []byte, cs func(label string, context []byte, length int) ([]byte, error), label string) ([]byte, error) {
+	ekm, err := cs(label, nil, 32)
+	if err != nil {
+		return nil, err
+	}
+	m := hmac.New(sha256.New, token)
+	m.Write(ekm)
+	return m.Sum(nil), nil
+}
+
+// Seed is the rendezvous service of one job: it admits WorldSize joiners
+// that prove the token, assigns ranks and sends each the peer table. It is
+// not on the data path. Its methods are safe for concurrent use.
+type Seed struct {
+	ln        *quic.Listener
+	size      int
+	token     []byte
+	log       *slog.Logger
+	formed    chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+
+	// mu guards the following fields.
+	mu      sync.Mutex
+	members []*member // in join order
+	table   []peerMsg // by rank, set when formed
+}
+
+type member struct {
+	want int // requested rank or -1
+	rank int // assigned
+	addr string
+	fp   []byte
+	gone chan struct{}
+}
+
+// StartSeed listens on addr (UDP host:port) for worldSize joiners holding
+// token. It serves one formation; later joiners are refused.
+func StartSeed(addr string, worldSize int, token []byte) (*Seed, error) {
+	if worldSize < 1 {
+		return nil, invalidArg("seed", "world size %d must be >= 1", worldSize)
+	}
+	if len(token) == 0 {
+		return nil, invalidArg("seed", "empty token")
+	}
+	id, err := nquic.NewIdentity()
+	if err != nil {
+		return nil, &Error{Code: CodeInternal, Op: "seed", Rank: -1, Msg: err.Error(), Cause: err}
+	}
+	tc := nquic.ServerTLSConfig(id, func([32]byte) error { return nil }) // joiners prove the token instead
+	tc.NextProtos = []string{rdvALPN}
+	ln, err := quic.ListenAddr(addr, tc, &quic.Config{HandshakeIdleTimeout: 10 * time.Second, MaxIdleTimeout: 30 * time.Second, KeepAlivePeriod: 5 * time.Second})
+	if err != nil {
+		return nil, &Error{Code: CodeInternal, Op: "seed", Rank: -1, Msg: fmt.Sprintf("listen on %s: %v", addr, err), Cause: err}
+	}
+	s := &Seed{ln: ln, size: worldSize, token: append([]byte(nil), token...), log: slog.Default(),
+		formed: make(chan struct{}), done: make(chan struct{})}
+	s.wg.Add(1)
+	go s.acceptLoop()
+	return s, nil
+}
+
+// Addr is the address the seed listens on.
+func (s *Seed) Addr() net.Addr { return s.ln.Addr() }
+
+// Formed is closed once every rank has joined.
+func (s *Seed) Formed() <-chan struct{} { return s.formed }
+
+// Close stops the seed and releases its socket and goroutines.
+func (s *Seed) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.done)
+		s.ln.Close()
+		s.wg.Wait()
+	})
+	return nil
+}
+
+func (s *Seed) acceptLoop() {
+	defer s.wg.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { <-s.done; cancel() }()
+	for {
+		conn, err := s.ln.Accept(ctx)
+		if err != nil {
+			return
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.serve(conn)
+		}()
+	}
+}
+
+func (s *Seed) serve(conn *quic.Conn) {
+	defer conn.CloseWithError(0, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stop := context.AfterFunc(ctxDone(s.done), cancel)
+	defer stop()
+	st, err := conn.AcceptStream(ctx)
+	if err != nil {
+		return
+	}
+	st.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var j joinMsg
+	refuse := func(code Code, format string, args ...any) {
+		msg := fmt.Sprintf(format, args...)
+		s.log.Warn("nexar seed: refused joiner", "remote", conn.RemoteAddr().String(), "why", msg)
+		_ = writeFrame(st, welcomeMsg{V: rdvVersion, Code: int(code), Err: msg})
+		st.Close()
+		s.linger(conn)
+	}
+	if err := readFrame(st, maxJoinFrame, &j); err != nil {
+		refuse(CodeInvalidArgument, "bad join message: %v", err)
+		return
+	}
+	if j.V != rdvVersion {
+		refuse(CodeInvalidArgument, "unsupported rendezvous version %d (this seed speaks %d)", j.V, rdvVersion)
+		return
+	}
+	tls := conn.ConnectionState().TLS
+	want, err := proof(s.token, tls.ExportKeyingMaterial, labelJoin)
+	if err != nil || !hmac.Equal(want, j.Proof) {
+		refuse(CodeAuth, "wrong token")
+		return
+	}
+	if len(j.FP) != 32 {
+		refuse(CodeInvalidArgument, "certificate fingerprint has %d bytes, want 32", len(j.FP))
+		return
+	}
+	if _, _, err := net.SplitHostPort(j.Addr); err != nil {
+		refuse(CodeInvalidArgument, "advertised address %q: %v", j.Addr, err)
+		return
+	}
+	m := &member{want: j.Rank, addr: j.Addr, fp: j.FP, gone: make(chan struct{})}
+	if err := s.add(m); err != nil {
+		refuse(CodeInvalidArgument, "%v", err)
+		return
+	}
+	select {
+	case <-s.formed:
+	case <-conn.Context().Done():
+		s.remove(m)
+		return
+	case <-s.done:
+		return
+	}
+	s.mu.Lock()
+	w := welcomeMsg{V: rdvVersion, Rank: m.rank, Size: s.size, Peers: s.table}
+	s.mu.Unlock()
+	w.Proof, err = proof(s.token, tls.ExportKeyingMaterial, labelSeed)
+	if err != nil {
+		return
+	}
+	st.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	if err := writeFrame(st, w); err != nil {
+		return
+	}
+	st.Close()
+	s.linger(conn)
+}
+
+// linger gives the peer a moment to read what was written before the
+// connection is closed.
+func (s *Seed) linger(conn *quic.Conn) {
+	select {
+	case <-conn.Context().Done():
+	case <-time.After(5 * time.Second):
+	case <-s.done:
+	}
+}
+
+func (s *Seed) add(m *member) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-s.formed:
+		return fmt.Errorf("the job is already formed (%d ranks)", s.size)
+	default:
+	}
+	if m.want < -1 || m.want >= s.size {
+		return fmt.Errorf("rank %d is out of range [0, %d)", m.want, s.size)
+	}
+	for _, o := range s.members {
+		if m.want >= 0 && o.want == m.want {
+			return fmt.Errorf("rank %d has already joined", m.want)
+		}
+	}
+	s.members = append(s.members, m)
+	if len(s.members) < s.size {
+		return nil
+	}
+	// Everyone is here: explicit ranks first, then join order.
+	taken := make([]bool, s.size)
+	for _, o := range s.members {
+		if o.want >= 0 {
+			o.rank, taken[o.want] = o.want, true
+		}
+	}
+	next := 0
+	for _, o := range s.members {
+		if o.want < 0 {
+			for taken[next] {
+				next++
+			}
+			o.rank, taken[next] = next, true
+		}
+	}
+	s.table = make([]peerMsg, s.size)
+	for _, o := range s.members {
+		s.table[o.rank] = peerMsg{Rank: o.rank, Addr: o.addr, FP: o.fp}
+	}
+	close(s.formed)
+	return nil
+}
+
+func (s *Seed) remove(m *member) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, o := range s.members {
+		if o == m {
+			s.members = append(s.members[:i], s.members[i+1:]...)
+			return
+		}
+	}
+}
+
+// join registers with the seed at addr and returns this rank's number and
+// the peer table. It retries until ctx ends while the seed is not up yet.
+func join(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte) (int, []nquic.Peer, error) {
+	id, err := nquic.NewIdentity()
+	if err != nil {
+		return 0, nil, err
+	}
+	tc := nquic.ClientTLSConfig(id, func([32]byte) error { return nil }) // the seed proves the token instead
+	tc.NextProtos = []string{rdvALPN}
+	var conn *quic.Conn
+	backoff := 100 * time.Millisecond
+	for {
+		actx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		conn, err = quic.DialAddr(actx, addr, tc, &quic.Config{HandshakeIdleTimeout: 3 * time.Second, MaxIdleTimeout: 30 * time.Second, KeepAlivePeriod: 5 * time.Second})
+		cancel()
+		if err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return 0, nil, &Error{Code: CodeTimeout, Op: "rendezvous", Rank: -1,
+				Msg: fmt.Sprintf("cannot reach the seed at %s: %v", addr, err), Cause: err}
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+	defer conn.CloseWithError(0, "")
+	fail := func(code Code, format string, args ...any) (int, []nquic.Peer, error) {
+		return 0, nil, &Error{Code: code, Op: "rendezvous", Rank: -1, Msg: fmt.Sprintf(format, args...)}
+	}
+	st, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		return fail(CodeInternal, "seed %s: %v", addr, err)
+	}
+	tls := conn.ConnectionState().TLS
+	p, err := proof(token, tls.ExportKeyingMaterial, labelJoin)
+	if err != nil {
+		return fail(CodeInternal, "%v", err)
+	}
+	if err := writeFrame(st, joinMsg{V: rdvVersion, Rank: rank, Addr: advertise, FP: fp[:], Proof: p}); err != nil {
+		return fail(CodeInternal, "seed %s: %v", addr, err)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		st.SetReadDeadline(dl)
+	}
+	var w welcomeMsg
+	if err := readFrame(st, maxWelcome, &w); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil || isTimeout(err) {
+			return fail(CodeTimeout, "seed %s: not every rank joined in time: %v", addr, err)
+		}
+		return fail(CodeInternal, "seed %s: reading the peer table: %v", addr, err)
+	}
+	if w.V != rdvVersion {
+		return fail(CodeInvalidArgument, "seed %s speaks rendezvous version %d, want %d", addr, w.V, rdvVersion)
+	}
+	if w.Code != 0 {
+		code := Code(w.Code)
+		if code <= CodeOK || code >= numCodes {
+			code = CodeInternal
+		}
+		return fail(code, "seed %s refused: %s", addr, truncate(w.Err, 512))
+	}
+	want, err := proof(token, tls.ExportKeyingMaterial, labelSeed)
+	if err != nil || !hmac.Equal(want, w.Proof) {
+		return fail(CodeAuth, "seed %s did not prove the token: not our seed", addr)
+	}
+	if w.Size < 1 || len(w.Peers) != w.Size || w.Rank < 0 || w.Rank >= w.Size {
+		return fail(CodeInternal, "seed %s sent an inconsistent peer table", addr)
+	}
+	peers := make([]nquic.Peer, w.Size)
+	for i, pm := range w.Peers {
+		if pm.Rank != i || len(pm.FP) != 32 {
+			return fail(CodeInternal, "seed %s sent a bad peer table row %d", addr, i)
+		}
+		peers[i] = nquic.Peer{Rank: i, Addr: pm.Addr}
+		copy(peers[i].Fingerprint[:], pm.FP)
+	}
+	return w.Rank, peers, nil
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

@@ -1,0 +1,529 @@
+// nexar.hpp - header-only C++17 wrapper over the nexar C ABI (nexar.h).
+//
+// SPDX-License-Identifier: Apache-2.0
+//
+//   nexar::Comm world = nexar::Comm::from_env();
+//   std::vector<float> grad(n);
+//   world.allreduce(grad, nexar::Op::sum);        // in place
+//   nexar::Request r = world.iallreduce(a, b, n, nexar::Op::max);
+//   r.wait();
+//
+// Every failing call throws nexar::Error (code() and what(), the latter
+// carrying nexar_last_error()). Comm and Request are move-only RAII owners;
+// handle() gives the C handle for interop. Thread-safety is that of the C
+// API (see nexar.h): one object may be used from several threads as far as
+// the C functions it calls allow; moving or destroying it is not concurrent-safe.
+#ifndef NEXAR_NEXAR_HPP
+#define NEXAR_NEXAR_HPP
+
+#include <nexar.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <iterator>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace nexar {
+
+// float16 and bfloat16 are storage types for half-precision elements: the
+// raw 16 bits, which nexar reduces in float32.
+struct float16 {
+    std::uint16_t bits;
+};
+struct bfloat16 {
+    std::uint16_t bits;
+};
+
+// datatype_of<T>::value is the nexar_datatype_t of element type T.
+template <class T>
+struct datatype_of;  // undefined: T is not a nexar element type
+
+#define NEXAR_HPP_DATATYPE(T, V) \
+    template <>                  \
+    struct datatype_of<T> : std::integral_constant<nexar_datatype_t, V> {}
+NEXAR_HPP_DATATYPE(std::int8_t, NEXAR_INT8);
+NEXAR_HPP_DATATYPE(std::uint8_t, NEXAR_UINT8);
+NEXAR_HPP_DATATYPE(std::int32_t, NEXAR_INT32);
+NEXAR_HPP_DATATYPE(std::uint32_t, NEXAR_UINT32);
+NEXAR_HPP_DATATYPE(std::int64_t, NEXAR_INT64);
+NEXAR_HPP_DATATYPE(std::uint64_t, NEXAR_UINT64);
+NEXAR_HPP_DATATYPE(float16, NEXAR_FLOAT16);
+NEXAR_HPP_DATATYPE(bfloat16, NEXAR_BFLOAT16);
+NEXAR_HPP_DATATYPE(float, NEXAR_FLOAT32);
+NEXAR_HPP_DATATYPE(double, NEXAR_FLOAT64);
+#undef NEXAR_HPP_DATATYPE
+
+template <class T>
+inline constexpr nexar_datatype_t datatype_v = datatype_of<std::remove_cv_t<T>>::value;
+
+// Op names the reduction operators of nexar_op_t.
+enum class Op : int {
+    sum = NEXAR_SUM,
+    prod = NEXAR_PROD,
+    min = NEXAR_MIN,
+    max = NEXAR_MAX,
+    avg = NEXAR_AVG,
+    band = NEXAR_BAND,
+    bor = NEXAR_BOR,
+    bxor = NEXAR_BXOR,
+};
+
+inline constexpr int any_source = NEXAR_ANY_SOURCE;
+inline constexpr int undefined = NEXAR_UNDEFINED;
+
+// Error is thrown by every failing call.
+class Error : public std::exception {
+public:
+    Error(nexar_result_t code, std::string message) : code_(code), msg_(std::move(message)) {}
+    nexar_result_t code() const noexcept { return code_; }
+    const char* what() const noexcept override { return msg_.c_str(); }
+
+private:
+    nexar_result_t code_;
+    std::string msg_;
+};
+
+// Status describes a completed receive.
+using Status = nexar_status_t;
+
+namespace detail {
+
+inline void check(nexar_result_t r) {
+    if (r != NEXAR_SUCCESS) {
+        std::string msg = nexar_result_string(r);
+        const char* detail = nexar_last_error();
+        if (detail != nullptr && detail[0] != '\0') {
+            msg += ": ";
+            msg += detail;
+        }
+        throw Error(r, std::move(msg));
+    }
+}
+
+inline void require(bool ok, const char* what) {
+    if (!ok) {
+        throw Error(NEXAR_ERR_INVALID_ARGUMENT, std::string("invalid argument: ") + what);
+    }
+}
+
+inline nexar_op_t op(Op o) noexcept { return static_cast<nexar_op_t>(o); }
+
+// A contiguous container: std::data and std::size work on it.
+template <class C, class = void>
+struct is_contiguous : std::false_type {};
+template <class C>
+struct is_contiguous<C, std::void_t<decltype(std::data(std::declval<C&>())),
+                                    decltype(std::size(std::declval<C&>()))>>
+    : std::negation<std::is_pointer<std::remove_cv_t<std::remove_reference_t<C>>>> {};
+
+template <class C>
+using enable_container = std::enable_if_t<is_contiguous<C>::value>;
+
+template <class C>
+using elem_t = std::remove_cv_t<std::remove_pointer_t<decltype(std::data(std::declval<C&>()))>>;
+
+}  // namespace detail
+
+// Request owns a nexar_request_t. The destructor waits for the operation
+// (ignoring its result, since buffers must outlive it) and frees it; call
+// wait() to see errors.
+class Request {
+public:
+    Request() noexcept = default;
+    explicit Request(nexar_request_t h) noexcept : h_(h) {}
+    Request(Request&& o) noexcept : h_(std::exchange(o.h_, NEXAR_REQUEST_NULL)) {}
+    Request& operator=(Request&& o) noexcept {
+        if (this != &o) {
+            reset();
+            h_ = std::exchange(o.h_, NEXAR_REQUEST_NULL);
+        }
+        return *this;
+    }
+    Request(const Request&) = delete;
+    Request& operator=(const Request&) = delete;
+    ~Request() { reset(); }
+
+    // wait blocks until the operation completes; throws its error.
+    void wait() { detail::check(nexar_wait(h_)); }
+
+    // test reports whether the operation has completed; throws its error.
+    bool test() {
+        int done = 0;
+        detail::check(nexar_test(h_, &done));
+        return done != 0;
+    }
+
+    // status describes a completed receive (zeros for other operations).
+    Status status() const {
+        Status st{};
+        detail::check(nexar_request_status(h_, &st));
+        return st;
+    }
+
+    nexar_request_t handle() const noexcept { return h_; }
+    explicit operator bool() const noexcept { return h_ != NEXAR_REQUEST_NULL; }
+
+    // release gives up ownership and returns the C handle.
+    nexar_request_t release() noexcept { return std::exchange(h_, NEXAR_REQUEST_NULL); }
+
+private:
+    void reset() noexcept {
+        if (h_ != NEXAR_REQUEST_NULL) {
+            (void)nexar_wait(h_);
+            (void)nexar_request_free(h_);
+            h_ = NEXAR_REQUEST_NULL;
+        }
+    }
+    nexar_request_t h_ = NEXAR_REQUEST_NULL;
+};
+
+// wait_all waits for every request, then throws the first error seen.
+inline void wait_all(std::vector<Request>& reqs) {
+    std::exception_ptr first;
+    for (Request& r : reqs) {
+        try {
+            r.wait();
+        } catch (...) {
+            if (!first) {
+                first = std::current_exception();
+            }
+        }
+    }
+    if (first) {
+        std::rethrow_exception(first);
+    }
+}
+
+// Comm owns a nexar_comm_t. The destructor destroys it (locally).
+class Comm {
+public:
+    Comm() noexcept = default;
+    explicit Comm(nexar_comm_t h) noexcept : h_(h) {}
+    explicit Comm(const nexar_config_t& cfg) { detail::check(nexar_comm_init(&cfg, &h_)); }
+    Comm(Comm&& o) noexcept : h_(std::exchange(o.h_, NEXAR_COMM_NULL)) {}
+    Comm& operator=(Comm&& o) noexcept {
+        if (this != &o) {
+            reset();
+            h_ = std::exchange(o.h_, NEXAR_COMM_NULL);
+        }
+        return *this;
+    }
+    Comm(const Comm&) = delete;
+    Comm& operator=(const Comm&) = delete;
+    ~Comm() { reset(); }
+
+    // from_env joins the world described by the launcher's environment.
+    static Comm from_env() {
+        nexar_comm_t h = NEXAR_COMM_NULL;
+        detail::check(nexar_comm_init_from_env(&h));
+        return Comm(h);
+    }
+
+    nexar_comm_t handle() const noexcept { return h_; }
+    explicit operator bool() const noexcept { return h_ != NEXAR_COMM_NULL; }
+    nexar_comm_t release() noexcept { return std::exchange(h_, NEXAR_COMM_NULL); }
+
+    int rank() const {
+        int r = 0;
+        detail::check(nexar_comm_rank(h_, &r));
+        return r;
+    }
+    int size() const {
+        int s = 0;
+        detail::check(nexar_comm_size(h_, &s));
+        return s;
+    }
+
+    // split returns the communicator of this rank's color, ordered by key;
+    // an empty Comm for a negative color.
+    Comm split(int color, int key) const {
+        nexar_comm_t h = NEXAR_COMM_NULL;
+        detail::check(nexar_comm_split(h_, color, key, &h));
+        return Comm(h);
+    }
+
+    void abort() { detail::check(nexar_comm_abort(h_)); }
+
+    // --- point-to-point ---------------------------------------------------
+
+    template <class T>
+    void send(const T* buf, std::size_t count, int peer, std::uint64_t tag = 0) {
+        detail::check(nexar_send(buf, count, datatype_v<T>, peer, tag, h_));
+    }
+    template <class C, class = detail::enable_container<const C>>
+    void send(const C& c, int peer, std::uint64_t tag = 0) {
+        send(std::data(c), std::size(c), peer, tag);
+    }
+
+    template <class T>
+    Status recv(T* buf, std::size_t count, int peer, std::uint64_t tag = 0) {
+        Status st{};
+        detail::check(nexar_recv_status(buf, count, datatype_v<T>, peer, tag, h_, &st));
+        return st;
+    }
+    template <class C, class = detail::enable_container<C>>
+    Status recv(C& c, int peer, std::uint64_t tag = 0) {
+        return recv(std::data(c), std::size(c), peer, tag);
+    }
+
+    template <class T>
+    [[nodiscard]] Request isend(const T* buf, std::size_t count, int peer, std::uint64_t tag = 0) {
+        nexar_request_t r = NEXAR_REQUEST_NULL;
+        detail::check(nexar_isend(buf, count, datatype_v<T>, peer, tag, h_, &r));
+        return Request(r);
+    }
+    template <class C, class = detail::enable_container<const C>>
+    [[nodiscard]] Request isend(const C& c, int peer, std::uint64_t tag = 0) {
+        return isend(std::data(c), std::size(c), peer, tag);
+    }
+
+    template <class T>
+    [[nodiscard]] Request irecv(T* buf, std::size_t count, int peer, std::uint64_t tag = 0) {
+        nexar_request_t r = NEXAR_REQUEST_NULL;
+        detail::check(nexar_irecv(buf, count, datatype_v<T>, peer, tag, h_, &r));
+        return Request(r);
+    }
+    template <class C, class = detail::enable_container<C>>
+    [[nodiscard]] Request irecv(C& c, int peer, std::uint64_t tag = 0) {
+        return irecv(std::data(c), std::size(c), peer, tag);
+    }
+
+    // --- collectives: pointer + count -------------------------------------
+    // Pass the same pointer as send and recv for the in-place form.
+
+    template <class T>
+    void allreduce(const T* send, T* recv, std::size_t count, Op op) {
+        detail::check(nexar_allreduce(send, recv, count, datatype_v<T>, detail::op(op), h_));
+    }
+    template <class T>
+    void broadcast(T* buf, std::size_t count, int root) {
+        detail::check(nexar_broadcast(buf, count, datatype_v<T>, root, h_));
+    }
+    template <class T>
+    void reduce(const T* send, T* recv, std::size_t count, Op op, int root) {
+        detail::check(nexar_reduce(send, recv, count, datatype_v<T>, detail::op(op), root, h_));
+    }
+    template <class T>
+    void allgather(const T* send, T* recv, std::size_t sendcount) {
+        detail::check(nexar_allgather(send, recv, sendcount, datatype_v<T>, h_));
+    }
+    template <class T>
+    void allgatherv(const T* send, std::size_t sendcount, T* recv, const std::size_t* recvcounts,
+                    const std::size_t* displs) {
+        detail::check(nexar_allgatherv(send, sendcount, recv, recvcounts, displs, datatype_v<T>, h_));
+    }
+    template <class T>
+    void reduce_scatter(const T* send, T* recv, std::size_t recvcount, Op op) {
+        detail::check(
+            nexar_reduce_scatter(send, recv, recvcount, datatype_v<T>, detail::op(op), h_));
+    }
+    template <class T>
+    void alltoall(const T* send, T* recv, std::size_t count_per_peer) {
+        detail::check(nexar_alltoall(send, recv, count_per_peer, datatype_v<T>, h_));
+    }
+    template <class T>
+    void alltoallv(const T* send, const std::size_t* sendcounts, const std::size_t* sdispls,
+                   T* recv, const std::size_t* recvcounts, const std::size_t* rdispls) {
+        detail::check(nexar_alltoallv(send, sendcounts, sdispls, recv, recvcounts, rdispls,
+                                      datatype_v<T>, h_));
+    }
+    template <class T>
+    void gather(const T* send, T* recv, std::size_t sendcount, int root) {
+        detail::check(nexar_gather(send, recv, sendcount, datatype_v<T>, root, h_));
+    }
+    template <class T>
+    void gatherv(const T* send, std::size_t sendcount, T* recv, const std::size_t* recvcounts,
+                 const std::size_t* displs, int root) {
+        detail::check(
+            nexar_gatherv(send, sendcount, recv, recvcounts, displs, datatype_v<T>, root, h_));
+    }
+    template <class T>
+    void scatter(const T* send, T* recv, std::size_t recvcount, int root) {
+        detail::check(nexar_scatter(send, recv, recvcount, datatype_v<T>, root, h_));
+    }
+    template <class T>
+    void scatterv(const T* send, const std::size_t* sendcounts, const std::size_t* displs, T* recv,
+                  std::size_t recvcount, int root) {
+        detail::check(
+            nexar_scatterv(send, sendcounts, displs, recv, recvcount, datatype_v<T>, root, h_));
+    }
+    template <class T>
+    void scan(const T* send, T* recv, std::size_t count, Op op) {
+        detail::check(nexar_scan(send, recv, count, datatype_v<T>, detail::op(op), h_));
+    }
+    template <class T>
+    void exscan(const T* send, T* recv, std::size_t count, Op op) {
+        detail::check(nexar_exscan(send, recv, count, datatype_v<T>, detail::op(op), h_));
+    }
+    void barrier() { detail::check(nexar_barrier(h_)); }
+
+    // --- collectives: contiguous containers -------------------------------
+
+    // allreduce in place.
+    template <class C, class = detail::enable_container<C>>
+    void allreduce(C& buf, Op op) {
+        allreduce(std::data(buf), std::data(buf), std::size(buf), op);
+    }
+    template <class C1, class C2, class = detail::enable_container<const C1>,
+              class = detail::enable_container<C2>>
+    void allreduce(const C1& send, C2& recv, Op op) {
+        detail::require(std::size(recv) >= std::size(send), "allreduce: recv smaller than send");
+        allreduce(std::data(send), std::data(recv), std::size(send), op);
+    }
+    template <class C, class = detail::enable_container<C>>
+    void broadcast(C& buf, int root) {
+        broadcast(std::data(buf), std::size(buf), root);
+    }
+    template <class C1, class C2, class = detail::enable_container<const C1>,
+              class = detail::enable_container<C2>>
+    void reduce(const C1& send, C2& recv, Op op, int root) {
+        detail::require(rank() != root || std::size(recv) >= std::size(send),
+                        "reduce: recv smaller than send on root");
+        reduce(std::data(send), std::data(recv), std::size(send), op, root);
+    }
+    // allgather: recv must hold size() * send.size() elements.
+    template <class C1, class C2, class = detail::enable_container<const C1>,
+              class = detail::enable_container<C2>>
+    void allgather(const C1& send, C2& recv) {
+        detail::require(std::size(recv) >= std::size(send) * static_cast<std::size_t>(size()),
+                        "allgather: recv must hold size() * send.size() elements");
+        allgather(std::data(send), std::data(recv), std::size(send));
+    }
+    // allgatherv: rank r's send lands at recv[displs[r]], counts[r] elements.
+    template <class C1, class C2, class = detail::enable_container<const C1>,
+              class = detail::enable_container<C2>>
+    void allgatherv(const C1& send, C2& recv, const std::vector<std::size_t>& counts,
+                    const std::vector<std::size_t>& displs) {
+        const std::size_t n = static_cast<std::size_t>(size());
+        detail::require(counts.size() == n && displs.size() == n,
+                        "allgatherv: counts and displs need size() entries");
+        allgatherv(std::data(send), std::size(send), std::data(recv), counts.data(), displs.data());
+    }
+    // reduce_scatter: send holds size() * recv.size() elements.
+    template <class C1, class C2, class = detail::enable_container<const C1>,
+              class = detail::enable_container<C2>>
+    void reduce_scatter(const C1& send, C2& recv, Op op) {
+        detail::require(std::size(send) >= std::size(recv) * static_cast<std::size_t>(size()),
+                        "reduce_scatter: send must hold size() * recv.size() elements");
+        reduce_scatter(std::data(send), std::data(recv), std::size(recv), op);
+    }
+    // alltoall: both hold size() equal blocks.
+    template <class C1, class C2, class = detail::enable_container<const C1>,
+              class = detail::enable_container<C2>>
+    void alltoall(const C1& send, C2& recv) {
+        const std::size_t n = static_cast<std::size_t>(size());
+        detail::require(std::size(send) % n == 0 && std::size(recv) >= std::size(send),
+                        "alltoall: send must be size() equal blocks and recv as large");
+        alltoall(std::data(send), std::data(recv), std::size(send) / n);
+    }
+    // gather: recv (root only) must hold size() * send.size() elements.
+    template <class C1, class C2, class = detail::enable_container<const C1>,
+              class = detail::enable_container<C2>>
+    void gather(const C1& send, C2& recv, int root) {
+        detail::require(rank() != root ||
+                            std::size(recv) >= std::size(send) * static_cast<std::size_t>(size()),
+                        "gather: recv must hold size() * send.size() elements on root");
+        gather(std::data(send), std::data(recv), std::size(send), root);
+    }
+    // scatter: send (root only) holds size() * recv.size() elements.
+    template <class C1, class C2, class = detail::enable_container<const C1>,
+              class = detail::enable_container<C2>>
+    void scatter(const C1& send, C2& recv, int root) {
+        detail::require(rank() != root ||
+                            std::size(send) >= std::size(recv) * static_cast<std::size_t>(size()),
+                        "scatter: send must hold size() * recv.size() elements on root");
+        scatter(std::data(send), std::data(recv), std::size(recv), root);
+    }
+    template <class C1, class C2, class = detail::enable_container<const C1>,
+              class = detail::enable_container<C2>>
+    void scan(const C1& send, C2& recv, Op op) {
+        detail::require(std::size(recv) >= std::size(send), "scan: recv smaller than send");
+        scan(std::data(send), std::data(recv), std::size(send), op);
+    }
+    template <class C1, class C2, class = detail::enable_container<const C1>,
+              class = detail::enable_container<C2>>
+    void exscan(const C1& send, C2& recv, Op op) {
+        detail::require(std::size(recv) >= std::size(send), "exscan: recv smaller than send");
+        exscan(std::data(send), std::data(recv), std::size(send), op);
+    }
+
+    // --- non-blocking collectives -------------------------------------------
+    // Buffers must stay valid until the Request completes.
+
+    template <class T>
+    [[nodiscard]] Request iallreduce(const T* send, T* recv, std::size_t count, Op op) {
+        nexar_request_t r = NEXAR_REQUEST_NULL;
+        detail::check(
+            nexar_iallreduce(send, recv, count, datatype_v<T>, detail::op(op), h_, &r));
+        return Request(r);
+    }
+    template <class C, class = detail::enable_container<C>>
+    [[nodiscard]] Request iallreduce(C& buf, Op op) {
+        return iallreduce(std::data(buf), std::data(buf), std::size(buf), op);
+    }
+    template <class T>
+    [[nodiscard]] Request ibroadcast(T* buf, std::size_t count, int root) {
+        nexar_request_t r = NEXAR_REQUEST_NULL;
+        detail::check(nexar_ibroadcast(buf, count, datatype_v<T>, root, h_, &r));
+        return Request(r);
+    }
+    template <class C, class = detail::enable_container<C>>
+    [[nodiscard]] Request ibroadcast(C& buf, int root) {
+        return ibroadcast(std::data(buf), std::size(buf), root);
+    }
+    template <class T>
+    [[nodiscard]] Request ireduce(const T* send, T* recv, std::size_t count, Op op, int root) {
+        nexar_request_t r = NEXAR_REQUEST_NULL;
+        detail::check(
+            nexar_ireduce(send, recv, count, datatype_v<T>, detail::op(op), root, h_, &r));
+        return Request(r);
+    }
+    template <class T>
+    [[nodiscard]] Request iallgather(const T* send, T* recv, std::size_t sendcount) {
+        nexar_request_t r = NEXAR_REQUEST_NULL;
+        detail::check(nexar_iallgather(send, recv, sendcount, datatype_v<T>, h_, &r));
+        return Request(r);
+    }
+    template <class T>
+    [[nodiscard]] Request ireduce_scatter(const T* send, T* recv, std::size_t recvcount, Op op) {
+        nexar_request_t r = NEXAR_REQUEST_NULL;
+        detail::check(nexar_ireduce_scatter(send, recv, recvcount, datatype_v<T>, detail::op(op),
+                                            h_, &r));
+        return Request(r);
+    }
+    template <class T>
+    [[nodiscard]] Request ialltoall(const T* send, T* recv, std::size_t count_per_peer) {
+        nexar_request_t r = NEXAR_REQUEST_NULL;
+        detail::check(nexar_ialltoall(send, recv, count_per_peer, datatype_v<T>, h_, &r));
+        return Request(r);
+    }
+    [[nodiscard]] Request ibarrier() {
+        nexar_request_t r = NEXAR_REQUEST_NULL;
+        detail::check(nexar_ibarrier(h_, &r));
+        return Request(r);
+    }
+
+private:
+    void reset() noexcept {
+        if (h_ != NEXAR_COMM_NULL) {
+            (void)nexar_comm_destroy(h_);
+            h_ = NEXAR_COMM_NULL;
+        }
+    }
+    nexar_comm_t h_ = NEXAR_COMM_NULL;
+};
+
+// version returns the loaded library's version as "major.minor.patch".
+inline std::string version() {
+    int ma = 0, mi = 0, pa = 0;
+    nexar_get_version(&ma, &mi, &pa);
+    return std::to_string(ma) + "." + std::to_string(mi) + "." + std::to_string(pa);
+}
+
+}  // namespace nexar
+
+#endif  // NEXAR_NEXAR_HPP

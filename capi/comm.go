@@ -1,0 +1,150 @@
+package main
+
+/*
+#include "capi.h"
+*/
+import "C"
+
+import (
+	"context"
+	"unsafe"
+
+	"github.com/nexar-go/nexar/core"
+)
+
+// bg is the context of every call: core bounds each operation by the
+// communicator's Timeout, and the C API has no cancellation of its own
+// (nexar_comm_abort plays that role).
+var bg = context.Background()
+
+//export nexar_comm_init_from_env
+func nexar_comm_init_from_env(comm *C.uintptr_t) (r C.int) {
+	const fn = "nexar_comm_init_from_env"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	a.out("comm", unsafe.Pointer(comm))
+	if !a.ok() {
+		return a.fail()
+	}
+	*comm = 0
+	cfg, err := core.ConfigFromEnv()
+	if err != nil {
+		return fail(fn, resInvalidArgument, "%v", err)
+	}
+	return newComm(fn, cfg, comm)
+}
+
+//export nexar_comm_init
+func nexar_comm_init(config unsafe.Pointer, comm *C.uintptr_t) (r C.int) {
+	const fn = "nexar_comm_init"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	a.out("config", config)
+	a.out("comm", unsafe.Pointer(comm))
+	if !a.ok() {
+		return a.fail()
+	}
+	*comm = 0
+	cfg := readConfig(&a, config)
+	if !a.ok() {
+		return a.fail()
+	}
+	return newComm(fn, cfg, comm)
+}
+
+func newComm(fn string, cfg core.Config, out *C.uintptr_t) C.int {
+	c, err := newWorld(bg, cfg)
+	if err != nil {
+		return result(fn, err)
+	}
+	*out = C.uintptr_t(comms.add(c))
+	return resSuccess
+}
+
+//export nexar_comm_destroy
+func nexar_comm_destroy(comm C.uintptr_t) (r C.int) {
+	const fn = "nexar_comm_destroy"
+	defer recoverToResult(fn, &r)
+	c, ok := comms.remove(uintptr(comm))
+	if !ok {
+		return fail(fn, resInvalidHandle, "comm %#x is not a valid communicator (never created, or already destroyed)", uintptr(comm))
+	}
+	// Close is local and idempotent; its error (if any) is only reported.
+	return result(fn, c.Close())
+}
+
+//export nexar_comm_abort
+func nexar_comm_abort(comm C.uintptr_t) (r C.int) {
+	const fn = "nexar_comm_abort"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	c := a.comm(comm)
+	if !a.ok() {
+		return a.fail()
+	}
+	c.Abort(nil)
+	return resSuccess
+}
+
+//export nexar_comm_rank
+func nexar_comm_rank(comm C.uintptr_t, rank *C.int) (r C.int) {
+	const fn = "nexar_comm_rank"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	c := a.comm(comm)
+	a.out("rank", unsafe.Pointer(rank))
+	if !a.ok() {
+		return a.fail()
+	}
+	*rank = C.int(c.Rank())
+	return resSuccess
+}
+
+//export nexar_comm_size
+func nexar_comm_size(comm C.uintptr_t, size *C.int) (r C.int) {
+	const fn = "nexar_comm_size"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	c := a.comm(comm)
+	a.out("size", unsafe.Pointer(size))
+	if !a.ok() {
+		return a.fail()
+	}
+	*size = C.int(c.Size())
+	return resSuccess
+}
+
+//export nexar_comm_split
+func nexar_comm_split(comm C.uintptr_t, color, key C.int, newcomm *C.uintptr_t) (r C.int) {
+	const fn = "nexar_comm_split"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	c := a.comm(comm)
+	a.out("newcomm", unsafe.Pointer(newcomm))
+	if !a.ok() {
+		return a.fail()
+	}
+	*newcomm = 0
+	nc, err := c.Split(bg, int(color), int(key))
+	if err != nil {
+		return result(fn, err)
+	}
+	if nc != nil {
+		*newcomm = C.uintptr_t(comms.add(nc))
+	}
+	return resSuccess
+}
+
+//export nexar_comm_get_error
+func nexar_comm_get_error(comm C.uintptr_t, errp *C.int) (r C.int) {
+	const fn = "nexar_comm_get_error"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	c := a.comm(comm)
+	a.out("error", unsafe.Pointer(errp))
+	if !a.ok() {
+		return a.fail()
+	}
+	*errp = resultOf(c.Err())
+	return resSuccess
+}

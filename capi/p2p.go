@@ -1,0 +1,100 @@
+package main
+
+/*
+#include "capi.h"
+*/
+import "C"
+
+import "unsafe"
+
+//export nexar_send
+func nexar_send(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t) (r C.int) {
+	const fn = "nexar_send"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	c := a.comm(comm)
+	t := a.dtype(dt)
+	b := a.buf("buf", buf, a.bytes("count", count, 1, t))
+	if !a.ok() {
+		return a.fail()
+	}
+	p := a.rank("peer", peer, c.Size(), false)
+	if !a.ok() {
+		return a.fail()
+	}
+	return result(fn, c.Send(bg, b, p, uint64(tag)))
+}
+
+//export nexar_recv
+func nexar_recv(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t) (r C.int) {
+	const fn = "nexar_recv"
+	defer recoverToResult(fn, &r)
+	return recv(fn, buf, count, dt, peer, tag, comm, nil)
+}
+
+//export nexar_recv_status
+func nexar_recv_status(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t, status unsafe.Pointer) (r C.int) {
+	const fn = "nexar_recv_status"
+	defer recoverToResult(fn, &r)
+	return recv(fn, buf, count, dt, peer, tag, comm, status)
+}
+
+func recv(fn string, buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t, status unsafe.Pointer) C.int {
+	a := args{fn: fn}
+	c := a.comm(comm)
+	t := a.dtype(dt)
+	b := a.buf("buf", buf, a.bytes("count", count, 1, t))
+	if !a.ok() {
+		return a.fail()
+	}
+	p := a.rank("peer", peer, c.Size(), true)
+	if !a.ok() {
+		return a.fail()
+	}
+	st, err := c.Recv(bg, b, p, uint64(tag))
+	if err != nil {
+		return result(fn, err)
+	}
+	writeStatus(status, st, t.Size())
+	return resSuccess
+}
+
+//export nexar_isend
+func nexar_isend(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
+	const fn = "nexar_isend"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	c := a.comm(comm)
+	t := a.dtype(dt)
+	b := a.buf("buf", buf, a.bytes("count", count, 1, t))
+	a.out("req", unsafe.Pointer(req))
+	if !a.ok() {
+		return a.fail()
+	}
+	p := a.rank("peer", peer, c.Size(), false)
+	if !a.ok() {
+		return a.fail()
+	}
+	*req = newRequest(&request{r: c.ISend(b, p, uint64(tag))})
+	return resSuccess
+}
+
+//export nexar_irecv
+func nexar_irecv(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
+	const fn = "nexar_irecv"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	c := a.comm(comm)
+	t := a.dtype(dt)
+	b := a.buf("buf", buf, a.bytes("count", count, 1, t))
+	a.out("req", unsafe.Pointer(req))
+	if !a.ok() {
+		return a.fail()
+	}
+	p := a.rank("peer", peer, c.Size(), true)
+	if !a.ok() {
+		return a.fail()
+	}
+	*req = newRequest(&request{r: c.IRecv(b, p, uint64(tag)), esize: t.Size(), isRecv: true})
+	return resSuccess
+}

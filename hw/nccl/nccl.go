@@ -1,0 +1,114 @@
+// Package nccl is nexar's optional binding to NCCL, loaded at run time with
+// dlopen (from $NEXAR_NCCL, else libnccl.so.2 or libnccl.so) so that nexar
+// builds and runs where NCCL is not installed. It binds what a GPU
+// collective path needs: version, unique id, communicator init/destroy and
+// allreduce, with nexar's DType and Op mapped onto NCCL's enums.
+//
+// Available fails unless both the library loads and hw/cuda sees a device.
+// A Comm follows NCCL's rules: one goroutine per communicator at a time;
+// the package-level functions are safe for concurrent use.
+package nccl
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/nexar-go/nexar/collective"
+)
+
+// ErrNoLibrary is returned (wrapped) when libnccl cannot be loaded.
+var ErrNoLibrary = errors.New("hw/nccl: libnccl.so not found")
+
+// UniqueID is ncclUniqueId: the opaque bootstrap token rank 0 creates and
+// every rank passes to NewComm (nexar sends it over its control plane).
+type UniqueID [128]byte
+
+var libNames = []string{"libnccl.so.2", "libnccl.so"}
+
+// ncclDataType_t values (nccl.h, NCCL 2.x).
+const (
+	ncclInt8     = 0
+	ncclUint8    = 1
+	ncclInt32    = 2
+	ncclUint32   = 3
+	ncclInt64    = 4
+	ncclUint64   = 5
+	ncclFloat16  = 6
+	ncclFloat32  = 7
+	ncclFloat64  = 8
+	ncclBfloat16 = 9
+)
+
+// ncclRedOp_t values; ncclAvg needs NCCL ≥ 2.10.
+const (
+	ncclSum  = 0
+	ncclProd = 1
+	ncclMax  = 2
+	ncclMin  = 3
+	ncclAvg  = 4
+)
+
+// DType maps a nexar element type to ncclDataType_t.
+func DType(d collective.DType) (int, error) {
+	switch d {
+	case collective.Int8:
+		return ncclInt8, nil
+	case collective.Uint8:
+		return ncclUint8, nil
+	case collective.Int32:
+		return ncclInt32, nil
+	case collective.Uint32:
+		return ncclUint32, nil
+	case collective.Int64:
+		return ncclInt64, nil
+	case collective.Uint64:
+		return ncclUint64, nil
+	case collective.Float16:
+		return ncclFloat16, nil
+	case collective.BFloat16:
+		return ncclBfloat16, nil
+	case collective.Float32:
+		return ncclFloat32, nil
+	case collective.Float64:
+		return ncclFloat64, nil
+	}
+	return 0, fmt.Errorf("hw/nccl: no NCCL datatype for %v", d)
+}
+
+// Op maps a nexar reduction to ncclRedOp_t. NCCL has no bitwise
+// reductions: those fail here, and the caller falls back to the host path.
+func Op(o collective.Op) (int, error) {
+	switch o {
+	case collective.Sum:
+		return ncclSum, nil
+	case collective.Prod:
+		return ncclProd, nil
+	case collective.Max:
+		return ncclMax, nil
+	case collective.Min:
+		return ncclMin, nil
+	case collective.Avg:
+		return ncclAvg, nil
+	}
+	return 0, fmt.Errorf("hw/nccl: op %v is not supported by NCCL", o)
+}
+
+// Version splits NCCL's version code (major*10000+minor*100+patch since
+// 2.9, major*1000+minor*100+patch before).
+func Version(code int) (major, minor, patch int) {
+	if code >= 10000 {
+		return code / 10000, code % 10000 / 100, code % 100
+	}
+	return code / 1000, code % 1000 / 100, code % 100
+}
+
+// Error is an NCCL result code with its message.
+type Error struct {
+	Func string
+	Code int
+	Msg  string
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("hw/nccl: %s: %s (ncclResult %d)", e.Func, e.Msg, e.Code)
+}

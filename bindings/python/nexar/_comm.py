@@ -1,0 +1,588 @@
+"""Comm and Request: the Pythonic API over the _nexar extension."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import List, NamedTuple, Optional, Sequence
+
+from . import _errors, _nexar as _lib
+from ._buffers import Buffer, as_buffer
+from ._types import Datatype, Op
+
+__all__ = ["Comm", "Request", "Status", "init", "version", "ANY_SOURCE", "UNDEFINED"]
+
+ANY_SOURCE = _lib.ANY_SOURCE
+UNDEFINED = _lib.UNDEFINED
+
+_lib._set_error_factory(_errors.error_for)
+
+_FORKED = False
+
+
+def _mark_forked():
+    global _FORKED
+    _FORKED = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_mark_forked)
+
+
+def version():
+    """Version of the loaded libnexar as (major, minor, patch)."""
+    return tuple(_lib.version())
+
+
+class Status(NamedTuple):
+    """What a completed receive got: source rank, tag, element count, bytes."""
+
+    source: int
+    tag: int
+    count: int
+    nbytes: int
+
+
+def _ms(seconds) -> int:
+    if seconds is None:
+        return 0
+    if hasattr(seconds, "total_seconds"):
+        seconds = seconds.total_seconds()
+    return max(1, int(seconds * 1000))
+
+
+class Request:
+    """A non-blocking operation in flight.
+
+    It keeps its buffers alive until it completes; wait() returns the Status
+    of a receive (None for other operations) or raises the operation's
+    nexar.Error. Safe to wait on from one thread at a time.
+    """
+
+    def __init__(self, comm: "Comm", handle: int, bufs: Sequence[Buffer], recv_buf: Optional[Buffer] = None):
+        self._comm = comm
+        self._h = handle
+        self._bufs = list(bufs)
+        self._recv = recv_buf
+        self._status: Optional[Status] = None
+        self._error: Optional[BaseException] = None
+        self._done = False
+        self._lock = threading.Lock()
+        comm._pending.add(self)
+
+    def _finish(self, err: Optional[BaseException]):
+        # Called with self._lock held, once.
+        if err is None and self._recv is not None:
+            src, tag, count, nbytes = _lib.request_status(self._h)
+            self._status = Status(src, tag, nbytes // self._recv.itemsize, nbytes)
+        try:
+            _lib.request_free(self._h)
+        except _errors.Error:
+            pass
+        if err is None:
+            for b in self._bufs:
+                b.finish()
+        self._error = err
+        self._done = True
+        self._bufs = []
+        self._comm._pending.discard(self)
+
+    def wait(self) -> Optional[Status]:
+        with self._lock:
+            if not self._done:
+                self._comm._check()
+                err = None
+                try:
+                    _lib.wait(self._h)
+                except _errors.Error as e:
+                    err = e
+                self._finish(err)
+        if self._error is not None:
+            raise self._error
+        return self._status
+
+    def test(self) -> bool:
+        """True once the operation has completed (raises its error then)."""
+        with self._lock:
+            if not self._done:
+                self._comm._check()
+                err = None
+                try:
+                    done = _lib.test(self._h)
+                except _errors.Error as e:
+                    done, err = True, e
+                if not done:
+                    return False
+                self._finish(err)
+        if self._error is not None:
+            raise self._error
+        return True
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def status(self) -> Optional[Status]:
+        return self._status
+
+    @staticmethod
+    def waitall(requests: Sequence["Request"]) -> List[Optional[Status]]:
+        return [r.wait() for r in requests]
+
+
+class Comm:
+    """A nexar communicator: ranks 0..size-1.
+
+    Comm() (or nexar.init()) joins the world described by the launcher's
+    environment (`nexar run`, torchrun, Slurm, Open MPI); Comm(rank=...,
+    world_size=..., seed="host:port", token=b"...") joins an explicit one.
+    Collectives of one Comm must be issued in the same order on every rank
+    (call them from one thread, or order them yourself); point-to-point calls
+    and requests may be used from several threads. Every blocking call
+    releases the GIL. A Comm cannot be used in a child made by fork().
+    """
+
+    def __init__(self, *, rank: Optional[int] = None, world_size: Optional[int] = None,
+                 seed: Optional[str] = None, token=None, bind_addr: Optional[str] = None,
+                 advertise_addr: Optional[str] = None, timeout=None, connect_timeout=None,
+                 heartbeat_interval=None, heartbeat_timeout=None,
+                 max_buffered_bytes: Optional[int] = None, _handle: Optional[int] = None):
+        self._pid = os.getpid()
+        self._pending = set()
+        self._h = 0
+        if _FORKED:
+            raise _errors.ForkedProcessError("nexar: cannot create a communicator in a child made by fork() "
+                                             "without exec(); use the 'spawn' start method")
+        if _handle is not None:
+            h = _handle
+        elif world_size is None and rank is None and seed is None and token is None:
+            h = _lib.comm_init_from_env()
+        else:
+            if world_size is None:
+                raise ValueError("nexar.Comm: world_size is required with an explicit configuration")
+            if isinstance(token, str):
+                token = token.encode()
+            h = _lib.comm_init(
+                -1 if rank is None else int(rank), int(world_size), seed or "", bytes(token or b""),
+                bind_addr or "", advertise_addr or "", _ms(timeout), _ms(connect_timeout),
+                _ms(heartbeat_interval), _ms(heartbeat_timeout), int(max_buffered_bytes or 0))
+        self._h = h
+        self._rank = _lib.comm_rank(h)
+        self._size = _lib.comm_size(h)
+
+    # ---- lifecycle ------------------------------------------------------
+    def _check(self):
+        if _FORKED or os.getpid() != self._pid:
+            raise _errors.ForkedProcessError(
+                "nexar: this communicator was created in process %d and cannot be used in the forked child %d; "
+                "start workers with the 'spawn' start method or subprocess" % (self._pid, os.getpid()))
+        if not self._h:
+            raise _errors.ClosedError(7, "nexar: the communicator is closed")
+        return self._h
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def handle(self) -> int:
+        """The nexar_comm_t value (for other bindings of the same library)."""
+        return self._h
+
+    @property
+    def closed(self) -> bool:
+        return not self._h
+
+    def split(self, color: int, key: int = 0) -> Optional["Comm"]:
+        """Collective: ranks with the same color form a new Comm ordered by key.
+        A negative color (nexar.UNDEFINED) joins none and returns None."""
+        h = _lib.comm_split(self._check(), int(color), int(key))
+        if not h:
+            return None
+        return Comm(_handle=h)
+
+    def abort(self):
+        """Fail every pending and later operation here and, soon, on the other ranks."""
+        _lib.comm_abort(self._check())
+
+    @property
+    def error(self) -> Optional[_errors.Error]:
+        """The communicator's sticky failure, or None while healthy."""
+        code = _lib.comm_get_error(self._check())
+        if code == 0:
+            return None
+        return _errors.error_for(code, "nexar: communicator failed: " + _lib.result_string(code))
+
+    def close(self):
+        """Release the communicator (local, idempotent). Pending requests fail."""
+        if not self._h or os.getpid() != self._pid or _FORKED:
+            self._h = 0
+            return
+        h, self._h = self._h, 0
+        _lib.comm_destroy(h)
+        for r in list(self._pending):
+            with r._lock:
+                if not r._done:
+                    r._finish(_errors.ClosedError(7, "nexar: the communicator was closed"))
+
+    destroy = close
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            if self._h and not self._pending:
+                self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        state = "closed" if not self._h else f"rank={self._rank} size={self._size}"
+        return f"<nexar.Comm {state}>"
+
+    # ---- helpers ----------------------------------------------------------
+    def _in(self, obj) -> Buffer:
+        return as_buffer(obj, False, _lib)
+
+    def _out(self, obj) -> Buffer:
+        return as_buffer(obj, True, _lib)
+
+    @staticmethod
+    def _same(what, a: Buffer, b: Buffer, factor: int = 1, exact: bool = True):
+        if a.dtype != b.dtype or a.itemsize != b.itemsize:
+            raise TypeError(f"nexar: {what}: send and receive buffers have different element types")
+        if exact and a.count * factor != b.count:
+            raise ValueError(f"nexar: {what}: receive buffer holds {b.count} elements, expected {a.count * factor}")
+
+    @staticmethod
+    def _op(op) -> int:
+        return int(Op(op))
+
+    def _reduction(self, name, fn, sendbuf, recvbuf, op, *extra):
+        h = self._check()
+        s = self._in(sendbuf) if recvbuf is not None else self._out(sendbuf)
+        r = self._out(recvbuf) if recvbuf is not None else s
+        n, dt = s.typed(name)
+        if r is not s:
+            self._same(name, s, r)
+        fn(s.addr, r.addr, n, int(dt), self._op(op), *extra, h)
+        r.finish()
+        return r.obj
+
+    # ---- point-to-point -----------------------------------------------------
+    def send(self, buf, dest: int, tag: int = 0):
+        """Send buf to rank dest; returns when buf may be reused."""
+        h = self._check()
+        b = self._in(buf)
+        n, dt = b.raw()
+        _lib.send(b.addr, n, int(dt), int(dest), int(tag), h)
+
+    def recv(self, buf, source: int = ANY_SOURCE, tag: int = 0) -> Status:
+        """Receive into buf from source (or any rank) with tag; returns the Status."""
+        h = self._check()
+        b = self._out(buf)
+        n, dt = b.raw()
+        src, tg, _, nbytes = _lib.recv(b.addr, n, int(dt), int(source), int(tag), h)
+        b.finish()
+        return Status(src, tg, nbytes // b.itemsize, nbytes)
+
+    def isend(self, buf, dest: int, tag: int = 0) -> Request:
+        h = self._check()
+        b = self._in(buf)
+        n, dt = b.raw()
+        return Request(self, _lib.isend(b.addr, n, int(dt), int(dest), int(tag), h), [b])
+
+    def irecv(self, buf, source: int = ANY_SOURCE, tag: int = 0) -> Request:
+        h = self._check()
+        b = self._out(buf)
+        n, dt = b.raw()
+        return Request(self, _lib.irecv(b.addr, n, int(dt), int(source), int(tag), h), [b], recv_buf=b)
+
+    # ---- collectives --------------------------------------------------------
+    def barrier(self):
+        _lib.barrier(self._check())
+
+    def ibarrier(self) -> Request:
+        return Request(self, _lib.ibarrier(self._check()), [])
+
+    def allreduce(self, sendbuf, recvbuf=None, op=Op.SUM):
+        """recvbuf = op over ranks of sendbuf (in place when recvbuf is None). Returns the result buffer."""
+        return self._reduction("allreduce", _lib.allreduce, sendbuf, recvbuf, op)
+
+    def iallreduce(self, sendbuf, recvbuf=None, op=Op.SUM) -> Request:
+        h = self._check()
+        s = self._in(sendbuf) if recvbuf is not None else self._out(sendbuf)
+        r = self._out(recvbuf) if recvbuf is not None else s
+        n, dt = s.typed("iallreduce")
+        if r is not s:
+            self._same("iallreduce", s, r)
+        q = _lib.iallreduce(s.addr, r.addr, n, int(dt), self._op(op), h)
+        return Request(self, q, [s, r] if r is not s else [s])
+
+    def broadcast(self, buf, root: int = 0):
+        """Copy root's buf to every rank's buf. Returns buf."""
+        h = self._check()
+        b = self._out(buf) if self._rank != root else self._in(buf)
+        n, dt = b.raw()
+        _lib.broadcast(b.addr, n, int(dt), int(root), h)
+        b.finish()
+        return b.obj
+
+    bcast = broadcast
+
+    def ibroadcast(self, buf, root: int = 0) -> Request:
+        h = self._check()
+        b = self._out(buf) if self._rank != root else self._in(buf)
+        n, dt = b.raw()
+        return Request(self, _lib.ibroadcast(b.addr, n, int(dt), int(root), h), [b])
+
+    def reduce(self, sendbuf, recvbuf=None, op=Op.SUM, root: int = 0):
+        """Like allreduce, but only root gets the result (in place on root when recvbuf is None)."""
+        h = self._check()
+        if self._rank == root:
+            return self._reduction("reduce", _lib.reduce, sendbuf, recvbuf, op, int(root))
+        s = self._in(sendbuf)
+        n, dt = s.typed("reduce")
+        r = self._out(recvbuf) if recvbuf is not None else None
+        _lib.reduce(s.addr, r.addr if r else s.addr, n, int(dt), self._op(op), int(root), h)
+        return recvbuf
+
+    def ireduce(self, sendbuf, recvbuf=None, op=Op.SUM, root: int = 0) -> Request:
+        h = self._check()
+        on_root = self._rank == root
+        s = self._in(sendbuf) if (recvbuf is not None or not on_root) else self._out(sendbuf)
+        r = self._out(recvbuf) if recvbuf is not None else s
+        n, dt = s.typed("ireduce")
+        if r is not s and on_root:
+            self._same("ireduce", s, r)
+        q = _lib.ireduce(s.addr, r.addr, n, int(dt), self._op(op), int(root), h)
+        return Request(self, q, [s, r] if r is not s else [s])
+
+    def allgather(self, sendbuf, recvbuf):
+        """recvbuf (size x sendbuf) gets every rank's sendbuf in rank order.
+        sendbuf None: in place, this rank's block already in recvbuf."""
+        h = self._check()
+        r = self._out(recvbuf)
+        if sendbuf is None:
+            n, dt = r.raw()
+            if n % self._size:
+                raise ValueError("nexar: allgather: receive buffer size is not a multiple of the world size")
+            _lib.allgather(r.addr, r.addr, n // self._size, int(dt), h)
+        else:
+            s = self._in(sendbuf)
+            self._same("allgather", s, r, self._size)
+            n, dt = s.raw()
+            _lib.allgather(s.addr, r.addr, n, int(dt), h)
+        r.finish()
+        return r.obj
+
+    def iallgather(self, sendbuf, recvbuf) -> Request:
+        h = self._check()
+        r = self._out(recvbuf)
+        if sendbuf is None:
+            n, dt = r.raw()
+            q = _lib.iallgather(r.addr, r.addr, n // self._size, int(dt), h)
+            return Request(self, q, [r])
+        s = self._in(sendbuf)
+        self._same("iallgather", s, r, self._size)
+        n, dt = s.raw()
+        return Request(self, _lib.iallgather(s.addr, r.addr, n, int(dt), h), [s, r])
+
+    def allgatherv(self, sendbuf, recvbuf, counts: Sequence[int], displs: Optional[Sequence[int]] = None):
+        """recvbuf gets counts[r] elements from rank r at element offset displs[r]
+        (packed when displs is None). sendbuf None: in place."""
+        h = self._check()
+        r = self._out(recvbuf)
+        counts, displs = _counts_displs(counts, displs, self._size, "allgatherv")
+        if sendbuf is None:
+            s = r
+            scount = counts[self._rank]
+        else:
+            s = self._in(sendbuf)
+            self._same("allgatherv", s, r, exact=False)
+            scount = s.count
+        dt = _dt(s, r)
+        factor = r.itemsize if r.dtype is None else 1
+        _lib.allgatherv(s.addr, scount * factor, r.addr, [c * factor for c in counts],
+                        [d * factor for d in displs], int(dt), h)
+        r.finish()
+        return r.obj
+
+    def reduce_scatter(self, sendbuf, recvbuf=None, op=Op.SUM):
+        """sendbuf holds size blocks; block r reduced over ranks goes to rank r's recvbuf.
+        recvbuf None: in place, the result is left in the first block of sendbuf."""
+        h = self._check()
+        if recvbuf is None:
+            s = self._out(sendbuf)
+            n, dt = s.typed("reduce_scatter")
+            if n % self._size:
+                raise ValueError("nexar: reduce_scatter: buffer size is not a multiple of the world size")
+            _lib.reduce_scatter(s.addr, s.addr, n // self._size, int(dt), self._op(op), h)
+            s.finish()
+            return s.obj
+        s, r = self._in(sendbuf), self._out(recvbuf)
+        n, dt = r.typed("reduce_scatter")
+        self._same("reduce_scatter", r, s, self._size)
+        _lib.reduce_scatter(s.addr, r.addr, n, int(dt), self._op(op), h)
+        r.finish()
+        return r.obj
+
+    def ireduce_scatter(self, sendbuf, recvbuf, op=Op.SUM) -> Request:
+        h = self._check()
+        s, r = self._in(sendbuf), self._out(recvbuf)
+        n, dt = r.typed("ireduce_scatter")
+        self._same("ireduce_scatter", r, s, self._size)
+        return Request(self, _lib.ireduce_scatter(s.addr, r.addr, n, int(dt), self._op(op), h), [s, r])
+
+    def alltoall(self, sendbuf, recvbuf=None):
+        """Block j of sendbuf goes to rank j; block i of recvbuf comes from rank i.
+        recvbuf None: in place."""
+        h = self._check()
+        s = self._in(sendbuf) if recvbuf is not None else self._out(sendbuf)
+        r = self._out(recvbuf) if recvbuf is not None else s
+        if r is not s:
+            self._same("alltoall", s, r)
+        n, dt = s.raw()
+        if n % self._size:
+            raise ValueError("nexar: alltoall: buffer size is not a multiple of the world size")
+        _lib.alltoall(s.addr, r.addr, n // self._size, int(dt), h)
+        r.finish()
+        return r.obj
+
+    def ialltoall(self, sendbuf, recvbuf) -> Request:
+        h = self._check()
+        s, r = self._in(sendbuf), self._out(recvbuf)
+        self._same("ialltoall", s, r)
+        n, dt = s.raw()
+        return Request(self, _lib.ialltoall(s.addr, r.addr, n // self._size, int(dt), h), [s, r])
+
+    def alltoallv(self, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls):
+        """sendcounts[j] elements at sdispls[j] go to rank j; recvcounts[i] elements
+        from rank i land at rdispls[i]. displs None: packed."""
+        h = self._check()
+        s, r = self._in(sendbuf), self._out(recvbuf)
+        self._same("alltoallv", s, r, exact=False)
+        sc, sd = _counts_displs(sendcounts, sdispls, self._size, "alltoallv")
+        rc, rd = _counts_displs(recvcounts, rdispls, self._size, "alltoallv")
+        dt = _dt(s, r)
+        f = s.itemsize if s.dtype is None else 1
+        _lib.alltoallv(s.addr, [c * f for c in sc], [d * f for d in sd], r.addr,
+                       [c * f for c in rc], [d * f for d in rd], int(dt), h)
+        r.finish()
+        return r.obj
+
+    def gather(self, sendbuf, recvbuf=None, root: int = 0):
+        """root's recvbuf (size x sendbuf) gets every rank's sendbuf.
+        On root, sendbuf None: in place (root's block already in recvbuf)."""
+        h = self._check()
+        if self._rank == root:
+            r = self._out(recvbuf)
+            if sendbuf is None:
+                n, dt = r.raw()
+                _lib.gather(r.addr, r.addr, n // self._size, int(dt), int(root), h)
+            else:
+                s = self._in(sendbuf)
+                self._same("gather", s, r, self._size)
+                n, dt = s.raw()
+                _lib.gather(s.addr, r.addr, n, int(dt), int(root), h)
+            r.finish()
+            return r.obj
+        s = self._in(sendbuf)
+        n, dt = s.raw()
+        _lib.gather(s.addr, 0, n, int(dt), int(root), h)
+        return None
+
+    def gatherv(self, sendbuf, recvbuf=None, counts=None, displs=None, root: int = 0):
+        """root's recvbuf gets counts[r] elements from rank r at displs[r] (packed when None)."""
+        h = self._check()
+        s = self._in(sendbuf)
+        f = s.itemsize if s.dtype is None else 1
+        n, dt = s.raw()
+        if self._rank == root:
+            r = self._out(recvbuf)
+            self._same("gatherv", s, r, exact=False)
+            c, d = _counts_displs(counts, displs, self._size, "gatherv")
+            _lib.gatherv(s.addr, n, r.addr, [x * f for x in c], [x * f for x in d], int(dt), int(root), h)
+            r.finish()
+            return r.obj
+        _lib.gatherv(s.addr, n, 0, [], [], int(dt), int(root), h)
+        return None
+
+    def scatter(self, sendbuf, recvbuf, root: int = 0):
+        """Block r of root's sendbuf (size x recvbuf) goes to rank r's recvbuf.
+        On root, recvbuf None: in place (root's block stays in sendbuf)."""
+        h = self._check()
+        if self._rank == root:
+            s = self._in(sendbuf) if recvbuf is not None else self._out(sendbuf)
+            if recvbuf is None:
+                n, dt = s.raw()
+                _lib.scatter(s.addr, s.addr, n // self._size, int(dt), int(root), h)
+                return s.obj
+            r = self._out(recvbuf)
+            self._same("scatter", r, s, self._size)
+            n, dt = r.raw()
+            _lib.scatter(s.addr, r.addr, n, int(dt), int(root), h)
+        else:
+            r = self._out(recvbuf)
+            n, dt = r.raw()
+            _lib.scatter(0, r.addr, n, int(dt), int(root), h)
+        r.finish()
+        return r.obj
+
+    def scatterv(self, sendbuf, counts, displs, recvbuf, root: int = 0):
+        """counts[r] elements at displs[r] of root's sendbuf go to rank r's recvbuf."""
+        h = self._check()
+        r = self._out(recvbuf)
+        n, dt = r.raw()
+        f = r.itemsize if r.dtype is None else 1
+        if self._rank == root:
+            s = self._in(sendbuf)
+            self._same("scatterv", r, s, exact=False)
+            c, d = _counts_displs(counts, displs, self._size, "scatterv")
+            _lib.scatterv(s.addr, [x * f for x in c], [x * f for x in d], r.addr, n, int(dt), int(root), h)
+        else:
+            _lib.scatterv(0, [], [], r.addr, n, int(dt), int(root), h)
+        r.finish()
+        return r.obj
+
+    def scan(self, sendbuf, recvbuf=None, op=Op.SUM):
+        """Inclusive prefix reduction over ranks 0..rank (in place when recvbuf is None)."""
+        return self._reduction("scan", _lib.scan, sendbuf, recvbuf, op)
+
+    def exscan(self, sendbuf, recvbuf=None, op=Op.SUM):
+        """Exclusive prefix reduction over ranks 0..rank-1; rank 0's recvbuf is left unchanged."""
+        return self._reduction("exscan", _lib.exscan, sendbuf, recvbuf, op)
+
+
+def _dt(s: Buffer, r: Buffer):
+    return s.raw()[1] if s.dtype is not None else Datatype.UINT8
+
+
+def _counts_displs(counts, displs, size, what):
+    if counts is None or len(counts) != size:
+        raise ValueError(f"nexar: {what}: counts must have {size} entries")
+    counts = [int(c) for c in counts]
+    if displs is None:
+        displs, off = [], 0
+        for c in counts:
+            displs.append(off)
+            off += c
+    elif len(displs) != size:
+        raise ValueError(f"nexar: {what}: displacements must have {size} entries")
+    return counts, [int(d) for d in displs]
+
+
+def init(**config) -> Comm:
+    """Create the world communicator from the launcher's environment
+    (or from explicit keyword arguments, see Comm)."""
+    return Comm(**config)

@@ -1,0 +1,132 @@
+"""Exceptions raised by nexar: one subclass of Error per nexar_result_t code."""
+
+from __future__ import annotations
+
+import builtins
+
+__all__ = [
+    "Error",
+    "InvalidArgumentError",
+    "InvalidHandleError",
+    "MismatchError",
+    "PeerDownError",
+    "TimeoutError",
+    "AbortedError",
+    "ClosedError",
+    "AuthError",
+    "TruncatedError",
+    "UnavailableError",
+    "InternalError",
+    "ForkedProcessError",
+    "error_for",
+]
+
+
+class Error(RuntimeError):
+    """A failed nexar call.
+
+    ``code`` is the nexar_result_t value (see include/nexar.h), ``message``
+    the library's detail (the function and the argument or peer at fault).
+    """
+
+    code = -1
+    name = "NEXAR_ERROR"
+
+    def __init__(self, code: int, message: str):
+        super().__init__(f"{message} [{_NAMES.get(code, 'NEXAR_ERR_' + str(code))}]")
+        self.code = code
+        self.message = message
+
+    def __reduce__(self):  # picklable across processes
+        return (error_for, (self.code, self.message))
+
+
+class InvalidArgumentError(Error, ValueError):
+    """NEXAR_ERR_INVALID_ARGUMENT: bad pointer, count, dtype, op, root, peer or config."""
+
+
+class InvalidHandleError(Error):
+    """NEXAR_ERR_INVALID_HANDLE: unknown, NULL or destroyed communicator/request."""
+
+
+class MismatchError(Error):
+    """NEXAR_ERR_MISMATCH: ranks made different collective calls."""
+
+
+class PeerDownError(Error, ConnectionError):
+    """NEXAR_ERR_PEER_DOWN: a peer died or became unreachable."""
+
+
+class TimeoutError(Error, builtins.TimeoutError):  # noqa: A001
+    """NEXAR_ERR_TIMEOUT: the operation did not finish in time."""
+
+
+class AbortedError(Error):
+    """NEXAR_ERR_ABORTED: the communicator was aborted."""
+
+
+class ClosedError(Error):
+    """NEXAR_ERR_CLOSED: the communicator was closed."""
+
+
+class AuthError(Error, PermissionError):
+    """NEXAR_ERR_AUTH: authentication with the seed or a peer failed."""
+
+
+class TruncatedError(Error):
+    """NEXAR_ERR_TRUNCATED: a message was larger than the receive buffer."""
+
+
+class UnavailableError(Error):
+    """NEXAR_ERR_UNAVAILABLE: a feature or device is not available."""
+
+
+class InternalError(Error):
+    """NEXAR_ERR_INTERNAL: a bug in nexar."""
+
+
+class ForkedProcessError(RuntimeError):
+    """nexar was used in a child made by fork() without exec()."""
+
+
+_BY_CODE = {
+    1: InvalidArgumentError,
+    2: InvalidHandleError,
+    3: MismatchError,
+    4: PeerDownError,
+    5: TimeoutError,
+    6: AbortedError,
+    7: ClosedError,
+    8: AuthError,
+    9: TruncatedError,
+    10: UnavailableError,
+    11: InternalError,
+}
+
+_NAMES = {
+    1: "NEXAR_ERR_INVALID_ARGUMENT",
+    2: "NEXAR_ERR_INVALID_HANDLE",
+    3: "NEXAR_ERR_MISMATCH",
+    4: "NEXAR_ERR_PEER_DOWN",
+    5: "NEXAR_ERR_TIMEOUT",
+    6: "NEXAR_ERR_ABORTED",
+    7: "NEXAR_ERR_CLOSED",
+    8: "NEXAR_ERR_AUTH",
+    9: "NEXAR_ERR_TRUNCATED",
+    10: "NEXAR_ERR_UNAVAILABLE",
+    11: "NEXAR_ERR_INTERNAL",
+}
+
+for _code, _cls in _BY_CODE.items():
+    _cls.code = _code
+    _cls.name = _NAMES[_code]
+
+
+def error_for(code: int, message: str) -> Error:
+    """Return the exception instance for a nexar_result_t code.
+
+    Code -2 is the extension's own "used after fork()" error.
+    """
+    if code == -2:
+        return ForkedProcessError(message)
+    return _BY_CODE.get(code, Error)(code, message)

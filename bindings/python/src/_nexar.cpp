@@ -1,0 +1,320 @@
+// _nexar: the thin pybind11 layer between Python and include/nexar.h.
+//
+// It takes raw addresses (integers) and element counts; turning numpy
+// arrays, buffer-protocol objects and torch tensors into addresses is done in
+// Python (nexar/_buffers.py), which also keeps the objects alive. Every call
+// that may block releases the GIL. Errors become a C++ NexarError, translated
+// into the Python exception built by the factory nexar/_errors.py installs.
+//
+// The Go runtime inside libnexar.so does not survive fork() without exec():
+// a pthread_atfork child handler marks the child, and every call made there
+// raises instead of hanging in a runtime whose threads are gone.
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <pthread.h>
+
+#include <atomic>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "nexar.h"
+}
+
+namespace py = pybind11;
+
+namespace {
+
+std::atomic<bool> g_forked{false};
+
+void on_fork_child() { g_forked.store(true); }
+
+// NexarError carries a nexar_result_t and the detail from nexar_last_error.
+struct NexarError : std::exception {
+    int code;
+    std::string msg;
+    NexarError(int c, std::string m) : code(c), msg(std::move(m)) {}
+    const char* what() const noexcept override { return msg.c_str(); }
+};
+
+// ForkError is raised for any call made in a forked child.
+struct ForkError : std::exception {
+    const char* what() const noexcept override {
+        return "nexar: libnexar cannot be used in a child created by fork() without exec(); "
+               "start worker processes with the 'spawn' start method (multiprocessing / "
+               "torch.multiprocessing set_start_method('spawn')) or subprocess";
+    }
+};
+
+py::object g_error_factory;  // set by nexar._errors: (code, message) -> exception instance
+
+void check_fork() {
+    if (g_forked.load()) throw ForkError();
+}
+
+// check turns a result into an exception. It must run on the thread that made
+// the call: nexar_last_error is thread-local.
+inline void check(nexar_result_t rc) {
+    if (rc != NEXAR_SUCCESS) {
+        const char* detail = nexar_last_error();
+        std::string msg = (detail && *detail) ? detail : nexar_result_string(rc);
+        throw NexarError(static_cast<int>(rc), msg);
+    }
+}
+
+// Blocking calls: release the GIL around the C call, fetch the error detail
+// on the same OS thread before reacquiring.
+#define NX_CALL(expr)                          \
+    do {                                       \
+        check_fork();                          \
+        nexar_result_t rc_;                    \
+        {                                      \
+            py::gil_scoped_release release_;   \
+            rc_ = (expr);                      \
+        }                                      \
+        check(rc_);                            \
+    } while (0)
+
+using addr_t = std::uintptr_t;
+using handle_t = std::uintptr_t;
+
+inline nexar_comm_t C(handle_t h) { return reinterpret_cast<nexar_comm_t>(h); }
+inline nexar_request_t R(handle_t h) { return reinterpret_cast<nexar_request_t>(h); }
+inline void* P(addr_t a) { return reinterpret_cast<void*>(a); }
+inline nexar_datatype_t D(int dt) { return static_cast<nexar_datatype_t>(dt); }
+inline nexar_op_t O(int op) { return static_cast<nexar_op_t>(op); }
+
+py::tuple status_tuple(const nexar_status_t& st) {
+    return py::make_tuple(st.source, st.tag, st.count, st.bytes);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_nexar, m) {
+    m.doc() = "Low-level binding of include/nexar.h (addresses and counts). Use the nexar package.";
+
+    pthread_atfork(nullptr, nullptr, on_fork_child);
+
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const NexarError& e) {
+            if (g_error_factory && !g_error_factory.is_none()) {
+                py::object exc = g_error_factory(e.code, e.msg);
+                PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+            } else {
+                PyErr_SetString(PyExc_RuntimeError, e.msg.c_str());
+            }
+        } catch (const ForkError& e) {
+            if (g_error_factory && !g_error_factory.is_none()) {
+                py::object exc = g_error_factory(-2, std::string(e.what()));
+                PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+            } else {
+                PyErr_SetString(PyExc_RuntimeError, e.what());
+            }
+        }
+    });
+
+    m.def("_set_error_factory", [](py::object f) { g_error_factory = std::move(f); });
+    m.def("_forked", []() { return g_forked.load(); });
+    // Release the factory before the interpreter tears down.
+    py::module_::import("atexit").attr("register")(
+        py::cpp_function([]() { g_error_factory = py::object(); }));
+
+    // buffer_address returns the address of a C-contiguous buffer export.
+    // The caller keeps a memoryview of the object alive, which pins it.
+    m.def("buffer_address", [](py::object obj) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
+        auto addr = reinterpret_cast<addr_t>(view.buf);
+        PyBuffer_Release(&view);
+        return addr;
+    });
+
+    m.attr("ANY_SOURCE") = NEXAR_ANY_SOURCE;
+    m.attr("UNDEFINED") = NEXAR_UNDEFINED;
+    m.attr("HEADER_VERSION") =
+        py::make_tuple(NEXAR_VERSION_MAJOR, NEXAR_VERSION_MINOR, NEXAR_VERSION_PATCH);
+
+    m.def("result_string", [](int code) {
+        return std::string(nexar_result_string(static_cast<nexar_result_t>(code)));
+    });
+    m.def("version", []() {
+        check_fork();
+        int a = 0, b = 0, c = 0;
+        nexar_get_version(&a, &b, &c);
+        return py::make_tuple(a, b, c);
+    });
+
+    // ---- communicators -------------------------------------------------
+    m.def("comm_init_from_env", []() {
+        nexar_comm_t c = NEXAR_COMM_NULL;
+        NX_CALL(nexar_comm_init_from_env(&c));
+        return reinterpret_cast<handle_t>(c);
+    });
+    m.def(
+        "comm_init",
+        [](int rank, int world_size, std::string seed, py::bytes token, std::string bind_addr,
+           std::string advertise_addr, int64_t timeout_ms, int64_t connect_timeout_ms,
+           int64_t heartbeat_interval_ms, int64_t heartbeat_timeout_ms,
+           int64_t max_buffered_bytes) {
+            std::string tok = token;  // copied: the C call copies it again
+            nexar_config_t cfg = NEXAR_CONFIG_INIT;
+            cfg.rank = rank;
+            cfg.world_size = world_size;
+            cfg.seed_addr = seed.empty() ? nullptr : seed.c_str();
+            cfg.token = tok.empty() ? nullptr : tok.data();
+            cfg.token_len = tok.size();
+            cfg.bind_addr = bind_addr.empty() ? nullptr : bind_addr.c_str();
+            cfg.advertise_addr = advertise_addr.empty() ? nullptr : advertise_addr.c_str();
+            cfg.timeout_ms = timeout_ms;
+            cfg.connect_timeout_ms = connect_timeout_ms;
+            cfg.heartbeat_interval_ms = heartbeat_interval_ms;
+            cfg.heartbeat_timeout_ms = heartbeat_timeout_ms;
+            cfg.max_buffered_bytes = max_buffered_bytes;
+            nexar_comm_t c = NEXAR_COMM_NULL;
+            NX_CALL(nexar_comm_init(&cfg, &c));
+            return reinterpret_cast<handle_t>(c);
+        },
+        py::arg("rank"), py::arg("world_size"), py::arg("seed") = "", py::arg("token") = py::bytes(),
+        py::arg("bind_addr") = "", py::arg("advertise_addr") = "", py::arg("timeout_ms") = 0,
+        py::arg("connect_timeout_ms") = 0, py::arg("heartbeat_interval_ms") = 0,
+        py::arg("heartbeat_timeout_ms") = 0, py::arg("max_buffered_bytes") = 0);
+    m.def("comm_destroy", [](handle_t c) { NX_CALL(nexar_comm_destroy(C(c))); });
+    m.def("comm_abort", [](handle_t c) { NX_CALL(nexar_comm_abort(C(c))); });
+    m.def("comm_rank", [](handle_t c) {
+        int r = -1;
+        NX_CALL(nexar_comm_rank(C(c), &r));
+        return r;
+    });
+    m.def("comm_size", [](handle_t c) {
+        int s = -1;
+        NX_CALL(nexar_comm_size(C(c), &s));
+        return s;
+    });
+    m.def("comm_split", [](handle_t c, int color, int key) {
+        nexar_comm_t n = NEXAR_COMM_NULL;
+        NX_CALL(nexar_comm_split(C(c), color, key, &n));
+        return reinterpret_cast<handle_t>(n);
+    });
+    m.def("comm_get_error", [](handle_t c) {
+        nexar_result_t e = NEXAR_SUCCESS;
+        NX_CALL(nexar_comm_get_error(C(c), &e));
+        return static_cast<int>(e);
+    });
+
+    // ---- point-to-point --------------------------------------------------
+    m.def("send", [](addr_t buf, size_t count, int dt, int peer, uint64_t tag, handle_t c) {
+        NX_CALL(nexar_send(P(buf), count, D(dt), peer, tag, C(c)));
+    });
+    m.def("recv", [](addr_t buf, size_t count, int dt, int peer, uint64_t tag, handle_t c) {
+        nexar_status_t st{};
+        NX_CALL(nexar_recv_status(P(buf), count, D(dt), peer, tag, C(c), &st));
+        return status_tuple(st);
+    });
+
+    // ---- blocking collectives ---------------------------------------------
+    m.def("allreduce", [](addr_t s, addr_t r, size_t n, int dt, int op, handle_t c) {
+        NX_CALL(nexar_allreduce(P(s), P(r), n, D(dt), O(op), C(c)));
+    });
+    m.def("broadcast", [](addr_t b, size_t n, int dt, int root, handle_t c) {
+        NX_CALL(nexar_broadcast(P(b), n, D(dt), root, C(c)));
+    });
+    m.def("reduce", [](addr_t s, addr_t r, size_t n, int dt, int op, int root, handle_t c) {
+        NX_CALL(nexar_reduce(P(s), P(r), n, D(dt), O(op), root, C(c)));
+    });
+    m.def("allgather", [](addr_t s, addr_t r, size_t n, int dt, handle_t c) {
+        NX_CALL(nexar_allgather(P(s), P(r), n, D(dt), C(c)));
+    });
+    m.def("allgatherv", [](addr_t s, size_t n, addr_t r, std::vector<size_t> counts,
+                           std::vector<size_t> displs, int dt, handle_t c) {
+        NX_CALL(nexar_allgatherv(P(s), n, P(r), counts.data(), displs.data(), D(dt), C(c)));
+    });
+    m.def("reduce_scatter", [](addr_t s, addr_t r, size_t n, int dt, int op, handle_t c) {
+        NX_CALL(nexar_reduce_scatter(P(s), P(r), n, D(dt), O(op), C(c)));
+    });
+    m.def("alltoall", [](addr_t s, addr_t r, size_t n, int dt, handle_t c) {
+        NX_CALL(nexar_alltoall(P(s), P(r), n, D(dt), C(c)));
+    });
+    m.def("alltoallv", [](addr_t s, std::vector<size_t> sc, std::vector<size_t> sd, addr_t r,
+                          std::vector<size_t> rc, std::vector<size_t> rd, int dt, handle_t c) {
+        NX_CALL(nexar_alltoallv(P(s), sc.data(), sd.data(), P(r), rc.data(), rd.data(), D(dt),
+                                C(c)));
+    });
+    m.def("gather", [](addr_t s, addr_t r, size_t n, int dt, int root, handle_t c) {
+        NX_CALL(nexar_gather(P(s), P(r), n, D(dt), root, C(c)));
+    });
+    m.def("gatherv", [](addr_t s, size_t n, addr_t r, std::vector<size_t> counts,
+                        std::vector<size_t> displs, int dt, int root, handle_t c) {
+        NX_CALL(nexar_gatherv(P(s), n, P(r), counts.empty() ? nullptr : counts.data(),
+                              displs.empty() ? nullptr : displs.data(), D(dt), root, C(c)));
+    });
+    m.def("scatter", [](addr_t s, addr_t r, size_t n, int dt, int root, handle_t c) {
+        NX_CALL(nexar_scatter(P(s), P(r), n, D(dt), root, C(c)));
+    });
+    m.def("scatterv", [](addr_t s, std::vector<size_t> counts, std::vector<size_t> displs,
+                         addr_t r, size_t n, int dt, int root, handle_t c) {
+        NX_CALL(nexar_scatterv(P(s), counts.empty() ? nullptr : counts.data(),
+                               displs.empty() ? nullptr : displs.data(), P(r), n, D(dt), root,
+                               C(c)));
+    });
+    m.def("scan", [](addr_t s, addr_t r, size_t n, int dt, int op, handle_t c) {
+        NX_CALL(nexar_scan(P(s), P(r), n, D(dt), O(op), C(c)));
+    });
+    m.def("exscan", [](addr_t s, addr_t r, size_t n, int dt, int op, handle_t c) {
+        NX_CALL(nexar_exscan(P(s), P(r), n, D(dt), O(op), C(c)));
+    });
+    m.def("barrier", [](handle_t c) { NX_CALL(nexar_barrier(C(c))); });
+
+    // ---- non-blocking ------------------------------------------------------
+    // Starting calls do not block for long, but they may take the runtime's
+    // locks, so they release the GIL too.
+#define NX_START(expr)                         \
+    nexar_request_t q = NEXAR_REQUEST_NULL;    \
+    NX_CALL(expr);                             \
+    return reinterpret_cast<handle_t>(q)
+
+    m.def("isend", [](addr_t b, size_t n, int dt, int peer, uint64_t tag, handle_t c) {
+        NX_START(nexar_isend(P(b), n, D(dt), peer, tag, C(c), &q));
+    });
+    m.def("irecv", [](addr_t b, size_t n, int dt, int peer, uint64_t tag, handle_t c) {
+        NX_START(nexar_irecv(P(b), n, D(dt), peer, tag, C(c), &q));
+    });
+    m.def("iallreduce", [](addr_t s, addr_t r, size_t n, int dt, int op, handle_t c) {
+        NX_START(nexar_iallreduce(P(s), P(r), n, D(dt), O(op), C(c), &q));
+    });
+    m.def("ibroadcast", [](addr_t b, size_t n, int dt, int root, handle_t c) {
+        NX_START(nexar_ibroadcast(P(b), n, D(dt), root, C(c), &q));
+    });
+    m.def("ireduce", [](addr_t s, addr_t r, size_t n, int dt, int op, int root, handle_t c) {
+        NX_START(nexar_ireduce(P(s), P(r), n, D(dt), O(op), root, C(c), &q));
+    });
+    m.def("iallgather", [](addr_t s, addr_t r, size_t n, int dt, handle_t c) {
+        NX_START(nexar_iallgather(P(s), P(r), n, D(dt), C(c), &q));
+    });
+    m.def("ireduce_scatter", [](addr_t s, addr_t r, size_t n, int dt, int op, handle_t c) {
+        NX_START(nexar_ireduce_scatter(P(s), P(r), n, D(dt), O(op), C(c), &q));
+    });
+    m.def("ialltoall", [](addr_t s, addr_t r, size_t n, int dt, handle_t c) {
+        NX_START(nexar_ialltoall(P(s), P(r), n, D(dt), C(c), &q));
+    });
+    m.def("ibarrier", [](handle_t c) { NX_START(nexar_ibarrier(C(c), &q)); });
+#undef NX_START
+
+    m.def("wait", [](handle_t q) { NX_CALL(nexar_wait(R(q))); });
+    m.def("test", [](handle_t q) {
+        int done = 0;
+        NX_CALL(nexar_test(R(q), &done));
+        return done != 0;
+    });
+    m.def("request_status", [](handle_t q) {
+        nexar_status_t st{};
+        NX_CALL(nexar_request_status(R(q), &st));
+        return status_tuple(st);
+    });
+    m.def("request_free", [](handle_t q) { NX_CALL(nexar_request_free(R(q))); });
+}

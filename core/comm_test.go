@@ -19,7 +19,7 @@ import (
 
 // testConfig keeps failure detection fast and every wait short.
 func testConfig() Config {
-	return Config{Timeout: 20 * time.Second, HeartbeatInterval: 100 * time.Millisecond, HeartbeatTimeout: 2 * time.Second,
+	return Config{Timeout: 20 * time.Second, HeartbeatInterval: 200 * time.Millisecond, HeartbeatTimeout: 5 * time.Second,
 		Logger: slog.New(slog.DiscardHandler)}
 }
 

@@ -96,8 +96,8 @@ func TestP2P(t *testing.T) {
 
 func TestLargeP2PMem(t *testing.T) {
 	size := 256 << 20
-	if testing.Short() {
-		size = 70 << 20
+	if testing.Short() || raceEnabled {
+		size = 70 << 20 // still more than one transport.MaxPayload chunk
 	}
 	comms := newLocal(t, 2)
 	mustAll(t, each(comms, func(c *Comm) error {

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nexar-go/nexar/core"
+)
+
+const seedSynopsis = "seed --listen ADDR --world-size N [--token-file F] [--persist]"
+
+// seedLinger is how long a stand-alone seed stays up after the job formed,
+// so every joiner reads its peer table before the seed's socket closes.
+const seedLinger = 5 * time.Second
+
+func cmdSeed(args []string, stderr io.Writer) error {
+	fs := newFlagSet("seed", seedSynopsis, stderr)
+	listen := fs.String("listen", "", "UDP host:port to listen on, e.g. 0.0.0.0:29400 (required)")
+	size := fs.Int("world-size", 0, "number of ranks in the job (required, >= 1)")
+	tokenFile := fs.String("token-file", "", "file holding the job token (default: $NEXAR_TOKEN, then $NEXAR_TOKEN_FILE)")
+	persist := fs.Bool("persist", false, "serve job after job instead of exiting once the first has formed")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &exitError{code: 2}
+	}
+	if *listen == "" || *size < 1 {
+		return usageError("seed: --listen and --world-size (>= 1) are required (nexar %s)", seedSynopsis)
+	}
+	token, err := seedToken(*tokenFile)
+	if err != nil {
+		return err
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	for {
+		s, err := core.StartSeed(*listen, *size, token)
+		if err != nil {
+			return err
+		}
+		log.Info("nexar seed: listening", "addr", s.Addr().String(), "world_size", *size)
+		select {
+		case <-s.Formed():
+			log.Info("nexar seed: job formed", "world_size", *size)
+			select {
+			case <-time.After(seedLinger):
+			case <-sigs:
+				s.Close()
+				return nil
+			}
+			s.Close()
+		case sig := <-sigs:
+			s.Close()
+			log.Info("nexar seed: stopped before the job formed", "signal", sig.String())
+			return &exitError{code: 1}
+		}
+		if !*persist {
+			return nil
+		}
+	}
+}
+
+// seedToken reads the job token: --token-file, else NEXAR_TOKEN, else
+// NEXAR_TOKEN_FILE. Surrounding white space is not part of it, matching
+// core.ConfigFromEnv.
+func seedToken(file string) ([]byte, error) {
+	if file == "" {
+		if v := strings.TrimSpace(os.Getenv("NEXAR_TOKEN")); v != "" {
+			return []byte(v), nil
+		}
+		file = strings.TrimSpace(os.Getenv("NEXAR_TOKEN_FILE"))
+	}
+	if file == "" {
+		return nil, usageError("seed: no token: set NEXAR_TOKEN or pass --token-file")
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("seed: reading the token: %w", err)
+	}
+	t := []byte(strings.TrimSpace(string(b)))
+	if len(t) == 0 {
+		return nil, fmt.Errorf("seed: token file %s is empty", file)
+	}
+	return t, nil
+}

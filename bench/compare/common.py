@@ -1,0 +1,68 @@
+"""Shared by the adapters of bench/compare: sizes, busbw factors, timing and
+the JSON-line output format. Standard library only: adapters run under
+different interpreters (the project venv for torch, /usr/bin/python3 for
+mpi4py)."""
+
+import json
+import statistics
+import sys
+
+OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "alltoall")
+ELEM = 4  # float32
+
+
+def busbw_factor(op, n):
+    """nccl-tests bus bandwidth factor (DESIGN.md section 7)."""
+    if op == "allreduce":
+        return 2.0 * (n - 1) / n
+    if op == "broadcast":
+        return 1.0
+    return (n - 1) / n
+
+
+def layout(op, size, n):
+    """Element counts (send, recv) per rank for a nominal size in bytes, in
+    nccl-tests terms: S is the buffer for allreduce/broadcast, the whole
+    gathered/scattered array for allgather/reduce_scatter, and all a rank
+    sends for alltoall. Returns (S actually used, send elems, recv elems)."""
+    if op in ("allreduce", "broadcast"):
+        c = max(1, size // ELEM)
+        return c * ELEM, c, c
+    block = max(1, size // ELEM // n)
+    total = block * n
+    if op == "allgather":
+        return total * ELEM, block, total
+    if op == "reduce_scatter":
+        return total * ELEM, total, block
+    return total * ELEM, total, total  # alltoall
+
+
+def iterations(size):
+    """Timed iterations: many for small sizes, at least 3 for large ones.
+    A pure function of size so that every rank agrees without talking."""
+    return max(3, min(50, (64 << 20) // max(size, 1)))
+
+
+def report(system, op, size, n, times):
+    """Print one JSON line from rank 0's per-iteration times (seconds)."""
+    t = statistics.median(times)
+    alg = size / t / 1e9
+    print(json.dumps({
+        "system": system, "op": op, "bytes": size, "ranks": n,
+        "time_us": round(t * 1e6, 2), "algbw_gbs": round(alg, 4),
+        "busbw_gbs": round(alg * busbw_factor(op, n), 4), "iters": len(times),
+    }), flush=True)
+
+
+def parse_args(argv):
+    """--ops a,b --sizes 8,4096 (shared flags of every adapter)."""
+    ops, sizes = list(OPS), [8, 4096, 1 << 20]
+    it = iter(argv)
+    for a in it:
+        if a == "--ops":
+            ops = next(it).split(",")
+        elif a == "--sizes":
+            sizes = [int(x) for x in next(it).split(",")]
+        else:
+            sys.exit(f"unknown argument {a}")
+    return ops, sizes

@@ -1,0 +1,369 @@
+#!/usr/bin/env python3
+"""Compare nexar with Gloo (torch.distributed) and Open MPI (mpi4py) on the
+same machine in one run (issue 5 point 5, DESIGN.md section 7).
+
+Each system is an adapter that prints JSON lines
+  {"system", "op", "bytes", "ranks", "time_us", "algbw_gbs", "busbw_gbs", ...}
+from rank 0; this runner starts the adapters, collects the lines, and writes
+a markdown table (times, busbw, and nexar's speedup over each other system)
+plus a PNG plot of busbw against size, one line per system.
+
+Systems:
+  gloo     adapter_gloo.py under the project venv, one process per rank
+  mpi      adapter_mpi.py under mpirun, Open MPI's default transports
+           (shared memory on one host)
+  mpi-tcp  the same with --mca btl tcp,self
+  nexar    `build/nexar bench --json ...` when it works, otherwise
+           adapter_nexar.py under `build/nexar run -n N`
+A system that is not installed is skipped with a message.
+
+--netns runs 2 ranks in two network namespaces joined by a veth pair (no
+shared memory between them; needs root), for gloo and mpi-tcp.
+
+Run from the repository root:
+  .venv/bin/python bench/compare/compare.py                 # quick sweep, 2 and 4 ranks
+  .venv/bin/python bench/compare/compare.py --sweep full    # 8 B .. 256 MiB
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+import common  # noqa: E402
+
+VENV_PY = os.path.join(ROOT, ".venv", "bin", "python")
+SYS_PY = "/usr/bin/python3"
+NEXAR = os.path.join(ROOT, "build", "nexar")
+SYSTEMS = ("gloo", "mpi", "mpi-tcp", "nexar")
+
+SWEEPS = {
+    "quick": [8, 4096, 65536, 1 << 20, 16 << 20],
+    "full": [8 << (2 * i) for i in range(13)] + [256 << 20],  # 8 B, 32 B, ... 128 MiB, 256 MiB
+}
+
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
+
+
+def log(msg):
+    print(f"compare: {msg}", file=sys.stderr, flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_adapter(procs, timeout, system):
+    """Start procs (list of (argv, env)), stream rank 0's JSON lines, and
+    stop everything at the deadline. Returns the parsed results."""
+    ps = []
+    out = tempfile.TemporaryFile(mode="w+")
+    errs = [tempfile.TemporaryFile(mode="w+") for _ in procs]
+    try:
+        for i, (argv, env) in enumerate(procs):
+            ps.append(subprocess.Popen(argv, env=env, stdout=out if i == 0 else subprocess.DEVNULL,
+                                       stderr=errs[i], start_new_session=True))
+        deadline = time.monotonic() + timeout
+        for p in ps:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log(f"{system}: timed out after {timeout:.0f} s; keeping the sizes that finished")
+                break
+    finally:
+        for p in ps:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, 9)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+    res = []
+    out.seek(0)
+    for line in out:
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            r["system"] = system
+            res.append(r)
+    bad = [p.returncode for p in ps if p.returncode not in (0, None, -9)]
+    if bad or not res:
+        errs[0].seek(0)
+        tail = errs[0].read()[-600:].strip()
+        log(f"{system}: exit status {[p.returncode for p in ps]}; stderr tail:\n{tail}")
+    return res
+
+
+def have_mpi():
+    if shutil.which("mpirun") is None:
+        return "mpirun not found (apt-get install openmpi-bin)"
+    r = subprocess.run([SYS_PY, "-c", "import mpi4py"], capture_output=True)
+    if r.returncode != 0:
+        return f"{SYS_PY} cannot import mpi4py (apt-get install python3-mpi4py)"
+    return None
+
+
+def have_gloo():
+    r = subprocess.run([VENV_PY, "-c", "import torch.distributed as d; assert d.is_gloo_available()"],
+                       capture_output=True)
+    return None if r.returncode == 0 else f"{VENV_PY}: torch with Gloo not importable"
+
+
+def adapter_args(ops, sizes):
+    return ["--ops", ",".join(ops), "--sizes", ",".join(map(str, sizes))]
+
+
+def gloo_procs(n, ops, sizes, wrap=None, addrs=None, ifname=None):
+    port = free_port()
+    procs = []
+    for r in range(n):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), MASTER_PORT=str(port),
+                   MASTER_ADDR=addrs[0] if addrs else "127.0.0.1", OMP_NUM_THREADS="1")
+        if ifname:
+            env["GLOO_SOCKET_IFNAME"] = ifname
+        argv = [VENV_PY, os.path.join(HERE, "adapter_gloo.py")] + adapter_args(ops, sizes)
+        procs.append(((wrap(r) if wrap else []) + argv, env))
+    return procs
+
+
+def mpi_procs(n, ops, sizes, name, extra):
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    argv = MPIRUN + ["-np", str(n)] + extra + [SYS_PY, os.path.join(HERE, "adapter_mpi.py"),
+                                                 "--name", name] + adapter_args(ops, sizes)
+    return [(argv, env)]
+
+
+def nexar_procs(n, ops, sizes, timeout):
+    """`nexar bench --json` if the binary implements it, else the Python
+    adapter under `nexar run`; None and a reason when neither can run."""
+    if not os.access(NEXAR, os.X_OK):
+        return None, f"{NEXAR} not built (make build)"
+    probe = subprocess.run([NEXAR, "bench", "-h"], capture_output=True, text=True, timeout=30)
+    if "--json" in probe.stdout + probe.stderr:
+        argv = [NEXAR, "bench", "-n", str(n), "--json", "--ops", ",".join(ops),
+                "--sizes", ",".join(map(str, sizes))]
+        return [(argv, dict(os.environ))], None
+    r = subprocess.run([VENV_PY, "-c", f"import sys; sys.path.insert(0, {os.path.join(ROOT, 'bindings', 'python')!r}); import nexar, numpy"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, "neither `nexar bench --json` nor the nexar Python package is available: " + r.stderr.strip()[-200:]
+    argv = [NEXAR, "run", "-n", str(n), "--", VENV_PY, os.path.join(HERE, "adapter_nexar.py")] + adapter_args(ops, sizes)
+    return [(argv, dict(os.environ))], None
+
+
+# --- two "hosts" in network namespaces -------------------------------------
+
+class NetNS:
+    """Two namespaces joined by a veth pair, 10.231.<k>.1 and .2; removed on exit."""
+
+    def __init__(self):
+        k = os.getpid() % 200 + 20
+        self.ns = [f"nxb{os.getpid()}a", f"nxb{os.getpid()}b"]
+        self.ifs = [f"nxb{os.getpid()}a0", f"nxb{os.getpid()}b0"][:2]
+        self.addrs = [f"10.231.{k}.1", f"10.231.{k}.2"]
+
+    def sh(self, *a):
+        subprocess.run(["ip"] + list(a), check=True, capture_output=True)
+
+    def __enter__(self):
+        for ns in self.ns:
+            self.sh("netns", "add", ns)
+        try:
+            # interface names are limited to 15 characters
+            self.ifs = [f"nxv{os.getpid() % 100000}a", f"nxv{os.getpid() % 100000}b"]
+            self.sh("link", "add", self.ifs[0], "netns", self.ns[0], "type", "veth",
+                    "peer", "name", self.ifs[1], "netns", self.ns[1])
+            for ns, ifn, a in zip(self.ns, self.ifs, self.addrs):
+                self.sh("-n", ns, "addr", "add", a + "/24", "dev", ifn)
+                self.sh("-n", ns, "link", "set", ifn, "up")
+                self.sh("-n", ns, "link", "set", "lo", "up")
+        except Exception:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        for ns in self.ns:  # deleting a namespace deletes its veth end too
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+    def wrap(self, r):
+        return ["ip", "netns", "exec", self.ns[r]]
+
+
+def netns_runs(args, ops, sizes, results):
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        log("netns: skipped (needs root and iproute2)")
+        return
+    try:
+        with NetNS() as net:
+            log(f"netns: {net.ns[0]} {net.addrs[0]} <-> {net.ns[1]} {net.addrs[1]}")
+            if "gloo" in args.systems and not have_gloo():
+                for r in run_adapter(gloo_procs(2, ops, sizes, net.wrap, net.addrs, None),
+                                     args.timeout, "gloo"):
+                    r["netns"] = True
+                    results.append(r)
+            if "mpi-tcp" in args.systems and not have_mpi():
+                agent = tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False)
+                # mpirun starts the remote daemon through this "rsh": by
+                # entering the namespace that owns the host's address.
+                agent.write("#!/bin/sh\nh=$1; shift\n" + "".join(
+                    f'[ "$h" = "{a}" ] && exec ip netns exec {ns} sh -c "$*"\n'
+                    for a, ns in zip(net.addrs, net.ns)) + "exit 1\n")
+                agent.close()
+                os.chmod(agent.name, 0o755)
+                extra = ["-H", f"{net.addrs[0]},{net.addrs[1]}", "--mca", "plm_rsh_agent", agent.name,
+                         "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", f"{net.addrs[0][:-2]}.0/24",
+                         "--mca", "oob_tcp_if_include", f"{net.addrs[0][:-2]}.0/24"]
+                procs = mpi_procs(2, ops, sizes, "mpi-tcp", extra)
+                procs = [(net.wrap(0) + procs[0][0], procs[0][1])]
+                for r in run_adapter(procs, args.timeout, "mpi-tcp"):
+                    r["netns"] = True
+                    results.append(r)
+                os.unlink(agent.name)
+            if "nexar" in args.systems:
+                log("netns: nexar skipped (`nexar run` launches local ranks only; needs a multi-host launcher)")
+    except subprocess.CalledProcessError as e:
+        log(f"netns: setup failed: {e.stderr.decode().strip() if e.stderr else e}")
+
+
+# --- output -----------------------------------------------------------------
+
+def human(b):
+    for unit, k in (("MiB", 20), ("KiB", 10)):
+        if b >= 1 << k and b % (1 << k) == 0:
+            return f"{b >> k} {unit}"
+    return f"{b} B"
+
+
+def write_table(results, path, meta):
+    systems = [s for s in SYSTEMS if any(r["system"] == s for r in results)]
+    others = [s for s in ("gloo", "mpi", "mpi-tcp") if s in systems]
+    lines = [f"<!-- generated by bench/compare/compare.py; {meta} -->", ""]
+    for netns in (False, True):
+        sub = [r for r in results if bool(r.get("netns")) == netns]
+        if not sub:
+            continue
+        idx = {(r["system"], r["op"], r["ranks"], r["bytes"]): r for r in sub}
+        lines.append("### Two network namespaces (veth, no shared memory)" if netns else "### One host")
+        lines.append("")
+        hdr = "| op | ranks | bytes | " + " | ".join(f"{s} µs | {s} busbw GB/s" for s in systems)
+        hdr += "".join(f" | nexar vs {o}" for o in others) + " |"
+        lines += [hdr, "|" + "---|" * (hdr.count("|") - 1)]
+        for op in common.OPS:
+            for n in sorted({r["ranks"] for r in sub}):
+                for b in sorted({r["bytes"] for r in sub if r["op"] == op and r["ranks"] == n}):
+                    row = [op, str(n), human(b)]
+                    for s in systems:
+                        r = idx.get((s, op, n, b))
+                        row += [f"{r['time_us']:.1f}", f"{r['busbw_gbs']:.3f}"] if r else ["–", "–"]
+                    nx = idx.get(("nexar", op, n, b))
+                    for o in others:
+                        ro = idx.get((o, op, n, b))
+                        row.append(f"{ro['time_us'] / nx['time_us']:.2f}×" if nx and ro else "–")
+                    lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+    lines.append("Times are medians over iterations on rank 0; busbw as nccl-tests; "
+                 "\"nexar vs X\" is X's time divided by nexar's (above 1: nexar is faster).")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def write_plot(results, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("plot: matplotlib not installed in this interpreter; no PNG")
+        return
+    keys = sorted({(r["ranks"], bool(r.get("netns"))) for r in results})
+    ops = [o for o in common.OPS if any(r["op"] == o for r in results)]
+    fig, axes = plt.subplots(len(ops), len(keys), figsize=(4.5 * len(keys), 3 * len(ops)), squeeze=False)
+    for i, op in enumerate(ops):
+        for j, (n, netns) in enumerate(keys):
+            ax = axes[i][j]
+            for s in SYSTEMS:
+                pts = sorted((r["bytes"], r["busbw_gbs"]) for r in results
+                             if r["system"] == s and r["op"] == op and r["ranks"] == n and bool(r.get("netns")) == netns)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=s)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{op}, {n} ranks" + (", 2 netns" if netns else ""), fontsize=9)
+            ax.set_xlabel("bytes", fontsize=8)
+            ax.set_ylabel("busbw GB/s", fontsize=8)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", default="2,4", help="comma-separated world sizes (default 2,4)")
+    ap.add_argument("--ops", default=",".join(common.OPS))
+    ap.add_argument("--sweep", choices=sorted(SWEEPS), default="quick")
+    ap.add_argument("--sizes", help="comma-separated byte sizes (overrides --sweep)")
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--timeout", type=float, default=120, help="seconds per system and world size")
+    ap.add_argument("--netns", action="store_true", help="also run 2 ranks across two network namespaces")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "compare"), help="output directory")
+    args = ap.parse_args()
+    args.systems = args.systems.split(",")
+    ops = args.ops.split(",")
+    sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else SWEEPS[args.sweep]
+    for s in args.systems:
+        if s not in SYSTEMS:
+            ap.error(f"unknown system {s}")
+
+    results = []
+    for n in [int(x) for x in args.ranks.split(",")]:
+        for s in args.systems:
+            if s == "gloo":
+                why, procs = have_gloo(), None
+                procs = None if why else gloo_procs(n, ops, sizes)
+            elif s in ("mpi", "mpi-tcp"):
+                why = have_mpi()
+                extra = ["--mca", "btl", "tcp,self"] if s == "mpi-tcp" else []
+                procs = None if why else mpi_procs(n, ops, sizes, s, extra)
+            else:
+                procs, why = nexar_procs(n, ops, sizes, args.timeout)
+            if why:
+                log(f"{s}: skipped: {why}")
+                continue
+            log(f"{s}: {n} ranks, {len(ops)} ops x {len(sizes)} sizes")
+            got = run_adapter(procs, args.timeout, s)
+            for r in got:
+                log(f"  {s} {r['op']} n={r['ranks']} {human(r['bytes'])}: {r['time_us']} µs, busbw {r['busbw_gbs']} GB/s")
+            results += got
+    if args.netns:
+        netns_runs(args, ops, sizes, results)
+    if not results:
+        log("no results")
+        return 1
+    os.makedirs(args.out, exist_ok=True)
+    meta = (f"{time.strftime('%Y-%m-%d %H:%M')} {os.uname().nodename}, {os.cpu_count()} CPUs, "
+            f"ranks {args.ranks}, sizes {','.join(map(str, sizes))}")
+    with open(os.path.join(args.out, "results.jsonl"), "w") as f:
+        for r in results:
+            f.write(json.dumps(r) + "\n")
+    write_table(results, os.path.join(args.out, "results.md"), meta)
+    write_plot(results, os.path.join(args.out, "bandwidth.png"))
+    log(f"wrote {args.out}/results.md, results.jsonl, bandwidth.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

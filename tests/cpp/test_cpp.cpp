@@ -1,0 +1,67 @@
+// test_cpp: the C++ wrapper against a live world: containers and pointers,
+// in place, requests, split, and errors as nexar::Error.
+#include <nexar/nexar.hpp>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define EXPECT(cond)                                                          \
+    do {                                                                      \
+        if (!(cond)) {                                                        \
+            std::fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond); \
+            std::exit(1);                                                     \
+        }                                                                     \
+    } while (0)
+
+int main() {
+    nexar::Comm world = nexar::Comm::from_env();
+    const int r = world.rank(), n = world.size();
+
+    std::vector<double> v(5, r + 1.0);
+    world.allreduce(v, nexar::Op::sum);
+    for (double x : v) EXPECT(x == n * (n + 1) / 2.0);
+
+    std::array<std::int32_t, 3> mine{r, r, r};
+    std::vector<std::int32_t> all(3 * static_cast<std::size_t>(n));
+    world.allgather(mine, all);
+    for (int k = 0; k < n; k++) EXPECT(all[3 * static_cast<std::size_t>(k)] == k);
+
+    std::vector<std::uint64_t> b(4, r == 0 ? 42u : 0u);
+    world.broadcast(b, 0);
+    EXPECT(b[3] == 42u);
+
+    std::vector<nexar::bfloat16> h(2, nexar::bfloat16{0x3f80});  // 1.0
+    world.allreduce(h, nexar::Op::sum);
+    EXPECT(n != 1 || h[0].bits == 0x3f80);
+
+    std::vector<float> f(8, 1.0f), g(8);
+    nexar::Request q1 = world.iallreduce(f.data(), g.data(), f.size(), nexar::Op::max);
+    nexar::Request q2 = world.ibarrier();
+    q2.wait();
+    q1.wait();
+    EXPECT(g[7] == 1.0f);
+
+    nexar::Comm half = world.split(r % 2, r);
+    EXPECT(half && half.size() == (n + 1 - r % 2) / 2);
+    std::vector<std::int64_t> s(1, 1), t(1);
+    half.scan(s, t, nexar::Op::sum);
+    EXPECT(t[0] == half.rank() + 1);
+
+    nexar::Comm none = world.split(nexar::undefined, 0);
+    EXPECT(!none);
+
+    try {
+        world.broadcast(v, n + 5);
+        EXPECT(false);
+    } catch (const nexar::Error& e) {
+        EXPECT(e.code() == NEXAR_ERR_INVALID_ARGUMENT);
+        EXPECT(std::string(e.what()).find("root") != std::string::npos);
+    }
+    nexar::Comm moved = std::move(world);
+    EXPECT(!world && moved);
+    moved.barrier();
+    std::printf("rank %d/%d: test_cpp ok (nexar %s)\n", r, n, nexar::version().c_str());
+    return 0;
+}

@@ -1,0 +1,135 @@
+"""The Python API: single-process calls with world size 1, multi-process runs
+with 2, 3 and 4 ranks (tests/workers/api_worker.py), errors, fork detection."""
+
+import array
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import nexar
+from launch import free_port, run_ranks
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def comm():
+    c = nexar.Comm(rank=0, world_size=1, seed=f"127.0.0.1:{free_port()}", token=b"t" * 32, timeout=30)
+    yield c
+    c.close()
+
+
+def test_version_and_constants():
+    assert nexar.version()[:2] == (0, 1)
+    assert int(nexar.SUM) == 0 and int(nexar.BXOR) == 7
+    assert nexar.Datatype.BFLOAT16.itemsize == 2
+
+
+@pytest.mark.parametrize("dt", [np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64,
+                                np.float16, np.float32, np.float64])
+def test_size1_every_call_numpy(comm, dt):
+    x = np.arange(6).astype(dt)
+    out = np.zeros_like(x)
+    assert comm.allreduce(x, out) is out and np.array_equal(out, x)
+    assert np.array_equal(comm.allreduce(x.copy(), op=nexar.MAX), x)
+    assert np.array_equal(comm.broadcast(x.copy()), x)
+    assert np.array_equal(comm.reduce(x, np.zeros_like(x)), x)
+    assert np.array_equal(comm.allgather(x, np.zeros_like(x)), x)
+    assert np.array_equal(comm.allgatherv(x, np.zeros_like(x), [6]), x)
+    assert np.array_equal(comm.reduce_scatter(x, np.zeros_like(x)), x)
+    assert np.array_equal(comm.alltoall(x, np.zeros_like(x)), x)
+    assert np.array_equal(comm.alltoallv(x, [6], None, np.zeros_like(x), [6], None), x)
+    assert np.array_equal(comm.gather(x, np.zeros_like(x)), x)
+    assert np.array_equal(comm.gatherv(x, np.zeros_like(x), [6]), x)
+    assert np.array_equal(comm.scatter(x, np.zeros_like(x)), x)
+    assert np.array_equal(comm.scatterv(x, [6], None, np.zeros_like(x)), x)
+    assert np.array_equal(comm.scan(x, np.zeros_like(x)), x)
+    comm.exscan(x, np.zeros_like(x))
+    comm.barrier()
+    for q in (comm.iallreduce(x.copy()), comm.ibroadcast(x.copy()), comm.ireduce(x.copy()),
+              comm.iallgather(x, np.zeros_like(x)), comm.ireduce_scatter(x, np.zeros_like(x)),
+              comm.ialltoall(x, np.zeros_like(x)), comm.ibarrier()):
+        q.wait()
+        assert q.done and q.test()
+
+
+def test_size1_buffer_protocol_and_torch(comm):
+    a = array.array("i", [1, 2, 3])
+    comm.allreduce(a)
+    b = bytearray(b"abc")
+    comm.broadcast(b)
+    assert comm.allreduce(memoryview(bytearray(8)).cast("d")) is not None
+    for dt in (torch.float16, torch.bfloat16, torch.float32, torch.int64, torch.uint8, torch.int8):
+        t = torch.arange(12).reshape(3, 4).to(dt)
+        col = t[:, 2]  # non-contiguous: staged and copied back
+        comm.allreduce(col, op=nexar.SUM)
+        assert torch.equal(t, torch.arange(12).reshape(3, 4).to(dt))
+    # self send/recv through requests
+    src = np.arange(4, dtype=np.float32)
+    dst = np.zeros(4, dtype=np.float32)
+    q = comm.irecv(dst, 0, tag=3)
+    comm.send(src, 0, tag=3)
+    st = q.wait()
+    assert st == nexar.Status(0, 3, 4, 16) and np.array_equal(dst, src)
+
+
+def test_size1_errors(comm):
+    with pytest.raises(nexar.InvalidArgumentError) as ei:
+        comm.broadcast(np.zeros(2), root=5)
+    assert ei.value.code == 1 and "root" in ei.value.message
+    with pytest.raises(nexar.InvalidArgumentError):
+        comm.send(np.zeros(1), 3)
+    with pytest.raises(ValueError):
+        comm.allreduce(np.zeros(3), np.zeros(4))
+    with pytest.raises(TypeError):
+        comm.allreduce(np.zeros(3, dtype=np.float32), np.zeros(3, dtype=np.float64))
+    with pytest.raises(TypeError):
+        comm.allreduce(np.zeros(3, dtype=np.int16))  # no nexar int16
+    with pytest.raises(ValueError):
+        comm.allreduce(b"read-only")
+    with pytest.raises(TypeError):
+        comm.allreduce(object())
+    with pytest.raises(nexar.InvalidArgumentError):
+        comm.allreduce(np.zeros(3, dtype=np.float32), op=nexar.BXOR)
+    c2 = nexar.Comm(rank=0, world_size=1, seed=f"127.0.0.1:{free_port()}", token=b"u" * 32)
+    with c2:
+        sub = c2.split(0)
+        assert sub.size == 1
+        sub.close()
+        sub.close()  # idempotent
+    with pytest.raises(nexar.ClosedError):
+        c2.barrier()
+    with pytest.raises(nexar.InvalidArgumentError):
+        nexar.Comm(rank=3, world_size=2, seed="127.0.0.1:1", token=b"x")
+    assert issubclass(nexar.TimeoutError, TimeoutError)
+    assert issubclass(nexar.PeerDownError, nexar.Error)
+
+
+def test_fork_child_raises():
+    code = textwrap.dedent(f"""
+        import os, sys, nexar
+        c = nexar.Comm(rank=0, world_size=1, seed="127.0.0.1:{free_port()}", token=b"f" * 32)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                c.barrier()
+            except nexar.ForkedProcessError as e:
+                os._exit(0 if "fork" in str(e) else 3)
+            os._exit(4)
+        _, st = os.waitpid(pid, 0)
+        c.barrier()
+        sys.exit(os.waitstatus_to_exitcode(st))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_multiprocess_every_call(n):
+    outs = run_ranks(n, ["workers/api_worker.py"], timeout=240)
+    for r, o in enumerate(outs):
+        assert f"rank {r}: ok" in o, o

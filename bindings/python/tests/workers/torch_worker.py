@@ -86,7 +86,11 @@ def collectives():
         t = torch.arange(24.0).reshape(4, 6) + R
         dist.all_reduce(t[:, 1:3], group=g)
         return t
-    both("all_reduce non-contiguous", nc, G)
+    # gloo (torch 2.15) reduces a non-contiguous view as if it were
+    # contiguous from its data pointer, so compare with a local reference.
+    want = torch.arange(24.0).reshape(4, 6) + R
+    want[:, 1:3] = sum(torch.arange(24.0).reshape(4, 6)[:, 1:3] + q for q in range(N))
+    same("all_reduce non-contiguous", nc(nx), want)
     def coalesced(g):
         ts = [inputs(torch.float32), inputs(torch.float32, 3, 1)]
         g.allreduce_coalesced(ts, dist.AllreduceCoalescedOptions()).wait()

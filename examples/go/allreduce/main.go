@@ -58,7 +58,15 @@ func run() error {
 		}
 	}
 	fmt.Printf("rank %d of %d: allreduce(sum) of %v = %v\n", comm.Rank(), s, in, out)
-	return comm.Barrier(ctx)
+
+	// Leave together. Close is local, and today a peer's Close looks like
+	// its death to a rank still finishing its last operation, so every
+	// rank passes a barrier and lingers briefly before closing.
+	if err := comm.Barrier(ctx); err != nil {
+		return err
+	}
+	time.Sleep(500 * time.Millisecond)
+	return nil
 }
 
 func floatsToBytes(v []float32) []byte {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -103,8 +104,12 @@ func TestRunFailureStopsOthers(t *testing.T) {
 
 func TestRunKillsAfterGrace(t *testing.T) {
 	needSh(t)
-	// Rank 1 ignores SIGTERM, so it needs the SIGKILL after the grace.
-	_, errOut, err := runSh(t, 2, `if [ "$NEXAR_RANK" = 0 ]; then exit 1; fi; trap '' TERM; while :; do sleep 0.1; done`, nil)
+	// Rank 1 ignores SIGTERM, so it needs the SIGKILL after the grace;
+	// rank 0 fails only once rank 1's trap is set.
+	ready := filepath.Join(t.TempDir(), "ready")
+	script := `if [ "$NEXAR_RANK" = 0 ]; then while [ ! -e ` + ready + ` ]; do sleep 0.02; done; exit 1; fi
+trap '' TERM; touch ` + ready + `; while :; do sleep 0.1; done`
+	_, errOut, err := runSh(t, 2, script, nil)
 	if err == nil {
 		t.Fatal("launch succeeded, want failure")
 	}
@@ -115,12 +120,20 @@ func TestRunKillsAfterGrace(t *testing.T) {
 
 func TestRunSignalForwarded(t *testing.T) {
 	needSh(t)
+	dir := t.TempDir()
 	sigs := make(chan os.Signal, 1)
 	go func() {
-		time.Sleep(300 * time.Millisecond)
+		// Signal once both ranks have set their trap (bounded wait).
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			_, e0 := os.Stat(filepath.Join(dir, "0"))
+			_, e1 := os.Stat(filepath.Join(dir, "1"))
+			if e0 == nil && e1 == nil {
+				break
+			}
+		}
 		sigs <- syscall.SIGTERM
 	}()
-	out, _, err := runSh(t, 2, `trap 'echo got-term; exit 0' TERM; while :; do sleep 0.05; done`, sigs)
+	out, _, err := runSh(t, 2, `trap 'echo got-term; exit 0' TERM; touch `+dir+`/$NEXAR_RANK; while :; do sleep 0.05; done`, sigs)
 	var ee *exitError
 	if !errors.As(err, &ee) || ee.code != 128+int(syscall.SIGTERM) {
 		t.Fatalf("launch = %v, want exit %d", err, 128+int(syscall.SIGTERM))

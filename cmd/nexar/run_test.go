@@ -202,3 +202,14 @@ func TestMainUsage(t *testing.T) {
 		t.Errorf("info: status %d, %q", c, o.String())
 	}
 }
+
+func TestBenchSmall(t *testing.T) {
+	var o, e bytes.Buffer
+	if c := mainErr([]string{"bench", "-n", "3", "--min", "64", "--max", "4096", "--iters", "1"}, &o, &e); c != 0 {
+		t.Fatalf("bench: status %d\n%s%s", c, o.String(), e.String())
+	}
+	rows := regexp.MustCompile(`(?m)^\s+\d+\s+\d+\s+float32\s+\w+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+ok$`).FindAllString(o.String(), -1)
+	if want := 5 * 4; len(rows) != want { // 5 collectives x sizes 64, 256, 1024, 4096
+		t.Errorf("got %d checked rows, want %d:\n%s", len(rows), want, o.String())
+	}
+}

@@ -101,8 +101,12 @@ def run_adapter(procs, timeout, system):
             res.append(r)
     bad = [p.returncode for p in ps if p.returncode not in (0, None, -9)]
     if bad or not res:
-        errs[0].seek(0)
-        tail = errs[0].read()[-600:].strip()
+        tail = ""
+        for e in errs:  # the first rank that said something
+            e.seek(0)
+            tail = e.read()[-600:].strip()
+            if tail:
+                break
         log(f"{system}: exit status {[p.returncode for p in ps]}; stderr tail:\n{tail}")
     return res
 
@@ -169,6 +173,8 @@ def nexar_procs(n, ops, sizes, timeout):
 class NetNS:
     """Two namespaces joined by a veth pair, 10.231.<k>.1 and .2; removed on exit."""
 
+    IFNAME = "nxbench0"
+
     def __init__(self):
         k = os.getpid() % 200 + 20
         self.ns = [f"nxb{os.getpid()}a", f"nxb{os.getpid()}b"]
@@ -183,9 +189,14 @@ class NetNS:
             self.sh("netns", "add", ns)
         try:
             # interface names are limited to 15 characters
-            self.ifs = [f"nxv{os.getpid() % 100000}a", f"nxv{os.getpid() % 100000}b"]
-            self.sh("link", "add", self.ifs[0], "netns", self.ns[0], "type", "veth",
-                    "peer", "name", self.ifs[1], "netns", self.ns[1])
+            tmp = [f"nxv{os.getpid() % 100000}a", f"nxv{os.getpid() % 100000}b"]
+            self.sh("link", "add", tmp[0], "netns", self.ns[0], "type", "veth",
+                    "peer", "name", tmp[1], "netns", self.ns[1])
+            # The same name on both ends, so that GLOO_SOCKET_IFNAME and
+            # btl_tcp_if_include can name it once for every rank.
+            self.ifs = [self.IFNAME, self.IFNAME]
+            for ns, t in zip(self.ns, tmp):
+                self.sh("-n", ns, "link", "set", t, "name", self.IFNAME)
             for ns, ifn, a in zip(self.ns, self.ifs, self.addrs):
                 self.sh("-n", ns, "addr", "add", a + "/24", "dev", ifn)
                 self.sh("-n", ns, "link", "set", ifn, "up")
@@ -211,8 +222,9 @@ def netns_runs(args, ops, sizes, results):
         with NetNS() as net:
             log(f"netns: {net.ns[0]} {net.addrs[0]} <-> {net.ns[1]} {net.addrs[1]}")
             if "gloo" in args.systems and not have_gloo():
-                for r in run_adapter(gloo_procs(2, ops, sizes, net.wrap, net.addrs, None),
+                for r in run_adapter(gloo_procs(2, ops, sizes, net.wrap, net.addrs, net.IFNAME),
                                      args.timeout, "gloo"):
+                    log(f"  netns gloo {r['op']} {human(r['bytes'])}: {r['time_us']} µs, busbw {r['busbw_gbs']} GB/s")
                     r["netns"] = True
                     results.append(r)
             if "mpi-tcp" in args.systems and not have_mpi():
@@ -225,11 +237,12 @@ def netns_runs(args, ops, sizes, results):
                 agent.close()
                 os.chmod(agent.name, 0o755)
                 extra = ["-H", f"{net.addrs[0]},{net.addrs[1]}", "--mca", "plm_rsh_agent", agent.name,
-                         "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", f"{net.addrs[0][:-2]}.0/24",
-                         "--mca", "oob_tcp_if_include", f"{net.addrs[0][:-2]}.0/24"]
+                         "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", net.IFNAME,
+                         "--mca", "oob_tcp_if_include", net.IFNAME, "--mca", "mpi_yield_when_idle", "1"]
                 procs = mpi_procs(2, ops, sizes, "mpi-tcp", extra)
                 procs = [(net.wrap(0) + procs[0][0], procs[0][1])]
                 for r in run_adapter(procs, args.timeout, "mpi-tcp"):
+                    log(f"  netns mpi-tcp {r['op']} {human(r['bytes'])}: {r['time_us']} µs, busbw {r['busbw_gbs']} GB/s")
                     r["netns"] = True
                     results.append(r)
                 os.unlink(agent.name)

@@ -247,9 +247,7 @@ func genInputs(rng *rand.Rand, n, count int, dt DType, op Op, sameAll bool) [][]
 			continue
 		}
 		if !dt.IsFloat() {
-			for i := range ins[r] {
-				ins[r][i] = byte(rng.Uint32())
-			}
+			fillRand(rng, ins[r])
 			continue
 		}
 		for i := 0; i < count; i++ {
@@ -278,10 +276,18 @@ func genInputs(rng *rand.Rand, n, count int, dt DType, op Op, sameAll bool) [][]
 
 func randBytes(rng *rand.Rand, n int) []byte {
 	b := make([]byte, n)
+	fillRand(rng, b)
+	return b
+}
+
+func fillRand(rng *rand.Rand, b []byte) {
+	for len(b) >= 8 {
+		binary.LittleEndian.PutUint64(b, rng.Uint64())
+		b = b[8:]
+	}
 	for i := range b {
 		b[i] = byte(rng.Uint32())
 	}
-	return b
 }
 
 type combo struct {
@@ -331,9 +337,15 @@ var (
 )
 
 // largeCases lists the (combo, world size) pairs run with largeCount
-// elements: a few under -short, more otherwise.
-func largeCases() ([]combo, []int) {
-	if testing.Short() {
+// elements. Under -short only the size-chosen algorithms get two of them;
+// otherwise those get every dtype and op and the forced variants the two.
+func largeCases(forced bool) ([]combo, []int) {
+	switch {
+	case testing.Short() && forced:
+		return nil, nil
+	case testing.Short():
+		return []combo{{Float32, Sum}}, []int{3}
+	case forced:
 		return []combo{{Float32, Sum}, {Int8, Max}}, []int{3}
 	}
 	return someCombos(), []int{3, 8}

@@ -189,8 +189,6 @@ func Gather(ctx context.Context, l Link, send, recv []byte, root int) error {
 			return fmt.Errorf("collective: gather recv has %d bytes, want %d blocks of %d", len(recv), size, len(send))
 		}
 		blk = len(recv) / size
-	} else if send == nil {
-		return fmt.Errorf("collective: gather send is nil on non-root rank %d", rank)
 	}
 	auto := AlgoLinear
 	if blk*size < GatherBinomialThreshold {
@@ -266,8 +264,6 @@ func Gatherv(ctx context.Context, l Link, send, recv []byte, counts, displs []in
 		if send != nil && len(send) != counts[rank] {
 			return fmt.Errorf("collective: gatherv root sends %d bytes, counts say %d", len(send), counts[rank])
 		}
-	} else if send == nil {
-		return fmt.Errorf("collective: gatherv send is nil on non-root rank %d", rank)
 	}
 	return gatherv(ctx, l, newSteps(l), send, recv, counts, displs, root)
 }

@@ -7,6 +7,12 @@ import (
 	"sync"
 )
 
+// Every algorithm in this package is a function of its arguments and the
+// knobs below: calls are safe to run concurrently with each other (on
+// different Links or with distinct step scopes) as long as the knobs are not
+// written meanwhile. Each algorithm returns only after every goroutine it
+// started has returned.
+
 // Tuning knobs. They are read at the start of every call and must be equal on
 // all ranks (a different chunk size changes the step numbering). Set them
 // before the first collective and never concurrently with one.

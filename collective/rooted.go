@@ -51,27 +51,27 @@ func Broadcast(ctx context.Context, l Link, buf []byte, root int) error {
 	}
 	st := newSteps(l)
 	vr := mod(rank-root, size)
-	real := func(v int) int { return (v + root) % size }
+	abs := func(v int) int { return (v + root) % size }
 	if algo == AlgoPipeline {
 		prev, next := -1, -1
 		if vr > 0 {
-			prev = real(vr - 1)
+			prev = abs(vr - 1)
 		}
 		if vr < size-1 {
-			next = real(vr + 1)
+			next = abs(vr + 1)
 		}
 		return st.pipeline(ctx, l, prev, buf, next, buf, nil)
 	}
 	mask := topMask(size)
 	if vr != 0 {
-		if err := st.recv(ctx, l, real(vr-lowbit(vr)), buf); err != nil {
+		if err := st.recv(ctx, l, abs(vr-lowbit(vr)), buf); err != nil {
 			return err
 		}
 		mask = lowbit(vr) >> 1
 	}
 	for ; mask > 0; mask >>= 1 {
 		if vr+mask < size {
-			if err := st.send(ctx, l, real(vr+mask), buf); err != nil {
+			if err := st.send(ctx, l, abs(vr+mask), buf); err != nil {
 				return err
 			}
 		}

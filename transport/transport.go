@@ -74,6 +74,14 @@ type Endpoint interface {
 // ErrClosed is returned by Send after Close.
 var ErrClosed = errors.New("transport: endpoint closed")
 
+// ErrPeerClosed is the Cause of a graceful departure: the peer closed its
+// endpoint and every message it sent before Close has been delivered to the
+// Handler, in order, before the DownHandler is told (with a *PeerDownError
+// for which errors.Is(err, ErrPeerClosed) holds). Any other cause is an
+// abrupt loss, after which messages may have been lost. Sends to a departed
+// peer fail with a *PeerDownError carrying the same cause.
+var ErrPeerClosed = errors.New("transport: peer closed its endpoint")
+
 // PeerDownError says that a peer's connection failed or was closed.
 type PeerDownError struct {
 	Peer  int

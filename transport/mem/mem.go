@@ -1,6 +1,8 @@
 // Package mem is an in-process transport.Endpoint mesh for tests: N ranks in
 // one process, each (sender, lane) pair with its own bounded queue and
 // delivery goroutine, so ordering and back-pressure behave as on the network.
+// Close is graceful as on QUIC: what the closing rank had queued is still
+// delivered, then its peers are told with cause transport.ErrPeerClosed.
 // Kill simulates the death of a rank.
 package mem
 
@@ -21,9 +23,6 @@ const QueueDepth = 16
 // errKilled is the cause reported to the survivors of Kill.
 var errKilled = errors.New("mem: rank killed")
 
-// errPeerClosed is the cause reported when a peer closed its endpoint.
-var errPeerClosed = errors.New("mem: peer closed its endpoint")
-
 type mesh struct {
 	eps []*Endpoint
 }
@@ -42,9 +41,13 @@ type Endpoint struct {
 	wg   sync.WaitGroup
 
 	mu       sync.Mutex
+	idle     sync.Cond // signalled when sending drops to 0
+	sending  int       // Sends in progress
 	closed   bool
+	graceful bool   // stopped by Close, not Kill
 	cause    error  // why this endpoint stopped
 	peerDown []bool // peer already reported down
+	lanesOut []int  // per peer: lanes still draining after its Close
 }
 
 // NewMesh connects n endpoints; h[i] and down[i] serve rank i (either may be
@@ -52,7 +55,8 @@ type Endpoint struct {
 func NewMesh(n int, h []transport.Handler, down []transport.DownHandler) []transport.Endpoint {
 	m := &mesh{eps: make([]*Endpoint, n)}
 	for i := range m.eps {
-		e := &Endpoint{m: m, rank: i, done: make(chan struct{}), peerDown: make([]bool, n)}
+		e := &Endpoint{m: m, rank: i, done: make(chan struct{}), peerDown: make([]bool, n), lanesOut: make([]int, n)}
+		e.idle.L = &e.mu
 		if i < len(down) {
 			e.down = down[i]
 		}
@@ -80,7 +84,8 @@ func (e *Endpoint) Rank() int { return e.rank }
 func (e *Endpoint) Size() int { return len(e.m.eps) }
 
 // Send copies the message into peer's queue for (e.Rank(), lane), blocking
-// while that queue is full.
+// while that queue is full. Like a network transport, it accepts and drops
+// messages for a peer that has closed but is still being drained here.
 func (e *Endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *transport.Header, payload []byte) error {
 	if peer < 0 || peer >= len(e.m.eps) {
 		return fmt.Errorf("mem: send to rank %d: out of range [0,%d)", peer, len(e.m.eps))
@@ -91,20 +96,53 @@ func (e *Endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 	if len(payload) > transport.MaxPayload {
 		return fmt.Errorf("mem: payload of %d bytes exceeds %d", len(payload), transport.MaxPayload)
 	}
-	if err := e.stopped(); err != nil {
-		return err
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return e.cause
 	}
+	e.sending++
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.sending--
+		if e.sending == 0 {
+			e.idle.Broadcast()
+		}
+		e.mu.Unlock()
+	}()
 	dst := e.m.eps[peer]
-	if err := dst.stopped(); err != nil {
-		return &transport.PeerDownError{Peer: peer, Cause: err}
+	if err := e.sendErr(dst); err != nil || dst.stopped() != nil {
+		return err
 	}
 	q := dst.in[e.rank*int(transport.NumLanes)+int(lane)]
 	return q.Put(ctx, lane, h, payload, e.done, func() error {
 		if err := e.stopped(); err != nil {
 			return err
 		}
-		return &transport.PeerDownError{Peer: peer, Cause: dst.stopped()}
+		return e.sendErr(dst)
 	})
+}
+
+// sendErr is what a Send from e to the stopped dst returns: nil (dropped)
+// while e still drains dst's graceful departure, else a PeerDownError.
+func (e *Endpoint) sendErr(dst *Endpoint) error {
+	dst.mu.Lock()
+	closed, graceful, cause := dst.closed, dst.graceful, dst.cause
+	dst.mu.Unlock()
+	if !closed {
+		return nil
+	}
+	if !graceful {
+		return &transport.PeerDownError{Peer: dst.rank, Cause: cause}
+	}
+	e.mu.Lock()
+	told := e.peerDown[dst.rank]
+	e.mu.Unlock()
+	if !told {
+		return nil
+	}
+	return &transport.PeerDownError{Peer: dst.rank, Cause: fmt.Errorf("mem: rank %d closed its endpoint: %w", dst.rank, transport.ErrPeerClosed)}
 }
 
 // stopped returns nil while the endpoint runs, transport.ErrClosed after
@@ -118,10 +156,12 @@ func (e *Endpoint) stopped() error {
 	return e.cause
 }
 
-// Close stops this endpoint and tells the other ranks it is down. It is
-// idempotent.
+// Close stops this endpoint: what it has queued for the other ranks is
+// still delivered, after which each is told, with cause
+// transport.ErrPeerClosed. Messages queued for this endpoint are dropped.
+// Close does not wait for the peers to drain. It is idempotent.
 func (e *Endpoint) Close() error {
-	e.stop(transport.ErrClosed, errPeerClosed)
+	e.stop(transport.ErrClosed, true)
 	e.wg.Wait()
 	return nil
 }
@@ -131,22 +171,49 @@ func (e *Endpoint) Close() error {
 // Sends fail. ep must come from NewMesh. Kill does not wait for ep's handler
 // goroutines; Close does.
 func Kill(ep transport.Endpoint) {
-	ep.(*Endpoint).stop(errKilled, errKilled)
+	ep.(*Endpoint).stop(errKilled, false)
 }
 
-func (e *Endpoint) stop(self, others error) {
+func (e *Endpoint) stop(cause error, graceful bool) {
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
 		return
 	}
-	e.closed, e.cause = true, self
+	e.closed, e.cause, e.graceful = true, cause, graceful
 	close(e.done)
+	// Sends blocked on a full queue return now (e.done); once none is in
+	// progress nothing more can be queued, and the queues can be sealed.
+	for e.sending > 0 {
+		e.idle.Wait()
+	}
 	e.mu.Unlock()
 	for _, o := range e.m.eps {
-		if o != e {
-			o.notifyDown(e.rank, others)
+		if o == e {
+			continue
 		}
+		if !graceful {
+			o.notifyDown(e.rank, cause)
+			continue
+		}
+		o.mu.Lock()
+		o.lanesOut[e.rank] = int(transport.NumLanes)
+		o.mu.Unlock()
+		for l := range int(transport.NumLanes) {
+			o.in[e.rank*int(transport.NumLanes)+l].Seal(func() { o.laneDrained(e.rank) })
+		}
+	}
+}
+
+// laneDrained runs when one lane from the closed peer has delivered its
+// last message; with the last lane the departure is reported.
+func (e *Endpoint) laneDrained(peer int) {
+	e.mu.Lock()
+	e.lanesOut[peer]--
+	last := e.lanesOut[peer] == 0
+	e.mu.Unlock()
+	if last {
+		e.notifyDown(peer, fmt.Errorf("mem: rank %d closed its endpoint: %w", peer, transport.ErrPeerClosed))
 	}
 }
 

@@ -26,6 +26,7 @@ const (
 	codeHello     quic.ApplicationErrorCode = 1  // hello refused
 	codeProtocol  quic.ApplicationErrorCode = 2  // malformed frame or stream
 	codeSendAbort quic.ApplicationErrorCode = 3  // a Send was cancelled mid-frame
+	codeDrained   quic.ApplicationErrorCode = 4  // every goodbye of a closing peer was read
 	loopbackDepth                           = 16 // messages per loopback lane
 	inlineMax                               = 16 << 10
 	readBuffer                              = 64 << 10
@@ -60,6 +61,8 @@ type peerConn struct {
 	lanes  [transport.NumLanes]sendLane
 	mu     sync.Mutex
 	inLane [transport.NumLanes]bool // inbound lane stream seen
+	bye    int                      // inbound lanes that ended with a goodbye
+	left   bool                     // the peer closed gracefully and was drained
 	downed bool
 }
 
@@ -281,7 +284,7 @@ func (e *endpoint) monitor(pc *peerConn) {
 	cause := context.Cause(pc.conn.Context())
 	var ae *quic.ApplicationError
 	if errors.As(cause, &ae) && ae.Remote && ae.ErrorCode == codeClosed {
-		cause = fmt.Errorf("quic: rank %d closed its endpoint", pc.rank)
+		cause = fmt.Errorf("quic: rank %d closed its endpoint before it was drained", pc.rank)
 	} else {
 		cause = fmt.Errorf("quic: connection to rank %d: %w", pc.rank, cause)
 	}
@@ -311,9 +314,12 @@ func (e *endpoint) readStream(pc *peerConn, s *quic.ReceiveStream) {
 	lane := transport.NumLanes
 	for {
 		l, h, p, err := r.Next()
-		if err != nil {
+		bye := errors.Is(err, frame.ErrGoodbye)
+		if err != nil && !bye {
 			if errors.Is(err, frame.ErrMalformed) || errors.Is(err, io.ErrUnexpectedEOF) {
 				e.protocolError(pc, err)
+			} else if err == io.EOF {
+				e.protocolError(pc, errors.New("lane stream ended without a goodbye"))
 			}
 			return
 		}
@@ -331,10 +337,37 @@ func (e *endpoint) readStream(pc *peerConn, s *quic.ReceiveStream) {
 			e.protocolError(pc, fmt.Errorf("frame for lane %v on the %v stream", l, lane))
 			return
 		}
+		if bye {
+			// Nothing may follow a goodbye; what does is never read.
+			e.goodbye(pc)
+			return
+		}
 		if e.h != nil {
 			e.h(pc.rank, l, h, p)
 		}
 	}
+}
+
+// goodbye counts one inbound lane that ended with a goodbye. With the last
+// one every frame the peer sent has been through the Handler: report the
+// graceful departure, then acknowledge it by closing the connection.
+func (e *endpoint) goodbye(pc *peerConn) {
+	pc.mu.Lock()
+	pc.bye++
+	drained := pc.bye == int(transport.NumLanes)
+	already := pc.downed
+	if drained {
+		pc.left, pc.downed = true, true
+	}
+	pc.mu.Unlock()
+	if !drained {
+		return
+	}
+	if !already && !e.closing.Load() && e.down != nil {
+		e.down(pc.rank, &transport.PeerDownError{Peer: pc.rank,
+			Cause: fmt.Errorf("quic: rank %d closed its endpoint: %w", pc.rank, transport.ErrPeerClosed)})
+	}
+	pc.conn.CloseWithError(codeDrained, "drained")
 }
 
 func (e *endpoint) protocolError(pc *peerConn, err error) {
@@ -430,20 +463,37 @@ func (e *endpoint) sendErr(pc *peerConn, ctx context.Context, err error) error {
 	if ctx.Err() != nil && pc.conn.Context().Err() == nil {
 		return fmt.Errorf("quic: send to rank %d: %w", pc.rank, ctx.Err())
 	}
+	pc.mu.Lock()
+	left := pc.left
+	pc.mu.Unlock()
+	if left {
+		return &transport.PeerDownError{Peer: pc.rank, Cause: fmt.Errorf("quic: rank %d closed its endpoint: %w", pc.rank, transport.ErrPeerClosed)}
+	}
 	if c := context.Cause(pc.conn.Context()); c != nil {
 		err = c
 	}
 	return &transport.PeerDownError{Peer: pc.rank, Cause: fmt.Errorf("quic: %w", err)}
 }
 
-// Close closes every connection, the socket and the Node, then waits for
-// every goroutine (handlers included) to return. It is idempotent.
+// Close says goodbye to every live peer and waits, up to
+// Options.CloseTimeout, until each has read everything sent to it; then it
+// closes every connection, the socket and the Node, and waits for every
+// goroutine (handlers included) to return. Inbound messages are still
+// delivered while it drains. It is idempotent.
 func (e *endpoint) Close() error {
 	e.once.Do(func() {
 		e.mu.Lock()
 		e.closing.Store(true)
 		conns := append([]*peerConn(nil), e.conns...)
 		e.mu.Unlock()
+		deadline := time.Now().Add(e.node.opt.CloseTimeout)
+		var wg sync.WaitGroup
+		for _, pc := range conns {
+			if pc != nil {
+				wg.Go(func() { e.sayGoodbye(pc, deadline) })
+			}
+		}
+		wg.Wait()
 		e.cancel()
 		for _, pc := range conns {
 			if pc != nil {
@@ -454,4 +504,35 @@ func (e *endpoint) Close() error {
 		e.wg.Wait()
 	})
 	return nil
+}
+
+// sayGoodbye ends every lane to pc with a goodbye frame and a FIN, then
+// waits until pc acknowledges by closing the connection, or until deadline.
+// It keeps each lane's semaphore, so no Send can follow the goodbye.
+func (e *endpoint) sayGoodbye(pc *peerConn, deadline time.Time) {
+	ctx, cancel := context.WithDeadline(pc.conn.Context(), deadline)
+	defer cancel()
+	var buf []byte
+	for l := range pc.lanes {
+		sl := &pc.lanes[l]
+		select {
+		case sl.sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		if sl.s == nil {
+			s, err := pc.conn.OpenUniStream()
+			if err != nil {
+				return
+			}
+			sl.s = s
+		}
+		sl.s.SetWriteDeadline(deadline)
+		buf = frame.AppendGoodbye(buf[:0], transport.Lane(l))
+		if _, err := sl.s.Write(buf); err != nil {
+			return
+		}
+		sl.s.Close()
+	}
+	<-ctx.Done()
 }

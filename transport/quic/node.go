@@ -15,6 +15,15 @@
 // QUIC flow control to that lane only. The connection window is sized so
 // that a stalled lane cannot starve the others.
 //
+// Close is graceful and bounded: the closer ends every lane stream to every
+// live peer with a goodbye frame and a FIN (opening the lanes it never
+// used), keeps reading, and waits up to Options.CloseTimeout for each peer
+// to acknowledge. A peer that has read the goodbye on all its lanes from the
+// closer (so every earlier frame went through its Handler) reports a
+// *transport.PeerDownError with cause transport.ErrPeerClosed and then
+// closes the connection with application code 4 (drained), which is the
+// acknowledgement. A connection that ends any other way is an abrupt loss.
+//
 // Future bulk path: one quic-go connection tops out near 0.6 GB/s on a small
 // host, so a later bulk transport (parallel TCP sockets authorised over this
 // control plane, shared memory on one host) will implement
@@ -47,6 +56,11 @@ type Options struct {
 	IdleTimeout time.Duration
 	// HandshakeTimeout bounds one TLS handshake plus hello. Default 10s.
 	HandshakeTimeout time.Duration
+	// CloseTimeout bounds the graceful part of Close: the wait for every
+	// peer to read what this endpoint sent and acknowledge its goodbye.
+	// Past it the connections are closed at once, and peers that have not
+	// drained see an abrupt loss. Default 2s.
+	CloseTimeout time.Duration
 	// MaxStreamWindow is the flow-control window of one lane stream.
 	// Default 16 MiB.
 	MaxStreamWindow uint64
@@ -65,6 +79,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.HandshakeTimeout <= 0 {
 		o.HandshakeTimeout = 10 * time.Second
+	}
+	if o.CloseTimeout <= 0 {
+		o.CloseTimeout = 2 * time.Second
 	}
 	if o.MaxStreamWindow == 0 {
 		o.MaxStreamWindow = 16 << 20

@@ -42,6 +42,8 @@ func Run(t *testing.T, newMesh NewMesh) {
 		{"SendCancel", testSendCancel},
 		{"CloseAndLeaks", testCloseAndLeaks},
 		{"PeerDown", testPeerDown},
+		{"GracefulClose", testGracefulClose},
+		{"CloseBounded", testCloseBounded},
 		{"BadArguments", testBadArguments},
 	}
 	for _, tc := range tests {
@@ -516,6 +518,9 @@ func testPeerDown(t *testing.T, newMesh NewMesh) {
 			if e.peer != 2 || !errors.As(e.err, &pd) || pd.Peer != 2 || e.at == 2 {
 				t.Fatalf("rank %d: unexpected down(%d, %v)", e.at, e.peer, e.err)
 			}
+			if !errors.Is(e.err, transport.ErrPeerClosed) {
+				t.Fatalf("rank %d: Close of rank 2 reported as %v, want a graceful departure (ErrPeerClosed)", e.at, e.err)
+			}
 			if seen[e.at] {
 				t.Fatalf("rank %d told twice that rank 2 is down", e.at)
 			}
@@ -528,8 +533,8 @@ func testPeerDown(t *testing.T, newMesh NewMesh) {
 	for _, e := range eps[:2] {
 		err := e.Send(ctx, 2, transport.LaneControl, nil, []byte("x"))
 		var pd *transport.PeerDownError
-		if !errors.As(err, &pd) || pd.Peer != 2 {
-			t.Fatalf("rank %d: Send to a closed peer: got %v, want *PeerDownError", e.Rank(), err)
+		if !errors.As(err, &pd) || pd.Peer != 2 || !errors.Is(err, transport.ErrPeerClosed) {
+			t.Fatalf("rank %d: Send to a closed peer: got %v, want *PeerDownError with ErrPeerClosed", e.Rank(), err)
 		}
 	}
 	// The survivors still talk to each other.
@@ -571,5 +576,136 @@ func testBadArguments(t *testing.T, newMesh NewMesh) {
 		if err := eps[0].Send(ctx, tc.peer, tc.lane, nil, nil); err == nil {
 			t.Errorf("%s: Send succeeded, want error", tc.name)
 		}
+	}
+}
+
+// closeBound is how long Close may take: implementations bound their drain
+// by a timeout of a few seconds (QUIC: Options.CloseTimeout, default 2s).
+const closeBound = 8 * time.Second
+
+// testGracefulClose: a rank that sends K messages on several lanes and
+// closes at once loses none of them: each peer receives all K, in order per
+// lane, and only then a down notification naming it with ErrPeerClosed.
+func testGracefulClose(t *testing.T, newMesh NewMesh) {
+	const n, k = 3, 300
+	type event struct {
+		from int
+		lane transport.Lane
+		seq  int
+		down error
+	}
+	var mu sync.Mutex
+	logs := make([][]event, n)
+	downSeen := make(chan int, 2*n)
+	hs := make([]transport.Handler, n)
+	downs := make([]transport.DownHandler, n)
+	for i := range hs {
+		hs[i] = func(from int, lane transport.Lane, h *transport.Header, p []byte) {
+			ev := event{from: from, lane: lane, seq: seqOf(h)}
+			if len(p) != ev.seq%5000 || !bytes.Equal(p, payload(from, i, lane, ev.seq, len(p))) {
+				ev.seq = -1 // corrupt
+			}
+			mu.Lock()
+			logs[i] = append(logs[i], ev)
+			mu.Unlock()
+		}
+		downs[i] = func(peer int, err error) {
+			mu.Lock()
+			logs[i] = append(logs[i], event{from: peer, down: err})
+			mu.Unlock()
+			downSeen <- i
+		}
+	}
+	eps := newMesh(t, n, hs, downs)
+	defer closeAll(t, eps)
+	ctx := ctxT(t)
+	lanes := []transport.Lane{transport.LaneData, transport.LaneControl, transport.LaneRPC}
+	for seq := range k {
+		for _, lane := range lanes {
+			for to := 1; to < n; to++ {
+				if err := eps[0].Send(ctx, to, lane, header(0, to, lane, seq), payload(0, to, lane, seq, seq%5000)); err != nil {
+					t.Fatalf("Send seq %d to %d on %v: %v", seq, to, lane, err)
+				}
+			}
+		}
+	}
+	start := time.Now()
+	if err := eps[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > closeBound {
+		t.Errorf("Close with running peers took %v, want < %v", d, closeBound)
+	}
+	for range n - 1 {
+		select {
+		case <-downSeen:
+		case <-time.After(wait):
+			t.Fatalf("no down notification for the closed rank 0 within %v", wait)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for to := 1; to < n; to++ {
+		next := map[transport.Lane]int{}
+		var down error
+		for _, ev := range logs[to] {
+			if ev.down != nil {
+				if down != nil {
+					t.Fatalf("rank %d: told twice that rank 0 is down", to)
+				}
+				down = ev.down
+				continue
+			}
+			if down != nil {
+				t.Fatalf("rank %d: message from %d on %v delivered after the down notification", to, ev.from, ev.lane)
+			}
+			if ev.from != 0 || ev.seq != next[ev.lane] {
+				t.Fatalf("rank %d: from %d on %v got seq %d, want %d (-1: corrupt)", to, ev.from, ev.lane, ev.seq, next[ev.lane])
+			}
+			next[ev.lane]++
+		}
+		for _, lane := range lanes {
+			if next[lane] != k {
+				t.Errorf("rank %d: %d of %d messages on %v delivered before the departure", to, next[lane], k, lane)
+			}
+		}
+		var pd *transport.PeerDownError
+		if !errors.As(down, &pd) || pd.Peer != 0 || !errors.Is(down, transport.ErrPeerClosed) {
+			t.Errorf("rank %d: departure reported as %v, want *PeerDownError for 0 with ErrPeerClosed", to, down)
+		}
+	}
+}
+
+// testCloseBounded: Close returns within a few seconds even when a peer is
+// alive but not reading (its handler blocks), so the drain cannot finish.
+func testCloseBounded(t *testing.T, newMesh NewMesh) {
+	eps, _, release := blockedData(t, newMesh)
+	defer closeAll(t, eps)
+	defer close(release)
+	sent := make(chan error, 1)
+	go func() {
+		ctx := ctxT(t)
+		for seq := 0; ; seq++ {
+			if err := eps[0].Send(ctx, 1, transport.LaneData, header(0, 1, transport.LaneData, seq), make([]byte, 1<<20)); err != nil {
+				sent <- err
+				return
+			}
+		}
+	}()
+	time.Sleep(300 * time.Millisecond) // a Send is now blocked on the stalled lane
+	start := time.Now()
+	eps[0].Close()
+	d := time.Since(start)
+	if d > closeBound {
+		t.Fatalf("Close with a peer that does not read took %v, want < %v", d, closeBound)
+	}
+	t.Logf("Close with a stalled peer took %v", d.Round(time.Millisecond))
+	select {
+	case err := <-sent:
+		if !errors.Is(err, transport.ErrClosed) {
+			t.Errorf("Send blocked across Close: got %v, want ErrClosed", err)
+		}
+	case <-time.After(wait):
+		t.Fatalf("Send blocked across Close did not return")
 	}
 }

@@ -10,6 +10,11 @@
 //	8      48   header, opaque
 //	56     n    payload
 //
+// A goodbye frame is the last frame on a stream: the lane byte carries
+// FlagGoodbye, the length is 0 and the header all zero. It tells the reader
+// that the sender has closed and that every frame before it on the stream
+// has been read.
+//
 // It is kept apart from any one transport so that a later bulk path (TCP,
 // shared memory) can speak the same frames.
 package frame
@@ -31,6 +36,20 @@ const (
 	// PrefixSize is the size of the fixed part before the payload.
 	PrefixSize = 8 + transport.HeaderSize
 )
+
+// FlagGoodbye marks the lane byte of a goodbye frame.
+const FlagGoodbye = 0x80
+
+// ErrGoodbye is returned, with the frame's lane, by ParsePrefix and
+// Reader.Next for a well-formed goodbye frame.
+var ErrGoodbye = errors.New("frame: goodbye")
+
+// AppendGoodbye appends a goodbye frame for lane.
+func AppendGoodbye(dst []byte, lane transport.Lane) []byte {
+	dst = AppendPrefix(dst, lane, nil, 0)
+	dst[len(dst)-PrefixSize+3] |= FlagGoodbye
+	return dst
+}
 
 // ErrMalformed wraps every decoding error caused by the bytes on the wire.
 var ErrMalformed = errors.New("frame: malformed")
@@ -57,11 +76,17 @@ func ParsePrefix(b *[PrefixSize]byte, max uint32) (transport.Lane, *transport.He
 	if b[2] != Version {
 		return 0, nil, 0, fmt.Errorf("%w: unknown version %d", ErrMalformed, b[2])
 	}
-	lane := transport.Lane(b[3])
+	lane := transport.Lane(b[3] &^ FlagGoodbye)
 	if lane >= transport.NumLanes {
 		return 0, nil, 0, fmt.Errorf("%w: unknown lane %d", ErrMalformed, b[3])
 	}
 	n := binary.LittleEndian.Uint32(b[4:8])
+	if b[3]&FlagGoodbye != 0 {
+		if n != 0 || *(*transport.Header)(b[8:]) != (transport.Header{}) {
+			return 0, nil, 0, fmt.Errorf("%w: goodbye frame with a payload or header", ErrMalformed)
+		}
+		return lane, nil, 0, ErrGoodbye
+	}
 	if n > max {
 		return 0, nil, 0, fmt.Errorf("%w: payload length %d exceeds %d", ErrMalformed, n, max)
 	}
@@ -78,7 +103,8 @@ type Reader struct {
 }
 
 // Next reads one frame. It returns io.EOF only on a clean end between frames;
-// a truncated frame is io.ErrUnexpectedEOF. The payload is freshly allocated
+// a truncated frame is io.ErrUnexpectedEOF; a goodbye frame is ErrGoodbye
+// with its lane. The payload is freshly allocated
 // (after the length was checked) and belongs to the caller.
 func (r *Reader) Next() (transport.Lane, *transport.Header, []byte, error) {
 	if _, err := io.ReadFull(r.R, r.buf[:]); err != nil {
@@ -90,7 +116,7 @@ func (r *Reader) Next() (transport.Lane, *transport.Header, []byte, error) {
 	}
 	lane, h, n, err := ParsePrefix(&r.buf, max)
 	if err != nil {
-		return 0, nil, nil, err
+		return lane, nil, nil, err
 	}
 	p := make([]byte, n)
 	if _, err := io.ReadFull(r.R, p); err != nil {

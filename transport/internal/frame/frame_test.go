@@ -99,3 +99,30 @@ func FuzzReader(f *testing.F) {
 		}
 	})
 }
+
+func TestGoodbye(t *testing.T) {
+	stream := encode(transport.LaneData, nil, []byte("last"))
+	stream = AppendGoodbye(stream, transport.LaneData)
+	r := &Reader{R: bytes.NewReader(stream)}
+	if _, _, p, err := r.Next(); err != nil || string(p) != "last" {
+		t.Fatalf("frame before goodbye: %q, %v", p, err)
+	}
+	lane, _, _, err := r.Next()
+	if !errors.Is(err, ErrGoodbye) || lane != transport.LaneData {
+		t.Fatalf("goodbye: lane %v, err %v; want %v, ErrGoodbye", lane, err, transport.LaneData)
+	}
+	bad := [][]byte{
+		func() []byte { b := AppendGoodbye(nil, transport.LaneRPC); b[4] = 1; return append(b, 'x') }(),
+		func() []byte { b := AppendGoodbye(nil, transport.LaneRPC); b[20] = 1; return b }(),
+		func() []byte {
+			b := AppendGoodbye(nil, transport.LaneRPC)
+			b[3] = FlagGoodbye | byte(transport.NumLanes)
+			return b
+		}(),
+	}
+	for i, b := range bad {
+		if _, _, _, err := (&Reader{R: bytes.NewReader(b)}).Next(); !errors.Is(err, ErrMalformed) {
+			t.Errorf("bad goodbye %d: got %v, want ErrMalformed", i, err)
+		}
+	}
+}

@@ -20,14 +20,29 @@ type msg struct {
 // Inbox delivers messages from one sender on one lane, in order. Put is safe
 // for concurrent use.
 type Inbox struct {
-	ch   chan msg
-	done <-chan struct{}
+	ch       chan msg
+	done     <-chan struct{}
+	sealed   chan struct{}
+	sealOnce sync.Once
+	drained  func()
 }
 
 // Start starts the delivery goroutine, counted in wg. It stops, dropping
 // what is still queued, when done is closed.
 func Start(wg *sync.WaitGroup, depth int, done <-chan struct{}, from int, h transport.Handler) *Inbox {
-	q := &Inbox{ch: make(chan msg, depth), done: done}
+	q := &Inbox{ch: make(chan msg, depth), done: done, sealed: make(chan struct{})}
+	deliver := func(m msg) bool {
+		// Prefer stopping over delivering once done is closed.
+		select {
+		case <-done:
+			return false
+		default:
+		}
+		if h != nil {
+			h(from, m.lane, m.h, m.p)
+		}
+		return true
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -36,19 +51,37 @@ func Start(wg *sync.WaitGroup, depth int, done <-chan struct{}, from int, h tran
 			case <-done:
 				return
 			case m := <-q.ch:
-				// Prefer stopping over delivering once done is closed.
-				select {
-				case <-done:
+				if !deliver(m) {
 					return
-				default:
 				}
-				if h != nil {
-					h(from, m.lane, m.h, m.p)
+			case <-q.sealed:
+				for {
+					select {
+					case m := <-q.ch:
+						if !deliver(m) {
+							return
+						}
+						continue
+					default:
+					}
+					break
 				}
+				q.drained()
+				return
 			}
 		}
 	}()
 	return q
+}
+
+// Seal says that no Put will follow: the delivery goroutine delivers what
+// is queued, calls drained (unless done closes first) and exits. The caller
+// must make sure that every Put has returned before it seals.
+func (q *Inbox) Seal(drained func()) {
+	q.sealOnce.Do(func() {
+		q.drained = drained
+		close(q.sealed)
+	})
 }
 
 // Put copies header and payload and queues them, blocking while the queue is

@@ -1,0 +1,634 @@
+// Package bulk is the bulk data path: a composite transport.Endpoint that
+// keeps control, heartbeat and RPC lanes on an inner endpoint (QUIC) and
+// moves every LaneData message to a peer over that peer's bulk channel when
+// one exists, so large payloads are not bound by one quic-go connection.
+//
+// Channels are per direction and chosen when the mesh starts, before any
+// data flows, so per-(peer, lane) order holds:
+//
+//   - same host (equal host ids, and the producer can actually open the
+//     consumer's segment): a single-producer single-consumer ring in a 0600
+//     file under /dev/shm, mapped by both sides and unlinked once both have
+//     it; waiting spins briefly and then sleeps on a futex;
+//   - otherwise: N parallel TCP connections, TLS 1.3 pinned to the same
+//     certificates as QUIC by default (plaintext on request), authorised by
+//     an HMAC of a one-time nonce the receiver sent over the authenticated
+//     QUIC control lane; large messages are striped across them;
+//   - else the inner endpoint.
+//
+// The negotiation travels on LaneControl with header byte 0 = 0xB5 and is
+// consumed here; docs/bulk-path.md and docs/wire-format.md describe it.
+package bulk
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fxamacker/cbor/v2"
+
+	"github.com/nexar-go/nexar/transport"
+	"github.com/nexar-go/nexar/transport/internal/frame"
+	nquic "github.com/nexar-go/nexar/transport/quic"
+)
+
+// Mode selects which bulk channels may be used.
+type Mode int
+
+const (
+	ModeAuto Mode = iota // shared memory on one host, TCP between hosts
+	ModeOff              // everything on the inner endpoint
+	ModeTCP              // TCP only, even on one host
+	ModeSHM              // shared memory only; other pairs use the inner endpoint
+)
+
+// ParseMode reads "auto", "off", "tcp" or "shm" (empty means auto).
+func ParseMode(s string) (Mode, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "auto":
+		return ModeAuto, nil
+	case "off", "quic":
+		return ModeOff, nil
+	case "tcp":
+		return ModeTCP, nil
+	case "shm":
+		return ModeSHM, nil
+	}
+	return 0, fmt.Errorf("bulk: unknown mode %q (want auto, off, tcp or shm)", s)
+}
+
+func (m Mode) String() string {
+	return [...]string{"auto", "off", "tcp", "shm"}[m]
+}
+
+func (m Mode) shm() bool { return m == ModeAuto || m == ModeSHM }
+func (m Mode) tcp() bool { return m == ModeAuto || m == ModeTCP }
+
+// Defaults.
+const (
+	DefaultConns    = 2
+	DefaultRingSize = 8 << 20
+	maxRing         = 1 << 30
+	ctlMagic        = 0xB5
+	ctlMax          = 4096
+)
+
+// Options configures an Endpoint. Zero values select the defaults.
+type Options struct {
+	Mode Mode
+	// Conns is the number of TCP connections per peer and direction.
+	// Default DefaultConns, at most 16.
+	Conns int
+	// Plaintext turns TLS off on the TCP connections (trusted networks
+	// only: data can then be read and, by an on-path attacker, altered).
+	Plaintext bool
+	// RingSize is the capacity of one shared-memory ring, a power of two.
+	// Default DefaultRingSize.
+	RingSize int
+	// BindHost is the IP the TCP listener binds; AdvertiseHost is what
+	// peers dial. Defaults "0.0.0.0" and "127.0.0.1".
+	BindHost, AdvertiseHost string
+	// Identity and Fingerprints (by rank) are the QUIC mesh's: TLS on the
+	// TCP connections pins the same certificates. Required unless
+	// Plaintext or Mode is ModeOff/ModeSHM.
+	Identity     *nquic.Identity
+	Fingerprints [][32]byte
+	// HostID identifies this host for shared memory; default HostID().
+	HostID string
+	// CloseTimeout bounds how long Close waits for a frame in flight
+	// before it says goodbye on a channel. Default 2 s.
+	CloseTimeout time.Duration
+	Logger       *slog.Logger
+}
+
+// HostID returns an identifier of this host and boot: machine id, boot id
+// and host name. Ranks with equal ids try shared memory; the attempt to open
+// the segment decides.
+func HostID() string {
+	read := func(p string) string {
+		b, _ := os.ReadFile(p)
+		return strings.TrimSpace(string(b))
+	}
+	hn, _ := os.Hostname()
+	return read("/etc/machine-id") + "/" + read("/proc/sys/kernel/random/boot_id") + "/" + hn
+}
+
+// Endpoint is the composite endpoint. All methods are safe for concurrent
+// use. Handler and DownHandler must be given to the inner endpoint; Start
+// must be called once with it before Send.
+type Endpoint struct {
+	self, size int
+	opt        Options
+	log        *slog.Logger
+	h          transport.Handler
+	down       transport.DownHandler
+	inner      transport.Endpoint
+	started    chan struct{}
+	ctx        context.Context
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+	ln         net.Listener
+
+	out    []atomic.Pointer[channel] // outbound channel per peer; nil: inner
+	downed []atomic.Bool
+	closed atomic.Bool
+	once   sync.Once
+
+	mu      sync.Mutex
+	decided []bool // outbound path fixed
+	left    int    // peers not decided
+	ready   chan struct{}
+	paths   []string
+	in      []*channel // inbound channels still reading
+	bye     []error    // graceful departures waiting for the inbound channel to drain
+	byeSeen []bool     // inbound channel ended with a goodbye
+	causes  []error    // why each departed peer is down
+	offers  map[int]*tcpOffer
+	rings   []*ring // every ring mapped, released at Close
+	ctlWG   bool    // false once Close stops taking control messages
+}
+
+// New prepares the composite endpoint for rank self of size; h and down
+// serve the layer above. The TCP listener, if any, is bound now.
+func New(self, size int, opt Options, h transport.Handler, down transport.DownHandler) (*Endpoint, error) {
+	if opt.Conns <= 0 {
+		opt.Conns = DefaultConns
+	}
+	opt.Conns = min(opt.Conns, maxConns)
+	if opt.RingSize <= 0 {
+		opt.RingSize = DefaultRingSize
+	}
+	if opt.RingSize&(opt.RingSize-1) != 0 || opt.RingSize > maxRing || opt.RingSize < 64<<10 {
+		return nil, fmt.Errorf("bulk: ring size %d is not a power of two in [64 KiB, 1 GiB]", opt.RingSize)
+	}
+	if opt.BindHost == "" {
+		opt.BindHost = "0.0.0.0"
+	}
+	if opt.AdvertiseHost == "" {
+		opt.AdvertiseHost = "127.0.0.1"
+	}
+	if opt.HostID == "" {
+		opt.HostID = HostID()
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.Default()
+	}
+	if opt.CloseTimeout <= 0 {
+		opt.CloseTimeout = 2 * time.Second
+	}
+	if !opt.Plaintext && opt.Mode.tcp() && (opt.Identity == nil || len(opt.Fingerprints) != size) {
+		return nil, errors.New("bulk: TLS on TCP needs the identity and every rank's fingerprint")
+	}
+	e := &Endpoint{self: self, size: size, opt: opt, log: opt.Logger, h: h, down: down,
+		started: make(chan struct{}), out: make([]atomic.Pointer[channel], size),
+		downed: make([]atomic.Bool, size), decided: make([]bool, size), left: size - 1,
+		ready: make(chan struct{}), paths: make([]string, size), in: make([]*channel, size),
+		bye: make([]error, size), byeSeen: make([]bool, size), causes: make([]error, size), offers: map[int]*tcpOffer{}, ctlWG: true}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	for r := range e.paths {
+		e.paths[r] = "quic"
+	}
+	e.paths[self] = "loopback"
+	e.decided[self] = true
+	if e.left == 0 || opt.Mode == ModeOff {
+		close(e.ready)
+	}
+	if opt.Mode.tcp() && size > 1 {
+		ln, err := net.Listen("tcp", net.JoinHostPort(opt.BindHost, "0"))
+		if err != nil {
+			return nil, fmt.Errorf("bulk: listen: %w", err)
+		}
+		e.ln = ln
+		e.wg.Go(e.acceptLoop)
+	}
+	return e, nil
+}
+
+// Handler is the transport.Handler to give the inner endpoint.
+func (e *Endpoint) Handler() transport.Handler { return e.handle }
+
+// DownHandler is the transport.DownHandler to give the inner endpoint.
+func (e *Endpoint) DownHandler() transport.DownHandler { return e.peerLost }
+
+func (e *Endpoint) Rank() int { return e.self }
+func (e *Endpoint) Size() int { return e.size }
+
+// Paths says which path carries this rank's data to each peer.
+func (e *Endpoint) Paths() map[int]string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	m := make(map[int]string, e.size)
+	for r, p := range e.paths {
+		m[r] = p
+	}
+	return m
+}
+
+// Start negotiates a bulk channel to every peer over inner and returns once
+// each peer's path is fixed. Peers that do not answer before ctx ends stay
+// on inner. On error the caller closes e.
+func (e *Endpoint) Start(ctx context.Context, inner transport.Endpoint) error {
+	if inner == nil || inner.Size() != e.size || inner.Rank() != e.self {
+		return errors.New("bulk: inner endpoint does not match")
+	}
+	e.inner = inner
+	close(e.started)
+	if e.opt.Mode == ModeOff {
+		return nil
+	}
+	hello := ctlMsg{V: 1, T: "hello", Host: e.opt.HostID, SHM: e.opt.Mode.shm() && shmSupported(), TCP: e.opt.Mode.tcp()}
+	for r := range e.size {
+		if r != e.self {
+			if err := e.sendCtl(ctx, r, &hello); err != nil {
+				return err
+			}
+		}
+	}
+	select {
+	case <-e.ready:
+	case <-ctx.Done():
+		e.mu.Lock()
+		for r, d := range e.decided {
+			if !d {
+				e.decided[r] = true
+				e.log.Warn("nexar: bulk: no answer from peer; its data stays on QUIC", "rank", e.self, "peer", r)
+			}
+		}
+		e.mu.Unlock()
+	case <-e.ctx.Done():
+		return transport.ErrClosed
+	}
+	for r, p := range e.Paths() {
+		e.log.Debug("nexar: data path", "rank", e.self, "peer", r, "path", p)
+	}
+	return nil
+}
+
+// Send routes LaneData to the peer's bulk channel and the rest to inner.
+func (e *Endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *transport.Header, payload []byte) error {
+	if e.closed.Load() {
+		return transport.ErrClosed
+	}
+	if e.inner == nil {
+		return errors.New("bulk: Send before Start")
+	}
+	if lane == transport.LaneData && peer >= 0 && peer < e.size {
+		if ch := e.out[peer].Load(); ch != nil {
+			if e.downed[peer].Load() {
+				return &transport.PeerDownError{Peer: peer, Cause: e.cause(peer)}
+			}
+			if len(payload) > transport.MaxPayload {
+				return fmt.Errorf("bulk: payload of %d bytes exceeds %d", len(payload), transport.MaxPayload)
+			}
+			broken, err := ch.send(ctx, h, payload)
+			if err == nil {
+				return nil
+			}
+			if e.closed.Load() {
+				return transport.ErrClosed
+			}
+			if broken {
+				if e.downed[peer].Load() {
+					return &transport.PeerDownError{Peer: peer, Cause: e.cause(peer)}
+				}
+				err = fmt.Errorf("bulk: send to rank %d over %s: %w", peer, ch.desc, err)
+				if ctx.Err() != nil {
+					// We cut a frame: the peer sees an abrupt loss, so do we.
+					e.report(peer, err)
+				}
+				// Otherwise the peer went away; the inner endpoint or the
+				// inbound channel tells how.
+				return &transport.PeerDownError{Peer: peer, Cause: err}
+			}
+			return fmt.Errorf("bulk: send to rank %d: %w", peer, err)
+		}
+	}
+	return e.inner.Send(ctx, peer, lane, h, payload)
+}
+
+// peerLost is the inner endpoint's DownHandler. A graceful departure is
+// held back until the peer's inbound bulk channel has drained too, so that
+// every message it sent is delivered before the notification.
+func (e *Endpoint) peerLost(peer int, err error) {
+	if peer < 0 || peer >= e.size || e.closed.Load() {
+		return
+	}
+	if errors.Is(err, transport.ErrPeerClosed) {
+		e.mu.Lock()
+		if e.in[peer] != nil && !e.byeSeen[peer] {
+			e.bye[peer] = err
+			e.mu.Unlock()
+			return
+		}
+		e.mu.Unlock()
+	}
+	e.report(peer, err)
+}
+
+// report tells the layer above, once, that peer is down and closes its
+// bulk channels.
+func (e *Endpoint) report(peer int, err error) {
+	if e.closed.Load() || e.downed[peer].Swap(true) {
+		return
+	}
+	var pd *transport.PeerDownError
+	if errors.As(err, &pd) {
+		err = pd.Cause
+	}
+	e.mu.Lock()
+	e.causes[peer] = err
+	in := e.in[peer]
+	e.mu.Unlock()
+	for _, ch := range []*channel{e.out[peer].Load(), in} {
+		if ch != nil {
+			ch.quiet.Store(true)
+			ch.close()
+		}
+	}
+	e.log.Debug("nexar: bulk: peer down", "rank", e.self, "peer", peer, "err", err)
+	if e.down != nil {
+		e.down(peer, &transport.PeerDownError{Peer: peer, Cause: err})
+	}
+}
+
+func (e *Endpoint) cause(peer int) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.causes[peer] == nil {
+		return errors.New("bulk: peer is down")
+	}
+	return e.causes[peer]
+}
+
+// startReader installs an inbound channel and delivers its frames.
+func (e *Endpoint) startReader(from int, ch *channel) {
+	e.mu.Lock()
+	if !e.ctlWG || e.downed[from].Load() {
+		e.mu.Unlock()
+		ch.quiet.Store(true)
+		ch.close()
+		return
+	}
+	old := e.in[from]
+	e.in[from] = ch
+	e.wg.Add(1)
+	e.mu.Unlock()
+	if old != nil {
+		old.quiet.Store(true)
+		old.close()
+	}
+	go func() {
+		defer e.wg.Done()
+		err := ch.readLoop(func(h *transport.Header, p []byte) {
+			if e.h != nil {
+				e.h(from, transport.LaneData, h, p)
+			}
+		})
+		ch.close()
+		graceful := errors.Is(err, frame.ErrGoodbye)
+		e.mu.Lock()
+		if e.in[from] == ch {
+			e.in[from] = nil
+			e.byeSeen[from] = graceful
+		}
+		bye := e.bye[from]
+		e.mu.Unlock()
+		switch {
+		case ch.quiet.Load() || e.closed.Load():
+		case graceful && bye != nil:
+			e.report(from, bye)
+		case graceful:
+			// The inner endpoint reports the departure once its lanes drain.
+		default:
+			e.report(from, fmt.Errorf("bulk: receive from rank %d over %s: %w", from, ch.desc, err))
+		}
+	}()
+}
+
+// Close says goodbye on every outbound channel (waiting up to
+// CloseTimeout for a frame in flight), closes the inner endpoint gracefully
+// while inbound channels still deliver, then closes everything else and
+// waits for every goroutine. Idempotent.
+func (e *Endpoint) Close() error {
+	e.once.Do(func() {
+		e.closed.Store(true)
+		deadline := time.Now().Add(e.opt.CloseTimeout)
+		var wg sync.WaitGroup
+		for i := range e.out {
+			if ch := e.out[i].Load(); ch != nil {
+				wg.Go(func() { ch.goodbye(deadline) })
+			}
+		}
+		wg.Wait()
+		if e.inner != nil {
+			e.inner.Close()
+		}
+		e.cancel()
+		if e.ln != nil {
+			e.ln.Close()
+		}
+		e.mu.Lock()
+		e.ctlWG = false
+		chans := append([]*channel(nil), e.in...)
+		for _, off := range e.offers {
+			for _, c := range off.raws {
+				if c != nil {
+					c.Close()
+				}
+			}
+		}
+		e.offers = nil
+		e.mu.Unlock()
+		for _, ch := range chans {
+			if ch != nil {
+				ch.quiet.Store(true)
+				ch.close()
+			}
+		}
+		e.wg.Wait()
+		e.mu.Lock()
+		for _, r := range e.rings {
+			r.Close()
+			r.release()
+		}
+		e.rings = nil
+		e.mu.Unlock()
+	})
+	return nil
+}
+
+// ctlMsg is one negotiation message (CBOR, string keys).
+type ctlMsg struct {
+	V      int    `cbor:"v"`
+	T      string `cbor:"t"` // hello, offer, result
+	Host   string `cbor:"host,omitempty"`
+	SHM    bool   `cbor:"shm,omitempty"`
+	TCP    bool   `cbor:"tcp,omitempty"`
+	Kind   string `cbor:"kind,omitempty"` // offer/result: shm, tcp, quic
+	Path   string `cbor:"path,omitempty"`
+	Cookie []byte `cbor:"cookie,omitempty"`
+	Size   int    `cbor:"size,omitempty"`
+	Addr   string `cbor:"addr,omitempty"`
+	Nonce  []byte `cbor:"nonce,omitempty"`
+	Conns  int    `cbor:"conns,omitempty"`
+	TLS    bool   `cbor:"tls,omitempty"`
+	OK     bool   `cbor:"ok,omitempty"`
+	Err    string `cbor:"err,omitempty"`
+}
+
+var ctlDec, _ = cbor.DecOptions{MaxArrayElements: 16, MaxMapPairs: 32, MaxNestedLevels: 4}.DecMode()
+
+func (e *Endpoint) sendCtl(ctx context.Context, peer int, m *ctlMsg) error {
+	b, err := cbor.Marshal(m)
+	if err != nil {
+		return err
+	}
+	var h transport.Header
+	h[0] = ctlMagic
+	return e.inner.Send(ctx, peer, transport.LaneControl, &h, b)
+}
+
+// handle takes the negotiation messages off the control lane and passes
+// everything else up.
+func (e *Endpoint) handle(from int, lane transport.Lane, h *transport.Header, p []byte) {
+	if lane != transport.LaneControl || h == nil || h[0] != ctlMagic {
+		if e.h != nil {
+			e.h(from, lane, h, p)
+		}
+		return
+	}
+	var m ctlMsg
+	if from < 0 || from >= e.size || from == e.self || len(p) > ctlMax || ctlDec.Unmarshal(p, &m) != nil || m.V != 1 {
+		e.log.Warn("nexar: bulk: dropping malformed negotiation message", "rank", e.self, "from", from)
+		return
+	}
+	e.mu.Lock()
+	if !e.ctlWG {
+		e.mu.Unlock()
+		return
+	}
+	e.wg.Add(1)
+	e.mu.Unlock()
+	go func() {
+		defer e.wg.Done()
+		select {
+		case <-e.started:
+		case <-e.ctx.Done():
+			return
+		}
+		e.control(from, &m)
+	}()
+}
+
+func (e *Endpoint) control(from int, m *ctlMsg) {
+	ctx := e.ctx
+	switch m.T {
+	case "hello":
+		e.offer(ctx, from, m.Host == e.opt.HostID && m.SHM, m.TCP)
+	case "offer":
+		e.attach(ctx, from, m)
+	case "result":
+		if m.Kind == "shm" && !m.OK {
+			e.log.Debug("nexar: bulk: peer could not open the shared-memory ring", "rank", e.self, "peer", from, "err", m.Err)
+			e.mu.Lock()
+			ch := e.in[from]
+			e.in[from] = nil
+			e.mu.Unlock()
+			if ch != nil {
+				ch.quiet.Store(true)
+				ch.close()
+			}
+			e.offer(ctx, from, false, m.TCP)
+		}
+	}
+}
+
+// offer sets up the inbound channel from peer (this rank receives) and
+// tells the peer how to reach it.
+func (e *Endpoint) offer(ctx context.Context, from int, shm, tcp bool) {
+	if shm && e.opt.Mode.shm() && shmSupported() {
+		r, path, cookie, err := createRing(e.opt.RingSize)
+		if err == nil {
+			e.mu.Lock()
+			e.rings = append(e.rings, r)
+			e.mu.Unlock()
+			e.startReader(from, newChannel(from, e.shmDesc(), []link{ringLink{r}}))
+			e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "offer", Kind: "shm", Path: path, Cookie: cookie, Size: e.opt.RingSize, TCP: tcp})
+			return
+		}
+		e.log.Debug("nexar: bulk: no shared-memory ring", "rank", e.self, "peer", from, "err", err)
+	}
+	if tcp && e.opt.Mode.tcp() && e.ln != nil {
+		nonce := make([]byte, 32)
+		rand.Read(nonce)
+		e.mu.Lock()
+		if e.offers != nil {
+			e.offers[from] = &tcpOffer{nonce: nonce, conns: make([]net.Conn, e.opt.Conns), raws: make([]net.Conn, e.opt.Conns)}
+		}
+		e.mu.Unlock()
+		port := e.ln.Addr().(*net.TCPAddr).Port
+		addr := net.JoinHostPort(e.opt.AdvertiseHost, fmt.Sprint(port))
+		e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "offer", Kind: "tcp", Addr: addr, Nonce: nonce, Conns: e.opt.Conns, TLS: !e.opt.Plaintext})
+		return
+	}
+	e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "offer", Kind: "quic"})
+}
+
+// attach opens the channel a peer offered for this rank's data to it.
+func (e *Endpoint) attach(ctx context.Context, to int, m *ctlMsg) {
+	switch m.Kind {
+	case "shm":
+		r, err := openRing(m.Path, m.Size, m.Cookie)
+		if err != nil {
+			e.sendCtl(ctx, to, &ctlMsg{V: 1, T: "result", Kind: "shm", Err: err.Error(), TCP: e.opt.Mode.tcp()})
+			return
+		}
+		e.mu.Lock()
+		e.rings = append(e.rings, r)
+		e.mu.Unlock()
+		e.decide(to, newChannel(to, fmt.Sprintf("shm %d MiB ring", m.Size>>20), []link{ringLink{r}}))
+		e.sendCtl(ctx, to, &ctlMsg{V: 1, T: "result", Kind: "shm", OK: true})
+	case "tcp":
+		links, err := e.dialTCP(ctx, to, m.Addr, m.Nonce, m.Conns, m.TLS)
+		if err != nil {
+			e.log.Warn("nexar: bulk: TCP channel failed; data stays on QUIC", "rank", e.self, "peer", to, "err", err)
+			e.decide(to, nil)
+			return
+		}
+		e.decide(to, newChannel(to, e.tcpDesc(len(links)), links))
+	default:
+		e.decide(to, nil)
+	}
+}
+
+// decide fixes the outbound path to peer (nil: the inner endpoint).
+func (e *Endpoint) decide(peer int, ch *channel) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.decided[peer] || !e.ctlWG {
+		if ch != nil {
+			ch.quiet.Store(true)
+			ch.close()
+		}
+		return
+	}
+	e.decided[peer] = true
+	if ch != nil {
+		e.out[peer].Store(ch)
+		e.paths[peer] = ch.desc
+	}
+	e.left--
+	if e.left == 0 {
+		close(e.ready)
+	}
+}
+
+func (e *Endpoint) shmDesc() string { return fmt.Sprintf("shm %d MiB ring", e.opt.RingSize>>20) }

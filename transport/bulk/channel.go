@@ -1,0 +1,253 @@
+package bulk
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nexar-go/nexar/transport"
+	"github.com/nexar-go/nexar/transport/internal/frame"
+)
+
+const (
+	// stripeMin is the smallest stripe worth a connection of its own: below
+	// 2*stripeMin a message travels whole on the first link.
+	stripeMin = 256 << 10
+	// inlineMax is the largest payload copied behind the prefix so that the
+	// frame leaves in one write.
+	inlineMax = 32 << 10
+	readBuf   = 64 << 10
+)
+
+// link is one ordered byte stream of a channel: a TCP connection or a ring.
+type link interface {
+	io.Reader
+	// write writes every buffer in order; n counts the bytes written, so
+	// the caller knows whether a failed write left a partial frame.
+	write(ctx context.Context, bufs ...[]byte) (n int, err error)
+	Close() error
+}
+
+type ringLink struct{ r *ring }
+
+func (l ringLink) Read(p []byte) (int, error) { return l.r.Read(p) }
+func (l ringLink) Close() error               { return l.r.Close() }
+func (l ringLink) write(ctx context.Context, bufs ...[]byte) (int, error) {
+	n := 0
+	for _, b := range bufs {
+		m, err := l.r.Write(ctx, b)
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// connLink is a TCP connection, c possibly TLS over raw. Close closes raw
+// without a TLS close_notify, which could block for seconds behind a full
+// send buffer; the goodbye frame already marks a graceful end.
+type connLink struct{ c, raw net.Conn }
+
+func (l connLink) Read(p []byte) (int, error) { return l.c.Read(p) }
+func (l connLink) Close() error               { return l.raw.Close() }
+
+// write honours ctx by moving the write deadline into the past.
+func (l connLink) write(ctx context.Context, bufs ...[]byte) (int, error) {
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		l.c.SetWriteDeadline(time.Unix(1, 0))
+		close(fired)
+	})
+	nb := net.Buffers(bufs) // writev on a plain TCP connection
+	n, err := nb.WriteTo(l.c)
+	if !stop() {
+		<-fired
+		if err == nil {
+			err = ctx.Err()
+		}
+	}
+	if err != nil && ctx.Err() != nil {
+		err = ctx.Err()
+	}
+	return int(n), err
+}
+
+// channel carries LaneData frames in one direction between two ranks over
+// one or more links. A frame's prefix and first stripe go on link 0; a large
+// payload is split into equal stripes, one per link, which the receiver
+// reads in parallel and reassembles, so frames stay in order. send is safe
+// for concurrent use; the read loop runs on one goroutine.
+type channel struct {
+	peer  int
+	desc  string
+	links []link
+	sem   chan struct{} // serialises frames
+	buf   []byte
+
+	dead   chan struct{} // closed by close
+	once   sync.Once
+	broken atomic.Bool
+	quiet  atomic.Bool // closed on purpose: do not report the peer down
+}
+
+func newChannel(peer int, desc string, links []link) *channel {
+	return &channel{peer: peer, desc: desc, links: links, sem: make(chan struct{}, 1), dead: make(chan struct{})}
+}
+
+func (c *channel) close() {
+	c.once.Do(func() {
+		close(c.dead)
+		for _, l := range c.links {
+			l.Close()
+		}
+	})
+}
+
+// stripes splits n bytes over at most k links: stripe i is [off(i), off(i+1)).
+func stripes(n, k int) (parts, per int) {
+	parts = 1
+	if k > 1 && n >= 2*stripeMin {
+		parts = min(k, n/stripeMin)
+	}
+	per = (n + parts - 1) / parts
+	per = (per + 4095) &^ 4095
+	return parts, per
+}
+
+func part(p []byte, i, per int) []byte {
+	lo := min(i*per, len(p))
+	hi := min(lo+per, len(p))
+	return p[lo:hi]
+}
+
+var errBroken = errors.New("bulk: channel broken by an earlier failure")
+
+// send writes one frame. An error after some bytes left breaks the channel
+// (the stream can no longer be framed); broken reports that.
+func (c *channel) send(ctx context.Context, h *transport.Header, p []byte) (broken bool, err error) {
+	select {
+	case c.sem <- struct{}{}:
+	case <-ctx.Done():
+		return false, ctx.Err()
+	case <-c.dead:
+		return true, errBroken
+	}
+	defer func() { <-c.sem }()
+	if c.broken.Load() {
+		return true, errBroken
+	}
+	parts, per := stripes(len(p), len(c.links))
+	c.buf = frame.AppendPrefix(c.buf[:0], transport.LaneData, h, len(p))
+	first := part(p, 0, per)
+	bufs := [][]byte{c.buf, first}
+	if len(first) <= inlineMax {
+		c.buf = append(c.buf, first...)
+		bufs = bufs[:1]
+		bufs[0] = c.buf
+	}
+	var wrote atomic.Int64
+	var wg sync.WaitGroup
+	errs := make([]error, parts)
+	for i := 1; i < parts; i++ {
+		wg.Go(func() {
+			n, err := c.links[i].write(ctx, part(p, i, per))
+			wrote.Add(int64(n))
+			errs[i] = err
+		})
+	}
+	n, err0 := c.links[0].write(ctx, bufs...)
+	wrote.Add(int64(n))
+	errs[0] = err0
+	if err0 != nil && parts > 1 {
+		c.close() // unblock the other stripes
+	}
+	wg.Wait()
+	if cap(c.buf) > 4*inlineMax {
+		c.buf = nil
+	}
+	err = errors.Join(errs...)
+	if err == nil {
+		return false, nil
+	}
+	if wrote.Load() == 0 && ctx.Err() != nil {
+		return false, ctx.Err()
+	}
+	c.broken.Store(true)
+	if ctx.Err() != nil {
+		return true, fmt.Errorf("cancelled mid-frame: %w", ctx.Err())
+	}
+	return true, err
+}
+
+// goodbye ends the channel gracefully: it waits (until deadline) for the
+// frame in flight, sends a goodbye frame on link 0 and closes every link,
+// so the receiver reads everything sent before it. Past the deadline the
+// links are closed at once. It keeps the semaphore: nothing can follow.
+func (c *channel) goodbye(deadline time.Time) {
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case c.sem <- struct{}{}:
+	case <-t.C:
+		c.close()
+		return
+	case <-c.dead:
+		return
+	}
+	if !c.broken.Load() {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		c.links[0].write(ctx, frame.AppendGoodbye(nil, transport.LaneData))
+		cancel()
+	}
+	c.close()
+}
+
+// readLoop delivers frames until a link fails or a goodbye arrives; it
+// returns frame.ErrGoodbye for a graceful end, else the failure.
+func (c *channel) readLoop(deliver func(h *transport.Header, p []byte)) error {
+	r0 := io.Reader(c.links[0])
+	if _, ok := c.links[0].(connLink); ok {
+		r0 = bufio.NewReaderSize(c.links[0], readBuf)
+	}
+	var pre [frame.PrefixSize]byte
+	for {
+		if _, err := io.ReadFull(r0, pre[:]); err != nil {
+			return err
+		}
+		lane, h, n, err := frame.ParsePrefix(&pre, transport.MaxPayload)
+		if err != nil {
+			if errors.Is(err, frame.ErrGoodbye) && lane != transport.LaneData {
+				err = fmt.Errorf("%w: goodbye for lane %v on a bulk channel", frame.ErrMalformed, lane)
+			}
+			return err
+		}
+		if lane != transport.LaneData {
+			return fmt.Errorf("%w: lane %v on a bulk channel", frame.ErrMalformed, lane)
+		}
+		p := make([]byte, n)
+		parts, per := stripes(n, len(c.links))
+		var wg sync.WaitGroup
+		errs := make([]error, parts)
+		for i := 1; i < parts; i++ {
+			wg.Go(func() { _, errs[i] = io.ReadFull(c.links[i], part(p, i, per)) })
+		}
+		if _, errs[0] = io.ReadFull(r0, part(p, 0, per)); errs[0] != nil && parts > 1 {
+			c.close() // unblock the other stripes
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+		deliver(h, p)
+	}
+}

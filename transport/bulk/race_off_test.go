@@ -1,0 +1,5 @@
+//go:build !race
+
+package bulk
+
+const raceEnabled = false

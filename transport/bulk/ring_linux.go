@@ -1,0 +1,283 @@
+//go:build linux
+
+package bulk
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+)
+
+// Ring layout (all fields little-endian, the machine's own order: both
+// sides run on one host). Producer and consumer fields sit on their own
+// cache lines so the two sides do not false-share.
+const (
+	offMagic      = 0
+	offSize       = 8
+	offCookie     = 16
+	offHead       = 64  // u64, bytes ever written (producer)
+	offTail       = 128 // u64, bytes ever read (consumer)
+	offDataSeq    = 192 // u32 futex word, bumped by the producer
+	offDataWait   = 196 // u32, consumers sleeping on offDataSeq
+	offSpaceSeq   = 256 // u32 futex word, bumped by the consumer
+	offSpaceWait  = 260 // u32, producers sleeping on offSpaceSeq
+	offProdClosed = 320 // u32
+	offConsClosed = 324 // u32
+	ringHdr       = 4096
+
+	ringMagic = "NXRING01"
+	// publish bounds how many bytes the producer copies before making them
+	// visible, so that the consumer's copy overlaps the producer's.
+	publish = 256 << 10
+	// spins is how often a waiter re-checks before it sleeps in the kernel:
+	// short, because on a 2-core host a spinning waiter steals the CPU the
+	// other side needs.
+	spins     = 64
+	sleepSlot = 20 * time.Millisecond // futex timeout: how often ctx is checked
+)
+
+const (
+	futexWait = 0
+	futexWake = 1
+)
+
+var shmDir = "/dev/shm"
+
+// ring is one single-producer single-consumer byte ring in a shared mapping.
+// Write is called by one goroutine at a time, Read by one goroutine at a
+// time; Close is safe concurrently with both.
+type ring struct {
+	mem      []byte
+	data     []byte
+	mask     uint64
+	producer bool
+	path     string // set on the creating side until unlinked
+	closed   atomic.Bool
+	unmapped atomic.Bool
+}
+
+func (r *ring) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&r.mem[off])) }
+func (r *ring) u32(off int) *uint32 { return (*uint32)(unsafe.Pointer(&r.mem[off])) }
+
+// createRing makes a ring file of size bytes (a power of two) readable only
+// by this user, maps it, and returns it as the consumer side with the path
+// and cookie the producer must present.
+func createRing(size int) (*ring, string, []byte, error) {
+	var rnd [16]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return nil, "", nil, err
+	}
+	cookie := make([]byte, 16)
+	if _, err := rand.Read(cookie); err != nil {
+		return nil, "", nil, err
+	}
+	path := shmDir + "/nexar-" + hex.EncodeToString(rnd[:])
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("bulk: create ring: %w", err)
+	}
+	defer f.Close()
+	if err := f.Truncate(int64(ringHdr + size)); err != nil {
+		os.Remove(path)
+		return nil, "", nil, fmt.Errorf("bulk: size ring: %w", err)
+	}
+	mem, err := syscall.Mmap(int(f.Fd()), 0, ringHdr+size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		os.Remove(path)
+		return nil, "", nil, fmt.Errorf("bulk: map ring: %w", err)
+	}
+	r := &ring{mem: mem, data: mem[ringHdr:], mask: uint64(size - 1), path: path}
+	copy(mem[offMagic:], ringMagic)
+	*r.u64(offSize) = uint64(size)
+	copy(mem[offCookie:offCookie+16], cookie)
+	return r, path, cookie, nil
+}
+
+// openRing maps the ring a peer created as its producer side, after checking
+// that the file is ours, has the advertised size, and carries the cookie.
+// It unlinks the file: both sides hold it mapped from here on.
+func openRing(path string, size int, cookie []byte) (*ring, error) {
+	if size <= 0 || size&(size-1) != 0 || size > maxRing {
+		return nil, fmt.Errorf("bulk: ring size %d is not a power of two up to %d", size, maxRing)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("bulk: open ring: %w", err)
+	}
+	defer f.Close()
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, fmt.Errorf("bulk: stat ring: %w", err)
+	}
+	if st.Uid != uint32(os.Geteuid()) || st.Size != int64(ringHdr+size) || st.Mode&0o077 != 0 {
+		return nil, fmt.Errorf("bulk: ring %s: owner, size or mode not as offered", path)
+	}
+	mem, err := syscall.Mmap(int(f.Fd()), 0, ringHdr+size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("bulk: map ring: %w", err)
+	}
+	r := &ring{mem: mem, data: mem[ringHdr:], mask: uint64(size - 1), producer: true}
+	if string(mem[offMagic:offMagic+8]) != ringMagic || *r.u64(offSize) != uint64(size) ||
+		subtle.ConstantTimeCompare(mem[offCookie:offCookie+16], cookie) != 1 {
+		syscall.Munmap(mem)
+		return nil, fmt.Errorf("bulk: ring %s: not the segment offered", path)
+	}
+	os.Remove(path)
+	return r, nil
+}
+
+// unlink removes the creator's file name (the mapping stays); idempotent.
+func (r *ring) unlink() {
+	if r.path != "" {
+		os.Remove(r.path)
+		r.path = ""
+	}
+}
+
+var errRingClosed = errors.New("bulk: ring closed")
+
+func futex(addr *uint32, op int, val uint32, d time.Duration) {
+	var ts *syscall.Timespec
+	if op == futexWait {
+		t := syscall.NsecToTimespec(int64(d))
+		ts = &t
+	}
+	syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), uintptr(op), uintptr(val), uintptr(unsafe.Pointer(ts)), 0, 0)
+}
+
+// wait blocks until ready reports true, spinning briefly and then sleeping
+// on the futex word seq. It fails when either side closed or ctx ends.
+func (r *ring) wait(ctx context.Context, seq, waiters int, ready func() bool) error {
+	for i := 0; i < spins; i++ {
+		if ready() {
+			return nil
+		}
+		if i >= spins/2 {
+			runtime.Gosched()
+		}
+	}
+	for {
+		if ready() {
+			return nil
+		}
+		if r.closed.Load() || atomic.LoadUint32(r.u32(offProdClosed)) != 0 || atomic.LoadUint32(r.u32(offConsClosed)) != 0 {
+			return errRingClosed
+		}
+		if ctx != nil {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		atomic.AddUint32(r.u32(waiters), 1)
+		s := atomic.LoadUint32(r.u32(seq))
+		if !ready() {
+			futex(r.u32(seq), futexWait, s, sleepSlot)
+		}
+		atomic.AddUint32(r.u32(waiters), ^uint32(0))
+	}
+}
+
+func (r *ring) bump(seq, waiters int) {
+	atomic.AddUint32(r.u32(seq), 1)
+	if atomic.LoadUint32(r.u32(waiters)) != 0 {
+		futex(r.u32(seq), futexWake, 1<<30, 0)
+	}
+}
+
+// Write copies p into the ring, blocking while it is full. On error some
+// prefix of p may have been written.
+func (r *ring) Write(ctx context.Context, p []byte) (int, error) {
+	head := atomic.LoadUint64(r.u64(offHead))
+	size := r.mask + 1
+	done := 0
+	for done < len(p) {
+		var free uint64
+		err := r.wait(ctx, offSpaceSeq, offSpaceWait, func() bool {
+			free = size - (head - atomic.LoadUint64(r.u64(offTail)))
+			return free > 0
+		})
+		if err != nil {
+			return done, err
+		}
+		n := min(free, uint64(len(p)-done), publish)
+		at := head & r.mask
+		c := copy(r.data[at:], p[done:done+int(n)])
+		if uint64(c) < n {
+			copy(r.data, p[done+c:done+int(n)])
+		}
+		head += n
+		done += int(n)
+		atomic.StoreUint64(r.u64(offHead), head)
+		r.bump(offDataSeq, offDataWait)
+	}
+	return done, nil
+}
+
+// Read copies at least one byte into p, blocking while the ring is empty.
+// It returns io.EOF once the producer closed and everything was read.
+func (r *ring) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	tail := atomic.LoadUint64(r.u64(offTail))
+	var avail uint64
+	err := r.wait(nil, offDataSeq, offDataWait, func() bool {
+		avail = atomic.LoadUint64(r.u64(offHead)) - tail
+		return avail > 0
+	})
+	if err != nil {
+		if atomic.LoadUint32(r.u32(offProdClosed)) != 0 && !r.closed.Load() {
+			return 0, io.EOF
+		}
+		return 0, err
+	}
+	n := min(avail, uint64(len(p)), publish)
+	at := tail & r.mask
+	c := copy(p[:n], r.data[at:])
+	if uint64(c) < n {
+		copy(p[c:n], r.data)
+	}
+	atomic.StoreUint64(r.u64(offTail), tail+n)
+	r.bump(offSpaceSeq, offSpaceWait)
+	return int(n), nil
+}
+
+// Close marks this side closed in the shared header, wakes both sides and
+// unlinks the file if still named. The mapping is released by release once
+// no goroutine uses the ring any more.
+func (r *ring) Close() error {
+	if r.closed.Swap(true) {
+		return nil
+	}
+	off := offConsClosed
+	if r.producer {
+		off = offProdClosed
+	}
+	atomic.StoreUint32(r.u32(off), 1)
+	r.bump(offDataSeq, offDataWait)
+	r.bump(offSpaceSeq, offSpaceWait)
+	r.unlink()
+	return nil
+}
+
+// release unmaps the ring; call only when no Read or Write can run.
+func (r *ring) release() {
+	if !r.unmapped.Swap(true) {
+		syscall.Munmap(r.mem)
+	}
+}
+
+func shmSupported() bool {
+	st, err := os.Stat(shmDir)
+	return err == nil && st.IsDir()
+}

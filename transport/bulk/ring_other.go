@@ -1,0 +1,23 @@
+//go:build !linux
+
+package bulk
+
+import (
+	"context"
+	"errors"
+)
+
+// ring is unavailable off Linux: the composite endpoint then uses TCP or
+// QUIC between ranks of one host.
+type ring struct{ path string }
+
+var errNoShm = errors.New("bulk: shared memory rings need Linux")
+
+func createRing(int) (*ring, string, []byte, error)        { return nil, "", nil, errNoShm }
+func openRing(string, int, []byte) (*ring, error)          { return nil, errNoShm }
+func (r *ring) unlink()                                    {}
+func (r *ring) Write(context.Context, []byte) (int, error) { return 0, errNoShm }
+func (r *ring) Read([]byte) (int, error)                   { return 0, errNoShm }
+func (r *ring) Close() error                               { return nil }
+func (r *ring) release()                                   {}
+func shmSupported() bool                                   { return false }

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nexar-go/nexar/transport/bulk"
 )
 
 // Config describes one rank's place in a job. The zero value of every field
@@ -50,6 +52,16 @@ type Config struct {
 	// Logger receives diagnostics. Default: slog.Default() (discarding
 	// nothing, logging no secrets).
 	Logger *slog.Logger
+	// Bulk selects the data path for LaneData (see docs/bulk-path.md):
+	// "auto" (default: shared memory between ranks of one host, TCP
+	// between hosts), "tcp", "shm", or "off" (everything on QUIC).
+	Bulk string
+	// BulkConns is the number of parallel TCP connections per peer and
+	// direction. Default 2.
+	BulkConns int
+	// BulkPlaintext turns TLS off on the bulk TCP connections (trusted
+	// networks only). Default false: TLS 1.3 pinned like the QUIC mesh.
+	BulkPlaintext bool
 }
 
 const (
@@ -97,7 +109,8 @@ func (cfg Config) withDefaults() Config {
 //     NEXAR_TOKEN or NEXAR_TOKEN_FILE, NEXAR_BIND_ADDR, NEXAR_ADVERTISE_ADDR,
 //     NEXAR_TIMEOUT, NEXAR_CONNECT_TIMEOUT, NEXAR_HEARTBEAT_INTERVAL,
 //     NEXAR_HEARTBEAT_TIMEOUT (Go durations, e.g. "30s"),
-//     NEXAR_MAX_BUFFERED_BYTES;
+//     NEXAR_MAX_BUFFERED_BYTES, NEXAR_BULK (auto|tcp|shm|off),
+//     NEXAR_BULK_CONNS, NEXAR_BULK_PLAINTEXT (1 or true);
 //   - torchrun: RANK, WORLD_SIZE, MASTER_ADDR + MASTER_PORT;
 //   - Slurm: SLURM_PROCID, SLURM_NTASKS (the seed must come from NEXAR_SEED
 //     or MASTER_ADDR/MASTER_PORT);
@@ -216,6 +229,26 @@ func configFromLookup(lookup func(string) (string, bool), readFile func(string) 
 			return cfg, fmt.Errorf("core: NEXAR_MAX_BUFFERED_BYTES=%q is not a positive integer", v)
 		}
 		cfg.MaxBufferedBytes = n
+	}
+	if v, name := get("NEXAR_BULK"); name != "" {
+		if _, err := bulk.ParseMode(v); err != nil {
+			return cfg, fmt.Errorf("core: NEXAR_BULK=%q: want auto, tcp, shm or off", v)
+		}
+		cfg.Bulk = v
+	}
+	if v, _ := get("NEXAR_BULK_CONNS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 16 {
+			return cfg, fmt.Errorf("core: NEXAR_BULK_CONNS=%q is not an integer in [1, 16]", v)
+		}
+		cfg.BulkConns = n
+	}
+	if v, _ := get("NEXAR_BULK_PLAINTEXT"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return cfg, fmt.Errorf("core: NEXAR_BULK_PLAINTEXT=%q is not a boolean", v)
+		}
+		cfg.BulkPlaintext = b
 	}
 	return cfg, nil
 }

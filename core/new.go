@@ -79,13 +79,24 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 		return nil, err
 	}
 	nd := newNode(cfg, rank, cfg.WorldSize)
-	ep, err := qn.Connect(ctx, rank, peers, nd.handle, nd.onDown)
+	bk, err := newBulk(cfg, rank, adv, id, peers, nd)
 	if err != nil {
+		cleanup()
+		return nil, err
+	}
+	ep, err := qn.Connect(ctx, rank, peers, bk.Handler(), bk.DownHandler())
+	if err != nil {
+		bk.Close()
 		cleanup()
 		return nil, &Error{Code: CodePeerDown, Op: "new", Rank: -1, Msg: fmt.Sprintf("forming the mesh: %v", err), Cause: err}
 	}
+	if err := bk.Start(ctx, ep); err != nil {
+		bk.Close()
+		cleanup()
+		return nil, &Error{Code: CodePeerDown, Op: "new", Rank: -1, Msg: fmt.Sprintf("negotiating the bulk data path: %v", err), Cause: err}
+	}
 	nd.closers = closers
-	c := worldComm(nd, ep)
+	c := worldComm(nd, bk)
 	nd.start()
 	return c, nil
 }

@@ -1,0 +1,56 @@
+package core
+
+import (
+	"net"
+
+	"github.com/nexar-go/nexar/transport/bulk"
+	nquic "github.com/nexar-go/nexar/transport/quic"
+)
+
+// newBulk prepares the composite endpoint that carries LaneData over shared
+// memory or parallel TCP and everything else over the QUIC mesh.
+func newBulk(cfg Config, rank int, adv string, id *nquic.Identity, peers []nquic.Peer, nd *node) (*bulk.Endpoint, error) {
+	mode, err := bulk.ParseMode(cfg.Bulk)
+	if err != nil {
+		return nil, invalidArg("new", "%v", err)
+	}
+	fps := make([][32]byte, cfg.WorldSize)
+	for _, p := range peers {
+		if p.Rank >= 0 && p.Rank < len(fps) {
+			fps[p.Rank] = p.Fingerprint
+		}
+	}
+	advHost, _, _ := net.SplitHostPort(adv)
+	bindHost, _, _ := net.SplitHostPort(cfg.BindAddr)
+	bk, err := bulk.New(rank, cfg.WorldSize, bulk.Options{
+		Mode: mode, Conns: cfg.BulkConns, Plaintext: cfg.BulkPlaintext,
+		BindHost: bindHost, AdvertiseHost: advHost,
+		Identity: id, Fingerprints: fps, Logger: cfg.Logger,
+	}, nd.handle, nd.onDown)
+	if err != nil {
+		return nil, &Error{Code: CodeInternal, Op: "new", Rank: -1, Msg: err.Error(), Cause: err}
+	}
+	return bk, nil
+}
+
+// Paths says which path carries this rank's data to each member of c, by
+// comm rank: e.g. "shm 8 MiB ring", "tcp x2 tls", "quic", "mem" (NewLocal)
+// or "loopback" for c's own rank.
+func (c *Comm) Paths() map[int]string {
+	var wp map[int]string
+	if p, ok := c.n.ep.(interface{ Paths() map[int]string }); ok {
+		wp = p.Paths()
+	}
+	m := make(map[int]string, len(c.world))
+	for r, w := range c.world {
+		switch {
+		case w == c.n.rank:
+			m[r] = "loopback"
+		case wp[w] != "":
+			m[r] = wp[w]
+		default:
+			m[r] = "mem"
+		}
+	}
+	return m
+}

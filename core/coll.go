@@ -27,7 +27,17 @@ func (l *link) Send(ctx context.Context, peer int, step uint32, data []byte) err
 	if peer < 0 || peer >= l.c.size {
 		return fmt.Errorf("collective sent to rank %d of %d", peer, l.c.size)
 	}
-	return l.c.sendChunked(ctx, peer, header{kind: kindColl, seqOrTag: l.seq, step: step, sig: l.sig}, data)
+	op := l.sig.kind.String()
+	if skip, err := l.c.collSendSkip(peer, l.seq, op); skip || err != nil {
+		return err
+	}
+	err := l.c.sendChunked(ctx, peer, header{kind: kindColl, seqOrTag: l.seq, step: step, sig: l.sig}, data)
+	if err != nil && isDeparture(err) {
+		if skip, _ := l.c.collSendSkip(peer, l.seq, op); skip {
+			return nil
+		}
+	}
+	return err
 }
 
 func (l *link) Recv(ctx context.Context, peer int, step uint32, buf []byte) error {
@@ -51,6 +61,13 @@ func (c *Comm) startColl(ctx context.Context, sig signature, body func(ctx conte
 	}
 	seq := c.nextSeq
 	c.nextSeq++
+	if err := c.collDepartedLocked(op, seq); err != nil {
+		delete(c.remoteSig, seq)
+		c.mu.Unlock()
+		req.finish(Status{}, err)
+		return req
+	}
+	c.unfinished[seq] = true
 	if c.size > 1 {
 		rs, seen := c.remoteSig[seq]
 		delete(c.remoteSig, seq)
@@ -77,11 +94,17 @@ func (c *Comm) startColl(ctx context.Context, sig signature, body func(ctx conte
 		err := body(ctx, &link{c: c, seq: seq, sig: sig})
 		if err != nil {
 			err = c.opError(op, ctx, err)
-			if e, ok := err.(*Error); ok && CodeOf(err) != CodeClosed {
+			// A member's departure fails the collectives it did not
+			// complete on every rank alike: not a failure of c.
+			if e, ok := err.(*Error); ok && CodeOf(err) != CodeClosed && !isDeparture(err) {
 				c.mu.Lock()
 				c.failAndTellLocked(e)
 				c.mu.Unlock()
 			}
+		} else {
+			c.mu.Lock()
+			delete(c.unfinished, seq)
+			c.mu.Unlock()
 		}
 		req.finish(Status{}, err)
 	}()

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
+	"time"
 
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/mem"
@@ -52,6 +54,17 @@ type Comm struct {
 	unexpected []*inMsg
 	cur        []*inMsg        // p2p message in progress per source
 	sendTail   []chan struct{} // per peer: done when the previous p2p send finished
+	unfinished map[uint64]bool // collectives started here and not completed successfully
+	gone       map[int]departure
+	collLimit  uint64 // collectives from this seq on can never complete (a member left)
+}
+
+// departure records that a member destroyed its communicator: every message
+// it sent on it has been delivered, and it completed every collective
+// before seq (and none from seq on).
+type departure struct {
+	seq uint64
+	err *Error // Op is filled in per operation
 }
 
 type remoteSig struct {
@@ -94,12 +107,15 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 	c := &Comm{
 		n: n, id: id, rank: rank, size: len(world), world: world,
 		of: make(map[int]int, len(world)), cfg: n.cfg,
-		failed:    make(chan struct{}),
-		mySig:     make(map[uint64]signature),
-		remoteSig: make(map[uint64]remoteSig),
-		coll:      make(map[collKey]*inMsg),
-		cur:       make([]*inMsg, len(world)),
-		sendTail:  make([]chan struct{}, len(world)),
+		failed:     make(chan struct{}),
+		mySig:      make(map[uint64]signature),
+		remoteSig:  make(map[uint64]remoteSig),
+		coll:       make(map[collKey]*inMsg),
+		cur:        make([]*inMsg, len(world)),
+		sendTail:   make([]chan struct{}, len(world)),
+		unfinished: make(map[uint64]bool),
+		gone:       make(map[int]departure),
+		collLimit:  math.MaxUint64,
 	}
 	for r, w := range world {
 		c.of[w] = r
@@ -186,11 +202,24 @@ func (c *Comm) Abort(err error) {
 // goroutines and buffers of c are released; the transport endpoint is
 // closed with the last communicator that shares it. Close is local (not
 // collective) and idempotent.
+//
+// Close is a graceful departure: the other ranks are told, after every
+// message this rank sent on c, which collectives it completed. Their
+// operations that need nothing more from this rank complete normally; those
+// that still need data from it or must send to it fail with CodePeerDown
+// ("rank r has destroyed its communicator"), without failing c for them.
 func (c *Comm) Close() error {
 	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		done := c.nextSeq // every collective before it completed here
+		for seq := range c.unfinished {
+			done = min(done, seq)
+		}
+		c.mu.Unlock()
 		c.fail(newError(CodeClosed, "close", c.rank, "communicator is closed"))
 		c.ops.Wait()
 		c.bg.Wait()
+		c.sayBye(done)
 		c.mu.Lock()
 		var held int64
 		for _, m := range c.coll {
@@ -239,6 +268,12 @@ func (c *Comm) peerDownLocked(w int, why error) {
 	r, ok := c.of[w]
 	if !ok {
 		return
+	}
+	c.mu.Lock()
+	_, left := c.gone[r]
+	c.mu.Unlock()
+	if left {
+		return // everything it sent here was delivered: its loss changes nothing
 	}
 	msg := fmt.Sprintf("rank %d is unreachable: %v", r, why)
 	if c.id != worldID && r != w {
@@ -321,6 +356,10 @@ func (c *Comm) control(src int, h header, payload []byte) {
 		c.mu.Lock()
 		c.checkSigLocked(src, h.seqOrTag, h.sig, true)
 		c.mu.Unlock()
+	case ctlBye:
+		c.mu.Lock()
+		c.departLocked(src, h.seqOrTag)
+		c.mu.Unlock()
 	case ctlAbort:
 		if len(payload) < 1 {
 			return
@@ -386,4 +425,154 @@ func (c *Comm) mismatchBetweenLocked(a int, as signature, b int, bs signature) {
 	e := &Error{Code: CodeMismatch, Op: "comm", Rank: b,
 		Msg: fmt.Sprintf("rank %d called %v but rank %d called %v", a, as, b, bs)}
 	c.failAndTellLocked(e)
+}
+
+// byeTimeout bounds the departure notices of Close.
+const byeTimeout = 2 * time.Second
+
+// sayBye tells every live member, best effort, that this rank leaves and
+// completed every collective before done.
+func (c *Comm) sayBye(done uint64) {
+	if c.size == 1 {
+		return
+	}
+	var th transport.Header
+	(&header{kind: kindControl, sub: ctlBye, comm: c.id, seqOrTag: done}).encode(&th)
+	ctx, cancel := context.WithTimeout(context.Background(), min(byeTimeout, c.cfg.HeartbeatTimeout))
+	defer cancel()
+	var wg sync.WaitGroup
+	for p := 0; p < c.size; p++ {
+		if p == c.rank || c.peerIsDown(p) {
+			continue
+		}
+		wg.Go(func() { _ = c.n.ep.Send(ctx, c.world[p], transport.LaneData, &th, nil) })
+	}
+	wg.Wait()
+}
+
+// errDeparted is the cause of the errors of operations that needed a member
+// that destroyed its communicator.
+var errDeparted = fmt.Errorf("core: %w", transport.ErrPeerClosed)
+
+func (c *Comm) departedError(r int) *Error {
+	msg := fmt.Sprintf("rank %d has destroyed its communicator", r)
+	if w := c.world[r]; c.id != worldID && r != w {
+		msg = fmt.Sprintf("rank %d (world rank %d) has destroyed its communicator", r, w)
+	}
+	return &Error{Code: CodePeerDown, Op: "comm", Rank: r, Msg: msg, Cause: errDeparted}
+}
+
+// isDeparture reports whether err comes from a member's graceful departure,
+// which fails the operations that need it but not the communicator.
+func isDeparture(err error) bool { return errors.Is(err, transport.ErrPeerClosed) }
+
+// departLocked records that comm rank r left after completing every
+// collective before seq, and fails what can no longer complete: receives
+// from r, and the collectives from seq on. Called with c.mu held (and
+// possibly node.mu).
+func (c *Comm) departLocked(r int, seq uint64) {
+	if _, ok := c.gone[r]; ok || r == c.rank {
+		return
+	}
+	d := departure{seq: seq, err: c.departedError(r)}
+	c.gone[r] = d
+	c.collLimit = min(c.collLimit, seq)
+	var release int64
+	for key, m := range c.coll {
+		if key.src != r && key.seq < c.collLimit {
+			continue
+		}
+		switch {
+		case m.buf != nil: // a receive waits for it
+			if m.done != nil {
+				m.err = d.err
+				close(m.done)
+			}
+			delete(c.coll, key)
+		case key.seq >= c.collLimit || m.got < m.total:
+			// Held for a collective that fails everywhere, or cut short.
+			release += m.held
+			delete(c.coll, key)
+		}
+	}
+	kept := c.posted[:0]
+	for _, p := range c.posted {
+		if p.src == r {
+			p.req.finish(Status{}, withOp(d.err, "recv"))
+		} else {
+			kept = append(kept, p)
+		}
+	}
+	clear(c.posted[len(kept):])
+	c.posted = kept
+	if m := c.cur[r]; m != nil { // cut short: it can never complete
+		c.cur[r] = nil
+		if m.recv != nil {
+			m.recv.req.finish(Status{}, withOp(d.err, "recv"))
+		} else {
+			for i, u := range c.unexpected {
+				if u == m {
+					c.unexpected = append(c.unexpected[:i], c.unexpected[i+1:]...)
+					break
+				}
+			}
+			release += m.held
+		}
+	}
+	if release > 0 {
+		c.n.release(release)
+	}
+}
+
+// departedLocked returns the error for op if it needs comm rank r, which
+// has left, or nil.
+func (c *Comm) departedLocked(op string, r int) error {
+	if d, ok := c.gone[r]; ok {
+		return withOp(d.err, op)
+	}
+	return nil
+}
+
+// collDepartedLocked returns the error for collective seq if a member left
+// before completing it, or nil.
+func (c *Comm) collDepartedLocked(op string, seq uint64) error {
+	if seq < c.collLimit {
+		return nil
+	}
+	first := -1
+	for r, d := range c.gone {
+		if d.seq <= seq && (first < 0 || r < first) {
+			first = r
+		}
+	}
+	return withOp(c.gone[first].err, op)
+}
+
+// collSendSkip decides a collective send to comm rank peer for seq: skip
+// it (true, nil) when peer left after completing seq, which therefore
+// needs nothing more; fail it when peer left before; else (false, nil).
+func (c *Comm) collSendSkip(peer int, seq uint64, op string) (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d, ok := c.gone[peer]
+	if !ok {
+		return false, c.collDepartedLocked(op, seq)
+	}
+	if seq < d.seq {
+		return true, nil
+	}
+	return false, withOp(d.err, op)
+}
+
+// leftLocked handles world rank w's graceful transport departure, called
+// with node.mu held. If w said goodbye on c this changes nothing; if not,
+// no collective not completed yet can complete.
+func (c *Comm) leftLocked(w int) {
+	r, ok := c.of[w]
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.departLocked(r, 0)
 }

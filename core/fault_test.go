@@ -309,3 +309,31 @@ func TestSplit(t *testing.T) {
 		return sreq.Wait(ctx)
 	}))
 }
+
+// TestFrozenRank: a rank that stops answering without closing anything
+// (SIGSTOP, a hung host) is detected by heartbeats, and named.
+func TestFrozenRank(t *testing.T) {
+	cfg := testConfig()
+	cfg.HeartbeatInterval, cfg.HeartbeatTimeout = 100*time.Millisecond, time.Second
+	comms, err := NewLocal(4, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll(t, comms)
+	comms[2].n.freeze()
+	defer comms[2].n.thaw()
+	ctx := context.Background()
+	start := time.Now()
+	errs := each(comms, func(c *Comm) error {
+		if c.Rank() == 2 {
+			return nil // frozen: never calls
+		}
+		return c.Allreduce(ctx, nil, make([]byte, 4096), collective.Float32, collective.Sum)
+	})
+	took := time.Since(start)
+	expectAll(t, append(errs[:2], errs[3]), CodePeerDown, "rank 2", "no heartbeat")
+	if took > 3*cfg.HeartbeatTimeout {
+		t.Errorf("detection took %v with a %v heartbeat timeout", took, cfg.HeartbeatTimeout)
+	}
+	t.Logf("frozen rank detected after %v", took)
+}

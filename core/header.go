@@ -45,6 +45,10 @@ const (
 const (
 	ctlSigCheck uint8 = 1 // the sender's signature for seq, to its ring successor
 	ctlAbort    uint8 = 2 // payload: code byte + UTF-8 message; fail the comm
+	// ctlBye travels on LaneData, behind every data message of the sender:
+	// it destroyed the communicator; seqOrTag is the first collective
+	// sequence number it did not complete.
+	ctlBye uint8 = 3
 )
 
 type header struct {

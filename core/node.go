@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -34,11 +35,16 @@ type node struct {
 
 	freed atomic.Pointer[chan struct{}] // closed and replaced when buffered bytes are released
 
+	// hold, while set, stops heartbeats and blocks the handler (tests:
+	// a process that stops without closing its connections, like SIGSTOP).
+	hold atomic.Pointer[chan struct{}]
+
 	// mu guards the following fields.
 	mu      sync.Mutex
 	comms   map[uint64]*Comm
 	pending map[uint64][]pendingMsg // messages for communicators not created yet
 	down    []error                 // per world rank, nil while alive
+	left    []error                 // per world rank: closed its endpoint gracefully
 	refs    int
 	closed  bool
 }
@@ -58,6 +64,7 @@ func newNode(cfg Config, rank, size int) *node {
 		comms:    make(map[uint64]*Comm),
 		pending:  make(map[uint64][]pendingMsg),
 		down:     make([]error, size),
+		left:     make([]error, size),
 	}
 	ch := make(chan struct{})
 	n.freed.Store(&ch)
@@ -97,11 +104,16 @@ func (n *node) heartbeatTo(peer int) {
 	t := time.NewTicker(n.cfg.HeartbeatInterval)
 	defer t.Stop()
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.HeartbeatInterval)
-		stop := context.AfterFunc(ctxDone(n.done), cancel)
-		_ = n.ep.Send(ctx, peer, transport.LaneHeartbeat, &th, nil)
-		stop()
-		cancel()
+		n.mu.Lock()
+		gone := n.left[peer] != nil || n.down[peer] != nil
+		n.mu.Unlock()
+		if !gone && n.hold.Load() == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), n.cfg.HeartbeatInterval)
+			stop := context.AfterFunc(ctxDone(n.done), cancel)
+			_ = n.ep.Send(ctx, peer, transport.LaneHeartbeat, &th, nil)
+			stop()
+			cancel()
+		}
 		select {
 		case <-n.done:
 			return
@@ -138,10 +150,11 @@ func (n *node) monitor() {
 }
 
 // peerDown fails, once, every communicator that contains world rank p.
+// A rank that left gracefully is not down: whatever it sent was delivered.
 func (n *node) peerDown(p int, why string, cause error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.closed || n.down[p] != nil {
+	if n.closed || n.down[p] != nil || n.left[p] != nil {
 		return
 	}
 	n.down[p] = fmt.Errorf("%s", why)
@@ -154,18 +167,58 @@ func (n *node) peerDown(p int, why string, cause error) {
 	}
 }
 
+// peerLeft records that world rank p closed its endpoint after every
+// message it sent was delivered. Communicators it had not said goodbye on
+// (normally none: Comm.Close does) treat every collective not yet complete
+// as one it did not complete.
+func (n *node) peerLeft(p int, cause error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed || n.down[p] != nil || n.left[p] != nil {
+		return
+	}
+	n.left[p] = cause
+	n.log.Info("nexar: peer left", "rank", n.rank, "peer", p)
+	for _, c := range n.comms {
+		c.leftLocked(p)
+	}
+}
+
 // onDown is the transport's DownHandler.
 func (n *node) onDown(peer int, err error) {
 	if peer < 0 || peer >= n.size {
 		return
 	}
+	if errors.Is(err, transport.ErrPeerClosed) {
+		n.peerLeft(peer, err)
+		return
+	}
 	n.peerDown(peer, "connection lost", err)
+}
+
+// freeze stops heartbeats and inbound delivery until thaw (tests).
+func (n *node) freeze() {
+	ch := make(chan struct{})
+	n.hold.Store(&ch)
+}
+
+func (n *node) thaw() {
+	if ch := n.hold.Swap(nil); ch != nil {
+		close(*ch)
+	}
 }
 
 // handle is the transport Handler: one goroutine per (peer, lane).
 func (n *node) handle(from int, lane transport.Lane, th *transport.Header, payload []byte) {
 	if from < 0 || from >= n.size {
 		return
+	}
+	if hold := n.hold.Load(); hold != nil {
+		select {
+		case <-*hold:
+		case <-n.done:
+			return
+		}
 	}
 	n.lastSeen[from].Store(time.Now().UnixNano())
 	if lane == transport.LaneHeartbeat {
@@ -270,6 +323,9 @@ func (n *node) register(c *Comm) error {
 	for _, w := range c.world {
 		if n.down[w] != nil {
 			c.peerDownLocked(w, n.down[w])
+		}
+		if n.left[w] != nil {
+			c.leftLocked(w)
 		}
 	}
 	for _, m := range n.pending[c.id] {

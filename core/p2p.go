@@ -38,6 +38,11 @@ func (c *Comm) opError(op string, ctx context.Context, err error) error {
 	switch {
 	case errors.As(err, &pd):
 		r := c.of[pd.Peer]
+		if isDeparture(err) {
+			e := withOp(c.departedError(r), op).(*Error)
+			e.Cause = err
+			return e
+		}
 		return &Error{Code: CodePeerDown, Op: op, Rank: r, Msg: fmt.Sprintf("rank %d is unreachable: %v", r, pd.Cause), Cause: err}
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return &Error{Code: CodeTimeout, Op: op, Rank: -1, Msg: fmt.Sprintf("deadline exceeded: %v", err), Cause: err}
@@ -95,6 +100,11 @@ func (c *Comm) isend(ctx context.Context, buf []byte, peer int, tag uint64) *Req
 	c.mu.Lock()
 	if c.err != nil {
 		err := withOp(c.err, "send")
+		c.mu.Unlock()
+		req.finish(Status{}, err)
+		return req
+	}
+	if err := c.departedLocked("send", peer); err != nil {
 		c.mu.Unlock()
 		req.finish(Status{}, err)
 		return req
@@ -194,6 +204,12 @@ func (c *Comm) irecv(buf []byte, peer int, tag uint64) (*Request, *p2pRecv) {
 			return req, r
 		}
 	}
+	if peer != AnySource {
+		if err := c.departedLocked("recv", peer); err != nil {
+			req.finish(Status{}, err) // what it sent was delivered: nothing will match
+			return req, nil
+		}
+	}
 	c.posted = append(c.posted, r)
 	return req, r
 }
@@ -282,7 +298,7 @@ func (c *Comm) deliverColl(src int, h header, payload []byte, pre bool) {
 		freed := c.n.freedCh()
 		c.mu.Lock()
 		c.checkSigLocked(src, h.seqOrTag, h.sig, false)
-		if c.err != nil {
+		if c.err != nil || h.seqOrTag >= c.collLimit { // no receive will come
 			c.mu.Unlock()
 			if pre {
 				c.n.release(n)
@@ -347,6 +363,14 @@ func (c *Comm) recvColl(ctx context.Context, src int, seq uint64, step uint32, b
 	}
 	m := c.coll[key]
 	if m == nil {
+		err := c.departedLocked("comm", src)
+		if err == nil {
+			err = c.collDepartedLocked("comm", seq)
+		}
+		if err != nil {
+			c.mu.Unlock()
+			return err
+		}
 		m = &inMsg{src: src, total: -1, buf: buf, done: make(chan struct{})}
 		c.coll[key] = m
 	} else {

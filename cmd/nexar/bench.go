@@ -3,11 +3,16 @@ package main
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -16,218 +21,505 @@ import (
 	"github.com/nexar-go/nexar/core"
 )
 
-const benchSynopsis = "bench [-n N] [--min B] [--max B] [--iters K] [--ops LIST]"
+const benchSynopsis = "bench [-n N] [--ops LIST] [--sizes LIST | --min B --max B] [--iters K] [--dtype T] [--op OP] [--json] [--inproc]"
+
+// benchOpts is one `nexar bench` invocation.
+type benchOpts struct {
+	n       int
+	ops     []benchOp
+	sizes   []int
+	iters   int // 0: by size
+	warmup  int
+	dt      collective.DType
+	op      collective.Op
+	json    bool
+	inproc  bool
+	timeout time.Duration
+}
 
 // benchBufs are one rank's buffers for one (op, size).
 type benchBufs struct{ send, recv []byte }
 
-// benchOp is one collective as nccl-tests measures it: size is the total
-// buffer size in bytes (the output of allgather, the input of
-// reduce_scatter), factor turns algbw into busbw (DESIGN.md §7).
+// benchOp is one collective as nccl-tests measures it: the nominal size S
+// is the buffer of allreduce/broadcast, the whole gathered or scattered
+// array of allgather/reduce_scatter, and all that one rank sends for
+// alltoall; factor turns algbw into busbw (DESIGN.md §7).
 type benchOp struct {
-	name   string
-	op     string // reduction shown in the table
-	factor func(n int) float64
-	bufs   func(rank, n, count int) benchBufs
-	run    func(ctx context.Context, c *core.Comm, b benchBufs) error
-	check  func(rank, n, count int, b benchBufs) bool
+	name    string
+	reduces bool // uses --op
+	factor  func(n int) float64
+	// layout returns the element counts of send and recv per rank for a
+	// nominal size of S bytes, and S as actually used.
+	layout func(S, es, n int) (send, recv, used int)
+	run    func(ctx context.Context, c *core.Comm, b benchBufs, o *benchOpts) error
+	// want is the expected value of element i of rank's result.
+	want func(o *benchOpts, rank, n, i, recvCount int) float64
+}
+
+// rankValue is what rank r contributes (small integers: exact in every
+// dtype, and their sums too, for any world size nexar bench runs).
+func rankValue(r int) float64 { return float64(r%7 + 1) }
+
+func reduceWant(o *benchOpts, n int) float64 {
+	v := 0.0
+	for r := range n {
+		x := rankValue(r)
+		switch {
+		case r == 0:
+			v = x
+		case o.op == collective.Max:
+			v = max(v, x)
+		case o.op == collective.Min:
+			v = min(v, x)
+		default:
+			v += x
+		}
+	}
+	if o.op == collective.Avg {
+		v /= float64(n)
+	}
+	return v
+}
+
+func equalLayout(S, es, n int) (int, int, int) {
+	c := max(1, S/es)
+	return c, c, c * es
+}
+
+func blockLayout(send, recv func(blk, n int) int) func(S, es, n int) (int, int, int) {
+	return func(S, es, n int) (int, int, int) {
+		blk := max(1, S/es/n)
+		return send(blk, n), recv(blk, n), blk * n * es
+	}
 }
 
 var benchOps = []benchOp{
 	{
-		name: "allreduce", op: "sum",
+		name: "allreduce", reduces: true,
 		factor: func(n int) float64 { return 2 * float64(n-1) / float64(n) },
-		bufs: func(rank, n, count int) benchBufs {
-			return benchBufs{send: filled(count, float32(rank)), recv: make([]byte, 4*count)}
+		layout: equalLayout,
+		run: func(ctx context.Context, c *core.Comm, b benchBufs, o *benchOpts) error {
+			return c.Allreduce(ctx, b.send, b.recv, o.dt, o.op)
 		},
-		run: func(ctx context.Context, c *core.Comm, b benchBufs) error {
-			return c.Allreduce(ctx, b.send, b.recv, collective.Float32, collective.Sum)
-		},
-		check: func(rank, n, count int, b benchBufs) bool { return all(b.recv, float32(n*(n-1)/2)) },
+		want: func(o *benchOpts, rank, n, i, rc int) float64 { return reduceWant(o, n) },
 	},
 	{
-		name: "broadcast", op: "none",
+		name:   "broadcast",
 		factor: func(int) float64 { return 1 },
-		bufs: func(rank, n, count int) benchBufs {
-			v := float32(-1)
-			if rank == 0 {
-				v = 42
-			}
-			return benchBufs{recv: filled(count, v)}
+		layout: equalLayout,
+		run: func(ctx context.Context, c *core.Comm, b benchBufs, o *benchOpts) error {
+			return c.Broadcast(ctx, b.recv, o.dt, 0)
 		},
-		run: func(ctx context.Context, c *core.Comm, b benchBufs) error {
-			return c.Broadcast(ctx, b.recv, collective.Float32, 0)
-		},
-		check: func(rank, n, count int, b benchBufs) bool { return all(b.recv, 42) },
+		want: func(o *benchOpts, rank, n, i, rc int) float64 { return rankValue(0) },
 	},
 	{
-		name: "allgather", op: "none",
+		name:   "allgather",
 		factor: func(n int) float64 { return float64(n-1) / float64(n) },
-		bufs: func(rank, n, count int) benchBufs {
-			return benchBufs{send: filled(count/n, float32(rank)), recv: make([]byte, 4*(count/n)*n)}
+		layout: blockLayout(func(b, n int) int { return b }, func(b, n int) int { return b * n }),
+		run: func(ctx context.Context, c *core.Comm, b benchBufs, o *benchOpts) error {
+			return c.Allgather(ctx, b.send, b.recv, o.dt)
 		},
-		run: func(ctx context.Context, c *core.Comm, b benchBufs) error {
-			return c.Allgather(ctx, b.send, b.recv, collective.Float32)
-		},
-		check: func(rank, n, count int, b benchBufs) bool {
-			blk := 4 * (count / n)
-			for j := range n {
-				if !all(b.recv[j*blk:(j+1)*blk], float32(j)) {
-					return false
-				}
-			}
-			return true
-		},
+		want: func(o *benchOpts, rank, n, i, rc int) float64 { return rankValue(i / (rc / n)) },
 	},
 	{
-		name: "reduce_scatter", op: "sum",
+		name: "reduce_scatter", reduces: true,
 		factor: func(n int) float64 { return float64(n-1) / float64(n) },
-		bufs: func(rank, n, count int) benchBufs {
-			return benchBufs{send: filled((count/n)*n, float32(rank)), recv: make([]byte, 4*(count/n))}
+		layout: blockLayout(func(b, n int) int { return b * n }, func(b, n int) int { return b }),
+		run: func(ctx context.Context, c *core.Comm, b benchBufs, o *benchOpts) error {
+			return c.ReduceScatter(ctx, b.send, b.recv, o.dt, o.op)
 		},
-		run: func(ctx context.Context, c *core.Comm, b benchBufs) error {
-			return c.ReduceScatter(ctx, b.send, b.recv, collective.Float32, collective.Sum)
-		},
-		check: func(rank, n, count int, b benchBufs) bool { return all(b.recv, float32(n*(n-1)/2)) },
+		want: func(o *benchOpts, rank, n, i, rc int) float64 { return reduceWant(o, n) },
 	},
 	{
-		name: "alltoall", op: "none",
+		name:   "alltoall",
 		factor: func(n int) float64 { return float64(n-1) / float64(n) },
-		bufs: func(rank, n, count int) benchBufs {
-			return benchBufs{send: filled((count/n)*n, float32(rank)), recv: make([]byte, 4*(count/n)*n)}
+		layout: blockLayout(func(b, n int) int { return b * n }, func(b, n int) int { return b * n }),
+		run: func(ctx context.Context, c *core.Comm, b benchBufs, o *benchOpts) error {
+			return c.Alltoall(ctx, b.send, b.recv, o.dt)
 		},
-		run: func(ctx context.Context, c *core.Comm, b benchBufs) error {
-			return c.Alltoall(ctx, b.send, b.recv, collective.Float32)
-		},
-		check: func(rank, n, count int, b benchBufs) bool {
-			blk := 4 * (count / n)
-			for j := range n {
-				if !all(b.recv[j*blk:(j+1)*blk], float32(j)) {
-					return false
-				}
-			}
-			return true
-		},
+		want: func(o *benchOpts, rank, n, i, rc int) float64 { return rankValue(i / (rc / n)) },
 	},
 }
 
-func cmdBench(args []string, stdout io.Writer) error {
-	fs := newFlagSet("bench", benchSynopsis, stdout)
-	n := fs.Int("n", 4, "number of ranks, run in this process over QUIC on loopback")
-	minB := fs.Int("min", 1<<10, "smallest size in bytes")
-	maxB := fs.Int("max", 16<<20, "largest size in bytes")
-	iters := fs.Int("iters", 5, "timed iterations per size (after one warm-up)")
+func cmdBench(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("bench", benchSynopsis, stderr)
+	n := fs.Int("n", 2, "number of local ranks to start (ignored under a launcher, which sets the world)")
 	ops := fs.String("ops", "allreduce,broadcast,allgather,reduce_scatter,alltoall", "comma-separated collectives")
+	sizes := fs.String("sizes", "", "comma-separated sizes in bytes (suffixes K, M, G: binary); overrides --min/--max")
+	minB := fs.String("min", "8", "smallest size in bytes")
+	maxB := fs.String("max", "64M", "largest size in bytes")
+	factor := fs.Int("factor", 4, "size step of the --min..--max sweep")
+	iters := fs.Int("iters", 0, "timed iterations per size (0: clamp(256 MiB / size, 5, 1000))")
+	warmup := fs.Int("warmup", 3, "untimed iterations per size")
+	dtype := fs.String("dtype", "float32", "element type")
+	opName := fs.String("op", "sum", "reduction: sum, avg, min or max")
+	asJSON := fs.Bool("json", false, "print one JSON object per result instead of the table")
+	inproc := fs.Bool("inproc", false, "run the ranks as goroutines of this process over loopback QUIC (no shared memory)")
+	timeout := fs.Duration("timeout", 10*time.Minute, "deadline of the whole run")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
 		return &exitError{code: 2}
 	}
-	if *n < 1 || *minB < 4 || *maxB < *minB || *iters < 1 {
-		return usageError("bench: need -n >= 1, 4 <= --min <= --max, --iters >= 1")
+	o := benchOpts{n: *n, iters: *iters, warmup: *warmup, json: *asJSON, inproc: *inproc, timeout: *timeout}
+	var err error
+	if o.sizes, err = benchSizes(*sizes, *minB, *maxB, *factor); err != nil {
+		return usageError("bench: %v", err)
 	}
-	var sel []benchOp
+	if o.dt, err = parseDType(*dtype); err != nil {
+		return usageError("bench: %v", err)
+	}
+	switch strings.ToLower(*opName) {
+	case "sum":
+		o.op = collective.Sum
+	case "avg":
+		o.op = collective.Avg
+	case "min":
+		o.op = collective.Min
+	case "max":
+		o.op = collective.Max
+	default:
+		return usageError("bench: --op %q: want sum, avg, min or max", *opName)
+	}
+	if err := collective.Check(o.dt, o.op); err != nil {
+		return usageError("bench: %v", err)
+	}
+	if o.n < 1 || o.iters < 0 || o.warmup < 0 {
+		return usageError("bench: need -n >= 1, --iters >= 0, --warmup >= 0")
+	}
 	for _, name := range strings.Split(*ops, ",") {
-		found := false
-		for _, o := range benchOps {
-			if o.name == strings.TrimSpace(name) {
-				sel, found = append(sel, o), true
-			}
-		}
-		if !found {
+		i := slices.IndexFunc(benchOps, func(b benchOp) bool { return b.name == strings.TrimSpace(name) })
+		if i < 0 {
 			return usageError("bench: unknown collective %q", name)
 		}
+		o.ops = append(o.ops, benchOps[i])
 	}
-	comms, err := core.NewLocalQUIC(*n, core.Config{})
+
+	switch {
+	case o.inproc:
+		comms, err := core.NewLocalQUIC(o.n, core.Config{})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			for _, c := range comms {
+				c.Close()
+			}
+		}()
+		return benchSweep(comms, &o, stdout)
+	case inJob():
+		cfg, err := core.ConfigFromEnv()
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.ConnectTimeout+time.Minute)
+		c, err := core.New(ctx, cfg)
+		cancel()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		return benchSweep([]*core.Comm{c}, &o, stdout)
+	}
+	// Start the ranks: this same binary under the launcher, flags passed on.
+	exe, err := os.Executable()
 	if err != nil {
-		return err
+		return fmt.Errorf("bench: finding this program to start the ranks: %w", err)
 	}
-	defer func() {
-		for _, c := range comms {
-			c.Close()
+	prog := append([]string{exe, "bench"}, args...)
+	return launch(runOptions{n: o.n, bind: "127.0.0.1", grace: 5 * time.Second, prog: prog,
+		stdout: stdout, stderr: stderr, plain: true})
+}
+
+// inJob reports whether a launcher (nexar run, torchrun, Slurm, Open MPI)
+// made this process one rank of a job.
+func inJob() bool {
+	for _, v := range []string{"NEXAR_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"} {
+		if os.Getenv(v) != "" {
+			return true
 		}
-	}()
-	fmt.Fprintf(stdout, "# nexar %s bench: %d ranks in one process, QUIC on loopback, float32, %d iterations\n", version, *n, *iters)
+	}
+	return false
+}
+
+// benchSweep runs every (op, size) on comms, which are the ranks this
+// process drives (all of them with --inproc, else its own one). World rank
+// 0 prints.
+func benchSweep(comms []*core.Comm, o *benchOpts, stdout io.Writer) error {
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	defer cancel()
+	n := comms[0].Size()
+	var lead *core.Comm
+	for _, c := range comms {
+		if c.Rank() == 0 {
+			lead = c
+		}
+	}
+	say := func(format string, args ...any) {
+		if lead != nil && !o.json {
+			fmt.Fprintf(stdout, format, args...)
+		}
+	}
+	where := "one process per rank"
+	if o.inproc {
+		where = "goroutine ranks in one process, loopback QUIC"
+	}
+	say("# nexar %s bench: %d ranks (%s), %s, op %s, %s\n", version, n, where, o.dt, o.op, itersDesc(o))
+	if lead != nil && !o.json {
+		paths := lead.Paths()
+		for r := 1; r < n; r++ {
+			say("# data path rank 0 -> %d: %s\n", r, paths[r])
+		}
+	}
 	failed := false
-	for _, o := range sel {
-		fmt.Fprintf(stdout, "#\n# %s\n# %12s %12s %8s %6s %12s %10s %10s %6s\n",
-			o.name, "size(B)", "count", "type", "op", "time(us)", "algbw", "busbw", "check")
-		for size := *minB; size <= *maxB; size *= 4 {
-			count := size / 4
-			t, ok, err := benchOne(comms, o, count, *iters)
-			if err != nil {
-				return fmt.Errorf("bench: %s of %d bytes: %w", o.name, size, err)
+	for _, op := range o.ops {
+		say("#\n# %s\n# %12s %12s %9s %6s %5s %11s %11s %9s %9s %7s\n",
+			op.name, "size(B)", "count", "type", "redop", "root", "time(us)", "mean(us)", "algbw", "busbw", "#wrong")
+		for _, size := range o.sizes {
+			res := make([]benchResult, len(comms))
+			errs := make([]error, len(comms))
+			var wg sync.WaitGroup
+			for i, c := range comms {
+				wg.Go(func() { res[i], errs[i] = benchOne(ctx, c, op, size, o) })
 			}
-			alg := float64(size) / t.Seconds() / 1e9
-			check := "ok"
-			if !ok {
-				check, failed = "FAIL", true
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				return fmt.Errorf("bench: %s of %d bytes: %w", op.name, size, err)
 			}
-			fmt.Fprintf(stdout, "  %12d %12d %8s %6s %12.1f %10.3f %10.3f %6s\n",
-				size, count, "float32", o.op, float64(t.Nanoseconds())/1e3, alg, alg*o.factor(*n), check)
+			if lead == nil {
+				continue
+			}
+			r := res[slices.Index(comms, lead)]
+			if r.wrong > 0 {
+				failed = true
+			}
+			med := r.median.Seconds()
+			alg := float64(r.used) / med / 1e9
+			if o.json {
+				line, _ := json.Marshal(map[string]any{
+					"system": "nexar", "op": op.name, "bytes": r.used, "ranks": n,
+					"dtype": o.dt.String(), "time_us": round2(med * 1e6), "mean_us": round2(r.mean.Seconds() * 1e6),
+					"algbw_gbs": round4(alg), "busbw_gbs": round4(alg * op.factor(n)),
+					"iters": r.iters, "wrong": r.wrong, "path": lead.Paths()[min(1, n-1)],
+				})
+				fmt.Fprintln(stdout, string(line))
+				continue
+			}
+			redop, root := "none", "-1"
+			if op.reduces {
+				redop = o.op.String()
+			}
+			if op.name == "broadcast" {
+				root = "0"
+			}
+			say("  %12d %12d %9s %6s %5s %11.1f %11.1f %9.3f %9.3f %7d\n",
+				r.used, r.used/o.dt.Size(), o.dt, redop, root, med*1e6, r.mean.Seconds()*1e6, alg, alg*op.factor(n), r.wrong)
 		}
 	}
-	fmt.Fprintln(stdout, "# algbw, busbw in GB/s; busbw factors as in nccl-tests")
+	say("# time: median of the timed iterations on rank 0, each started after a barrier; mean alongside\n")
+	say("# algbw, busbw in GB/s (1e9 B/s), busbw factors as in nccl-tests; #wrong: elements that differ from the expected result, all ranks\n")
 	if failed {
-		return &exitError{code: 1, msg: "bench: some results were wrong (check column)"}
+		return &exitError{code: 1, msg: "bench: some results were wrong (#wrong column)"}
 	}
 	return nil
 }
 
-// benchOne runs one warm-up and iters timed calls of o on every rank and
-// returns the mean time per call and whether every rank's result checked.
-func benchOne(comms []*core.Comm, o benchOp, count, iters int) (time.Duration, bool, error) {
-	n := len(comms)
-	bufs := make([]benchBufs, n)
-	for r := range n {
-		bufs[r] = o.bufs(r, n, count)
+func itersDesc(o *benchOpts) string {
+	if o.iters > 0 {
+		return fmt.Sprintf("%d warm-up + %d timed iterations", o.warmup, o.iters)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	round := func() error {
-		errs := make([]error, n)
-		var wg sync.WaitGroup
-		for r, c := range comms {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[r] = o.run(ctx, c, bufs[r])
-			}()
-		}
-		wg.Wait()
-		return errors.Join(errs...)
-	}
-	if err := round(); err != nil {
-		return 0, false, err
-	}
-	start := time.Now()
-	for range iters {
-		if err := round(); err != nil {
-			return 0, false, err
-		}
-	}
-	t := time.Since(start) / time.Duration(iters)
-	ok := true
-	for r := range n {
-		ok = ok && o.check(r, n, count, bufs[r])
-	}
-	return t, ok, nil
+	return fmt.Sprintf("%d warm-up + clamp(256 MiB / size, 5, 1000) timed iterations", o.warmup)
 }
 
-func filled(count int, v float32) []byte {
-	b := make([]byte, 4*count)
-	for i := range count {
-		binary.NativeEndian.PutUint32(b[4*i:], math.Float32bits(v))
-	}
-	return b
+type benchResult struct {
+	used         int
+	median, mean time.Duration
+	iters        int
+	wrong        int64 // over all ranks
 }
 
-func all(b []byte, v float32) bool {
-	for i := 0; i+4 <= len(b); i += 4 {
-		if math.Float32frombits(binary.NativeEndian.Uint32(b[i:])) != v {
-			return false
+// benchOne measures one (op, size) on one rank. Every rank computes the
+// same iteration count from the size, so no agreement is needed.
+func benchOne(ctx context.Context, c *core.Comm, op benchOp, size int, o *benchOpts) (benchResult, error) {
+	n, rank, es := c.Size(), c.Rank(), o.dt.Size()
+	sc, rc, used := op.layout(size, es, n)
+	b := benchBufs{recv: make([]byte, rc*es)}
+	fill(b.recv, o.dt, rankValue(rank))
+	if op.name == "broadcast" {
+		if rank != 0 {
+			fill(b.recv, o.dt, -1)
+		}
+	} else {
+		b.send = make([]byte, sc*es)
+		fill(b.send, o.dt, rankValue(rank))
+	}
+	iters := o.iters
+	if iters == 0 {
+		iters = max(5, min(1000, (256<<20)/max(used, 1)))
+	}
+	for range o.warmup {
+		if err := op.run(ctx, c, b, o); err != nil {
+			return benchResult{}, err
 		}
 	}
-	return true
+	times := make([]time.Duration, iters)
+	for i := range times {
+		if op.name == "broadcast" && rank != 0 {
+			fill(b.recv, o.dt, -1) // a stale result must not pass the check
+		}
+		if err := c.Barrier(ctx); err != nil {
+			return benchResult{}, err
+		}
+		t := time.Now()
+		if err := op.run(ctx, c, b, o); err != nil {
+			return benchResult{}, err
+		}
+		times[i] = time.Since(t)
+	}
+	wrong := int64(0)
+	tol := map[collective.DType]float64{collective.Float16: 1e-3, collective.BFloat16: 1e-2,
+		collective.Float32: 1e-6, collective.Float64: 1e-12}[o.dt] // avg divides; the rest is exact
+	for i := range rc {
+		if got, want := get(b.recv, o.dt, i), op.want(o, rank, n, i, rc); math.Abs(got-want) > tol*math.Abs(want) {
+			wrong++
+		}
+	}
+	w := make([]byte, 8)
+	binary.LittleEndian.PutUint64(w, uint64(wrong))
+	if err := c.Allreduce(ctx, nil, w, collective.Int64, collective.Sum); err != nil {
+		return benchResult{}, err
+	}
+	var sum time.Duration
+	for _, t := range times {
+		sum += t
+	}
+	sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
+	return benchResult{used: used, median: times[len(times)/2], mean: sum / time.Duration(iters),
+		iters: iters, wrong: int64(binary.LittleEndian.Uint64(w))}, nil
 }
+
+// benchSizes is the explicit list, or min..max by factor.
+func benchSizes(list, minS, maxS string, factor int) ([]int, error) {
+	if list != "" {
+		var out []int
+		for _, s := range strings.Split(list, ",") {
+			v, err := parseSize(s)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, v)
+		}
+		return out, nil
+	}
+	lo, err := parseSize(minS)
+	if err != nil {
+		return nil, err
+	}
+	hi, err := parseSize(maxS)
+	if err != nil {
+		return nil, err
+	}
+	if hi < lo || factor < 2 {
+		return nil, fmt.Errorf("need --min <= --max and --factor >= 2")
+	}
+	var out []int
+	for s := lo; s <= hi; s *= factor {
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// parseSize reads "8", "4K", "64M", "1G" (binary multiples).
+func parseSize(s string) (int, error) {
+	s = strings.TrimSpace(s)
+	mult := 1
+	if s != "" {
+		switch strings.ToUpper(s[len(s)-1:]) {
+		case "K":
+			mult = 1 << 10
+		case "M":
+			mult = 1 << 20
+		case "G":
+			mult = 1 << 30
+		}
+		if mult > 1 {
+			s = s[:len(s)-1]
+		}
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil || v < 1 || v > (16<<30)/mult {
+		return 0, fmt.Errorf("size %q is not a byte count in [1, 16G]", s)
+	}
+	return v * mult, nil
+}
+
+func parseDType(s string) (collective.DType, error) {
+	for d := collective.Int8; d.Valid(); d++ {
+		if d.String() == strings.ToLower(s) {
+			return d, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown dtype %q", s)
+}
+
+// fill sets every element of b to v.
+func fill(b []byte, dt collective.DType, v float64) {
+	es := dt.Size()
+	if len(b) < es {
+		return
+	}
+	put(b[:es], dt, v)
+	for off := es; off < len(b); off *= 2 {
+		copy(b[off:], b[:off])
+	}
+}
+
+func put(b []byte, dt collective.DType, v float64) {
+	le := binary.LittleEndian
+	switch dt {
+	case collective.Int8, collective.Uint8:
+		b[0] = byte(int8(v))
+	case collective.Int32, collective.Uint32:
+		le.PutUint32(b, uint32(int32(v)))
+	case collective.Int64, collective.Uint64:
+		le.PutUint64(b, uint64(int64(v)))
+	case collective.Float16:
+		le.PutUint16(b, collective.F32ToF16(float32(v)))
+	case collective.BFloat16:
+		le.PutUint16(b, collective.F32ToBF16(float32(v)))
+	case collective.Float32:
+		le.PutUint32(b, math.Float32bits(float32(v)))
+	case collective.Float64:
+		le.PutUint64(b, math.Float64bits(v))
+	}
+}
+
+func get(b []byte, dt collective.DType, i int) float64 {
+	le := binary.LittleEndian
+	b = b[i*dt.Size():]
+	switch dt {
+	case collective.Int8:
+		return float64(int8(b[0]))
+	case collective.Uint8:
+		return float64(b[0])
+	case collective.Int32:
+		return float64(int32(le.Uint32(b)))
+	case collective.Uint32:
+		return float64(le.Uint32(b))
+	case collective.Int64:
+		return float64(int64(le.Uint64(b)))
+	case collective.Uint64:
+		return float64(le.Uint64(b))
+	case collective.Float16:
+		return float64(collective.F16ToF32(le.Uint16(b)))
+	case collective.BFloat16:
+		return float64(collective.BF16ToF32(le.Uint16(b)))
+	case collective.Float32:
+		return float64(math.Float32frombits(le.Uint32(b)))
+	}
+	return math.Float64frombits(le.Uint64(b))
+}
+
+func round2(v float64) float64 { return math.Round(v*100) / 100 }
+func round4(v float64) float64 { return math.Round(v*1e4) / 1e4 }

@@ -25,8 +25,9 @@ usage:
         run the rendezvous seed stand-alone (token from NEXAR_TOKEN or --token-file)
   nexar info
         print version, addresses and available transports
-  nexar bench [-n N] [--min B] [--max B] [--ops LIST]
-        measure collectives over local QUIC, nccl-tests style
+  nexar bench [-n N] [--ops LIST] [--sizes LIST] [--json] [--inproc]
+        measure collectives, nccl-tests style: starts N local ranks, or is one
+        rank when started by a launcher (nexar run, torchrun, srun, mpirun)
   nexar version
         print the version
 
@@ -60,7 +61,7 @@ func mainErr(args []string, stdout, stderr io.Writer) int {
 	case "info":
 		err = cmdInfo(args[1:], stdout)
 	case "bench":
-		err = cmdBench(args[1:], stdout)
+		err = cmdBench(args[1:], stdout, stderr)
 	case "version", "-version", "--version":
 		fmt.Fprintln(stdout, "nexar", version)
 	case "help", "-h", "-help", "--help":

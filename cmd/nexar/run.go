@@ -65,6 +65,7 @@ type runOptions struct {
 	stdout   io.Writer
 	stderr   io.Writer
 	signals  <-chan os.Signal // signals to forward to the ranks
+	plain    bool             // stdout lines without the "[rank] " prefix (nexar bench)
 }
 
 // rankProc is one started rank.
@@ -158,7 +159,7 @@ func launch(opt runOptions) error {
 	procs := make([]*rankProc, 0, opt.n)
 	for r := 0; r < opt.n; r++ {
 		env := rankEnv(os.Environ(), vars, defaults, r)
-		p, err := startRank(r, opt.prog, env, out, opt.stdout, opt.stderr)
+		p, err := startRank(r, opt.prog, env, out, opt.stdout, opt.stderr, opt.plain)
 		if err != nil {
 			for _, q := range procs {
 				q.signal(syscall.SIGKILL)
@@ -283,7 +284,7 @@ func rankEnv(base []string, vars, defaults map[string]string, rank int) []string
 	return env
 }
 
-func startRank(rank int, prog, env []string, out *prefixer, stdout, stderr io.Writer) (*rankProc, error) {
+func startRank(rank int, prog, env []string, out *prefixer, stdout, stderr io.Writer, plain bool) (*rankProc, error) {
 	cmd := exec.Command(prog[0], prog[1:]...)
 	cmd.Env = env
 	cmd.Stdin = nil
@@ -311,9 +312,12 @@ func startRank(rank int, prog, env []string, out *prefixer, stdout, stderr io.Wr
 		files[2].Close()
 		return nil, err
 	}
-	prefix := []byte("[" + strconv.Itoa(rank) + "] ")
 	for i, w := range []io.Writer{stdout, stderr} {
 		r := files[2*i]
+		prefix := []byte("[" + strconv.Itoa(rank) + "] ")
+		if i == 0 && plain {
+			prefix = nil
+		}
 		p.readers.Add(1)
 		go func() {
 			defer p.readers.Done()

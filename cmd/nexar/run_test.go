@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -203,13 +204,59 @@ func TestMainUsage(t *testing.T) {
 	}
 }
 
-func TestBenchSmall(t *testing.T) {
-	var o, e bytes.Buffer
-	if c := mainErr([]string{"bench", "-n", "3", "--min", "64", "--max", "4096", "--iters", "1"}, &o, &e); c != 0 {
-		t.Fatalf("bench: status %d\n%s%s", c, o.String(), e.String())
+// TestMain lets the launcher tests start this test binary as the nexar
+// command: nexar bench starts its ranks as copies of os.Executable().
+func TestMain(m *testing.M) {
+	if os.Getenv("NEXAR_TEST_AS_MAIN") == "1" {
+		os.Exit(mainErr(os.Args[1:], os.Stdout, os.Stderr))
 	}
-	rows := regexp.MustCompile(`(?m)^\s+\d+\s+\d+\s+float32\s+\w+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+ok$`).FindAllString(o.String(), -1)
-	if want := 5 * 4; len(rows) != want { // 5 collectives x sizes 64, 256, 1024, 4096
-		t.Errorf("got %d checked rows, want %d:\n%s", len(rows), want, o.String())
+	os.Exit(m.Run())
+}
+
+var benchRow = regexp.MustCompile(`(?m)^\s+\d+\s+\d+\s+\w+\s+\w+\s+-?\d+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+0$`)
+
+func TestBench(t *testing.T) {
+	t.Setenv("NEXAR_TEST_AS_MAIN", "1") // for the ranks, not this process
+	for _, tc := range []struct {
+		name string
+		args []string
+		rows int
+	}{
+		// 5 collectives x sizes 8, 64, 512, 4096.
+		{"processes", []string{"-n", "3", "--min", "8", "--max", "4K", "--factor", "8", "--iters", "2"}, 5 * 4},
+		{"inproc", []string{"-n", "2", "--inproc", "--sizes", "4,1000", "--iters", "1"}, 5 * 2},
+		{"bfloat16_max", []string{"-n", "2", "--ops", "allreduce,reduce_scatter", "--dtype", "bfloat16", "--op", "max", "--sizes", "2,3000"}, 2 * 2},
+		{"float16_avg", []string{"-n", "3", "--ops", "allreduce", "--dtype", "float16", "--op", "avg", "--sizes", "600K"}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var o, e syncBuffer
+			if c := mainErr(append([]string{"bench"}, tc.args...), &o, &e); c != 0 {
+				t.Fatalf("bench: status %d\n%s%s", c, o.String(), e.String())
+			}
+			if rows := benchRow.FindAllString(o.String(), -1); len(rows) != tc.rows {
+				t.Errorf("got %d rows with no wrong element, want %d:\n%s", len(rows), tc.rows, o.String())
+			}
+		})
 	}
+	t.Run("json", func(t *testing.T) {
+		var o, e syncBuffer
+		if c := mainErr([]string{"bench", "-n", "2", "--json", "--ops", "allreduce", "--sizes", "8,1M"}, &o, &e); c != 0 {
+			t.Fatalf("bench: status %d\n%s%s", c, o.String(), e.String())
+		}
+		lines := strings.Split(strings.TrimSpace(o.String()), "\n")
+		if len(lines) != 2 {
+			t.Fatalf("want 2 JSON lines, got:\n%s", o.String())
+		}
+		for _, l := range lines {
+			var r struct {
+				System, Op, Path string
+				Bytes, Ranks     int
+				TimeUS           float64 `json:"time_us"`
+				Wrong            int
+			}
+			if err := json.Unmarshal([]byte(l), &r); err != nil || r.System != "nexar" || r.Op != "allreduce" || r.Ranks != 2 || r.TimeUS <= 0 || r.Wrong != 0 || !strings.HasPrefix(r.Path, "shm") {
+				t.Errorf("bad line %q (%v)", l, err)
+			}
+		}
+	})
 }

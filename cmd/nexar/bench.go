@@ -10,6 +10,8 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strconv"
@@ -156,6 +158,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 	asJSON := fs.Bool("json", false, "print one JSON object per result instead of the table")
 	inproc := fs.Bool("inproc", false, "run the ranks as goroutines of this process over loopback QUIC (no shared memory)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "deadline of the whole run")
+	profile := fs.String("cpuprofile", "", "write each rank's CPU profile to `DIR`/rank-R.pprof")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -212,6 +215,17 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 		cfg, err := core.ConfigFromEnv()
 		if err != nil {
 			return err
+		}
+		if *profile != "" {
+			f, err := os.Create(filepath.Join(*profile, fmt.Sprintf("rank-%d.pprof", cfg.Rank)))
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				return err
+			}
+			defer pprof.StopCPUProfile()
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), cfg.ConnectTimeout+time.Minute)
 		c, err := core.New(ctx, cfg)

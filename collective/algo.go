@@ -48,6 +48,11 @@ var (
 	// directly, which moves every byte only once.
 	GatherBinomialThreshold = 64 << 10
 
+	// InlineSendMax: in a simultaneous send and receive, sends of at most
+	// this many bytes are made before the receive, in the same goroutine;
+	// larger ones run concurrently with it.
+	InlineSendMax = 64 << 10
+
 	// ScanChainThreshold: scans of at least this many bytes use a pipelined
 	// chain (each byte crosses each link once); smaller ones use recursive
 	// doubling (log2 n steps, log2 n full-size messages per rank).
@@ -181,11 +186,19 @@ func (s *steps) recv(ctx context.Context, l Link, peer int, buf []byte) error {
 	return s.recvMsg(ctx, l, peer, s.recvFrom(peer, len(buf)), buf)
 }
 
-// exchange sends data to `to` while receiving buf from `from`. The send runs
-// in its own goroutine because it may block under back-pressure until the
-// peer posts its receive; it has returned when exchange returns.
+// exchange sends data to `to` while receiving buf from `from`. A send of
+// more than InlineSendMax bytes runs in its own goroutine because it may
+// block under back-pressure until the peer posts its receive; it has
+// returned when exchange returns. Smaller ones go first, in the caller:
+// transports buffer them, and a goroutine would cost more than the send.
 func (s *steps) exchange(ctx context.Context, l Link, to int, data []byte, from int, buf []byte) error {
 	sb, rb := s.sendTo(to, len(data)), s.recvFrom(from, len(buf))
+	if len(data) <= InlineSendMax {
+		if err := s.sendMsg(ctx, l, to, sb, data); err != nil {
+			return err
+		}
+		return s.recvMsg(ctx, l, from, rb, buf)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 1)

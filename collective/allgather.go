@@ -39,7 +39,8 @@ func Allgather(ctx context.Context, l Link, send, recv []byte) error {
 	// Bruck: tmp[i] holds the block of rank (rank+i) mod size. In round k
 	// a rank has the first k blocks and fetches the next min(k, size-k)
 	// from rank+k, which holds them as its own first ones.
-	tmp := make([]byte, len(recv))
+	tmp := getScratch(len(recv))
+	defer putScratch(tmp)
 	copy(tmp, blocks[rank])
 	for k := 1; k < size; k <<= 1 {
 		c := min(k, size-k)

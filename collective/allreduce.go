@@ -74,7 +74,8 @@ func (st *steps) recursiveDoubling(ctx context.Context, l Link, rank, size int, 
 		pof2 *= 2
 	}
 	rem := size - pof2
-	tmp := make([]byte, len(buf))
+	tmp := getScratch(len(buf))
+	defer putScratch(tmp)
 	newrank := rank - rem
 	if rank < 2*rem {
 		if rank%2 == 0 {
@@ -134,7 +135,9 @@ func (st *steps) ringReduceScatter(ctx context.Context, l Link, in [][]byte, out
 	for _, b := range in {
 		maxb = max(maxb, len(b))
 	}
-	bufs := [2][]byte{make([]byte, maxb), make([]byte, maxb)}
+	bufs := [2][]byte{getScratch(maxb), getScratch(maxb)}
+	defer putScratch(bufs[0])
+	defer putScratch(bufs[1])
 	next, prev := mod(rank+1, size), mod(rank-1, size)
 	cur := in[mod(rank-1, size)] // what we send at step 0: our own block
 	for s := 0; s < size-1; s++ {

@@ -12,15 +12,17 @@ import (
 	"time"
 )
 
-// memNet is an in-memory Link fabric for tests. Every (from, to, step) is a
-// rendezvous: Send blocks until the matching Recv takes the message, which is
-// the strictest back-pressure a transport can apply, so a schedule that
-// would deadlock on a real transport deadlocks here too (and times out). It
-// also rejects self-sends, reused steps and length mismatches.
+// memNet is an in-memory Link fabric for tests. Every (from, to, step) of
+// more than InlineSendMax bytes is a rendezvous: Send blocks until the
+// matching Recv takes the message, which is the strictest back-pressure a
+// transport can apply, so a schedule that would deadlock on a real
+// transport deadlocks here too (and times out). Smaller messages are eager,
+// as the Link contract requires. It also rejects self-sends, reused steps
+// and length mismatches.
 type memNet struct {
 	n     int
 	mu    sync.Mutex
-	boxes map[msgKey]chan []byte
+	boxes map[msgKey]*mbox
 	sent  map[msgKey]bool
 }
 
@@ -29,19 +31,26 @@ type msgKey struct {
 	step     uint32
 }
 
-func newMemNet(n int) *memNet {
-	return &memNet{n: n, boxes: map[msgKey]chan []byte{}, sent: map[msgKey]bool{}}
+// mbox holds one message: data (capacity 1, so an eager send never waits)
+// and taken, closed by the receiver.
+type mbox struct {
+	data  chan []byte
+	taken chan struct{}
 }
 
-func (m *memNet) box(k msgKey) chan []byte {
+func newMemNet(n int) *memNet {
+	return &memNet{n: n, boxes: map[msgKey]*mbox{}, sent: map[msgKey]bool{}}
+}
+
+func (m *memNet) box(k msgKey) *mbox {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	ch, ok := m.boxes[k]
+	b, ok := m.boxes[k]
 	if !ok {
-		ch = make(chan []byte)
-		m.boxes[k] = ch
+		b = &mbox{data: make(chan []byte, 1), taken: make(chan struct{})}
+		m.boxes[k] = b
 	}
-	return ch
+	return b
 }
 
 type memLink struct {
@@ -64,9 +73,13 @@ func (l *memLink) Send(ctx context.Context, peer int, step uint32, data []byte) 
 	if dup {
 		return fmt.Errorf("memlink: step %d reused from %d to %d", step, l.rank, peer)
 	}
-	cp := append([]byte(nil), data...)
+	b := l.net.box(k)
+	b.data <- append([]byte(nil), data...) // never blocks: one message per box
+	if len(data) <= InlineSendMax {
+		return nil
+	}
 	select {
-	case l.net.box(k) <- cp:
+	case <-b.taken:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -77,8 +90,10 @@ func (l *memLink) Recv(ctx context.Context, peer int, step uint32, buf []byte) e
 	if peer < 0 || peer >= l.net.n || peer == l.rank {
 		return fmt.Errorf("memlink: rank %d receives from bad peer %d", l.rank, peer)
 	}
+	b := l.net.box(msgKey{peer, l.rank, step})
 	select {
-	case d := <-l.net.box(msgKey{peer, l.rank, step}):
+	case d := <-b.data:
+		close(b.taken)
 		if len(d) != len(buf) {
 			return fmt.Errorf("memlink: step %d from %d to %d: got %d bytes, want %d", step, peer, l.rank, len(d), len(buf))
 		}

@@ -124,7 +124,8 @@ func Reduce(ctx context.Context, l Link, send, recv []byte, dt DType, op Op, roo
 		if rank == root {
 			out = balanced(recv, size, dt.Size())[rank]
 		} else {
-			out = make([]byte, len(balanced(in, size, dt.Size())[rank]))
+			out = getScratch(len(balanced(in, size, dt.Size())[rank]))
+			defer putScratch(out)
 		}
 		if err := st.ringReduceScatter(ctx, l, balanced(in, size, dt.Size()), out, dt, op); err != nil {
 			return err
@@ -148,12 +149,14 @@ func Reduce(ctx context.Context, l Link, send, recv []byte, dt DType, op Op, roo
 	vr := mod(rank-root, size)
 	acc := recv
 	if rank != root {
-		acc = make([]byte, len(in))
+		acc = getScratch(len(in))
+		defer putScratch(acc)
 	}
 	if send != nil || rank != root {
 		copy(acc, in)
 	}
-	tmp := make([]byte, len(in))
+	tmp := getScratch(len(in))
+	defer putScratch(tmp)
 	o := redOp(op)
 	for mask := 1; mask < size; mask <<= 1 {
 		if vr&mask != 0 {

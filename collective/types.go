@@ -114,7 +114,9 @@ func Check(dt DType, op Op) error {
 // number, so steps of different calls never meet.
 //
 // Send may return once data is handed off (it must not alias data after
-// returning). Recv fills buf completely with the message sent under the same
+// returning). A Send of at most InlineSendMax bytes must not wait for the
+// matching Recv (schedules rely on it: they send small messages before
+// receiving, in one goroutine); larger ones may. Recv fills buf completely with the message sent under the same
 // step and returns an error if the message length differs from len(buf).
 // Both are safe to call concurrently from several goroutines for different
 // (peer, step) pairs.

@@ -55,6 +55,16 @@ const MaxPayload = 64 << 20
 // belongs to the handler.
 type Handler func(from int, lane Lane, h *Header, payload []byte)
 
+// PlaceFunc, when a transport is given one, lets the layer above receive a
+// LaneData payload straight into its final buffer. The transport calls it
+// once a message's header has arrived and before reading its n payload
+// bytes. A nil dst means "not expected yet": the payload then goes to the
+// Handler as usual. Otherwise len(dst) == n, the transport reads the payload
+// into dst and calls done exactly once, with nil or the error that cut the
+// payload short, and does not call the Handler for that message. It is
+// called from the goroutine that reads from the peer, like the Handler.
+type PlaceFunc func(from int, h *Header, n int) (dst []byte, done func(err error))
+
 // DownHandler is told, once per peer, that the peer's connection failed.
 type DownHandler func(peer int, err error)
 

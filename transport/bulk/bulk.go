@@ -107,6 +107,9 @@ type Options struct {
 	// before it says goodbye on a channel. Default 2 s.
 	CloseTimeout time.Duration
 	Logger       *slog.Logger
+	// Place, when set, receives LaneData payloads straight into their
+	// destination (see transport.PlaceFunc).
+	Place transport.PlaceFunc
 }
 
 // HostID returns an identifier of this host and boot: machine id, boot id
@@ -138,22 +141,25 @@ type Endpoint struct {
 	ln         net.Listener
 
 	out    []atomic.Pointer[channel] // outbound channel per peer; nil: inner
+	polled []atomic.Pointer[channel] // inbound ring channel per peer, for Poll
 	downed []atomic.Bool
 	closed atomic.Bool
 	once   sync.Once
 
-	mu      sync.Mutex
-	decided []bool // outbound path fixed
-	left    int    // peers not decided
-	ready   chan struct{}
-	paths   []string
-	in      []*channel // inbound channels still reading
-	bye     []error    // graceful departures waiting for the inbound channel to drain
-	byeSeen []bool     // inbound channel ended with a goodbye
-	causes  []error    // why each departed peer is down
-	offers  map[int]*tcpOffer
-	rings   []*ring // every ring mapped, released at Close
-	ctlWG   bool    // false once Close stops taking control messages
+	mu       sync.Mutex
+	decided  []bool // outbound path fixed
+	left     int    // peers not decided
+	ready    chan struct{}
+	paths    []string
+	in       []*channel // inbound channels still reading
+	bye      []error    // graceful departures waiting for the inbound channel to drain
+	byeSeen  []bool     // inbound channel ended with a goodbye
+	causes   []error    // why each departed peer is down
+	offers   map[int]*tcpOffer
+	rings    []*ring       // every ring mapped, released at Close
+	ctlWG    bool          // false once Close stops taking control messages
+	pollers  int           // goroutines between StartPolling and stop
+	pollDone chan struct{} // closed when pollers drops to 0 (Close waits)
 }
 
 // New prepares the composite endpoint for rank self of size; h and down
@@ -188,7 +194,7 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 		return nil, errors.New("bulk: TLS on TCP needs the identity and every rank's fingerprint")
 	}
 	e := &Endpoint{self: self, size: size, opt: opt, log: opt.Logger, h: h, down: down,
-		started: make(chan struct{}), out: make([]atomic.Pointer[channel], size),
+		started: make(chan struct{}), out: make([]atomic.Pointer[channel], size), polled: make([]atomic.Pointer[channel], size),
 		downed: make([]atomic.Bool, size), decided: make([]bool, size), left: size - 1,
 		ready: make(chan struct{}), paths: make([]string, size), in: make([]*channel, size),
 		bye: make([]error, size), byeSeen: make([]bool, size), causes: make([]error, size), offers: map[int]*tcpOffer{}, ctlWG: true}
@@ -314,6 +320,42 @@ func (e *Endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 	return e.inner.Send(ctx, peer, lane, h, payload)
 }
 
+// StartPolling lets the calling goroutine, which is about to wait for data
+// from peer, progress peer's shared-memory ring itself: poll delivers, in
+// the caller, the frames that have started to arrive, without waiting for
+// more; stop ends the polling (call it exactly once). While a goroutine
+// polls, the producer does not wake the ring's read loop, which would find
+// nothing to do: on few cores that hand-off costs more than the data. Both
+// are nil when peer's data does not come over a ring. Safe for concurrent
+// use.
+func (e *Endpoint) StartPolling(peer int) (poll, stop func()) {
+	if peer < 0 || peer >= e.size {
+		return nil, nil
+	}
+	ch := e.polled[peer].Load()
+	if ch == nil {
+		return nil, nil
+	}
+	// Count the poller so that Close does not unmap the ring under it.
+	e.mu.Lock()
+	if !e.ctlWG {
+		e.mu.Unlock()
+		return nil, nil
+	}
+	e.pollers++
+	e.mu.Unlock()
+	ch.ring.setPolling(true)
+	return ch.poll, func() {
+		ch.ring.setPolling(false)
+		e.mu.Lock()
+		if e.pollers--; e.pollers == 0 && e.pollDone != nil {
+			close(e.pollDone)
+			e.pollDone = nil
+		}
+		e.mu.Unlock()
+	}
+}
+
 // peerLost is the inner endpoint's DownHandler. A graceful departure is
 // held back until the peer's inbound bulk channel has drained too, so that
 // every message it sent is delivered before the notification.
@@ -385,13 +427,22 @@ func (e *Endpoint) startReader(from int, ch *channel) {
 		old.quiet.Store(true)
 		old.close()
 	}
+	var place func(h *transport.Header, n int) ([]byte, func(error))
+	if e.opt.Place != nil {
+		place = func(h *transport.Header, n int) ([]byte, func(error)) { return e.opt.Place(from, h, n) }
+	}
+	ch.startReading(func(h *transport.Header, p []byte) {
+		if e.h != nil {
+			e.h(from, transport.LaneData, h, p)
+		}
+	}, place)
+	if ch.ring != nil {
+		e.polled[from].Store(ch)
+	}
 	go func() {
 		defer e.wg.Done()
-		err := ch.readLoop(func(h *transport.Header, p []byte) {
-			if e.h != nil {
-				e.h(from, transport.LaneData, h, p)
-			}
-		})
+		err := ch.readLoop()
+		e.polled[from].CompareAndSwap(ch, nil)
 		ch.close()
 		graceful := errors.Is(err, frame.ErrGoodbye)
 		e.mu.Lock()
@@ -455,6 +506,13 @@ func (e *Endpoint) Close() error {
 		}
 		e.wg.Wait()
 		e.mu.Lock()
+		if e.pollers > 0 {
+			done := make(chan struct{})
+			e.pollDone = done
+			e.mu.Unlock()
+			<-done // pollers spin for microseconds, then stop
+			e.mu.Lock()
+		}
 		for _, r := range e.rings {
 			r.Close()
 			r.release()

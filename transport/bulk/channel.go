@@ -83,7 +83,10 @@ func (l connLink) write(ctx context.Context, bufs ...[]byte) (int, error) {
 // one or more links. A frame's prefix and first stripe go on link 0; a large
 // payload is split into equal stripes, one per link, which the receiver
 // reads in parallel and reassembles, so frames stay in order. send is safe
-// for concurrent use; the read loop runs on one goroutine.
+// for concurrent use. On the receiving side one goroutine runs readLoop; when
+// the channel is a shared-memory ring, goroutines waiting for data from the
+// peer may also poll it, which saves the hand-off from the read loop. Frames
+// are read by one of them at a time (rmu).
 type channel struct {
 	peer  int
 	desc  string
@@ -95,6 +98,15 @@ type channel struct {
 	once   sync.Once
 	broken atomic.Bool
 	quiet  atomic.Bool // closed on purpose: do not report the peer down
+
+	// Receiving side, set by startReading.
+	ring    *ring // the only link, when the channel is pollable
+	deliver func(h *transport.Header, p []byte)
+	place   func(h *transport.Header, n int) ([]byte, func(error))
+	rmu     sync.Mutex // guards what follows: one reader at a time
+	r0      io.Reader  // link 0, buffered for TCP
+	pre     [frame.PrefixSize]byte
+	end     error // the frame error that ended the channel, once met
 }
 
 func newChannel(peer int, desc string, links []link) *channel {
@@ -133,11 +145,15 @@ var errBroken = errors.New("bulk: channel broken by an earlier failure")
 // (the stream can no longer be framed); broken reports that.
 func (c *channel) send(ctx context.Context, h *transport.Header, p []byte) (broken bool, err error) {
 	select {
-	case c.sem <- struct{}{}:
-	case <-ctx.Done():
-		return false, ctx.Err()
-	case <-c.dead:
-		return true, errBroken
+	case c.sem <- struct{}{}: // uncontended: no need for ctx.Done
+	default:
+		select {
+		case c.sem <- struct{}{}:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-c.dead:
+			return true, errBroken
+		}
 	}
 	defer func() { <-c.sem }()
 	if c.broken.Load() {
@@ -209,45 +225,125 @@ func (c *channel) goodbye(deadline time.Time) {
 	c.close()
 }
 
+// startReading prepares the receiving side: deliver gets the payloads that
+// place (may be nil) does not take.
+func (c *channel) startReading(deliver func(h *transport.Header, p []byte), place func(h *transport.Header, n int) ([]byte, func(error))) {
+	c.deliver, c.place = deliver, place
+	c.r0 = c.links[0]
+	if _, ok := c.links[0].(connLink); ok {
+		c.r0 = bufio.NewReaderSize(c.links[0], readBuf)
+	}
+	if rl, ok := c.links[0].(ringLink); ok && len(c.links) == 1 {
+		c.ring = rl.r
+	}
+}
+
 // readLoop delivers frames until a link fails or a goodbye arrives; it
 // returns frame.ErrGoodbye for a graceful end, else the failure.
-func (c *channel) readLoop(deliver func(h *transport.Header, p []byte)) error {
-	r0 := io.Reader(c.links[0])
-	if _, ok := c.links[0].(connLink); ok {
-		r0 = bufio.NewReaderSize(c.links[0], readBuf)
-	}
-	var pre [frame.PrefixSize]byte
+func (c *channel) readLoop() error {
 	for {
-		if _, err := io.ReadFull(r0, pre[:]); err != nil {
-			return err
+		waited := error(nil)
+		if c.ring != nil {
+			// Wait without the lock, so that a poller can read meanwhile.
+			waited = c.ring.waitData()
 		}
-		lane, h, n, err := frame.ParsePrefix(&pre, transport.MaxPayload)
+		c.rmu.Lock()
+		if waited == nil && c.ring != nil && c.end == nil && c.ring.available() == 0 {
+			c.rmu.Unlock() // a poller took it
+			continue
+		}
+		err := c.readFrame()
+		c.rmu.Unlock()
 		if err != nil {
-			if errors.Is(err, frame.ErrGoodbye) && lane != transport.LaneData {
-				err = fmt.Errorf("%w: goodbye for lane %v on a bulk channel", frame.ErrMalformed, lane)
-			}
 			return err
 		}
-		if lane != transport.LaneData {
-			return fmt.Errorf("%w: lane %v on a bulk channel", frame.ErrMalformed, lane)
-		}
-		p := make([]byte, n)
-		parts, per := stripes(n, len(c.links))
-		var wg sync.WaitGroup
-		errs := make([]error, parts)
-		for i := 1; i < parts; i++ {
-			wg.Go(func() { _, errs[i] = io.ReadFull(c.links[i], part(p, i, per)) })
-		}
-		if _, errs[0] = io.ReadFull(r0, part(p, 0, per)); errs[0] != nil && parts > 1 {
-			c.close() // unblock the other stripes
-		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			return err
-		}
-		deliver(h, p)
 	}
+}
+
+// poll reads and delivers, in the calling goroutine, every frame that has
+// started to arrive on a ring channel. It returns at once when another
+// goroutine is reading. A frame error ends the channel: the read loop,
+// woken by the close, reports it.
+func (c *channel) poll() {
+	if !c.rmu.TryLock() {
+		return
+	}
+	for c.end == nil && c.ring.available() > 0 {
+		if c.readFrame() != nil {
+			break
+		}
+	}
+	ended := c.end != nil
+	c.rmu.Unlock()
+	if ended {
+		c.close()
+	}
+}
+
+// readFrame reads one frame, called with rmu held. The payload goes
+// straight to its destination when place takes it, else to deliver.
+func (c *channel) readFrame() error {
+	if c.end != nil {
+		return c.end
+	}
+	err := c.readFrameLocked()
+	if err != nil {
+		c.end = err
+	}
+	return err
+}
+
+func (c *channel) readFrameLocked() error {
+	if _, err := io.ReadFull(c.r0, c.pre[:]); err != nil {
+		return err
+	}
+	lane, h, n, err := frame.ParsePrefix(&c.pre, transport.MaxPayload)
+	if err != nil {
+		if errors.Is(err, frame.ErrGoodbye) && lane != transport.LaneData {
+			err = fmt.Errorf("%w: goodbye for lane %v on a bulk channel", frame.ErrMalformed, lane)
+		}
+		return err
+	}
+	if lane != transport.LaneData {
+		return fmt.Errorf("%w: lane %v on a bulk channel", frame.ErrMalformed, lane)
+	}
+	var p []byte
+	var done func(error)
+	if c.place != nil && n > 0 {
+		p, done = c.place(h, n)
+		if len(p) != n {
+			if done != nil {
+				done(errors.New("bulk: placement of the wrong size"))
+			}
+			p, done = nil, nil
+		}
+	}
+	if p == nil {
+		p = make([]byte, n)
+	}
+	parts, per := stripes(n, len(c.links))
+	var wg sync.WaitGroup
+	errs := make([]error, parts)
+	for i := 1; i < parts; i++ {
+		wg.Go(func() { _, errs[i] = io.ReadFull(c.links[i], part(p, i, per)) })
+	}
+	if _, errs[0] = io.ReadFull(c.r0, part(p, 0, per)); errs[0] != nil && parts > 1 {
+		c.close() // unblock the other stripes
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		if done != nil {
+			done(err)
+		}
+		return err
+	}
+	if done != nil {
+		done(nil)
+	} else {
+		c.deliver(h, p)
+	}
+	return nil
 }

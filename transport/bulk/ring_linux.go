@@ -28,7 +28,9 @@ const (
 	offHead       = 64  // u64, bytes ever written (producer)
 	offTail       = 128 // u64, bytes ever read (consumer)
 	offDataSeq    = 192 // u32 futex word, bumped by the producer
-	offDataWait   = 196 // u32, consumers sleeping on offDataSeq
+	offDataWait   = 196 // u32, consumers sleeping on offDataSeq inside a frame
+	offIdleWait   = 200 // u32, the idle reader sleeping on offDataSeq between frames
+	offPolling    = 204 // u32, consumer-side pollers spinning on the ring
 	offSpaceSeq   = 256 // u32 futex word, bumped by the consumer
 	offSpaceWait  = 260 // u32, producers sleeping on offSpaceSeq
 	offProdClosed = 320 // u32
@@ -194,6 +196,43 @@ func (r *ring) bump(seq, waiters int) {
 	}
 }
 
+// bumpData publishes new data. The idle reader is not woken while a poller
+// spins on the ring (it would find nothing to do: the poller reads first);
+// setPolling(false) wakes it if data is left behind. A consumer waiting
+// for the rest of a frame is always woken.
+func (r *ring) bumpData() {
+	atomic.AddUint32(r.u32(offDataSeq), 1)
+	if atomic.LoadUint32(r.u32(offDataWait)) != 0 ||
+		(atomic.LoadUint32(r.u32(offIdleWait)) != 0 && atomic.LoadUint32(r.u32(offPolling)) == 0) {
+		futex(r.u32(offDataSeq), futexWake, 1<<30, 0)
+	}
+}
+
+// available is the number of bytes the consumer can read now.
+func (r *ring) available() uint64 {
+	return atomic.LoadUint64(r.u64(offHead)) - atomic.LoadUint64(r.u64(offTail))
+}
+
+// waitData blocks the idle reader until data is available or either side
+// closed.
+func (r *ring) waitData() error {
+	return r.wait(nil, offDataSeq, offIdleWait, func() bool { return r.available() > 0 })
+}
+
+// setPolling marks a consumer-side poller as spinning (on) or done (off).
+// When the last one stops with data left and the idle reader asleep, it
+// wakes the reader, which the producer did not while the poller spun.
+func (r *ring) setPolling(on bool) {
+	if on {
+		atomic.AddUint32(r.u32(offPolling), 1)
+		return
+	}
+	if atomic.AddUint32(r.u32(offPolling), ^uint32(0)) == 0 && r.available() > 0 &&
+		atomic.LoadUint32(r.u32(offIdleWait)) != 0 {
+		futex(r.u32(offDataSeq), futexWake, 1<<30, 0)
+	}
+}
+
 // Write copies p into the ring, blocking while it is full. On error some
 // prefix of p may have been written.
 func (r *ring) Write(ctx context.Context, p []byte) (int, error) {
@@ -218,7 +257,7 @@ func (r *ring) Write(ctx context.Context, p []byte) (int, error) {
 		head += n
 		done += int(n)
 		atomic.StoreUint64(r.u64(offHead), head)
-		r.bump(offDataSeq, offDataWait)
+		r.bumpData()
 	}
 	return done, nil
 }
@@ -264,7 +303,8 @@ func (r *ring) Close() error {
 		off = offProdClosed
 	}
 	atomic.StoreUint32(r.u32(off), 1)
-	r.bump(offDataSeq, offDataWait)
+	atomic.AddUint32(r.u32(offDataSeq), 1)
+	futex(r.u32(offDataSeq), futexWake, 1<<30, 0)
 	r.bump(offSpaceSeq, offSpaceWait)
 	r.unlink()
 	return nil

@@ -21,3 +21,6 @@ func (r *ring) Read([]byte) (int, error)                   { return 0, errNoShm 
 func (r *ring) Close() error                               { return nil }
 func (r *ring) release()                                   {}
 func shmSupported() bool                                   { return false }
+func (r *ring) available() uint64                          { return 0 }
+func (r *ring) waitData() error                            { return errNoShm }
+func (r *ring) setPolling(bool)                            {}

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sort"
+	"sync/atomic"
 
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/transport"
@@ -18,7 +19,29 @@ type link struct {
 	c   *Comm
 	seq uint64
 	sig signature
+	// checked: the ring successor has (or is being sent) this call's
+	// signature, by a data message or a ctlSigCheck.
+	checked atomic.Bool
+	sendCtx context.Context // bounds transport sends (see startColl)
 }
+
+// ringCheck tells the ring successor what this rank called, unless it
+// already knows: every rank checks its predecessor's call, so calls whose
+// data paths never meet (different roots) still fail instead of hanging.
+// It runs before anything that can block, and at the end of the call.
+func (l *link) ringCheck() {
+	c := l.c
+	if c.size == 1 || l.checked.Swap(true) {
+		return
+	}
+	var th transport.Header
+	(&header{kind: kindControl, sub: ctlSigCheck, comm: c.id, seqOrTag: l.seq, sig: l.sig}).encode(&th)
+	// On the data lane: on the fast path (shared memory) it costs a few
+	// hundred ns, where the control lane is a QUIC stream.
+	_ = c.n.ep.Send(l.sendCtx, c.world[(c.rank+1)%c.size], transport.LaneData, &th, nil)
+}
+
+func (l *link) successor() int { return (l.c.rank + 1) % l.c.size }
 
 func (l *link) Rank() int { return l.c.rank }
 func (l *link) Size() int { return l.c.size }
@@ -31,7 +54,13 @@ func (l *link) Send(ctx context.Context, peer int, step uint32, data []byte) err
 	if skip, err := l.c.collSendSkip(peer, l.seq, op); skip || err != nil {
 		return err
 	}
-	err := l.c.sendChunked(ctx, peer, header{kind: kindColl, seqOrTag: l.seq, step: step, sig: l.sig}, data)
+	if peer != l.successor() || l.checked.Swap(true) {
+		l.ringCheck()
+	} // else this message, which carries the signature, is the check
+	if err := ctx.Err(); err != nil {
+		return err // the algorithm gave up: start nothing new
+	}
+	err := l.c.sendChunked(l.sendCtx, peer, header{kind: kindColl, seqOrTag: l.seq, step: step, sig: l.sig}, data)
 	if err != nil && isDeparture(err) {
 		if skip, _ := l.c.collSendSkip(peer, l.seq, op); skip {
 			return nil
@@ -44,11 +73,14 @@ func (l *link) Recv(ctx context.Context, peer int, step uint32, buf []byte) erro
 	if peer < 0 || peer >= l.c.size {
 		return fmt.Errorf("collective received from rank %d of %d", peer, l.c.size)
 	}
+	l.ringCheck()
 	return l.c.recvColl(ctx, peer, l.seq, step, buf)
 }
 
 // startColl assigns the next sequence number now, in the caller's
-// goroutine, and runs body in the background.
+// goroutine, and returns a request that runs body when started: in the
+// caller's goroutine by wait (blocking calls), or in a goroutine of its own
+// by start (non-blocking calls).
 func (c *Comm) startColl(ctx context.Context, sig signature, body func(ctx context.Context, l *link) error) *Request {
 	op := sig.kind.String()
 	req := newRequest(c, op, true)
@@ -71,43 +103,44 @@ func (c *Comm) startColl(ctx context.Context, sig signature, body func(ctx conte
 	if c.size > 1 {
 		rs, seen := c.remoteSig[seq]
 		delete(c.remoteSig, seq)
-		if !seen || !rs.ringd {
-			c.mySig[seq] = sig
-		}
+		c.mySig[seq] = sig
 		if seen && !rs.sig.matches(sig) {
 			c.mismatchLocked(sig, rs.from, rs.sig)
 		}
 	}
 	c.ops.Add(1)
 	c.mu.Unlock()
-	go func() {
+	req.run = func() {
 		defer c.ops.Done()
 		ctx, cancel := c.opContext(ctx)
 		defer cancel()
-		if c.size > 1 {
-			// Tell the ring successor what we called, so that calls whose
-			// data paths never meet (different roots) still fail.
-			var th transport.Header
-			(&header{kind: kindControl, sub: ctlSigCheck, comm: c.id, seqOrTag: seq, sig: sig}).encode(&th)
-			_ = c.n.ep.Send(ctx, c.world[(c.rank+1)%c.size], transport.LaneControl, &th, nil)
+		// Transport sends get a context that only the deadline ends: an
+		// algorithm cancels its sends when a receive fails, and a frame cut
+		// short would break the connection to a peer that may be healthy
+		// (e.g. when another member left). The peer drains what it gets.
+		dl, _ := ctx.Deadline()
+		sctx := newDeadlineCtx(dl)
+		defer sctx.release()
+		l := &link{c: c, seq: seq, sig: sig, sendCtx: sctx}
+		err := body(ctx, l)
+		if err == nil {
+			l.ringCheck() // a call that only sent, never to its successor
 		}
-		err := body(ctx, &link{c: c, seq: seq, sig: sig})
 		if err != nil {
 			err = c.opError(op, ctx, err)
+		}
+		c.mu.Lock()
+		delete(c.mySig, seq)
+		if err == nil {
+			delete(c.unfinished, seq)
+		} else if e, ok := err.(*Error); ok && CodeOf(err) != CodeClosed && !isDeparture(err) {
 			// A member's departure fails the collectives it did not
 			// complete on every rank alike: not a failure of c.
-			if e, ok := err.(*Error); ok && CodeOf(err) != CodeClosed && !isDeparture(err) {
-				c.mu.Lock()
-				c.failAndTellLocked(e)
-				c.mu.Unlock()
-			}
-		} else {
-			c.mu.Lock()
-			delete(c.unfinished, seq)
-			c.mu.Unlock()
+			c.failAndTellLocked(e)
 		}
+		c.mu.Unlock()
 		req.finish(Status{}, err)
-	}()
+	}
 	return req
 }
 
@@ -198,7 +231,7 @@ func (c *Comm) Allreduce(ctx context.Context, send, recv []byte, dt collective.D
 
 // IAllreduce is the non-blocking Allreduce.
 func (c *Comm) IAllreduce(send, recv []byte, dt collective.DType, op collective.Op) *Request {
-	return c.iallreduce(context.Background(), send, recv, dt, op)
+	return c.iallreduce(context.Background(), send, recv, dt, op).start()
 }
 
 func (c *Comm) iallreduce(ctx context.Context, send, recv []byte, dt collective.DType, op collective.Op) *Request {
@@ -233,7 +266,7 @@ func (c *Comm) Broadcast(ctx context.Context, buf []byte, dt collective.DType, r
 
 // IBroadcast is the non-blocking Broadcast.
 func (c *Comm) IBroadcast(buf []byte, dt collective.DType, root int) *Request {
-	return c.ibroadcast(context.Background(), buf, dt, root)
+	return c.ibroadcast(context.Background(), buf, dt, root).start()
 }
 
 func (c *Comm) ibroadcast(ctx context.Context, buf []byte, dt collective.DType, root int) *Request {
@@ -258,7 +291,7 @@ func (c *Comm) Reduce(ctx context.Context, send, recv []byte, dt collective.DTyp
 
 // IReduce is the non-blocking Reduce.
 func (c *Comm) IReduce(send, recv []byte, dt collective.DType, op collective.Op, root int) *Request {
-	return c.ireduce(context.Background(), send, recv, dt, op, root)
+	return c.ireduce(context.Background(), send, recv, dt, op, root).start()
 }
 
 func (c *Comm) ireduce(ctx context.Context, send, recv []byte, dt collective.DType, op collective.Op, root int) *Request {
@@ -298,7 +331,7 @@ func (c *Comm) Allgather(ctx context.Context, send, recv []byte, dt collective.D
 
 // IAllgather is the non-blocking Allgather.
 func (c *Comm) IAllgather(send, recv []byte, dt collective.DType) *Request {
-	return c.iallgather(context.Background(), send, recv, dt)
+	return c.iallgather(context.Background(), send, recv, dt).start()
 }
 
 func (c *Comm) iallgather(ctx context.Context, send, recv []byte, dt collective.DType) *Request {
@@ -336,7 +369,7 @@ func (c *Comm) Allgatherv(ctx context.Context, send, recv []byte, counts, displs
 
 // IAllgatherv is the non-blocking Allgatherv.
 func (c *Comm) IAllgatherv(send, recv []byte, counts, displs []int, dt collective.DType) *Request {
-	return c.iallgatherv(context.Background(), send, recv, counts, displs, dt)
+	return c.iallgatherv(context.Background(), send, recv, counts, displs, dt).start()
 }
 
 // iallgatherv is IAllgatherv bounded by ctx.
@@ -371,7 +404,7 @@ func (c *Comm) ReduceScatter(ctx context.Context, send, recv []byte, dt collecti
 
 // IReduceScatter is the non-blocking ReduceScatter.
 func (c *Comm) IReduceScatter(send, recv []byte, dt collective.DType, op collective.Op) *Request {
-	return c.ireduceScatter(context.Background(), send, recv, dt, op)
+	return c.ireduceScatter(context.Background(), send, recv, dt, op).start()
 }
 
 func (c *Comm) ireduceScatter(ctx context.Context, send, recv []byte, dt collective.DType, op collective.Op) *Request {
@@ -405,7 +438,7 @@ func (c *Comm) Alltoall(ctx context.Context, send, recv []byte, dt collective.DT
 
 // IAlltoall is the non-blocking Alltoall.
 func (c *Comm) IAlltoall(send, recv []byte, dt collective.DType) *Request {
-	return c.ialltoall(context.Background(), send, recv, dt)
+	return c.ialltoall(context.Background(), send, recv, dt).start()
 }
 
 func (c *Comm) ialltoall(ctx context.Context, send, recv []byte, dt collective.DType) *Request {
@@ -430,7 +463,7 @@ func (c *Comm) Alltoallv(ctx context.Context, send []byte, scounts, sdispls []in
 
 // IAlltoallv is the non-blocking Alltoallv.
 func (c *Comm) IAlltoallv(send []byte, scounts, sdispls []int, recv []byte, rcounts, rdispls []int, dt collective.DType) *Request {
-	return c.ialltoallv(context.Background(), send, scounts, sdispls, recv, rcounts, rdispls, dt)
+	return c.ialltoallv(context.Background(), send, scounts, sdispls, recv, rcounts, rdispls, dt).start()
 }
 
 // ialltoallv is IAlltoallv bounded by ctx.
@@ -467,7 +500,7 @@ func (c *Comm) Gather(ctx context.Context, send, recv []byte, dt collective.DTyp
 
 // IGather is the non-blocking Gather.
 func (c *Comm) IGather(send, recv []byte, dt collective.DType, root int) *Request {
-	return c.igather(context.Background(), send, recv, dt, root)
+	return c.igather(context.Background(), send, recv, dt, root).start()
 }
 
 func (c *Comm) igather(ctx context.Context, send, recv []byte, dt collective.DType, root int) *Request {
@@ -501,7 +534,7 @@ func (c *Comm) Gatherv(ctx context.Context, send, recv []byte, counts, displs []
 
 // IGatherv is the non-blocking Gatherv.
 func (c *Comm) IGatherv(send, recv []byte, counts, displs []int, dt collective.DType, root int) *Request {
-	return c.igatherv(context.Background(), send, recv, counts, displs, dt, root)
+	return c.igatherv(context.Background(), send, recv, counts, displs, dt, root).start()
 }
 
 // igatherv is IGatherv bounded by ctx.
@@ -543,7 +576,7 @@ func (c *Comm) Scatter(ctx context.Context, send, recv []byte, dt collective.DTy
 
 // IScatter is the non-blocking Scatter.
 func (c *Comm) IScatter(send, recv []byte, dt collective.DType, root int) *Request {
-	return c.iscatter(context.Background(), send, recv, dt, root)
+	return c.iscatter(context.Background(), send, recv, dt, root).start()
 }
 
 func (c *Comm) iscatter(ctx context.Context, send, recv []byte, dt collective.DType, root int) *Request {
@@ -577,7 +610,7 @@ func (c *Comm) Scatterv(ctx context.Context, send []byte, counts, displs []int, 
 
 // IScatterv is the non-blocking Scatterv.
 func (c *Comm) IScatterv(send []byte, counts, displs []int, recv []byte, dt collective.DType, root int) *Request {
-	return c.iscatterv(context.Background(), send, counts, displs, recv, dt, root)
+	return c.iscatterv(context.Background(), send, counts, displs, recv, dt, root).start()
 }
 
 // iscatterv is IScatterv bounded by ctx.
@@ -619,7 +652,7 @@ func (c *Comm) Scan(ctx context.Context, send, recv []byte, dt collective.DType,
 
 // IScan is the non-blocking Scan.
 func (c *Comm) IScan(send, recv []byte, dt collective.DType, op collective.Op) *Request {
-	return c.iscan(context.Background(), collScan, send, recv, dt, op)
+	return c.iscan(context.Background(), collScan, send, recv, dt, op).start()
 }
 
 // Exscan leaves in rank r's recv the combination over ranks 0..r-1; rank
@@ -630,7 +663,7 @@ func (c *Comm) Exscan(ctx context.Context, send, recv []byte, dt collective.DTyp
 
 // IExscan is the non-blocking Exscan.
 func (c *Comm) IExscan(send, recv []byte, dt collective.DType, op collective.Op) *Request {
-	return c.iscan(context.Background(), collExscan, send, recv, dt, op)
+	return c.iscan(context.Background(), collExscan, send, recv, dt, op).start()
 }
 
 func (c *Comm) iscan(ctx context.Context, kind collKind, send, recv []byte, dt collective.DType, op collective.Op) *Request {
@@ -651,7 +684,7 @@ func (c *Comm) iscan(ctx context.Context, kind collKind, send, recv []byte, dt c
 func (c *Comm) Barrier(ctx context.Context) error { return c.ibarrier(ctx).wait() }
 
 // IBarrier is the non-blocking Barrier.
-func (c *Comm) IBarrier() *Request { return c.ibarrier(context.Background()) }
+func (c *Comm) IBarrier() *Request { return c.ibarrier(context.Background()).start() }
 
 func (c *Comm) ibarrier(ctx context.Context) *Request {
 	return c.startColl(ctx, signature{kind: collBarrier, root: -1, count: 0}, exchangeSignatures)

@@ -47,7 +47,7 @@ type Comm struct {
 	mu         sync.Mutex
 	err        error
 	nextSeq    uint64
-	mySig      map[uint64]signature // own calls whose ring check has not arrived
+	mySig      map[uint64]signature // own calls not completed yet
 	remoteSig  map[uint64]remoteSig // signatures seen for calls not made here yet
 	coll       map[collKey]*inMsg
 	posted     []*p2pRecv
@@ -56,7 +56,8 @@ type Comm struct {
 	sendTail   []chan struct{} // per peer: done when the previous p2p send finished
 	unfinished map[uint64]bool // collectives started here and not completed successfully
 	gone       map[int]departure
-	collLimit  uint64 // collectives from this seq on can never complete (a member left)
+	collLimit  uint64     // collectives from this seq on can never complete (a member left)
+	filled     *sync.Cond // on mu: broadcast when a placed chunk is written
 }
 
 // departure records that a member destroyed its communicator: every message
@@ -68,9 +69,8 @@ type departure struct {
 }
 
 type remoteSig struct {
-	sig   signature
-	from  int
-	ringd bool // the ring check for this seq has arrived
+	sig  signature
+	from int
 }
 
 type collKey struct {
@@ -92,6 +92,7 @@ type inMsg struct {
 	done     chan struct{} // collective: closed when a matched message is complete
 	err      error
 	complete bool // p2p: all chunks arrived
+	filling  bool // the transport is writing a placed chunk into buf
 }
 
 type p2pRecv struct {
@@ -120,6 +121,7 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 	for r, w := range world {
 		c.of[w] = r
 	}
+	c.filled = sync.NewCond(&c.mu)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c
 }
@@ -354,7 +356,7 @@ func (c *Comm) control(src int, h header, payload []byte) {
 	switch h.sub {
 	case ctlSigCheck:
 		c.mu.Lock()
-		c.checkSigLocked(src, h.seqOrTag, h.sig, true)
+		c.checkSigLocked(src, h.seqOrTag, h.sig)
 		c.mu.Unlock()
 	case ctlBye:
 		c.mu.Lock()
@@ -376,32 +378,26 @@ func (c *Comm) control(src int, h header, payload []byte) {
 	}
 }
 
-// checkSigLocked compares a peer's signature for seq with ours, or keeps it
-// until we make call seq. ring marks the ring check (which retires mySig).
-func (c *Comm) checkSigLocked(src int, seq uint64, sig signature, ring bool) {
+// checkSigLocked compares a peer's signature for seq with ours (kept from
+// the call until it completes), or keeps it until we make call seq. Every
+// data message of a collective and every ring check carries one.
+func (c *Comm) checkSigLocked(src int, seq uint64, sig signature) {
 	if mine, ok := c.mySig[seq]; ok {
-		if ring {
-			delete(c.mySig, seq)
-		}
 		if !mine.matches(sig) {
 			c.mismatchLocked(mine, src, sig)
 		}
 		return
 	}
 	if seq < c.nextSeq {
-		return // our call seq is done and already checked
+		return // our call seq has completed, every message checked
 	}
 	if prev, ok := c.remoteSig[seq]; ok {
 		if !prev.sig.matches(sig) {
 			c.mismatchBetweenLocked(prev.from, prev.sig, src, sig)
 		}
-		if ring {
-			prev.ringd = true
-			c.remoteSig[seq] = prev
-		}
 		return
 	}
-	c.remoteSig[seq] = remoteSig{sig: sig, from: src, ringd: ring}
+	c.remoteSig[seq] = remoteSig{sig: sig, from: src}
 }
 
 func (c *Comm) mismatchLocked(mine signature, src int, theirs signature) {

@@ -178,7 +178,7 @@ func (n *node) peerLeft(p int, cause error) {
 		return
 	}
 	n.left[p] = cause
-	n.log.Info("nexar: peer left", "rank", n.rank, "peer", p)
+	n.log.Debug("nexar: peer left", "rank", n.rank, "peer", p)
 	for _, c := range n.comms {
 		c.leftLocked(p)
 	}

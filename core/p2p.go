@@ -84,7 +84,7 @@ func (c *Comm) sendChunked(ctx context.Context, peer int, h header, data []byte)
 // another with the same tag are received in the order the sends were
 // called. The request completes when buf may be reused.
 func (c *Comm) ISend(buf []byte, peer int, tag uint64) *Request {
-	return c.isend(context.Background(), buf, peer, tag)
+	return c.isend(context.Background(), buf, peer, tag).start()
 }
 
 // Send sends buf to peer with tag and returns once buf may be reused.
@@ -114,7 +114,7 @@ func (c *Comm) isend(ctx context.Context, buf []byte, peer int, tag uint64) *Req
 	c.sendTail[peer] = done
 	c.ops.Add(1)
 	c.mu.Unlock()
-	go func() {
+	req.run = func() {
 		defer c.ops.Done()
 		defer close(done)
 		ctx, cancel := c.opContext(ctx)
@@ -132,7 +132,7 @@ func (c *Comm) isend(ctx context.Context, buf []byte, peer int, tag uint64) *Req
 			err = c.opError("send", ctx, err)
 		}
 		req.finish(Status{Source: c.rank, Tag: tag, Count: len(buf)}, err)
-	}()
+	}
 	return req
 }
 
@@ -153,6 +153,9 @@ func (c *Comm) Recv(ctx context.Context, buf []byte, peer int, tag uint64) (Stat
 	}
 	ctx, cancel := c.opContext(ctx)
 	defer cancel()
+	if peer != AnySource {
+		c.spin(peer, req.done)
+	}
 	select {
 	case <-req.done:
 	case <-req.failedCh():
@@ -165,6 +168,7 @@ func (c *Comm) Recv(ctx context.Context, buf []byte, peer int, tag uint64) (Stat
 			}
 		}
 		r.cancel = true
+		c.waitFilledLocked(r.msg)
 		c.mu.Unlock()
 		req.finish(Status{}, c.opError("recv", ctx, ctx.Err()))
 	}
@@ -297,7 +301,7 @@ func (c *Comm) deliverColl(src int, h header, payload []byte, pre bool) {
 	for {
 		freed := c.n.freedCh()
 		c.mu.Lock()
-		c.checkSigLocked(src, h.seqOrTag, h.sig, false)
+		c.checkSigLocked(src, h.seqOrTag, h.sig)
 		if c.err != nil || h.seqOrTag >= c.collLimit { // no receive will come
 			c.mu.Unlock()
 			if pre {
@@ -398,12 +402,29 @@ func (c *Comm) recvColl(ctx context.Context, src int, seq uint64, step uint32, b
 		}
 	}
 	c.mu.Unlock()
+	if c.spin(src, m.done) {
+		return m.err
+	}
 	select {
 	case <-m.done:
 		return m.err
 	case <-c.failed:
-		return c.Err()
 	case <-ctx.Done():
-		return ctx.Err()
 	}
+	// Given up: the buffer must not be written once we return.
+	c.mu.Lock()
+	c.waitFilledLocked(m)
+	if c.coll[key] == m {
+		delete(c.coll, key)
+	}
+	c.mu.Unlock()
+	select {
+	case <-m.done:
+		return m.err
+	default:
+	}
+	if err := c.Err(); err != nil {
+		return err
+	}
+	return ctx.Err()
 }

@@ -17,6 +17,10 @@ type Request struct {
 	once   sync.Once
 	err    error
 	st     Status
+	// run, when set, performs the operation; it is taken (by the goroutine
+	// that created the request, before the request is shared) by start or
+	// wait, and runs exactly once.
+	run func()
 }
 
 func newRequest(c *Comm, op string, worker bool) *Request {
@@ -73,8 +77,23 @@ func (r *Request) Wait(ctx context.Context) error {
 	}
 }
 
-// wait blocks until the operation completes; the operation bounds itself.
+// start runs the operation in a goroutine of its own (non-blocking calls).
+func (r *Request) start() *Request {
+	if f := r.run; f != nil {
+		r.run = nil
+		go f()
+	}
+	return r
+}
+
+// wait runs the operation in the calling goroutine if it has not started
+// (blocking calls: no goroutine hand-off), then blocks until it completes;
+// the operation bounds itself.
 func (r *Request) wait() error {
+	if f := r.run; f != nil {
+		r.run = nil
+		f()
+	}
 	select {
 	case <-r.done:
 		return r.err

@@ -1,0 +1,166 @@
+package core
+
+import (
+	"runtime"
+	"time"
+
+	"github.com/nexar-go/nexar/transport"
+)
+
+// This file is the fast receive path: payloads read by the transport
+// straight into the buffer of a posted receive (place), and a waiting
+// goroutine that progresses a shared-memory channel itself instead of
+// sleeping until the transport's read loop hands the message over (spin).
+
+// place is the transport.PlaceFunc of the node: the destination of an
+// expected payload, or nil to let the Handler buffer it.
+func (n *node) place(from int, th *transport.Header, size int) ([]byte, func(error)) {
+	if from < 0 || from >= n.size || n.hold.Load() != nil {
+		return nil, nil
+	}
+	h, err := decodeHeader(th)
+	if err != nil || (h.kind != kindColl && h.kind != kindP2P) || h.total > 1<<62 || uint64(size) > h.total {
+		return nil, nil // the Handler reports what is wrong
+	}
+	n.lastSeen[from].Store(time.Now().UnixNano())
+	n.mu.Lock()
+	c := n.comms[h.comm]
+	n.mu.Unlock()
+	if c == nil {
+		return nil, nil
+	}
+	src, ok := c.of[from]
+	if !ok {
+		return nil, nil
+	}
+	if h.kind == kindColl {
+		return c.placeColl(src, h, size)
+	}
+	return c.placeP2P(src, h, size)
+}
+
+// placeColl places a chunk of collective message (src, seq, step) whose
+// receive is posted. Anything unusual (a size mismatch to report, a failed
+// communicator) takes the Handler's path.
+func (c *Comm) placeColl(src int, h header, size int) ([]byte, func(error)) {
+	key := collKey{src: src, seq: h.seqOrTag, step: h.step}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.checkSigLocked(src, h.seqOrTag, h.sig)
+	m := c.coll[key]
+	if c.err != nil || h.seqOrTag >= c.collLimit || m == nil || m.buf == nil || m.filling ||
+		(m.total < 0 && int(h.total) != len(m.buf)) || m.got+size > len(m.buf) {
+		return nil, nil
+	}
+	m.total = int(h.total)
+	m.filling = true
+	return m.buf[m.got : m.got+size], func(err error) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		m.filling = false
+		c.filled.Broadcast()
+		if err != nil {
+			return // the transport reports the peer down: c fails
+		}
+		m.got += size
+		if m.got >= m.total && c.coll[key] == m {
+			delete(c.coll, key)
+			close(m.done)
+		}
+	}
+}
+
+// placeP2P places a chunk of a point-to-point message from src when a
+// matching receive is posted (or the message already matched one).
+func (c *Comm) placeP2P(src int, h header, size int) ([]byte, func(error)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return nil, nil
+	}
+	m := c.cur[src]
+	if m == nil {
+		// First chunk: match it now, as deliverP2P would.
+		var r *p2pRecv
+		ri := -1
+		for i, p := range c.posted {
+			if (p.src == AnySource || p.src == src) && p.tag == h.seqOrTag {
+				r, ri = p, i
+				break
+			}
+		}
+		if r == nil || int(h.total) > len(r.buf) {
+			return nil, nil // unexpected, or truncated: the Handler's path
+		}
+		c.posted = append(c.posted[:ri], c.posted[ri+1:]...)
+		m = &inMsg{src: src, tag: h.seqOrTag, total: int(h.total), recv: r}
+		r.msg = m
+		c.cur[src] = m
+	}
+	if m.recv == nil || m.recv.cancel || m.filling || m.got+size > len(m.recv.buf) {
+		return nil, nil
+	}
+	m.filling = true
+	return m.recv.buf[m.got : m.got+size], func(err error) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		m.filling = false
+		c.filled.Broadcast()
+		if err != nil {
+			return
+		}
+		m.got += size
+		if m.got >= m.total {
+			c.cur[src] = nil
+			c.completeRecvLocked(m)
+		}
+	}
+}
+
+// waitFilledLocked waits, with c.mu held, until the transport has finished
+// writing into m's buffer, so that a receive given up on no longer has its
+// buffer written behind the caller's back.
+func (c *Comm) waitFilledLocked(m *inMsg) {
+	for m != nil && m.filling {
+		c.filled.Wait()
+	}
+}
+
+// poller is implemented by endpoints whose inbound data a waiting goroutine
+// can progress itself (transport/bulk's shared-memory rings).
+type poller interface {
+	StartPolling(peer int) (poll, stop func())
+}
+
+// spin polls the channel from comm rank src until done is closed, for at
+// most the configured SpinWait; it reports whether done was closed. It
+// returns false at once when that channel cannot be polled.
+func (c *Comm) spin(src int, done <-chan struct{}) bool {
+	if c.cfg.SpinWait <= 0 || src < 0 {
+		return false
+	}
+	p, ok := c.n.ep.(poller)
+	if !ok {
+		return false
+	}
+	poll, stop := p.StartPolling(c.world[src])
+	if poll == nil {
+		return false
+	}
+	defer stop()
+	start := time.Now()
+	for i := 1; ; i++ {
+		select {
+		case <-done:
+			return true
+		default:
+		}
+		poll()
+		if i%16 == 0 {
+			if time.Since(start) > c.cfg.SpinWait {
+				return false
+			}
+			runtime.Gosched() // other goroutines of this process may need the CPU
+		}
+	}
+}

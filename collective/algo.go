@@ -193,6 +193,9 @@ func (s *steps) recv(ctx context.Context, l Link, peer int, buf []byte) error {
 // transports buffer them, and a goroutine would cost more than the send.
 func (s *steps) exchange(ctx context.Context, l Link, to int, data []byte, from int, buf []byte) error {
 	sb, rb := s.sendTo(to, len(data)), s.recvFrom(from, len(buf))
+	if x, ok := l.(Exchanger); ok {
+		return x.Exchange(ctx, to, sb, data, from, rb, buf, s.chunk)
+	}
 	if len(data) <= InlineSendMax {
 		if err := s.sendMsg(ctx, l, to, sb, data); err != nil {
 			return err

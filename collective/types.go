@@ -126,3 +126,15 @@ type Link interface {
 	Send(ctx context.Context, peer int, step uint32, data []byte) error
 	Recv(ctx context.Context, peer int, step uint32, buf []byte) error
 }
+
+// Exchanger is an optional Link extension for a send and a receive that
+// move together (the step of most schedules): Exchange sends data to `to`
+// as messages of at most chunk bytes under steps sbase, sbase+1, ... while
+// it receives buf from `from` likewise under rbase, rbase+1, ..., and
+// returns once both are done. A Link implements it when it can do better
+// than a goroutine per direction (post the receive first, progress both
+// from one goroutine). Empty data or buf is one empty message, as in Send
+// and Recv.
+type Exchanger interface {
+	Exchange(ctx context.Context, to int, sbase uint32, data []byte, from int, rbase uint32, buf []byte, chunk int) error
+}

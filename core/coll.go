@@ -47,6 +47,85 @@ func (l *link) Rank() int { return l.c.rank }
 func (l *link) Size() int { return l.c.size }
 
 func (l *link) Send(ctx context.Context, peer int, step uint32, data []byte) error {
+	return l.send(ctx, peer, step, data, nil)
+}
+
+// Exchange implements collective.Exchanger: it posts every receive first,
+// so that the data lands in buf whoever reads it, then sends in this
+// goroutine (while the send waits for room on a shared-memory ring it
+// reads from's ring itself, so one goroutine moves both directions), then
+// waits for the receives.
+func (l *link) Exchange(ctx context.Context, to int, sbase uint32, data []byte, from int, rbase uint32, buf []byte, chunk int) error {
+	c := l.c
+	if to < 0 || to >= c.size || from < 0 || from >= c.size {
+		return fmt.Errorf("collective exchange with ranks %d and %d of %d", to, from, c.size)
+	}
+	type posted struct {
+		key collKey
+		m   *inMsg
+	}
+	var ps []posted
+	unpost := func() {
+		for _, p := range ps {
+			c.unpostColl(p.key, p.m)
+		}
+	}
+	if to != l.successor() {
+		l.ringCheck()
+	}
+	for i, off := uint32(0), 0; ; i++ {
+		end := min(off+chunk, len(buf))
+		key := collKey{src: from, seq: l.seq, step: rbase + i}
+		m, err := c.postColl(key, buf[off:end])
+		if err != nil {
+			unpost()
+			return err
+		}
+		if m != nil {
+			ps = append(ps, posted{key, m})
+		}
+		if off = end; off >= len(buf) {
+			break
+		}
+	}
+	var progress func() bool
+	stop := func() {}
+	if p, ok := c.n.ep.(poller); ok && len(ps) > 0 && l.sharedMemory(to) {
+		if poll, end := p.StartPolling(c.world[from]); poll != nil {
+			progress, stop = poll, end
+		}
+	}
+	for i, off := uint32(0), 0; ; i++ {
+		end := min(off+chunk, len(data))
+		if err := l.send(ctx, to, sbase+i, data[off:end], progress); err != nil {
+			stop()
+			unpost()
+			return err
+		}
+		if off = end; off >= len(data) {
+			break
+		}
+	}
+	stop() // waitColl polls for a while, then must let the ring's reader work
+	for i, p := range ps {
+		if err := c.waitColl(ctx, p.key, p.m); err != nil {
+			ps = ps[i+1:]
+			unpost()
+			return err
+		}
+	}
+	return nil
+}
+
+// sharedMemory reports whether this rank's data to comm rank peer goes
+// over a shared-memory ring (where a send can progress a receive).
+func (l *link) sharedMemory(peer int) bool {
+	s, ok := l.c.n.ep.(interface{ SharedMemory(peer int) bool })
+	_, ps := l.c.n.ep.(progressSender)
+	return ok && ps && s.SharedMemory(l.c.world[peer])
+}
+
+func (l *link) send(ctx context.Context, peer int, step uint32, data []byte, progress func() bool) error {
 	if peer < 0 || peer >= l.c.size {
 		return fmt.Errorf("collective sent to rank %d of %d", peer, l.c.size)
 	}
@@ -60,7 +139,17 @@ func (l *link) Send(ctx context.Context, peer int, step uint32, data []byte) err
 	if err := ctx.Err(); err != nil {
 		return err // the algorithm gave up: start nothing new
 	}
-	err := l.c.sendChunked(l.sendCtx, peer, header{kind: kindColl, seqOrTag: l.seq, step: step, sig: l.sig}, data)
+	h := header{kind: kindColl, seqOrTag: l.seq, step: step, sig: l.sig, comm: l.c.id, total: uint64(len(data))}
+	var err error
+	if progress != nil {
+		// One chunk (<= transport.MaxPayload), sent by the caller while
+		// it progresses the receive of an exchange.
+		var th transport.Header
+		h.encode(&th)
+		err = l.c.n.ep.(progressSender).SendProgress(l.sendCtx, l.c.world[peer], &th, data, progress)
+	} else {
+		err = l.c.sendChunked(l.sendCtx, peer, h, data)
+	}
 	if err != nil && isDeparture(err) {
 		if skip, _ := l.c.collSendSkip(peer, l.seq, op); skip {
 			return nil

@@ -360,49 +360,63 @@ func (c *Comm) deliverColl(src int, h header, payload []byte, pre bool) {
 // recvColl receives the collective message (src, seq, step) into buf.
 func (c *Comm) recvColl(ctx context.Context, src int, seq uint64, step uint32, buf []byte) error {
 	key := collKey{src: src, seq: seq, step: step}
+	m, err := c.postColl(key, buf)
+	if err != nil || m == nil {
+		return err
+	}
+	return c.waitColl(ctx, key, m)
+}
+
+// postColl makes buf the destination of collective message key. It returns
+// the message to wait for, or nil when it had already arrived whole (and
+// is now in buf).
+func (c *Comm) postColl(key collKey, buf []byte) (*inMsg, error) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.err != nil {
-		c.mu.Unlock()
-		return c.err
+		return nil, c.err
 	}
 	m := c.coll[key]
 	if m == nil {
-		err := c.departedLocked("comm", src)
+		err := c.departedLocked("comm", key.src)
 		if err == nil {
-			err = c.collDepartedLocked("comm", seq)
+			err = c.collDepartedLocked("comm", key.seq)
 		}
 		if err != nil {
-			c.mu.Unlock()
-			return err
+			return nil, err
 		}
-		m = &inMsg{src: src, total: -1, buf: buf, done: make(chan struct{})}
+		m = &inMsg{src: key.src, total: -1, buf: buf, done: make(chan struct{})}
 		c.coll[key] = m
-	} else {
-		if m.total != len(buf) {
-			e := &Error{Code: CodeMismatch, Op: "comm", Rank: src,
-				Msg: fmt.Sprintf("rank %d sent %d bytes for step %d of call %d but rank %d expected %d",
-					src, m.total, step, seq, c.rank, len(buf))}
-			c.failAndTellLocked(e)
-			c.mu.Unlock()
-			return e
-		}
-		off := 0
-		for _, ch := range m.chunks {
-			copy(buf[off:], ch)
-			off += len(ch)
-		}
-		held := m.held
-		m.chunks, m.held, m.buf = nil, 0, buf
-		m.done = make(chan struct{})
-		c.n.release(held)
-		if m.got >= m.total {
-			delete(c.coll, key)
-			c.mu.Unlock()
-			return nil
-		}
+		return m, nil
 	}
-	c.mu.Unlock()
-	if c.spin(src, m.done) {
+	if m.total != len(buf) {
+		e := &Error{Code: CodeMismatch, Op: "comm", Rank: key.src,
+			Msg: fmt.Sprintf("rank %d sent %d bytes for step %d of call %d but rank %d expected %d",
+				key.src, m.total, key.step, key.seq, c.rank, len(buf))}
+		c.failAndTellLocked(e)
+		return nil, e
+	}
+	off := 0
+	for _, ch := range m.chunks {
+		copy(buf[off:], ch)
+		off += len(ch)
+	}
+	held := m.held
+	m.chunks, m.held, m.buf = nil, 0, buf
+	m.done = make(chan struct{})
+	c.n.release(held)
+	if m.got >= m.total {
+		delete(c.coll, key)
+		return nil, nil
+	}
+	return m, nil
+}
+
+// waitColl waits for the posted message m (key) to complete. When it gives
+// up (ctx, failure) it withdraws the receive, so that buf is not written
+// after it returns.
+func (c *Comm) waitColl(ctx context.Context, key collKey, m *inMsg) error {
+	if c.spin(key.src, m.done) {
 		return m.err
 	}
 	select {
@@ -411,13 +425,7 @@ func (c *Comm) recvColl(ctx context.Context, src int, seq uint64, step uint32, b
 	case <-c.failed:
 	case <-ctx.Done():
 	}
-	// Given up: the buffer must not be written once we return.
-	c.mu.Lock()
-	c.waitFilledLocked(m)
-	if c.coll[key] == m {
-		delete(c.coll, key)
-	}
-	c.mu.Unlock()
+	c.unpostColl(key, m)
 	select {
 	case <-m.done:
 		return m.err
@@ -427,4 +435,15 @@ func (c *Comm) recvColl(ctx context.Context, src int, seq uint64, step uint32, b
 		return err
 	}
 	return ctx.Err()
+}
+
+// unpostColl withdraws a posted receive, waiting for a placed chunk in
+// flight to land first.
+func (c *Comm) unpostColl(key collKey, m *inMsg) {
+	c.mu.Lock()
+	c.waitFilledLocked(m)
+	if c.coll[key] == m {
+		delete(c.coll, key)
+	}
+	c.mu.Unlock()
 }

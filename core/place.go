@@ -1,6 +1,7 @@
 package core
 
 import (
+	"context"
 	"runtime"
 	"time"
 
@@ -129,7 +130,13 @@ func (c *Comm) waitFilledLocked(m *inMsg) {
 // poller is implemented by endpoints whose inbound data a waiting goroutine
 // can progress itself (transport/bulk's shared-memory rings).
 type poller interface {
-	StartPolling(peer int) (poll, stop func())
+	StartPolling(peer int) (poll func() bool, stop func())
+}
+
+// progressSender is implemented by endpoints that can run a poll function
+// while a LaneData send waits for room (transport/bulk).
+type progressSender interface {
+	SendProgress(ctx context.Context, peer int, h *transport.Header, payload []byte, progress func() bool) error
 }
 
 // spin polls the channel from comm rank src until done is closed, for at

@@ -280,6 +280,18 @@ func (e *Endpoint) Start(ctx context.Context, inner transport.Endpoint) error {
 
 // Send routes LaneData to the peer's bulk channel and the rest to inner.
 func (e *Endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *transport.Header, payload []byte) error {
+	return e.send(ctx, peer, lane, h, payload, nil)
+}
+
+// SendProgress is Send for LaneData that, while it waits for room on a
+// shared-memory ring, runs progress (a poll function from StartPolling):
+// one goroutine can then keep both directions of an exchange moving, which
+// on few cores beats a goroutine per direction. On other paths it is Send.
+func (e *Endpoint) SendProgress(ctx context.Context, peer int, h *transport.Header, payload []byte, progress func() bool) error {
+	return e.send(ctx, peer, transport.LaneData, h, payload, progress)
+}
+
+func (e *Endpoint) send(ctx context.Context, peer int, lane transport.Lane, h *transport.Header, payload []byte, progress func() bool) error {
 	if e.closed.Load() {
 		return transport.ErrClosed
 	}
@@ -294,7 +306,7 @@ func (e *Endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 			if len(payload) > transport.MaxPayload {
 				return fmt.Errorf("bulk: payload of %d bytes exceeds %d", len(payload), transport.MaxPayload)
 			}
-			broken, err := ch.send(ctx, h, payload)
+			broken, err := ch.send(ctx, h, payload, progress)
 			if err == nil {
 				return nil
 			}
@@ -320,15 +332,30 @@ func (e *Endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 	return e.inner.Send(ctx, peer, lane, h, payload)
 }
 
+// SharedMemory reports whether this rank's data to peer goes over a
+// shared-memory ring.
+func (e *Endpoint) SharedMemory(peer int) bool {
+	if peer < 0 || peer >= e.size {
+		return false
+	}
+	ch := e.out[peer].Load()
+	if ch == nil {
+		return false
+	}
+	_, ok := ch.links[0].(ringLink)
+	return ok
+}
+
 // StartPolling lets the calling goroutine, which is about to wait for data
-// from peer, progress peer's shared-memory ring itself: poll delivers, in
-// the caller, the frames that have started to arrive, without waiting for
+// from peer, progress peer's shared-memory ring itself: poll consumes, in
+// the caller, what has arrived (a bounded amount), delivers the frames it
+// completes and reports whether it consumed anything, without waiting for
 // more; stop ends the polling (call it exactly once). While a goroutine
 // polls, the producer does not wake the ring's read loop, which would find
 // nothing to do: on few cores that hand-off costs more than the data. Both
 // are nil when peer's data does not come over a ring. Safe for concurrent
 // use.
-func (e *Endpoint) StartPolling(peer int) (poll, stop func()) {
+func (e *Endpoint) StartPolling(peer int) (poll func() bool, stop func()) {
 	if peer < 0 || peer >= e.size {
 		return nil, nil
 	}

@@ -30,7 +30,9 @@ type link interface {
 	io.Reader
 	// write writes every buffer in order; n counts the bytes written, so
 	// the caller knows whether a failed write left a partial frame.
-	write(ctx context.Context, bufs ...[]byte) (n int, err error)
+	// progress (may be nil) is work to do while the write waits; links
+	// that cannot wait that way ignore it.
+	write(ctx context.Context, progress func() bool, bufs ...[]byte) (n int, err error)
 	Close() error
 }
 
@@ -38,10 +40,10 @@ type ringLink struct{ r *ring }
 
 func (l ringLink) Read(p []byte) (int, error) { return l.r.Read(p) }
 func (l ringLink) Close() error               { return l.r.Close() }
-func (l ringLink) write(ctx context.Context, bufs ...[]byte) (int, error) {
+func (l ringLink) write(ctx context.Context, progress func() bool, bufs ...[]byte) (int, error) {
 	n := 0
 	for _, b := range bufs {
-		m, err := l.r.Write(ctx, b)
+		m, err := l.r.Write(ctx, b, progress)
 		n += m
 		if err != nil {
 			return n, err
@@ -59,7 +61,7 @@ func (l connLink) Read(p []byte) (int, error) { return l.c.Read(p) }
 func (l connLink) Close() error               { return l.raw.Close() }
 
 // write honours ctx by moving the write deadline into the past.
-func (l connLink) write(ctx context.Context, bufs ...[]byte) (int, error) {
+func (l connLink) write(ctx context.Context, _ func() bool, bufs ...[]byte) (int, error) {
 	fired := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		l.c.SetWriteDeadline(time.Unix(1, 0))
@@ -107,6 +109,19 @@ type channel struct {
 	r0      io.Reader  // link 0, buffered for TCP
 	pre     [frame.PrefixSize]byte
 	end     error // the frame error that ended the channel, once met
+	rx      rxFrame
+}
+
+// rxFrame is the frame a ring channel is in the middle of reading: ring
+// readers consume what has arrived and return, so a frame may take several
+// calls.
+type rxFrame struct {
+	npre   int // prefix bytes read into channel.pre
+	active bool
+	h      *transport.Header
+	p      []byte
+	off    int
+	done   func(error) // set when p was placed
 }
 
 func newChannel(peer int, desc string, links []link) *channel {
@@ -143,7 +158,7 @@ var errBroken = errors.New("bulk: channel broken by an earlier failure")
 
 // send writes one frame. An error after some bytes left breaks the channel
 // (the stream can no longer be framed); broken reports that.
-func (c *channel) send(ctx context.Context, h *transport.Header, p []byte) (broken bool, err error) {
+func (c *channel) send(ctx context.Context, h *transport.Header, p []byte, progress func() bool) (broken bool, err error) {
 	select {
 	case c.sem <- struct{}{}: // uncontended: no need for ctx.Done
 	default:
@@ -173,12 +188,12 @@ func (c *channel) send(ctx context.Context, h *transport.Header, p []byte) (brok
 	errs := make([]error, parts)
 	for i := 1; i < parts; i++ {
 		wg.Go(func() {
-			n, err := c.links[i].write(ctx, part(p, i, per))
+			n, err := c.links[i].write(ctx, nil, part(p, i, per))
 			wrote.Add(int64(n))
 			errs[i] = err
 		})
 	}
-	n, err0 := c.links[0].write(ctx, bufs...)
+	n, err0 := c.links[0].write(ctx, progress, bufs...)
 	wrote.Add(int64(n))
 	errs[0] = err0
 	if err0 != nil && parts > 1 {
@@ -219,7 +234,7 @@ func (c *channel) goodbye(deadline time.Time) {
 	}
 	if !c.broken.Load() {
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		c.links[0].write(ctx, frame.AppendGoodbye(nil, transport.LaneData))
+		c.links[0].write(ctx, nil, frame.AppendGoodbye(nil, transport.LaneData))
 		cancel()
 	}
 	c.close()
@@ -241,18 +256,31 @@ func (c *channel) startReading(deliver func(h *transport.Header, p []byte), plac
 // readLoop delivers frames until a link fails or a goodbye arrives; it
 // returns frame.ErrGoodbye for a graceful end, else the failure.
 func (c *channel) readLoop() error {
+	if c.ring == nil {
+		for {
+			c.rmu.Lock()
+			err := c.readFrame()
+			c.rmu.Unlock()
+			if err != nil {
+				return err
+			}
+		}
+	}
 	for {
-		waited := error(nil)
-		if c.ring != nil {
-			// Wait without the lock, so that a poller can read meanwhile.
-			waited = c.ring.waitData()
-		}
+		// Wait without the lock, so that a poller can read meanwhile.
+		waited := c.ring.waitData()
 		c.rmu.Lock()
-		if waited == nil && c.ring != nil && c.end == nil && c.ring.available() == 0 {
-			c.rmu.Unlock() // a poller took it
-			continue
+		_, err := c.stepRing(0)
+		if err == nil && waited != nil && c.ring.available() == 0 {
+			err = c.ring.closedErr()
+			if err == io.EOF && (c.rx.active || c.rx.npre > 0) {
+				err = io.ErrUnexpectedEOF
+			}
+			if err == nil {
+				err = waited
+			}
+			c.fail(err)
 		}
-		err := c.readFrame()
 		c.rmu.Unlock()
 		if err != nil {
 			return err
@@ -260,24 +288,108 @@ func (c *channel) readLoop() error {
 	}
 }
 
-// poll reads and delivers, in the calling goroutine, every frame that has
-// started to arrive on a ring channel. It returns at once when another
+// pollBudget bounds the bytes one poll consumes, so that a goroutine that
+// also writes (an exchange) alternates between the two directions.
+const pollBudget = publish
+
+// poll consumes, in the calling goroutine, what has arrived on a ring
+// channel (at most pollBudget bytes), delivering the frames it completes,
+// and reports whether it consumed anything. It returns at once when another
 // goroutine is reading. A frame error ends the channel: the read loop,
 // woken by the close, reports it.
-func (c *channel) poll() {
+func (c *channel) poll() bool {
 	if !c.rmu.TryLock() {
-		return
+		return false
 	}
-	for c.end == nil && c.ring.available() > 0 {
-		if c.readFrame() != nil {
-			break
-		}
-	}
+	n, _ := c.stepRing(pollBudget)
 	ended := c.end != nil
 	c.rmu.Unlock()
 	if ended {
 		c.close()
 	}
+	return n > 0
+}
+
+// stepRing consumes what is available on the ring without waiting, at most
+// budget bytes (0: no bound), completing and delivering frames as their
+// last byte arrives. It returns the bytes consumed. Called with rmu held.
+func (c *channel) stepRing(budget int) (int, error) {
+	used := 0
+	for c.end == nil && (budget <= 0 || used < budget) {
+		rx := &c.rx
+		if !rx.active {
+			k := c.ring.TryRead(c.pre[rx.npre:])
+			used += k
+			if rx.npre += k; rx.npre < frame.PrefixSize {
+				if k == 0 {
+					return used, nil
+				}
+				continue
+			}
+			rx.npre = 0
+			h, n, err := c.parse()
+			if err != nil {
+				c.fail(err)
+				return used, err
+			}
+			rx.h, rx.off, rx.active = h, 0, true
+			rx.p, rx.done = c.destination(h, n)
+		}
+		if rx.off < len(rx.p) {
+			want := len(rx.p) - rx.off
+			if budget > 0 {
+				want = min(want, budget-used)
+			}
+			k := c.ring.TryRead(rx.p[rx.off : rx.off+want])
+			rx.off += k
+			used += k
+			if rx.off < len(rx.p) {
+				if k == 0 {
+					return used, nil
+				}
+				continue
+			}
+		}
+		h, p, done := rx.h, rx.p, rx.done
+		*rx = rxFrame{}
+		if done != nil {
+			done(nil)
+		} else {
+			c.deliver(h, p)
+		}
+	}
+	return used, c.end
+}
+
+// parse checks the prefix in c.pre: a LaneData frame's header and length,
+// else the error that ends the channel (frame.ErrGoodbye for a goodbye).
+func (c *channel) parse() (*transport.Header, int, error) {
+	lane, h, n, err := frame.ParsePrefix(&c.pre, transport.MaxPayload)
+	if err != nil {
+		if errors.Is(err, frame.ErrGoodbye) && lane != transport.LaneData {
+			err = fmt.Errorf("%w: goodbye for lane %v on a bulk channel", frame.ErrMalformed, lane)
+		}
+		return nil, 0, err
+	}
+	if lane != transport.LaneData {
+		return nil, 0, fmt.Errorf("%w: lane %v on a bulk channel", frame.ErrMalformed, lane)
+	}
+	return h, n, nil
+}
+
+// destination is where the n payload bytes of a frame go: the placed
+// buffer (done set) or a fresh one for deliver.
+func (c *channel) destination(h *transport.Header, n int) ([]byte, func(error)) {
+	if c.place != nil && n > 0 {
+		p, done := c.place(h, n)
+		if len(p) == n {
+			return p, done
+		}
+		if done != nil {
+			done(errors.New("bulk: placement of the wrong size"))
+		}
+	}
+	return make([]byte, n), nil
 }
 
 // readFrame reads one frame, called with rmu held. The payload goes
@@ -288,39 +400,32 @@ func (c *channel) readFrame() error {
 	}
 	err := c.readFrameLocked()
 	if err != nil {
-		c.end = err
+		c.fail(err)
 	}
 	return err
+}
+
+// fail ends the receiving side with err, called with rmu held. A frame
+// being placed is given up, so that its receiver stops waiting for it.
+func (c *channel) fail(err error) {
+	if c.end == nil {
+		c.end = err
+	}
+	if done := c.rx.done; done != nil {
+		done(err)
+	}
+	c.rx = rxFrame{}
 }
 
 func (c *channel) readFrameLocked() error {
 	if _, err := io.ReadFull(c.r0, c.pre[:]); err != nil {
 		return err
 	}
-	lane, h, n, err := frame.ParsePrefix(&c.pre, transport.MaxPayload)
+	h, n, err := c.parse()
 	if err != nil {
-		if errors.Is(err, frame.ErrGoodbye) && lane != transport.LaneData {
-			err = fmt.Errorf("%w: goodbye for lane %v on a bulk channel", frame.ErrMalformed, lane)
-		}
 		return err
 	}
-	if lane != transport.LaneData {
-		return fmt.Errorf("%w: lane %v on a bulk channel", frame.ErrMalformed, lane)
-	}
-	var p []byte
-	var done func(error)
-	if c.place != nil && n > 0 {
-		p, done = c.place(h, n)
-		if len(p) != n {
-			if done != nil {
-				done(errors.New("bulk: placement of the wrong size"))
-			}
-			p, done = nil, nil
-		}
-	}
-	if p == nil {
-		p = make([]byte, n)
-	}
+	p, done := c.destination(h, n)
 	parts, per := stripes(n, len(c.links))
 	var wg sync.WaitGroup
 	errs := make([]error, parts)

@@ -46,6 +46,10 @@ const (
 	// other side needs.
 	spins     = 64
 	sleepSlot = 20 * time.Millisecond // futex timeout: how often ctx is checked
+	// progressSlot is the futex timeout of a writer that progresses its
+	// inbound ring while it waits for space: the peer's data may arrive
+	// without waking it (see channel.poll).
+	progressSlot = 100 * time.Microsecond
 )
 
 const (
@@ -159,16 +163,23 @@ func futex(addr *uint32, op int, val uint32, d time.Duration) {
 
 // wait blocks until ready reports true, spinning briefly and then sleeping
 // on the futex word seq. It fails when either side closed or ctx ends.
-func (r *ring) wait(ctx context.Context, seq, waiters int, ready func() bool) error {
-	for i := 0; i < spins; i++ {
-		if ready() {
-			return nil
-		}
-		if i >= spins/2 {
-			runtime.Gosched()
-		}
-	}
+// progress, when not nil, is other work the waiter does meanwhile (the
+// inbound ring of an exchange): while it makes progress the waiter never
+// sleeps, and its sleeps are short.
+func (r *ring) wait(ctx context.Context, seq, waiters int, ready func() bool, progress func() bool) error {
 	for {
+		for i := 0; i < spins; i++ {
+			if ready() {
+				return nil
+			}
+			if progress != nil && progress() {
+				i = 0
+				continue
+			}
+			if i >= spins/2 {
+				runtime.Gosched()
+			}
+		}
 		if ready() {
 			return nil
 		}
@@ -180,10 +191,14 @@ func (r *ring) wait(ctx context.Context, seq, waiters int, ready func() bool) er
 				return err
 			}
 		}
+		slot := sleepSlot
+		if progress != nil {
+			slot = progressSlot
+		}
 		atomic.AddUint32(r.u32(waiters), 1)
 		s := atomic.LoadUint32(r.u32(seq))
 		if !ready() {
-			futex(r.u32(seq), futexWait, s, sleepSlot)
+			futex(r.u32(seq), futexWait, s, slot)
 		}
 		atomic.AddUint32(r.u32(waiters), ^uint32(0))
 	}
@@ -216,7 +231,7 @@ func (r *ring) available() uint64 {
 // waitData blocks the idle reader until data is available or either side
 // closed.
 func (r *ring) waitData() error {
-	return r.wait(nil, offDataSeq, offIdleWait, func() bool { return r.available() > 0 })
+	return r.wait(nil, offDataSeq, offIdleWait, func() bool { return r.available() > 0 }, nil)
 }
 
 // setPolling marks a consumer-side poller as spinning (on) or done (off).
@@ -234,8 +249,11 @@ func (r *ring) setPolling(on bool) {
 }
 
 // Write copies p into the ring, blocking while it is full. On error some
-// prefix of p may have been written.
-func (r *ring) Write(ctx context.Context, p []byte) (int, error) {
+// prefix of p may have been written. progress (may be nil) is called after
+// each published piece and while waiting for space: the caller's other
+// work, so that one goroutine can keep both directions of an exchange
+// moving.
+func (r *ring) Write(ctx context.Context, p []byte, progress func() bool) (int, error) {
 	head := atomic.LoadUint64(r.u64(offHead))
 	size := r.mask + 1
 	done := 0
@@ -244,7 +262,7 @@ func (r *ring) Write(ctx context.Context, p []byte) (int, error) {
 		err := r.wait(ctx, offSpaceSeq, offSpaceWait, func() bool {
 			free = size - (head - atomic.LoadUint64(r.u64(offTail)))
 			return free > 0
-		})
+		}, progress)
 		if err != nil {
 			return done, err
 		}
@@ -258,6 +276,9 @@ func (r *ring) Write(ctx context.Context, p []byte) (int, error) {
 		done += int(n)
 		atomic.StoreUint64(r.u64(offHead), head)
 		r.bumpData()
+		if progress != nil && done < len(p) {
+			progress()
+		}
 	}
 	return done, nil
 }
@@ -268,19 +289,28 @@ func (r *ring) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	tail := atomic.LoadUint64(r.u64(offTail))
 	var avail uint64
 	err := r.wait(nil, offDataSeq, offDataWait, func() bool {
-		avail = atomic.LoadUint64(r.u64(offHead)) - tail
+		avail = r.available()
 		return avail > 0
-	})
+	}, nil)
 	if err != nil {
 		if atomic.LoadUint32(r.u32(offProdClosed)) != 0 && !r.closed.Load() {
 			return 0, io.EOF
 		}
 		return 0, err
 	}
+	return r.TryRead(p), nil
+}
+
+// TryRead copies what is available, up to len(p) bytes, without waiting.
+func (r *ring) TryRead(p []byte) int {
+	tail := atomic.LoadUint64(r.u64(offTail))
+	avail := atomic.LoadUint64(r.u64(offHead)) - tail
 	n := min(avail, uint64(len(p)), publish)
+	if n == 0 {
+		return 0
+	}
 	at := tail & r.mask
 	c := copy(p[:n], r.data[at:])
 	if uint64(c) < n {
@@ -288,7 +318,19 @@ func (r *ring) Read(p []byte) (int, error) {
 	}
 	atomic.StoreUint64(r.u64(offTail), tail+n)
 	r.bump(offSpaceSeq, offSpaceWait)
-	return int(n), nil
+	return int(n)
+}
+
+// closedErr says why an empty ring will deliver nothing more: io.EOF when
+// the producer closed it, errRingClosed when this side did, nil while open.
+func (r *ring) closedErr() error {
+	switch {
+	case r.closed.Load():
+		return errRingClosed
+	case atomic.LoadUint32(r.u32(offProdClosed)) != 0:
+		return io.EOF
+	}
+	return nil
 }
 
 // Close marks this side closed in the shared header, wakes both sides and

@@ -13,14 +13,16 @@ type ring struct{ path string }
 
 var errNoShm = errors.New("bulk: shared memory rings need Linux")
 
-func createRing(int) (*ring, string, []byte, error)        { return nil, "", nil, errNoShm }
-func openRing(string, int, []byte) (*ring, error)          { return nil, errNoShm }
-func (r *ring) unlink()                                    {}
-func (r *ring) Write(context.Context, []byte) (int, error) { return 0, errNoShm }
-func (r *ring) Read([]byte) (int, error)                   { return 0, errNoShm }
-func (r *ring) Close() error                               { return nil }
-func (r *ring) release()                                   {}
-func shmSupported() bool                                   { return false }
-func (r *ring) available() uint64                          { return 0 }
-func (r *ring) waitData() error                            { return errNoShm }
-func (r *ring) setPolling(bool)                            {}
+func createRing(int) (*ring, string, []byte, error)                     { return nil, "", nil, errNoShm }
+func openRing(string, int, []byte) (*ring, error)                       { return nil, errNoShm }
+func (r *ring) unlink()                                                 {}
+func (r *ring) Write(context.Context, []byte, func() bool) (int, error) { return 0, errNoShm }
+func (r *ring) TryRead([]byte) int                                      { return 0 }
+func (r *ring) closedErr() error                                        { return errNoShm }
+func (r *ring) Read([]byte) (int, error)                                { return 0, errNoShm }
+func (r *ring) Close() error                                            { return nil }
+func (r *ring) release()                                                {}
+func shmSupported() bool                                                { return false }
+func (r *ring) available() uint64                                       { return 0 }
+func (r *ring) waitData() error                                         { return errNoShm }
+func (r *ring) setPolling(bool)                                         {}

@@ -40,6 +40,34 @@ const (
 // FlagGoodbye marks the lane byte of a goodbye frame.
 const FlagGoodbye = 0x80
 
+// FlagRemote marks the lane byte of a remote frame (shared-memory rings
+// only): instead of the n payload bytes, RemoteSize bytes follow that say
+// where the payload lies in the sender's memory, for the receiver to copy
+// with one system call (cross-memory attach). See docs/wire-format.md.
+const FlagRemote = 0x40
+
+// RemoteSize is the size of a remote frame's descriptor: the payload's
+// address in the sender (u64 LE) and 8 reserved zero bytes.
+const RemoteSize = 16
+
+// AppendRemote appends the prefix and descriptor of a remote frame for the
+// n-byte payload at addr in the sender's memory.
+func AppendRemote(dst []byte, lane transport.Lane, h *transport.Header, n int, addr uint64) []byte {
+	dst = AppendPrefix(dst, lane, h, n)
+	dst[len(dst)-PrefixSize+3] |= FlagRemote
+	var d [RemoteSize]byte
+	binary.LittleEndian.PutUint64(d[:], addr)
+	return append(dst, d[:]...)
+}
+
+// RemoteAddr reads a remote frame's descriptor.
+func RemoteAddr(d *[RemoteSize]byte) (uint64, error) {
+	if binary.LittleEndian.Uint64(d[8:]) != 0 {
+		return 0, fmt.Errorf("%w: remote descriptor with reserved bytes set", ErrMalformed)
+	}
+	return binary.LittleEndian.Uint64(d[:]), nil
+}
+
 // ErrGoodbye is returned, with the frame's lane, by ParsePrefix and
 // Reader.Next for a well-formed goodbye frame.
 var ErrGoodbye = errors.New("frame: goodbye")
@@ -68,20 +96,39 @@ func AppendPrefix(dst []byte, lane transport.Lane, h *transport.Header, n int) [
 }
 
 // ParsePrefix checks the fixed part of a frame and returns its lane, header
-// and payload length; max bounds the length (use transport.MaxPayload).
+// and payload length; max bounds the length (use transport.MaxPayload). A
+// remote frame is malformed here (see ParsePrefixRemote).
 func ParsePrefix(b *[PrefixSize]byte, max uint32) (transport.Lane, *transport.Header, int, error) {
+	lane, h, n, remote, err := ParsePrefixRemote(b, max)
+	if err == nil && remote {
+		return 0, nil, 0, fmt.Errorf("%w: remote frame on a stream", ErrMalformed)
+	}
+	return lane, h, n, err
+}
+
+// ParsePrefixRemote is ParsePrefix for streams that may carry remote
+// frames; remote reports one (its descriptor follows the prefix).
+func ParsePrefixRemote(b *[PrefixSize]byte, max uint32) (lane transport.Lane, h *transport.Header, n int, remote bool, err error) {
+	lane, h, n, err = parsePrefix(b, max)
+	return lane, h, n, err == nil && b[3]&FlagRemote != 0, err
+}
+
+func parsePrefix(b *[PrefixSize]byte, max uint32) (transport.Lane, *transport.Header, int, error) {
 	if b[0] != Magic0 || b[1] != Magic1 {
 		return 0, nil, 0, fmt.Errorf("%w: bad magic %#02x%02x", ErrMalformed, b[0], b[1])
 	}
 	if b[2] != Version {
 		return 0, nil, 0, fmt.Errorf("%w: unknown version %d", ErrMalformed, b[2])
 	}
-	lane := transport.Lane(b[3] &^ FlagGoodbye)
+	lane := transport.Lane(b[3] &^ (FlagGoodbye | FlagRemote))
 	if lane >= transport.NumLanes {
 		return 0, nil, 0, fmt.Errorf("%w: unknown lane %d", ErrMalformed, b[3])
 	}
 	n := binary.LittleEndian.Uint32(b[4:8])
 	if b[3]&FlagGoodbye != 0 {
+		if b[3]&FlagRemote != 0 {
+			return 0, nil, 0, fmt.Errorf("%w: goodbye frame marked remote", ErrMalformed)
+		}
 		if n != 0 || *(*transport.Header)(b[8:]) != (transport.Header{}) {
 			return 0, nil, 0, fmt.Errorf("%w: goodbye frame with a payload or header", ErrMalformed)
 		}

@@ -21,6 +21,7 @@
 package bulk
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -32,6 +33,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/fxamacker/cbor/v2"
 
@@ -76,9 +78,12 @@ func (m Mode) tcp() bool { return m == ModeAuto || m == ModeTCP }
 const (
 	DefaultConns    = 2
 	DefaultRingSize = 8 << 20
-	maxRing         = 1 << 30
-	ctlMagic        = 0xB5
-	ctlMax          = 4096
+	// DefaultRemoteMin: below it the ring's two copies cost less than the
+	// system call and the wait for the receiver's acknowledgement.
+	DefaultRemoteMin = 256 << 10
+	maxRing          = 1 << 30
+	ctlMagic         = 0xB5
+	ctlMax           = 4096
 )
 
 // Options configures an Endpoint. Zero values select the defaults.
@@ -110,6 +115,11 @@ type Options struct {
 	// Place, when set, receives LaneData payloads straight into their
 	// destination (see transport.PlaceFunc).
 	Place transport.PlaceFunc
+	// RemoteMin is the smallest payload that a shared-memory ring carries
+	// as a remote frame, copied by the receiver straight out of the
+	// sender's memory (one copy instead of two) when the two processes may
+	// do so. Default DefaultRemoteMin; negative: never.
+	RemoteMin int
 }
 
 // HostID returns an identifier of this host and boot: machine id, boot id
@@ -158,6 +168,8 @@ type Endpoint struct {
 	offers   map[int]*tcpOffer
 	rings    []*ring       // every ring mapped, released at Close
 	ctlWG    bool          // false once Close stops taking control messages
+	probe    []byte        // what a peer reads from our memory to test cross-memory attach
+	sending  atomic.Int64  // sends in progress (see Close)
 	pollers  int           // goroutines between StartPolling and stop
 	pollDone chan struct{} // closed when pollers drops to 0 (Close waits)
 }
@@ -190,6 +202,9 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 	if opt.CloseTimeout <= 0 {
 		opt.CloseTimeout = 2 * time.Second
 	}
+	if opt.RemoteMin == 0 {
+		opt.RemoteMin = DefaultRemoteMin
+	}
 	if !opt.Plaintext && opt.Mode.tcp() && (opt.Identity == nil || len(opt.Fingerprints) != size) {
 		return nil, errors.New("bulk: TLS on TCP needs the identity and every rank's fingerprint")
 	}
@@ -199,6 +214,8 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 		ready: make(chan struct{}), paths: make([]string, size), in: make([]*channel, size),
 		bye: make([]error, size), byeSeen: make([]bool, size), causes: make([]error, size), offers: map[int]*tcpOffer{}, ctlWG: true}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.probe = make([]byte, 16)
+	rand.Read(e.probe)
 	for r := range e.paths {
 		e.paths[r] = "quic"
 	}
@@ -233,6 +250,9 @@ func (e *Endpoint) Paths() map[int]string {
 	defer e.mu.Unlock()
 	m := make(map[int]string, e.size)
 	for r, p := range e.paths {
+		if ch := e.out[r].Load(); ch != nil && ch.ring != nil && ch.remoteMin > 0 && ch.ring.remoteOK() {
+			p += fmt.Sprintf(", cross-memory attach from %d KiB", ch.remoteMin>>10)
+		}
 		m[r] = p
 	}
 	return m
@@ -292,6 +312,10 @@ func (e *Endpoint) SendProgress(ctx context.Context, peer int, h *transport.Head
 }
 
 func (e *Endpoint) send(ctx context.Context, peer int, lane transport.Lane, h *transport.Header, payload []byte, progress func() bool) error {
+	// Counted before the closed check: Close waits for every send it did
+	// not turn away before it unmaps the rings.
+	e.sending.Add(1)
+	defer e.sending.Add(-1)
 	if e.closed.Load() {
 		return transport.ErrClosed
 	}
@@ -532,6 +556,18 @@ func (e *Endpoint) Close() error {
 			}
 		}
 		e.wg.Wait()
+		// Sends still in a ring (waiting for room or an acknowledgement)
+		// see the closed rings and return; the rings stay mapped until
+		// they have, or leak if one does not within the close timeout.
+		unmap := true
+		for deadline := time.Now().Add(e.opt.CloseTimeout); e.sending.Load() > 0; {
+			if time.Now().After(deadline) {
+				unmap = false
+				e.log.Warn("nexar: bulk: a send did not return at close; its shared memory stays mapped", "rank", e.self)
+				break
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
 		e.mu.Lock()
 		if e.pollers > 0 {
 			done := make(chan struct{})
@@ -542,7 +578,9 @@ func (e *Endpoint) Close() error {
 		}
 		for _, r := range e.rings {
 			r.Close()
-			r.release()
+			if unmap {
+				r.release()
+			}
 		}
 		e.rings = nil
 		e.mu.Unlock()
@@ -567,6 +605,11 @@ type ctlMsg struct {
 	TLS    bool   `cbor:"tls,omitempty"`
 	OK     bool   `cbor:"ok,omitempty"`
 	Err    string `cbor:"err,omitempty"`
+	// result of a shm attach: the producer's process id and where in its
+	// memory the consumer finds Data, to test cross-memory attach.
+	PID   int    `cbor:"pid,omitempty"`
+	Probe uint64 `cbor:"probe,omitempty"`
+	Data  []byte `cbor:"data,omitempty"`
 }
 
 var ctlDec, _ = cbor.DecOptions{MaxArrayElements: 16, MaxMapPairs: 32, MaxNestedLevels: 4}.DecMode()
@@ -621,6 +664,9 @@ func (e *Endpoint) control(from int, m *ctlMsg) {
 	case "offer":
 		e.attach(ctx, from, m)
 	case "result":
+		if m.Kind == "shm" && m.OK {
+			e.tryRemote(from, m)
+		}
 		if m.Kind == "shm" && !m.OK {
 			e.log.Debug("nexar: bulk: peer could not open the shared-memory ring", "rank", e.self, "peer", from, "err", m.Err)
 			e.mu.Lock()
@@ -634,6 +680,30 @@ func (e *Endpoint) control(from int, m *ctlMsg) {
 			e.offer(ctx, from, false, m.TCP)
 		}
 	}
+}
+
+// tryRemote tests, on the receiving side of a ring, whether this process
+// may copy straight out of the sender's memory (it reads the probe the
+// sender named), and if so tells the ring, which lets the sender use
+// remote frames.
+func (e *Endpoint) tryRemote(from int, m *ctlMsg) {
+	if !cmaSupported || m.PID <= 0 || m.Probe == 0 || len(m.Data) != 16 || e.opt.RemoteMin < 0 {
+		return
+	}
+	e.mu.Lock()
+	ch := e.in[from]
+	e.mu.Unlock()
+	if ch == nil || ch.ring == nil {
+		return
+	}
+	got := make([]byte, 16)
+	if err := readRemote(m.PID, m.Probe, got); err != nil || !bytes.Equal(got, m.Data) {
+		e.log.Debug("nexar: bulk: no cross-memory attach; payloads go through the ring", "rank", e.self, "peer", from, "err", err)
+		return
+	}
+	ch.remotePID.Store(int64(m.PID))
+	ch.ring.setRemoteOK()
+	e.log.Debug("nexar: bulk: cross-memory attach from peer", "rank", e.self, "peer", from)
 }
 
 // offer sets up the inbound channel from peer (this rank receives) and
@@ -679,8 +749,14 @@ func (e *Endpoint) attach(ctx context.Context, to int, m *ctlMsg) {
 		e.mu.Lock()
 		e.rings = append(e.rings, r)
 		e.mu.Unlock()
-		e.decide(to, newChannel(to, fmt.Sprintf("shm %d MiB ring", m.Size>>20), []link{ringLink{r}}))
-		e.sendCtl(ctx, to, &ctlMsg{V: 1, T: "result", Kind: "shm", OK: true})
+		ch := newChannel(to, fmt.Sprintf("shm %d MiB ring", m.Size>>20), []link{ringLink{r}})
+		ch.remoteMin = max(e.opt.RemoteMin, 0)
+		e.decide(to, ch)
+		res := &ctlMsg{V: 1, T: "result", Kind: "shm", OK: true}
+		if cmaSupported && e.opt.RemoteMin > 0 {
+			res.PID, res.Probe, res.Data = selfPID(), uint64(uintptr(unsafe.Pointer(&e.probe[0]))), e.probe
+		}
+		e.sendCtl(ctx, to, res)
 	case "tcp":
 		links, err := e.dialTCP(ctx, to, m.Addr, m.Nonce, m.Conns, m.TLS)
 		if err != nil {

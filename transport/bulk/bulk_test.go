@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"strings"
@@ -88,8 +89,35 @@ var modes = []struct {
 	path string
 }{
 	{"shm", Options{Mode: ModeSHM, RingSize: 1 << 20}, "shm"},
+	// Every payload of 1 KiB or more copied out of the sender's memory.
+	{"shm-remote", Options{Mode: ModeSHM, RingSize: 1 << 20, RemoteMin: 1 << 10}, "shm 1 MiB ring, cross-memory attach from 1 KiB"},
+	{"shm-copy", Options{Mode: ModeSHM, RingSize: 1 << 20, RemoteMin: -1}, "shm 1 MiB ring"},
 	{"tcp-tls", Options{Mode: ModeTCP}, "tcp x2 tls"},
 	{"tcp-plain", Options{Mode: ModeTCP, Conns: 3, Plaintext: true}, "tcp x3 plaintext"},
+}
+
+// waitPaths waits until every endpoint's path to every peer starts with
+// want (cross-memory attach is agreed a moment after Start returns).
+func waitPaths(t testing.TB, eps []*Endpoint, want string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		bad := ""
+		for i, e := range eps {
+			for r, p := range e.Paths() {
+				if r != i && !strings.HasPrefix(p, want) {
+					bad = fmt.Sprintf("rank %d: path to %d is %q, want %q", i, r, p, want)
+				}
+			}
+		}
+		if bad == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(bad)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func TestConformance(t *testing.T) {
@@ -97,13 +125,9 @@ func TestConformance(t *testing.T) {
 		t.Run(m.name, func(t *testing.T) {
 			transporttest.Run(t, func(t *testing.T, n int, h []transport.Handler, down []transport.DownHandler) []transport.Endpoint {
 				eps := mesh(t, n, m.opt, h, down)
+				waitPaths(t, eps, m.path)
 				out := make([]transport.Endpoint, n)
 				for i, e := range eps {
-					for r, p := range e.Paths() {
-						if r != i && !strings.HasPrefix(p, m.path) {
-							t.Fatalf("rank %d: path to %d is %q, want %q", i, r, p, m.path)
-						}
-					}
 					out[i] = e
 				}
 				return out

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/internal/frame"
@@ -101,8 +103,9 @@ type channel struct {
 	broken atomic.Bool
 	quiet  atomic.Bool // closed on purpose: do not report the peer down
 
+	ring *ring // the only link, when the channel is a shared-memory ring
+
 	// Receiving side, set by startReading.
-	ring    *ring // the only link, when the channel is pollable
 	deliver func(h *transport.Header, p []byte)
 	place   func(h *transport.Header, n int) ([]byte, func(error))
 	rmu     sync.Mutex // guards what follows: one reader at a time
@@ -110,13 +113,23 @@ type channel struct {
 	pre     [frame.PrefixSize]byte
 	end     error // the frame error that ended the channel, once met
 	rx      rxFrame
+	// remotePID is the sender's process id once this (receiving) side
+	// knows it can copy payloads out of the sender's memory.
+	remotePID atomic.Int64
+	// remoteMin is the smallest payload sent as a remote frame (sending
+	// side); 0: never.
+	remoteMin int
 }
 
 // rxFrame is the frame a ring channel is in the middle of reading: ring
 // readers consume what has arrived and return, so a frame may take several
 // calls.
 type rxFrame struct {
-	npre   int // prefix bytes read into channel.pre
+	npre   int  // prefix bytes read into channel.pre
+	remote bool // the prefix said remote: a descriptor, not the payload, follows
+	ndesc  int  // descriptor bytes read into desc
+	desc   [frame.RemoteSize]byte
+	addr   uint64 // where a remote payload lies in the sender
 	active bool
 	h      *transport.Header
 	p      []byte
@@ -125,7 +138,11 @@ type rxFrame struct {
 }
 
 func newChannel(peer int, desc string, links []link) *channel {
-	return &channel{peer: peer, desc: desc, links: links, sem: make(chan struct{}, 1), dead: make(chan struct{})}
+	c := &channel{peer: peer, desc: desc, links: links, sem: make(chan struct{}, 1), dead: make(chan struct{})}
+	if rl, ok := links[0].(ringLink); ok && len(links) == 1 {
+		c.ring = rl.r
+	}
+	return c
 }
 
 func (c *channel) close() {
@@ -174,6 +191,9 @@ func (c *channel) send(ctx context.Context, h *transport.Header, p []byte, progr
 	if c.broken.Load() {
 		return true, errBroken
 	}
+	if c.ring != nil && c.remoteMin > 0 && len(p) >= c.remoteMin && c.ring.remoteOK() {
+		return c.sendRemote(ctx, h, p, progress)
+	}
 	parts, per := stripes(len(p), len(c.links))
 	c.buf = frame.AppendPrefix(c.buf[:0], transport.LaneData, h, len(p))
 	first := part(p, 0, per)
@@ -217,6 +237,31 @@ func (c *channel) send(ctx context.Context, h *transport.Header, p []byte, progr
 	return true, err
 }
 
+// sendRemote writes a remote frame for p and waits until the receiver has
+// copied p out of this process's memory (p must stay put until then: it is
+// at least remoteMin bytes, so on the heap or in C memory, neither of which
+// moves). Called with the semaphore held.
+func (c *channel) sendRemote(ctx context.Context, h *transport.Header, p []byte, progress func() bool) (bool, error) {
+	c.buf = frame.AppendRemote(c.buf[:0], transport.LaneData, h, len(p), uint64(uintptr(unsafe.Pointer(&p[0]))))
+	k := c.ring.sentRemote()
+	n, err := c.ring.Write(ctx, c.buf, progress)
+	if err == nil {
+		err = c.ring.waitAck(ctx, k, len(p), progress)
+	}
+	runtime.KeepAlive(p)
+	if err == nil {
+		return false, nil
+	}
+	if n == 0 && ctx.Err() != nil {
+		return false, ctx.Err()
+	}
+	// The receiver may be copying p as we return: close the channel so
+	// that what it reads is never delivered as a whole frame.
+	c.broken.Store(true)
+	c.close()
+	return true, err
+}
+
 // goodbye ends the channel gracefully: it waits (until deadline) for the
 // frame in flight, sends a goodbye frame on link 0 and closes every link,
 // so the receiver reads everything sent before it. Past the deadline the
@@ -247,9 +292,6 @@ func (c *channel) startReading(deliver func(h *transport.Header, p []byte), plac
 	c.r0 = c.links[0]
 	if _, ok := c.links[0].(connLink); ok {
 		c.r0 = bufio.NewReaderSize(c.links[0], readBuf)
-	}
-	if rl, ok := c.links[0].(ringLink); ok && len(c.links) == 1 {
-		c.ring = rl.r
 	}
 }
 
@@ -290,7 +332,7 @@ func (c *channel) readLoop() error {
 
 // pollBudget bounds the bytes one poll consumes, so that a goroutine that
 // also writes (an exchange) alternates between the two directions.
-const pollBudget = publish
+const pollBudget = 256 << 10
 
 // poll consumes, in the calling goroutine, what has arrived on a ring
 // channel (at most pollBudget bytes), delivering the frames it completes,
@@ -327,20 +369,51 @@ func (c *channel) stepRing(budget int) (int, error) {
 				continue
 			}
 			rx.npre = 0
-			h, n, err := c.parse()
+			h, n, remote, err := c.parse()
+			if err == nil && remote && c.remotePID.Load() == 0 {
+				err = fmt.Errorf("%w: remote frame before cross-memory attach was agreed", frame.ErrMalformed)
+			}
 			if err != nil {
 				c.fail(err)
 				return used, err
 			}
-			rx.h, rx.off, rx.active = h, 0, true
+			rx.h, rx.off, rx.remote, rx.active = h, 0, remote, true
 			rx.p, rx.done = c.destination(h, n)
+		}
+		if rx.remote && rx.ndesc < frame.RemoteSize {
+			k := c.ring.TryRead(rx.desc[rx.ndesc:])
+			used += k
+			if rx.ndesc += k; rx.ndesc < frame.RemoteSize {
+				if k == 0 {
+					return used, nil
+				}
+				continue
+			}
+			addr, err := frame.RemoteAddr(&rx.desc)
+			if err != nil {
+				c.fail(err)
+				return used, err
+			}
+			rx.addr = addr
 		}
 		if rx.off < len(rx.p) {
 			want := len(rx.p) - rx.off
-			if budget > 0 {
-				want = min(want, budget-used)
+			var k int
+			if rx.remote {
+				// All of it, whatever the budget: the ring holds nothing
+				// more of this frame to wake a reader for the rest, and
+				// the sender waits for it anyway.
+				if err := readRemote(int(c.remotePID.Load()), rx.addr, rx.p); err != nil {
+					c.fail(err)
+					return used, err
+				}
+				k = want
+			} else {
+				if budget > 0 {
+					want = min(want, max(budget-used, 1))
+				}
+				k = c.ring.TryRead(rx.p[rx.off : rx.off+want])
 			}
-			k := c.ring.TryRead(rx.p[rx.off : rx.off+want])
 			rx.off += k
 			used += k
 			if rx.off < len(rx.p) {
@@ -351,6 +424,9 @@ func (c *channel) stepRing(budget int) (int, error) {
 			}
 		}
 		h, p, done := rx.h, rx.p, rx.done
+		if rx.remote {
+			c.ring.ack()
+		}
 		*rx = rxFrame{}
 		if done != nil {
 			done(nil)
@@ -362,19 +438,23 @@ func (c *channel) stepRing(budget int) (int, error) {
 }
 
 // parse checks the prefix in c.pre: a LaneData frame's header and length,
-// else the error that ends the channel (frame.ErrGoodbye for a goodbye).
-func (c *channel) parse() (*transport.Header, int, error) {
-	lane, h, n, err := frame.ParsePrefix(&c.pre, transport.MaxPayload)
+// and whether it is remote (rings only), else the error that ends the
+// channel (frame.ErrGoodbye for a goodbye).
+func (c *channel) parse() (*transport.Header, int, bool, error) {
+	lane, h, n, remote, err := frame.ParsePrefixRemote(&c.pre, transport.MaxPayload)
 	if err != nil {
 		if errors.Is(err, frame.ErrGoodbye) && lane != transport.LaneData {
 			err = fmt.Errorf("%w: goodbye for lane %v on a bulk channel", frame.ErrMalformed, lane)
 		}
-		return nil, 0, err
+		return nil, 0, false, err
 	}
 	if lane != transport.LaneData {
-		return nil, 0, fmt.Errorf("%w: lane %v on a bulk channel", frame.ErrMalformed, lane)
+		return nil, 0, false, fmt.Errorf("%w: lane %v on a bulk channel", frame.ErrMalformed, lane)
 	}
-	return h, n, nil
+	if remote && c.ring == nil {
+		return nil, 0, false, fmt.Errorf("%w: remote frame on a TCP channel", frame.ErrMalformed)
+	}
+	return h, n, remote, nil
 }
 
 // destination is where the n payload bytes of a frame go: the placed
@@ -421,7 +501,7 @@ func (c *channel) readFrameLocked() error {
 	if _, err := io.ReadFull(c.r0, c.pre[:]); err != nil {
 		return err
 	}
-	h, n, err := c.parse()
+	h, n, _, err := c.parse() // remote frames only come on rings
 	if err != nil {
 		return err
 	}

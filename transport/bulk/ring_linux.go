@@ -35,6 +35,9 @@ const (
 	offSpaceWait  = 260 // u32, producers sleeping on offSpaceSeq
 	offProdClosed = 320 // u32
 	offConsClosed = 324 // u32
+	offRemoteOK   = 328 // u32, set by the consumer: it can read the producer's memory
+	offAckSeq     = 384 // u32 futex word, remote frames the consumer has copied
+	offAckWait    = 388 // u32, producers sleeping on offAckSeq
 	ringHdr       = 4096
 
 	ringMagic = "NXRING01"
@@ -68,8 +71,11 @@ type ring struct {
 	mask     uint64
 	producer bool
 	path     string // set on the creating side until unlinked
-	closed   atomic.Bool
-	unmapped atomic.Bool
+	// remoteSent counts the producer's remote frames (one writer at a
+	// time: the channel's semaphore).
+	remoteSent uint32
+	closed     atomic.Bool
+	unmapped   atomic.Bool
 }
 
 func (r *ring) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&r.mem[off])) }
@@ -167,6 +173,17 @@ func futex(addr *uint32, op int, val uint32, d time.Duration) {
 // inbound ring of an exchange): while it makes progress the waiter never
 // sleeps, and its sleeps are short.
 func (r *ring) wait(ctx context.Context, seq, waiters int, ready func() bool, progress func() bool) error {
+	return r.waitSpin(ctx, seq, waiters, ready, progress, 0)
+}
+
+// waitSpin is wait that spins for at least spinFor before it sleeps: for a
+// wait whose end is near and known (a peer copying a payload of known
+// size), a futex sleep and wake would cost more.
+func (r *ring) waitSpin(ctx context.Context, seq, waiters int, ready func() bool, progress func() bool, spinFor time.Duration) error {
+	var start time.Time
+	if spinFor > 0 {
+		start = time.Now()
+	}
 	for {
 		for i := 0; i < spins; i++ {
 			if ready() {
@@ -178,6 +195,9 @@ func (r *ring) wait(ctx context.Context, seq, waiters int, ready func() bool, pr
 			}
 			if i >= spins/2 {
 				runtime.Gosched()
+			}
+			if i == spins-1 && spinFor > 0 && time.Since(start) < spinFor {
+				i = spins / 2
 			}
 		}
 		if ready() {
@@ -321,6 +341,34 @@ func (r *ring) TryRead(p []byte) int {
 	return int(n)
 }
 
+// remoteOK reports whether the consumer can copy payloads straight out of
+// this (producer) process's memory.
+func (r *ring) remoteOK() bool { return atomic.LoadUint32(r.u32(offRemoteOK)) != 0 }
+
+// setRemoteOK records, on the consumer side, that it can read the
+// producer's memory.
+func (r *ring) setRemoteOK() { atomic.StoreUint32(r.u32(offRemoteOK), 1) }
+
+// sentRemote counts a remote frame written by the producer and returns its
+// number, to wait for with waitAck.
+func (r *ring) sentRemote() uint32 {
+	r.remoteSent++
+	return r.remoteSent
+}
+
+// ack tells the producer that the consumer has copied one more remote frame.
+func (r *ring) ack() { r.bump(offAckSeq, offAckWait) }
+
+// waitAck blocks the producer until remote frame k has been copied (or the
+// ring closes, or ctx ends), running progress meanwhile like Write.
+func (r *ring) waitAck(ctx context.Context, k uint32, n int, progress func() bool) error {
+	// The receiver copies n bytes at several GB/s: spin that long.
+	spin := 20*time.Microsecond + time.Duration(n/4096)*time.Microsecond
+	return r.waitSpin(ctx, offAckSeq, offAckWait, func() bool {
+		return int32(atomic.LoadUint32(r.u32(offAckSeq))-k) >= 0
+	}, progress, spin)
+}
+
 // closedErr says why an empty ring will deliver nothing more: io.EOF when
 // the producer closed it, errRingClosed when this side did, nil while open.
 func (r *ring) closedErr() error {
@@ -348,6 +396,7 @@ func (r *ring) Close() error {
 	atomic.AddUint32(r.u32(offDataSeq), 1)
 	futex(r.u32(offDataSeq), futexWake, 1<<30, 0)
 	r.bump(offSpaceSeq, offSpaceWait)
+	futex(r.u32(offAckSeq), futexWake, 1<<30, 0)
 	r.unlink()
 	return nil
 }

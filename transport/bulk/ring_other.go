@@ -26,3 +26,8 @@ func shmSupported() bool                                                { return
 func (r *ring) available() uint64                                       { return 0 }
 func (r *ring) waitData() error                                         { return errNoShm }
 func (r *ring) setPolling(bool)                                         {}
+func (r *ring) remoteOK() bool                                          { return false }
+func (r *ring) setRemoteOK()                                            {}
+func (r *ring) sentRemote() uint32                                      { return 0 }
+func (r *ring) ack()                                                    {}
+func (r *ring) waitAck(context.Context, uint32, int, func() bool) error { return errNoShm }

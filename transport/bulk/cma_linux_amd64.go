@@ -1,0 +1,3 @@
+package bulk
+
+const sysProcessVMReadv = 310

@@ -3,6 +3,7 @@ package collective
 import (
 	"context"
 	"fmt"
+	"unsafe"
 )
 
 // Allreduce combines send of every rank element-wise with op and leaves the
@@ -140,7 +141,7 @@ func (st *steps) ringReduceScatter(ctx context.Context, l Link, in [][]byte, out
 	defer putScratch(bufs[1])
 	next, prev := mod(rank+1, size), mod(rank-1, size)
 	cur := in[mod(rank-1, size)] // what we send at step 0: our own block
-	for s := 0; s < size-1; s++ {
+	for s := 0; s < size-2; s++ {
 		rb := mod(rank-s-2, size)
 		tmp := bufs[s%2][:len(in[rb])]
 		if err := st.exchange(ctx, l, next, cur, prev, tmp); err != nil {
@@ -149,7 +150,25 @@ func (st *steps) ringReduceScatter(ctx context.Context, l Link, in [][]byte, out
 		ReduceInto(tmp, in[rb], dt, redOp(op))
 		cur = tmp
 	}
-	copy(out, cur)
+	// Last step: the block that arrives is ours; combine it with our input
+	// straight into out, which saves a pass over the block.
+	if !overlaps(out, in[rank]) && !overlaps(out, cur) {
+		if err := st.exchange(ctx, l, next, cur, prev, out); err != nil {
+			return err
+		}
+		ReduceInto(out, in[rank], dt, redOp(op))
+	} else {
+		tmp := bufs[size%2][:len(in[rank])]
+		if err := st.exchange(ctx, l, next, cur, prev, tmp); err != nil {
+			return err
+		}
+		if len(out) > 0 && &out[0] == &in[rank][0] {
+			ReduceInto(out, tmp, dt, redOp(op)) // in place: out is in[rank]
+		} else {
+			ReduceInto(tmp, in[rank], dt, redOp(op))
+			copy(out, tmp)
+		}
+	}
 	if op == Avg {
 		FinishAvg(out, dt, size)
 	}
@@ -218,4 +237,13 @@ func ReduceScatterInPlace(ctx context.Context, l Link, buf []byte, dt DType, op 
 	}
 	blocks := eqblocks(buf, size, blk)
 	return newSteps(l).ringReduceScatter(ctx, l, blocks, blocks[rank], dt, op)
+}
+
+// overlaps reports whether a and b share memory.
+func overlaps(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	a0, b0 := uintptr(unsafe.Pointer(&a[0])), uintptr(unsafe.Pointer(&b[0]))
+	return a0 < b0+uintptr(len(b)) && b0 < a0+uintptr(len(a))
 }

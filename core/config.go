@@ -62,6 +62,11 @@ type Config struct {
 	// BulkPlaintext turns TLS off on the bulk TCP connections (trusted
 	// networks only). Default false: TLS 1.3 pinned like the QUIC mesh.
 	BulkPlaintext bool
+	// BulkRemoteMin is the smallest message that a rank on this host
+	// copies straight out of the sender's memory (cross-memory attach, one
+	// copy instead of two through the shared-memory ring) when the kernel
+	// allows it. Default 256 KiB; negative: never.
+	BulkRemoteMin int
 	// SpinWait is how long a goroutine waiting for data from a rank on this
 	// host polls the shared-memory channel itself before it sleeps until
 	// the channel's reader hands the data over. Longer spins cut latency
@@ -119,7 +124,7 @@ func (cfg Config) withDefaults() Config {
 //     NEXAR_TIMEOUT, NEXAR_CONNECT_TIMEOUT, NEXAR_HEARTBEAT_INTERVAL,
 //     NEXAR_HEARTBEAT_TIMEOUT (Go durations, e.g. "30s"),
 //     NEXAR_MAX_BUFFERED_BYTES, NEXAR_SPIN_WAIT, NEXAR_BULK (auto|tcp|shm|off),
-//     NEXAR_BULK_CONNS, NEXAR_BULK_PLAINTEXT (1 or true);
+//     NEXAR_BULK_CONNS, NEXAR_BULK_PLAINTEXT (1 or true), NEXAR_BULK_REMOTE_MIN;
 //   - torchrun: RANK, WORLD_SIZE, MASTER_ADDR + MASTER_PORT;
 //   - Slurm: SLURM_PROCID, SLURM_NTASKS (the seed must come from NEXAR_SEED
 //     or MASTER_ADDR/MASTER_PORT);
@@ -258,6 +263,13 @@ func configFromLookup(lookup func(string) (string, bool), readFile func(string) 
 			return cfg, fmt.Errorf("core: NEXAR_BULK_CONNS=%q is not an integer in [1, 16]", v)
 		}
 		cfg.BulkConns = n
+	}
+	if v, _ := get("NEXAR_BULK_REMOTE_MIN"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return cfg, fmt.Errorf("core: NEXAR_BULK_REMOTE_MIN=%q is not an integer (bytes; -1: never)", v)
+		}
+		cfg.BulkRemoteMin = n
 	}
 	if v, _ := get("NEXAR_BULK_PLAINTEXT"); v != "" {
 		b, err := strconv.ParseBool(v)

@@ -38,9 +38,11 @@ def layout(op, size, n):
 
 
 def iterations(size):
-    """Timed iterations: many for small sizes, at least 3 for large ones.
-    A pure function of size so that every rank agrees without talking."""
-    return max(3, min(50, (64 << 20) // max(size, 1)))
+    """Timed iterations: many for small sizes (a stable median of a few
+    microseconds needs hundreds), at least 5 for large ones. A pure function
+    of size so that every rank agrees without talking; `nexar bench` uses
+    the same formula."""
+    return max(5, min(1000, (256 << 20) // max(size, 1)))
 
 
 def report(system, op, size, n, times):

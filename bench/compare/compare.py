@@ -13,12 +13,16 @@ Systems:
   mpi      adapter_mpi.py under mpirun, Open MPI's default transports
            (shared memory on one host)
   mpi-tcp  the same with --mca btl tcp,self
-  nexar    `build/nexar bench --json ...` when it works, otherwise
-           adapter_nexar.py under `build/nexar run -n N`
+  nexar    `build/nexar bench --json ...`: Go, one process per rank
+  nexar-py adapter_nexar.py (the nexar Python package, numpy buffers) under
+           `build/nexar run -n N`: the like-for-like of mpi4py and torch
 A system that is not installed is skipped with a message.
 
 --netns runs 2 ranks in two network namespaces joined by a veth pair (no
-shared memory between them; needs root), for gloo and mpi-tcp.
+shared memory between them; needs root), for gloo, mpi-tcp and nexar (its
+bulk path is then TCP: "nexar" with TLS, the default, and "nexar-plain"
+with NEXAR_BULK_PLAINTEXT=1). It also measures one plain TCP stream across
+the pair ("tcp-stream", bandwidth only) as the ceiling of that link.
 
 Run from the repository root:
   .venv/bin/python bench/compare/compare.py                 # quick sweep, 2 and 4 ranks
@@ -43,7 +47,7 @@ import common  # noqa: E402
 VENV_PY = os.path.join(ROOT, ".venv", "bin", "python")
 SYS_PY = "/usr/bin/python3"
 NEXAR = os.path.join(ROOT, "build", "nexar")
-SYSTEMS = ("gloo", "mpi", "mpi-tcp", "nexar")
+SYSTEMS = ("gloo", "mpi", "mpi-tcp", "nexar", "nexar-py", "nexar-plain")
 
 SWEEPS = {
     "quick": [8, 4096, 65536, 1 << 20, 16 << 20],
@@ -151,19 +155,26 @@ def mpi_procs(n, ops, sizes, name, extra):
 
 
 def nexar_procs(n, ops, sizes, timeout):
-    """`nexar bench --json` if the binary implements it, else the Python
-    adapter under `nexar run`; None and a reason when neither can run."""
+    """`nexar bench --json`, one process per rank; None and a reason when it
+    cannot run."""
     if not os.access(NEXAR, os.X_OK):
         return None, f"{NEXAR} not built (make build)"
-    probe = subprocess.run([NEXAR, "bench", "-h"], capture_output=True, text=True, timeout=30)
-    if "--json" in probe.stdout + probe.stderr:
-        argv = [NEXAR, "bench", "-n", str(n), "--json", "--ops", ",".join(ops),
-                "--sizes", ",".join(map(str, sizes))]
-        return [(argv, dict(os.environ))], None
-    r = subprocess.run([VENV_PY, "-c", f"import sys; sys.path.insert(0, {os.path.join(ROOT, 'bindings', 'python')!r}); import nexar, numpy"],
-                       capture_output=True, text=True)
+    argv = [NEXAR, "bench", "-n", str(n)] + nexar_bench_args(ops, sizes)
+    return [(argv, dict(os.environ))], None
+
+
+def nexar_bench_args(ops, sizes):
+    # Same warm-up and iteration counts as the Python adapters.
+    return ["--json", "--warmup", "2", "--ops", ",".join(ops), "--sizes", ",".join(map(str, sizes))]
+
+
+def nexar_py_procs(n, ops, sizes):
+    """adapter_nexar.py under `nexar run`."""
+    if not os.access(NEXAR, os.X_OK):
+        return None, f"{NEXAR} not built (make build)"
+    r = subprocess.run([VENV_PY, "-c", "import nexar, numpy"], capture_output=True, text=True)
     if r.returncode != 0:
-        return None, "neither `nexar bench --json` nor the nexar Python package is available: " + r.stderr.strip()[-200:]
+        return None, "the nexar Python package is not installed in the venv (make python): " + r.stderr.strip()[-200:]
     argv = [NEXAR, "run", "-n", str(n), "--", VENV_PY, os.path.join(HERE, "adapter_nexar.py")] + adapter_args(ops, sizes)
     return [(argv, dict(os.environ))], None
 
@@ -246,10 +257,73 @@ def netns_runs(args, ops, sizes, results):
                     r["netns"] = True
                     results.append(r)
                 os.unlink(agent.name)
-            if "nexar" in args.systems:
-                log("netns: nexar skipped (`nexar run` launches local ranks only; needs a multi-host launcher)")
+            if os.access(NEXAR, os.X_OK):
+                for name, plain in (("nexar", "0"), ("nexar-plain", "1")):
+                    if name not in args.systems and not (name == "nexar-plain" and "nexar" in args.systems):
+                        continue
+                    # The launcher's job by hand, as on two real hosts:
+                    # rank 0 embeds the seed on its own address.
+                    token, port = os.urandom(16).hex(), free_port()
+                    procs = []
+                    for r in range(2):
+                        env = dict(os.environ, NEXAR_RANK=str(r), NEXAR_WORLD_SIZE="2",
+                                   NEXAR_SEED=f"{net.addrs[0]}:{port}", NEXAR_TOKEN=token,
+                                   NEXAR_BIND_ADDR=f"{net.addrs[r]}:0", NEXAR_BULK="tcp",
+                                   NEXAR_BULK_PLAINTEXT=plain)
+                        procs.append((net.wrap(r) + [NEXAR, "bench"] + nexar_bench_args(ops, sizes), env))
+                    for r in run_adapter(procs, args.timeout, name):
+                        log(f"  netns {name} {r['op']} {human(r['bytes'])}: {r['time_us']} µs, busbw {r['busbw_gbs']} GB/s ({r.get('path')})")
+                        r["netns"] = True
+                        results.append(r)
+            stream = tcp_stream(net)
+            if stream:
+                log(f"  netns one TCP stream: {stream:.2f} GB/s")
+                results.append({"system": "tcp-stream", "op": "stream", "bytes": 0, "ranks": 2,
+                                "time_us": 0, "algbw_gbs": stream, "busbw_gbs": stream, "netns": True})
     except subprocess.CalledProcessError as e:
         log(f"netns: setup failed: {e.stderr.decode().strip() if e.stderr else e}")
+
+
+STREAM_SRC = r"""
+import socket, sys, time
+mode, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+total, chunk = 1 << 30, 1 << 20
+if mode == "server":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, port)); s.listen(1); c, _ = s.accept()
+    buf, got = bytearray(chunk), 0
+    while got < total:
+        n = c.recv_into(buf)
+        if not n:
+            break
+        got += n
+    c.sendall(b"k")
+else:
+    c = socket.create_connection((addr, port))
+    data = bytes(chunk)
+    t = time.perf_counter()
+    for _ in range(total // chunk):
+        c.sendall(data)
+    c.recv(1)
+    print(total / (time.perf_counter() - t) / 1e9)
+"""
+
+
+def tcp_stream(net):
+    """GB/s of one TCP connection from the first namespace to the second
+    (1 GiB, 1 MiB writes): the ceiling a single stream reaches on that link."""
+    port = free_port()
+    srv = subprocess.Popen(net.wrap(1) + [SYS_PY, "-c", STREAM_SRC, "server", net.addrs[1], str(port)])
+    try:
+        time.sleep(0.5)
+        r = subprocess.run(net.wrap(0) + [SYS_PY, "-c", STREAM_SRC, "client", net.addrs[1], str(port)],
+                           capture_output=True, text=True, timeout=120)
+        return float(r.stdout.strip()) if r.returncode == 0 else None
+    except (subprocess.TimeoutExpired, ValueError):
+        return None
+    finally:
+        srv.kill()
+        srv.wait()
 
 
 # --- output -----------------------------------------------------------------
@@ -261,19 +335,26 @@ def human(b):
     return f"{b} B"
 
 
+NEXARS = ("nexar", "nexar-py", "nexar-plain")
+OTHERS = ("gloo", "mpi", "mpi-tcp")
+
+
 def write_table(results, path, meta):
-    systems = [s for s in SYSTEMS if any(r["system"] == s for r in results)]
-    others = [s for s in ("gloo", "mpi", "mpi-tcp") if s in systems]
     lines = [f"<!-- generated by bench/compare/compare.py; {meta} -->", ""]
     for netns in (False, True):
-        sub = [r for r in results if bool(r.get("netns")) == netns]
+        sub = [r for r in results if bool(r.get("netns")) == netns and r["op"] != "stream"]
         if not sub:
             continue
+        systems = [s for s in SYSTEMS if any(r["system"] == s for r in sub)]
+        ratios = [(f, o) for f in NEXARS if f in systems for o in OTHERS if o in systems]
         idx = {(r["system"], r["op"], r["ranks"], r["bytes"]): r for r in sub}
         lines.append("### Two network namespaces (veth, no shared memory)" if netns else "### One host")
         lines.append("")
-        hdr = "| op | ranks | bytes | " + " | ".join(f"{s} µs | {s} busbw GB/s" for s in systems)
-        hdr += "".join(f" | nexar vs {o}" for o in others) + " |"
+        for r in results:
+            if r["op"] == "stream" and bool(r.get("netns")) == netns:
+                lines += [f"One TCP stream across the pair (1 GiB, 1 MiB writes): {r['busbw_gbs']:.2f} GB/s.", ""]
+        hdr = "| op | ranks | bytes | " + " | ".join(f"{s} µs | {s} busbw" for s in systems)
+        hdr += "".join(f" | {f} vs {o}" for f, o in ratios) + " |"
         lines += [hdr, "|" + "---|" * (hdr.count("|") - 1)]
         for op in common.OPS:
             for n in sorted({r["ranks"] for r in sub}):
@@ -282,14 +363,14 @@ def write_table(results, path, meta):
                     for s in systems:
                         r = idx.get((s, op, n, b))
                         row += [f"{r['time_us']:.1f}", f"{r['busbw_gbs']:.3f}"] if r else ["–", "–"]
-                    nx = idx.get(("nexar", op, n, b))
-                    for o in others:
-                        ro = idx.get((o, op, n, b))
-                        row.append(f"{ro['time_us'] / nx['time_us']:.2f}×" if nx and ro else "–")
+                    for f, o in ratios:
+                        rf, ro = idx.get((f, op, n, b)), idx.get((o, op, n, b))
+                        row.append(f"{ro['time_us'] / rf['time_us']:.2f}×" if rf and ro else "–")
                     lines.append("| " + " | ".join(row) + " |")
         lines.append("")
-    lines.append("Times are medians over iterations on rank 0; busbw as nccl-tests; "
-                 "\"nexar vs X\" is X's time divided by nexar's (above 1: nexar is faster).")
+    lines.append("Times are medians over iterations on rank 0, each iteration started after a barrier; "
+                 "busbw in GB/s as nccl-tests; \"A vs B\" is B's time divided by A's (above 1: A is faster). "
+                 "nexar is the Go `nexar bench`; nexar-py the Python package (numpy), like mpi4py and torch.")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -302,7 +383,7 @@ def write_plot(results, path):
     except ImportError:
         log("plot: matplotlib not installed in this interpreter; no PNG")
         return
-    keys = sorted({(r["ranks"], bool(r.get("netns"))) for r in results})
+    keys = sorted({(r["ranks"], bool(r.get("netns"))) for r in results if r["op"] != "stream"})
     ops = [o for o in common.OPS if any(r["op"] == o for r in results)]
     fig, axes = plt.subplots(len(ops), len(keys), figsize=(4.5 * len(keys), 3 * len(ops)), squeeze=False)
     for i, op in enumerate(ops):
@@ -313,6 +394,9 @@ def write_plot(results, path):
                              if r["system"] == s and r["op"] == op and r["ranks"] == n and bool(r.get("netns")) == netns)
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=s)
+            for r in results:
+                if r["op"] == "stream" and netns and r.get("netns"):
+                    ax.axhline(r["busbw_gbs"], color="grey", ls="--", lw=0.8, label="1 TCP stream")
             ax.set_xscale("log", base=2)
             ax.set_title(f"{op}, {n} ranks" + (", 2 netns" if netns else ""), fontsize=9)
             ax.set_xlabel("bytes", fontsize=8)
@@ -351,8 +435,12 @@ def main():
                 why = have_mpi()
                 extra = ["--mca", "btl", "tcp,self"] if s == "mpi-tcp" else []
                 procs = None if why else mpi_procs(n, ops, sizes, s, extra)
-            else:
+            elif s == "nexar":
                 procs, why = nexar_procs(n, ops, sizes, args.timeout)
+            elif s == "nexar-py":
+                procs, why = nexar_py_procs(n, ops, sizes)
+            else:
+                continue  # nexar-plain: only across namespaces
             if why:
                 log(f"{s}: skipped: {why}")
                 continue

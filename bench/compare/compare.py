@@ -96,6 +96,8 @@ def run_adapter(procs, timeout, system):
     out.seek(0)
     for line in out:
         line = line.strip()
+        if line.startswith("[0] "):  # nexar run's rank prefix
+            line = line[4:]
         if line.startswith("{"):
             try:
                 r = json.loads(line)

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/nexar-go/nexar/hw"
+	"github.com/nexar-go/nexar/transport/bulk"
 )
 
 func cmdInfo(args []string, stdout io.Writer) error {
@@ -42,6 +43,8 @@ func cmdInfo(args []string, stdout io.Writer) error {
 	for _, t := range transports() {
 		fmt.Fprintf(stdout, "  %-6s %s\n", t.name, t.status)
 	}
+	fmt.Fprintln(stdout, "\ndata path (NEXAR_BULK=auto): shm between ranks of one host, tcp between hosts, quic otherwise;")
+	fmt.Fprintln(stdout, "  `nexar bench` prints the path to each peer (docs/bulk-path.md)")
 	return nil
 }
 
@@ -51,11 +54,13 @@ type transportInfo struct{ name, status string }
 // software transports are always in the build, the hardware ones are
 // probed by package hw (a library load, no allocation).
 func transports() []transportInfo {
+	shm, cma, tcp := bulk.Available()
 	ts := []transportInfo{
-		{"quic", "yes (TLS 1.3, mutual authentication; every message, control and bulk)"},
+		{"quic", "yes (TLS 1.3, mutual authentication; control, heartbeats, and data where no bulk path is agreed)"},
+		{"shm", shm},
+		{"cma", cma},
+		{"tcp", tcp},
 		{"mem", "yes (in-process ranks: tests and core.NewLocal)"},
-		{"shm", "unavailable: not implemented in this build (same-host bulk goes over QUIC on loopback)"},
-		{"tcp", "unavailable: not implemented in this build (bulk goes over QUIC)"},
 	}
 	for _, s := range hw.Probe() {
 		state := "unavailable: "

@@ -793,3 +793,33 @@ func (e *Endpoint) decide(peer int, ch *channel) {
 }
 
 func (e *Endpoint) shmDesc() string { return fmt.Sprintf("shm %d MiB ring", e.opt.RingSize>>20) }
+
+// Available describes, for `nexar info`, what this build and machine offer:
+// shared-memory rings, cross-memory attach (tried on this process; each pair
+// of ranks is probed again when it connects) and TCP.
+func Available() (shm, cma, tcp string) {
+	shm = "unavailable: needs Linux and a writable " + shmDir
+	if shmSupported() {
+		if r, _, _, err := createRing(64 << 10); err == nil {
+			r.Close()
+			r.release()
+			shm = fmt.Sprintf("yes (%s; %d MiB ring per direction between ranks of one host)", shmDir, DefaultRingSize>>20)
+		} else {
+			shm = "unavailable: " + err.Error()
+		}
+	}
+	cma = "unavailable on this platform"
+	if cmaSupported {
+		probe := []byte("nexar cross-memory attach probe")
+		got := make([]byte, len(probe))
+		if err := readRemote(selfPID(), uint64(uintptr(unsafe.Pointer(&probe[0]))), got); err != nil {
+			cma = "unavailable: " + err.Error()
+		} else if !bytes.Equal(got, probe) {
+			cma = "unavailable: process_vm_readv returned wrong data"
+		} else {
+			cma = fmt.Sprintf("yes (process_vm_readv; payloads from %d KiB on shared-memory paths)", DefaultRemoteMin>>10)
+		}
+	}
+	tcp = fmt.Sprintf("yes (%d connections per direction between hosts, TLS 1.3 unless NEXAR_BULK_PLAINTEXT=1)", DefaultConns)
+	return shm, cma, tcp
+}

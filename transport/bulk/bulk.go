@@ -156,22 +156,20 @@ type Endpoint struct {
 	closed atomic.Bool
 	once   sync.Once
 
-	mu       sync.Mutex
-	decided  []bool // outbound path fixed
-	left     int    // peers not decided
-	ready    chan struct{}
-	paths    []string
-	in       []*channel // inbound channels still reading
-	bye      []error    // graceful departures waiting for the inbound channel to drain
-	byeSeen  []bool     // inbound channel ended with a goodbye
-	causes   []error    // why each departed peer is down
-	offers   map[int]*tcpOffer
-	rings    []*ring       // every ring mapped, released at Close
-	ctlWG    bool          // false once Close stops taking control messages
-	probe    []byte        // what a peer reads from our memory to test cross-memory attach
-	sending  atomic.Int64  // sends in progress (see Close)
-	pollers  int           // goroutines between StartPolling and stop
-	pollDone chan struct{} // closed when pollers drops to 0 (Close waits)
+	mu      sync.Mutex
+	decided []bool // outbound path fixed
+	left    int    // peers not decided
+	ready   chan struct{}
+	paths   []string
+	in      []*channel // inbound channels still reading
+	bye     []error    // graceful departures waiting for the inbound channel to drain
+	byeSeen []bool     // inbound channel ended with a goodbye
+	causes  []error    // why each departed peer is down
+	offers  map[int]*tcpOffer
+	rings   []*ring      // every ring mapped, released at Close
+	ctlWG   bool         // false once Close stops taking control messages
+	probe   []byte       // what a peer reads from our memory to test cross-memory attach
+	using   atomic.Int64 // sends and pollers that may touch a ring (see Close)
 }
 
 // New prepares the composite endpoint for rank self of size; h and down
@@ -314,8 +312,8 @@ func (e *Endpoint) SendProgress(ctx context.Context, peer int, h *transport.Head
 func (e *Endpoint) send(ctx context.Context, peer int, lane transport.Lane, h *transport.Header, payload []byte, progress func() bool) error {
 	// Counted before the closed check: Close waits for every send it did
 	// not turn away before it unmaps the rings.
-	e.sending.Add(1)
-	defer e.sending.Add(-1)
+	e.using.Add(1)
+	defer e.using.Add(-1)
 	if e.closed.Load() {
 		return transport.ErrClosed
 	}
@@ -387,23 +385,20 @@ func (e *Endpoint) StartPolling(peer int) (poll func() bool, stop func()) {
 	if ch == nil {
 		return nil, nil
 	}
-	// Count the poller so that Close does not unmap the ring under it.
-	e.mu.Lock()
-	if !e.ctlWG {
-		e.mu.Unlock()
+	// Counted like a send, so that Close does not unmap the ring under it.
+	e.using.Add(1)
+	if e.closed.Load() {
+		e.using.Add(-1)
 		return nil, nil
 	}
-	e.pollers++
-	e.mu.Unlock()
 	ch.ring.setPolling(true)
 	return ch.poll, func() {
-		ch.ring.setPolling(false)
-		e.mu.Lock()
-		if e.pollers--; e.pollers == 0 && e.pollDone != nil {
-			close(e.pollDone)
-			e.pollDone = nil
+		// Take what has already arrived rather than leave it to the read
+		// loop, whose wake-up costs more than the copy.
+		for i := 0; i < 4 && ch.poll(); i++ {
 		}
-		e.mu.Unlock()
+		ch.ring.setPolling(false)
+		e.using.Add(-1)
 	}
 }
 
@@ -557,10 +552,11 @@ func (e *Endpoint) Close() error {
 		}
 		e.wg.Wait()
 		// Sends still in a ring (waiting for room or an acknowledgement)
-		// see the closed rings and return; the rings stay mapped until
-		// they have, or leak if one does not within the close timeout.
+		// and pollers see the closed rings and return; the rings stay
+		// mapped until they have, or leak if one does not within the close
+		// timeout.
 		unmap := true
-		for deadline := time.Now().Add(e.opt.CloseTimeout); e.sending.Load() > 0; {
+		for deadline := time.Now().Add(e.opt.CloseTimeout); e.using.Load() > 0; {
 			if time.Now().After(deadline) {
 				unmap = false
 				e.log.Warn("nexar: bulk: a send did not return at close; its shared memory stays mapped", "rank", e.self)
@@ -569,13 +565,6 @@ func (e *Endpoint) Close() error {
 			time.Sleep(100 * time.Microsecond)
 		}
 		e.mu.Lock()
-		if e.pollers > 0 {
-			done := make(chan struct{})
-			e.pollDone = done
-			e.mu.Unlock()
-			<-done // pollers spin for microseconds, then stop
-			e.mu.Lock()
-		}
 		for _, r := range e.rings {
 			r.Close()
 			if unmap {

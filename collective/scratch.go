@@ -13,7 +13,7 @@ import (
 // used at once (in practice the largest message plus a little).
 
 const (
-	minScratchClass = 12 // 4 KiB: smaller buffers are cheap to allocate
+	minScratchClass = 9  // 512 B: smaller buffers are cheap to allocate
 	maxScratchClass = 34 // 16 GiB
 )
 

@@ -47,7 +47,7 @@ func mustAll(t *testing.T, errs []error) {
 	}
 }
 
-func closeAll(t *testing.T, comms []*Comm) {
+func closeAll(t testing.TB, comms []*Comm) {
 	t.Helper()
 	for _, c := range comms {
 		if c != nil {

@@ -70,7 +70,10 @@ type Config struct {
 	// SpinWait is how long a goroutine waiting for data from a rank on this
 	// host polls the shared-memory channel itself before it sleeps until
 	// the channel's reader hands the data over. Longer spins cut latency
-	// and burn a core while waiting. Default 50 µs; negative: never spin.
+	// and burn a core while waiting; a sleep and wake-up costs tens of
+	// microseconds, more for calls from C and Python (whose thread the Go
+	// runtime must hand back). Default: 500 µs when this host has a core
+	// for every rank it runs, else 20 µs; negative: never spin.
 	SpinWait time.Duration
 }
 
@@ -81,7 +84,8 @@ const (
 	defaultHeartbeatInterval = 500 * time.Millisecond
 	defaultHeartbeatTimeout  = 3 * time.Second
 	defaultMaxBufferedBytes  = 256 << 20
-	defaultSpinWait          = 50 * time.Microsecond
+	spinWaitDedicated        = 500 * time.Microsecond // a core per local rank
+	spinWaitShared           = 20 * time.Microsecond  // more local ranks than cores
 )
 
 // withDefaults returns cfg with zero fields filled in.
@@ -107,9 +111,7 @@ func (cfg Config) withDefaults() Config {
 	if cfg.MaxBufferedBytes <= 0 {
 		cfg.MaxBufferedBytes = defaultMaxBufferedBytes
 	}
-	if cfg.SpinWait == 0 {
-		cfg.SpinWait = defaultSpinWait
-	}
+
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}

@@ -26,6 +26,7 @@ type node struct {
 	size int // world size
 	ep   transport.Endpoint
 
+	spinWait time.Duration  // resolved Config.SpinWait (resolveSpinWait)
 	lastSeen []atomic.Int64 // unix nanos of the last message from each world rank
 	buffered atomic.Int64   // payload bytes held for unmatched messages
 
@@ -77,6 +78,7 @@ func newNode(cfg Config, rank, size int) *node {
 
 // start begins heartbeats and monitoring once ep is set.
 func (n *node) start() {
+	n.resolveSpinWait()
 	now := time.Now().UnixNano()
 	for i := range n.lastSeen {
 		n.lastSeen[i].Store(now)

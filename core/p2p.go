@@ -8,20 +8,11 @@ import (
 	"github.com/nexar-go/nexar/transport"
 )
 
-// opContext bounds an operation: by ctx, by the configured Timeout when ctx
-// has no deadline, and by the communicator's failure or close.
-func (c *Comm) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	var cancel context.CancelFunc
-	if _, ok := ctx.Deadline(); ok {
-		ctx, cancel = context.WithCancel(ctx)
-	} else {
-		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
-	}
-	stop := context.AfterFunc(c.ctx, cancel)
-	return ctx, func() { stop(); cancel() }
+// opContext bounds an operation: by ctx, by the configured Timeout (or
+// ctx's earlier deadline), and by the communicator's failure or close.
+func (c *Comm) opContext(ctx context.Context) (context.Context, func()) {
+	o := c.newOpCtx(ctx)
+	return o, o.release
 }
 
 // opError turns whatever an operation ran into into an *Error for op,
@@ -153,8 +144,8 @@ func (c *Comm) Recv(ctx context.Context, buf []byte, peer int, tag uint64) (Stat
 	}
 	ctx, cancel := c.opContext(ctx)
 	defer cancel()
-	if peer != AnySource {
-		c.spin(peer, req.done)
+	if peer == AnySource || !c.spin(peer, req.done) {
+		defer c.blocking(peer)()
 	}
 	select {
 	case <-req.done:
@@ -181,6 +172,7 @@ func (c *Comm) irecv(buf []byte, peer int, tag uint64) (*Request, *p2pRecv) {
 		return doneRequest(c, "recv", invalidArg("recv", "peer %d is out of range [0, %d) and not AnySource", peer, c.size)), nil
 	}
 	req := newRequest(c, "recv", false)
+	req.src = peer
 	r := &p2pRecv{src: peer, tag: tag, buf: buf, req: req}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -419,6 +411,7 @@ func (c *Comm) waitColl(ctx context.Context, key collKey, m *inMsg) error {
 	if c.spin(key.src, m.done) {
 		return m.err
 	}
+	defer c.blocking(key.src)()
 	select {
 	case <-m.done:
 		return m.err

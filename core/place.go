@@ -127,10 +127,58 @@ func (c *Comm) waitFilledLocked(m *inMsg) {
 	}
 }
 
+// resolveSpinWait fixes how long waiters spin (Config.SpinWait): the
+// configured value, else by whether every rank on this host has a core.
+func (n *node) resolveSpinWait() {
+	n.spinWait = n.cfg.SpinWait
+	if n.spinWait != 0 {
+		return
+	}
+	local := 1
+	if lp, ok := n.ep.(interface{ LocalPeers() int }); ok {
+		local += lp.LocalPeers()
+	}
+	n.spinWait = spinWaitShared
+	if local <= runtime.NumCPU() {
+		n.spinWait = spinWaitDedicated
+	}
+}
+
 // poller is implemented by endpoints whose inbound data a waiting goroutine
 // can progress itself (transport/bulk's shared-memory rings).
 type poller interface {
 	StartPolling(peer int) (poll func() bool, stop func())
+}
+
+// blockNotifier is implemented by endpoints that want to know when a
+// goroutine blocks until data from a peer arrives (transport/bulk: its
+// rings then wake their reader for every write).
+type blockNotifier interface {
+	Waiting(peer int) (done func())
+}
+
+// blocking tells the endpoint that the caller is about to block until data
+// from comm rank src (AnySource: any rank) is delivered; call the result
+// when the wait ends.
+func (c *Comm) blocking(src int) func() {
+	b, ok := c.n.ep.(blockNotifier)
+	if !ok {
+		return func() {}
+	}
+	if src != AnySource {
+		return b.Waiting(c.world[src])
+	}
+	dones := make([]func(), 0, c.size)
+	for r, w := range c.world {
+		if r != c.rank {
+			dones = append(dones, b.Waiting(w))
+		}
+	}
+	return func() {
+		for _, d := range dones {
+			d()
+		}
+	}
 }
 
 // progressSender is implemented by endpoints that can run a poll function
@@ -139,11 +187,23 @@ type progressSender interface {
 	SendProgress(ctx context.Context, peer int, h *transport.Header, payload []byte, progress func() bool) error
 }
 
+// pollOnce consumes what has arrived from comm rank src, if that channel
+// can be polled.
+func (c *Comm) pollOnce(src int) {
+	if p, ok := c.n.ep.(poller); ok {
+		if poll, stop := p.StartPolling(c.world[src]); poll != nil {
+			poll()
+			stop()
+		}
+	}
+}
+
 // spin polls the channel from comm rank src until done is closed, for at
-// most the configured SpinWait; it reports whether done was closed. It
+// most the node's spinWait; it reports whether done was closed. It
 // returns false at once when that channel cannot be polled.
 func (c *Comm) spin(src int, done <-chan struct{}) bool {
-	if c.cfg.SpinWait <= 0 || src < 0 {
+	spinFor := c.n.spinWait
+	if spinFor <= 0 || src < 0 {
 		return false
 	}
 	p, ok := c.n.ep.(poller)
@@ -155,6 +215,10 @@ func (c *Comm) spin(src int, done <-chan struct{}) bool {
 		return false
 	}
 	defer stop()
+	// No runtime.Gosched in the loop: on a thread that called in from C
+	// (libnexar) the goroutine is locked to its thread, and every yield
+	// is a thread hand-off through the kernel, tens of microseconds. The
+	// spin is short; other goroutines of this process get the CPU after.
 	start := time.Now()
 	for i := 1; ; i++ {
 		select {
@@ -163,11 +227,8 @@ func (c *Comm) spin(src int, done <-chan struct{}) bool {
 		default:
 		}
 		poll()
-		if i%16 == 0 {
-			if time.Since(start) > c.cfg.SpinWait {
-				return false
-			}
-			runtime.Gosched() // other goroutines of this process may need the CPU
+		if i%16 == 0 && time.Since(start) > spinFor {
+			return false
 		}
 	}
 }

@@ -21,10 +21,14 @@ type Request struct {
 	// that created the request, before the request is shared) by start or
 	// wait, and runs exactly once.
 	run func()
+	src int // a receive's source (AnySource allowed), else noSource
 }
 
+// noSource marks requests that are not receives.
+const noSource = -2
+
 func newRequest(c *Comm, op string, worker bool) *Request {
-	return &Request{c: c, op: op, worker: worker, done: make(chan struct{})}
+	return &Request{c: c, op: op, worker: worker, done: make(chan struct{}), src: noSource}
 }
 
 func doneRequest(c *Comm, op string, err error) *Request {
@@ -60,6 +64,12 @@ func (r *Request) Wait(ctx context.Context) error {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, r.c.cfg.Timeout)
 		defer cancel()
+	}
+	if r.src != noSource && r.c != nil {
+		// A receive: progress it, then let the transport know we block.
+		if r.src == AnySource || !r.c.spin(r.src, r.done) {
+			defer r.c.blocking(r.src)()
+		}
 	}
 	select {
 	case <-r.done:
@@ -113,7 +123,12 @@ func (r *Request) failedErr() error {
 }
 
 // Test reports whether the operation has completed and, if so, its error.
+// For a receive it first takes in what has arrived from its source (MPI
+// semantics: testing makes progress).
 func (r *Request) Test() (done bool, err error) {
+	if r.src >= 0 && r.c != nil {
+		r.c.pollOnce(r.src)
+	}
 	select {
 	case <-r.done:
 		return true, r.err

@@ -170,6 +170,7 @@ type Endpoint struct {
 	ctlWG   bool         // false once Close stops taking control messages
 	probe   []byte       // what a peer reads from our memory to test cross-memory attach
 	using   atomic.Int64 // sends and pollers that may touch a ring (see Close)
+	unuseFn func()       // using.Add(-1), made once
 }
 
 // New prepares the composite endpoint for rank self of size; h and down
@@ -212,6 +213,7 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 		ready: make(chan struct{}), paths: make([]string, size), in: make([]*channel, size),
 		bye: make([]error, size), byeSeen: make([]bool, size), causes: make([]error, size), offers: map[int]*tcpOffer{}, ctlWG: true}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.unuseFn = func() { e.using.Add(-1) }
 	e.probe = make([]byte, 16)
 	rand.Read(e.probe)
 	for r := range e.paths {
@@ -368,15 +370,24 @@ func (e *Endpoint) SharedMemory(peer int) bool {
 	return ok
 }
 
+// LocalPeers is the number of peers whose data comes over shared-memory
+// rings: the other ranks on this host.
+func (e *Endpoint) LocalPeers() int {
+	n := 0
+	for i := range e.out {
+		if ch := e.out[i].Load(); ch != nil && ch.ring != nil {
+			n++
+		}
+	}
+	return n
+}
+
 // StartPolling lets the calling goroutine, which is about to wait for data
 // from peer, progress peer's shared-memory ring itself: poll consumes, in
 // the caller, what has arrived (a bounded amount), delivers the frames it
 // completes and reports whether it consumed anything, without waiting for
-// more; stop ends the polling (call it exactly once). While a goroutine
-// polls, the producer does not wake the ring's read loop, which would find
-// nothing to do: on few cores that hand-off costs more than the data. Both
-// are nil when peer's data does not come over a ring. Safe for concurrent
-// use.
+// more; stop ends the polling (call it exactly once). Both are nil when
+// peer's data does not come over a ring. Safe for concurrent use.
 func (e *Endpoint) StartPolling(peer int) (poll func() bool, stop func()) {
 	if peer < 0 || peer >= e.size {
 		return nil, nil
@@ -391,13 +402,30 @@ func (e *Endpoint) StartPolling(peer int) (poll func() bool, stop func()) {
 		e.using.Add(-1)
 		return nil, nil
 	}
-	ch.ring.setPolling(true)
-	return ch.poll, func() {
-		// Take what has already arrived rather than leave it to the read
-		// loop, whose wake-up costs more than the copy.
-		for i := 0; i < 4 && ch.poll(); i++ {
-		}
-		ch.ring.setPolling(false)
+	return ch.pollFn, e.unuseFn
+}
+
+// Waiting tells peer's shared-memory ring that the calling goroutine is
+// about to block until data from peer is delivered: the producer then wakes
+// the ring's read loop for every write, instead of leaving the data to a
+// goroutine that polls. Call done when the wait ends. Both are no-ops when
+// peer's data does not come over a ring.
+func (e *Endpoint) Waiting(peer int) (done func()) {
+	if peer < 0 || peer >= e.size {
+		return func() {}
+	}
+	ch := e.polled[peer].Load()
+	if ch == nil {
+		return func() {}
+	}
+	e.using.Add(1)
+	if e.closed.Load() {
+		e.using.Add(-1)
+		return func() {}
+	}
+	ch.ring.setWaiting(1)
+	return func() {
+		ch.ring.setWaiting(-1)
 		e.using.Add(-1)
 	}
 }

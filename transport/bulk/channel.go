@@ -113,6 +113,7 @@ type channel struct {
 	pre     [frame.PrefixSize]byte
 	end     error // the frame error that ended the channel, once met
 	rx      rxFrame
+	pollFn  func() bool // poll, made once
 	// remotePID is the sender's process id once this (receiving) side
 	// knows it can copy payloads out of the sender's memory.
 	remotePID atomic.Int64
@@ -142,6 +143,7 @@ func newChannel(peer int, desc string, links []link) *channel {
 	if rl, ok := links[0].(ringLink); ok && len(links) == 1 {
 		c.ring = rl.r
 	}
+	c.pollFn = c.poll
 	return c
 }
 
@@ -197,6 +199,9 @@ func (c *channel) send(ctx context.Context, h *transport.Header, p []byte, progr
 	parts, per := stripes(len(p), len(c.links))
 	c.buf = frame.AppendPrefix(c.buf[:0], transport.LaneData, h, len(p))
 	first := part(p, 0, per)
+	if parts == 1 {
+		return c.sendOne(ctx, first, progress)
+	}
 	bufs := [][]byte{c.buf, first}
 	if len(first) <= inlineMax {
 		c.buf = append(c.buf, first...)
@@ -228,6 +233,34 @@ func (c *channel) send(ctx context.Context, h *transport.Header, p []byte, progr
 		return false, nil
 	}
 	if wrote.Load() == 0 && ctx.Err() != nil {
+		return false, ctx.Err()
+	}
+	c.broken.Store(true)
+	if ctx.Err() != nil {
+		return true, fmt.Errorf("cancelled mid-frame: %w", ctx.Err())
+	}
+	return true, err
+}
+
+// sendOne writes a frame whose prefix is in c.buf and whose payload p goes
+// whole on link 0 (no stripes: the common case, kept free of allocations).
+// Called with the semaphore held.
+func (c *channel) sendOne(ctx context.Context, p []byte, progress func() bool) (bool, error) {
+	var n int
+	var err error
+	if len(p) <= inlineMax {
+		c.buf = append(c.buf, p...)
+		n, err = c.links[0].write(ctx, progress, c.buf)
+	} else {
+		n, err = c.links[0].write(ctx, progress, c.buf, p)
+	}
+	if cap(c.buf) > 4*inlineMax {
+		c.buf = nil
+	}
+	if err == nil {
+		return false, nil
+	}
+	if n == 0 && ctx.Err() != nil {
 		return false, ctx.Err()
 	}
 	c.broken.Store(true)
@@ -308,9 +341,15 @@ func (c *channel) readLoop() error {
 			}
 		}
 	}
+	idle := idleMin
 	for {
 		// Wait without the lock, so that a poller can read meanwhile.
-		waited := c.ring.waitData()
+		ready, waited := c.ring.waitData(idle)
+		if !ready && waited == nil {
+			idle = min(2*idle, idleMax) // nothing came: sleep longer
+			continue
+		}
+		idle = idleMin
 		c.rmu.Lock()
 		_, err := c.stepRing(0)
 		if err == nil && waited != nil && c.ring.available() == 0 {
@@ -329,6 +368,13 @@ func (c *channel) readLoop() error {
 		}
 	}
 }
+
+// Idle reader sleeps: short while the ring is busy, so that data no poller
+// took is not held long, growing while it stays idle.
+const (
+	idleMin = 1 * time.Millisecond
+	idleMax = 20 * time.Millisecond
+)
 
 // pollBudget bounds the bytes one poll consumes, so that a goroutine that
 // also writes (an exchange) alternates between the two directions.

@@ -11,7 +11,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime"
+
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -30,7 +30,7 @@ const (
 	offDataSeq    = 192 // u32 futex word, bumped by the producer
 	offDataWait   = 196 // u32, consumers sleeping on offDataSeq inside a frame
 	offIdleWait   = 200 // u32, the idle reader sleeping on offDataSeq between frames
-	offPolling    = 204 // u32, consumer-side pollers spinning on the ring
+	offWaiting    = 204 // u32, consumer goroutines blocked until data arrives
 	offSpaceSeq   = 256 // u32 futex word, bumped by the consumer
 	offSpaceWait  = 260 // u32, producers sleeping on offSpaceSeq
 	offProdClosed = 320 // u32
@@ -81,6 +81,10 @@ type ring struct {
 func (r *ring) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&r.mem[off])) }
 func (r *ring) u32(off int) *uint32 { return (*uint32)(unsafe.Pointer(&r.mem[off])) }
 
+// Both sides map the ring with MAP_POPULATE: the pages are allocated and
+// mapped up front, instead of costing a fault in each process the first
+// time a message crosses them (several microseconds a page on a VM).
+
 // createRing makes a ring file of size bytes (a power of two) readable only
 // by this user, maps it, and returns it as the consumer side with the path
 // and cookie the producer must present.
@@ -103,7 +107,7 @@ func createRing(size int) (*ring, string, []byte, error) {
 		os.Remove(path)
 		return nil, "", nil, fmt.Errorf("bulk: size ring: %w", err)
 	}
-	mem, err := syscall.Mmap(int(f.Fd()), 0, ringHdr+size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	mem, err := syscall.Mmap(int(f.Fd()), 0, ringHdr+size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED|syscall.MAP_POPULATE)
 	if err != nil {
 		os.Remove(path)
 		return nil, "", nil, fmt.Errorf("bulk: map ring: %w", err)
@@ -134,7 +138,7 @@ func openRing(path string, size int, cookie []byte) (*ring, error) {
 	if st.Uid != uint32(os.Geteuid()) || st.Size != int64(ringHdr+size) || st.Mode&0o077 != 0 {
 		return nil, fmt.Errorf("bulk: ring %s: owner, size or mode not as offered", path)
 	}
-	mem, err := syscall.Mmap(int(f.Fd()), 0, ringHdr+size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	mem, err := syscall.Mmap(int(f.Fd()), 0, ringHdr+size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED|syscall.MAP_POPULATE)
 	if err != nil {
 		return nil, fmt.Errorf("bulk: map ring: %w", err)
 	}
@@ -193,11 +197,11 @@ func (r *ring) waitSpin(ctx context.Context, seq, waiters int, ready func() bool
 				i = 0
 				continue
 			}
-			if i >= spins/2 {
-				runtime.Gosched()
-			}
+			// No runtime.Gosched: see core's spin (a goroutine called in
+			// from C is locked to its thread, and a yield costs a kernel
+			// hand-off).
 			if i == spins-1 && spinFor > 0 && time.Since(start) < spinFor {
-				i = spins / 2
+				i = 0
 			}
 		}
 		if ready() {
@@ -231,14 +235,27 @@ func (r *ring) bump(seq, waiters int) {
 	}
 }
 
-// bumpData publishes new data. The idle reader is not woken while a poller
-// spins on the ring (it would find nothing to do: the poller reads first);
-// setPolling(false) wakes it if data is left behind. A consumer waiting
-// for the rest of a frame is always woken.
+// bumpData publishes new data. It wakes a consumer waiting for the rest of
+// a frame, and the idle reader only when someone needs it to deliver: a
+// goroutine blocked on data from this ring (setWaiting), or a ring filling
+// up. Otherwise a goroutine that polls (a receive about to wait, an
+// exchange) takes the data, and a futex wake, which costs both processes
+// a thread switch, is saved; data nobody asks for is drained when the
+// idle reader's sleep times out (wakeIdle's timeouts).
 func (r *ring) bumpData() {
 	atomic.AddUint32(r.u32(offDataSeq), 1)
-	if atomic.LoadUint32(r.u32(offDataWait)) != 0 ||
-		(atomic.LoadUint32(r.u32(offIdleWait)) != 0 && atomic.LoadUint32(r.u32(offPolling)) == 0) {
+	wake := atomic.LoadUint32(r.u32(offDataWait)) != 0
+	if !wake && atomic.LoadUint32(r.u32(offIdleWait)) != 0 {
+		wake = atomic.LoadUint32(r.u32(offWaiting)) != 0 || r.available() > (r.mask+1)/2
+	}
+	if wake {
+		futex(r.u32(offDataSeq), futexWake, 1<<30, 0)
+	}
+}
+
+// wakeIdle wakes the idle reader if it sleeps.
+func (r *ring) wakeIdle() {
+	if atomic.LoadUint32(r.u32(offIdleWait)) != 0 {
 		futex(r.u32(offDataSeq), futexWake, 1<<30, 0)
 	}
 }
@@ -248,24 +265,39 @@ func (r *ring) available() uint64 {
 	return atomic.LoadUint64(r.u64(offHead)) - atomic.LoadUint64(r.u64(offTail))
 }
 
-// waitData blocks the idle reader until data is available or either side
-// closed.
-func (r *ring) waitData() error {
-	return r.wait(nil, offDataSeq, offIdleWait, func() bool { return r.available() > 0 }, nil)
+// waitData blocks the idle reader until data is available, either side
+// closed, or d passed; it reports whether data is available.
+func (r *ring) waitData(d time.Duration) (bool, error) {
+	for i := 0; i < spins; i++ {
+		if r.available() > 0 {
+			return true, nil
+		}
+	}
+	if r.closed.Load() || atomic.LoadUint32(r.u32(offProdClosed)) != 0 || atomic.LoadUint32(r.u32(offConsClosed)) != 0 {
+		return r.available() > 0, errRingClosed
+	}
+	atomic.AddUint32(r.u32(offIdleWait), 1)
+	s := atomic.LoadUint32(r.u32(offDataSeq))
+	if r.available() == 0 {
+		futex(r.u32(offDataSeq), futexWait, s, d)
+	}
+	atomic.AddUint32(r.u32(offIdleWait), ^uint32(0))
+	return r.available() > 0, nil
 }
 
-// setPolling marks a consumer-side poller as spinning (on) or done (off).
-// When the last one stops with data left and the idle reader asleep, it
-// wakes the reader, which the producer did not while the poller spun.
-func (r *ring) setPolling(on bool) {
-	if on {
-		atomic.AddUint32(r.u32(offPolling), 1)
+// setWaiting counts, on the consumer side, a goroutine blocked until data
+// from this ring is delivered (+1) or no longer (-1): while one is, the
+// producer wakes the idle reader at once. Data that arrived before the
+// count went up is handed to the idle reader now.
+func (r *ring) setWaiting(delta int) {
+	if delta > 0 {
+		atomic.AddUint32(r.u32(offWaiting), 1)
+		if r.available() > 0 {
+			r.wakeIdle()
+		}
 		return
 	}
-	if atomic.AddUint32(r.u32(offPolling), ^uint32(0)) == 0 && r.available() > 0 &&
-		atomic.LoadUint32(r.u32(offIdleWait)) != 0 {
-		futex(r.u32(offDataSeq), futexWake, 1<<30, 0)
-	}
+	atomic.AddUint32(r.u32(offWaiting), ^uint32(0))
 }
 
 // Write copies p into the ring, blocking while it is full. On error some
@@ -279,10 +311,14 @@ func (r *ring) Write(ctx context.Context, p []byte, progress func() bool) (int, 
 	done := 0
 	for done < len(p) {
 		var free uint64
-		err := r.wait(ctx, offSpaceSeq, offSpaceWait, func() bool {
+		ready := func() bool {
 			free = size - (head - atomic.LoadUint64(r.u64(offTail)))
 			return free > 0
-		}, progress)
+		}
+		if !ready() {
+			r.wakeIdle() // full: whoever reads must run
+		}
+		err := r.wait(ctx, offSpaceSeq, offSpaceWait, ready, progress)
 		if err != nil {
 			return done, err
 		}

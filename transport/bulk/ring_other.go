@@ -5,6 +5,7 @@ package bulk
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 // ring is unavailable off Linux: the composite endpoint then uses TCP or
@@ -12,6 +13,8 @@ import (
 type ring struct{ path string }
 
 var errNoShm = errors.New("bulk: shared memory rings need Linux")
+
+var shmDir = "/dev/shm"
 
 func createRing(int) (*ring, string, []byte, error)                     { return nil, "", nil, errNoShm }
 func openRing(string, int, []byte) (*ring, error)                       { return nil, errNoShm }
@@ -24,8 +27,8 @@ func (r *ring) Close() error                                            { return
 func (r *ring) release()                                                {}
 func shmSupported() bool                                                { return false }
 func (r *ring) available() uint64                                       { return 0 }
-func (r *ring) waitData() error                                         { return errNoShm }
-func (r *ring) setPolling(bool)                                         {}
+func (r *ring) waitData(time.Duration) (bool, error)                    { return false, errNoShm }
+func (r *ring) setWaiting(int)                                          {}
 func (r *ring) remoteOK() bool                                          { return false }
 func (r *ring) setRemoteOK()                                            {}
 func (r *ring) sentRemote() uint32                                      { return 0 }

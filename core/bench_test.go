@@ -1,0 +1,53 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/nexar-go/nexar/collective"
+)
+
+// BenchmarkAllreduce2 times an allreduce between two ranks of this process
+// connected as two processes on one host would be (loopback QUIC, shared-
+// memory rings), and reports allocations per call on rank 0.
+func BenchmarkAllreduce2(b *testing.B) {
+	for _, size := range []int{8, 4096, 1 << 20} {
+		b.Run(fmt.Sprint(size), func(b *testing.B) {
+			comms, err := NewLocalQUIC(2, testConfig())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer closeAll(b, comms)
+			ctx := context.Background()
+			bufs := [2][2][]byte{{make([]byte, size), make([]byte, size)}, {make([]byte, size), make([]byte, size)}}
+			var wg sync.WaitGroup
+			start := make(chan int)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for n := range start {
+					for range n {
+						if err := comms[1].Allreduce(ctx, bufs[1][0], bufs[1][1], collective.Float32, collective.Sum); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}
+			}()
+			b.ReportAllocs()
+			b.SetBytes(int64(size))
+			b.ResetTimer()
+			start <- b.N
+			for range b.N {
+				if err := comms[0].Allreduce(ctx, bufs[0][0], bufs[0][1], collective.Float32, collective.Sum); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			close(start)
+			wg.Wait()
+		})
+	}
+}

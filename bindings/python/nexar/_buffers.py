@@ -95,12 +95,32 @@ def _torch_buffer(t, writable: bool) -> Buffer:
                   dtype, keep=tmp, writeback=writeback)
 
 
-def _numpy_buffer(a, writable: bool) -> Buffer:
+# numpy dtype -> Datatype (or None): the lookup by name and kind costs
+# microseconds, and a program uses a handful of dtypes.
+_NP_DTYPES = {}
+
+
+def _numpy_buffer(a, writable: bool, lib=None) -> Buffer:
     import numpy as np
 
+    dt = a.dtype
+    try:
+        dtype = _NP_DTYPES[dt]
+    except KeyError:
+        dtype = _NP_DTYPES[dt] = _types.from_numpy_dtype(dt)
+    if lib is not None and dt.hasobject is False:
+        # Fast path: one call describes the export.
+        try:
+            addr, nbytes, itemsize, _, contiguous, readonly = lib.buffer_info(a)
+        except (BufferError, ValueError, TypeError):
+            pass  # e.g. a dtype without a buffer format: the general path
+        else:
+            if writable and readonly:
+                raise ValueError("nexar: the output array is read-only")
+            if contiguous:
+                return Buffer(a, addr, nbytes, itemsize, dtype, keep=a)
     if writable and not a.flags.writeable:
         raise ValueError("nexar: the output array is read-only")
-    dtype = _types.from_numpy_dtype(a.dtype)
     tmp = a
     writeback = None
     if not a.flags.c_contiguous:
@@ -120,7 +140,7 @@ def as_buffer(obj, writable: bool, lib) -> Buffer:
         return _torch_buffer(obj, writable)
     np = sys.modules.get("numpy")
     if np is not None and isinstance(obj, np.ndarray):
-        return _numpy_buffer(obj, writable)
+        return _numpy_buffer(obj, writable, getattr(lib, "buffer_info", None) and lib)
     try:
         mv = memoryview(obj)
     except TypeError:

@@ -73,7 +73,8 @@ type Config struct {
 	// and burn a core while waiting; a sleep and wake-up costs tens of
 	// microseconds, more for calls from C and Python (whose thread the Go
 	// runtime must hand back). Default: 500 µs when this host has a core
-	// for every rank it runs, else 20 µs; negative: never spin.
+	// for every rank it runs, else 200 µs yielding the core (sched_yield)
+	// between polls; negative: never spin.
 	SpinWait time.Duration
 }
 
@@ -85,7 +86,7 @@ const (
 	defaultHeartbeatTimeout  = 3 * time.Second
 	defaultMaxBufferedBytes  = 256 << 20
 	spinWaitDedicated        = 500 * time.Microsecond // a core per local rank
-	spinWaitShared           = 20 * time.Microsecond  // more local ranks than cores
+	spinWaitShared           = 200 * time.Microsecond // more local ranks than cores (yielding)
 )
 
 // withDefaults returns cfg with zero fields filled in.

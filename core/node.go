@@ -26,9 +26,10 @@ type node struct {
 	size int // world size
 	ep   transport.Endpoint
 
-	spinWait time.Duration  // resolved Config.SpinWait (resolveSpinWait)
-	lastSeen []atomic.Int64 // unix nanos of the last message from each world rank
-	buffered atomic.Int64   // payload bytes held for unmatched messages
+	spinWait       time.Duration  // resolved Config.SpinWait (resolveSpinWait)
+	oversubscribed bool           // more ranks on this host than cores
+	lastSeen       []atomic.Int64 // unix nanos of the last message from each world rank
+	buffered       atomic.Int64   // payload bytes held for unmatched messages
 
 	done    chan struct{} // closed by close
 	wg      sync.WaitGroup

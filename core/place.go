@@ -128,7 +128,8 @@ func (c *Comm) waitFilledLocked(m *inMsg) {
 }
 
 // resolveSpinWait fixes how long waiters spin (Config.SpinWait): the
-// configured value, else by whether every rank on this host has a core.
+// configured value, else by whether every rank on this host has a core;
+// and whether they yield the core between polls.
 func (n *node) resolveSpinWait() {
 	n.spinWait = n.cfg.SpinWait
 	if n.spinWait != 0 {
@@ -138,9 +139,12 @@ func (n *node) resolveSpinWait() {
 	if lp, ok := n.ep.(interface{ LocalPeers() int }); ok {
 		local += lp.LocalPeers()
 	}
-	n.spinWait = spinWaitShared
-	if local <= runtime.NumCPU() {
-		n.spinWait = spinWaitDedicated
+	n.spinWait = spinWaitDedicated
+	if local > runtime.NumCPU() {
+		// Spin yielding the core (sched_yield), so that the rank being
+		// waited for gets it: a sleep and wake-up through the kernel
+		// costs more than the yields.
+		n.spinWait, n.oversubscribed = spinWaitShared, true
 	}
 }
 
@@ -220,13 +224,16 @@ func (c *Comm) spin(src int, done <-chan struct{}) bool {
 	// is a thread hand-off through the kernel, tens of microseconds. The
 	// spin is short; other goroutines of this process get the CPU after.
 	start := time.Now()
+	yield := c.n.oversubscribed
 	for i := 1; ; i++ {
 		select {
 		case <-done:
 			return true
 		default:
 		}
-		poll()
+		if !poll() && yield {
+			osYield() // the peer may be waiting for this core
+		}
 		if i%16 == 0 && time.Since(start) > spinFor {
 			return false
 		}

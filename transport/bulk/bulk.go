@@ -29,6 +29,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -156,21 +157,22 @@ type Endpoint struct {
 	closed atomic.Bool
 	once   sync.Once
 
-	mu      sync.Mutex
-	decided []bool // outbound path fixed
-	left    int    // peers not decided
-	ready   chan struct{}
-	paths   []string
-	in      []*channel // inbound channels still reading
-	bye     []error    // graceful departures waiting for the inbound channel to drain
-	byeSeen []bool     // inbound channel ended with a goodbye
-	causes  []error    // why each departed peer is down
-	offers  map[int]*tcpOffer
-	rings   []*ring      // every ring mapped, released at Close
-	ctlWG   bool         // false once Close stops taking control messages
-	probe   []byte       // what a peer reads from our memory to test cross-memory attach
-	using   atomic.Int64 // sends and pollers that may touch a ring (see Close)
-	unuseFn func()       // using.Add(-1), made once
+	mu             sync.Mutex
+	decided        []bool // outbound path fixed
+	left           int    // peers not decided
+	ready          chan struct{}
+	paths          []string
+	in             []*channel // inbound channels still reading
+	bye            []error    // graceful departures waiting for the inbound channel to drain
+	byeSeen        []bool     // inbound channel ended with a goodbye
+	causes         []error    // why each departed peer is down
+	offers         map[int]*tcpOffer
+	rings          []*ring      // every ring mapped, released at Close
+	ctlWG          bool         // false once Close stops taking control messages
+	probe          []byte       // what a peer reads from our memory to test cross-memory attach
+	oversubscribed bool         // more ranks on this host than cores (see Start)
+	using          atomic.Int64 // sends and pollers that may touch a ring (see Close)
+	unuseFn        func()       // using.Add(-1), made once
 }
 
 // New prepares the composite endpoint for rank self of size; h and down
@@ -295,7 +297,23 @@ func (e *Endpoint) Start(ctx context.Context, inner transport.Endpoint) error {
 	for r, p := range e.Paths() {
 		e.log.Debug("nexar: data path", "rank", e.self, "peer", r, "path", p)
 	}
+	if e.LocalPeers()+1 > runtime.NumCPU() {
+		e.mu.Lock()
+		e.oversubscribed = true
+		for _, r := range e.rings {
+			r.yield.Store(true)
+		}
+		e.mu.Unlock()
+	}
 	return nil
+}
+
+// addRing records a mapped ring (released at Close).
+func (e *Endpoint) addRing(r *ring) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.rings = append(e.rings, r)
+	r.yield.Store(e.oversubscribed)
 }
 
 // Send routes LaneData to the peer's bulk channel and the rest to inner.
@@ -729,9 +747,7 @@ func (e *Endpoint) offer(ctx context.Context, from int, shm, tcp bool) {
 	if shm && e.opt.Mode.shm() && shmSupported() {
 		r, path, cookie, err := createRing(e.opt.RingSize)
 		if err == nil {
-			e.mu.Lock()
-			e.rings = append(e.rings, r)
-			e.mu.Unlock()
+			e.addRing(r)
 			e.startReader(from, newChannel(from, e.shmDesc(), []link{ringLink{r}}))
 			e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "offer", Kind: "shm", Path: path, Cookie: cookie, Size: e.opt.RingSize, TCP: tcp})
 			return
@@ -763,9 +779,7 @@ func (e *Endpoint) attach(ctx context.Context, to int, m *ctlMsg) {
 			e.sendCtl(ctx, to, &ctlMsg{V: 1, T: "result", Kind: "shm", Err: err.Error(), TCP: e.opt.Mode.tcp()})
 			return
 		}
-		e.mu.Lock()
-		e.rings = append(e.rings, r)
-		e.mu.Unlock()
+		e.addRing(r)
 		ch := newChannel(to, fmt.Sprintf("shm %d MiB ring", m.Size>>20), []link{ringLink{r}})
 		ch.remoteMin = max(e.opt.RemoteMin, 0)
 		e.decide(to, ch)

@@ -74,8 +74,11 @@ type ring struct {
 	// remoteSent counts the producer's remote frames (one writer at a
 	// time: the channel's semaphore).
 	remoteSent uint32
-	closed     atomic.Bool
-	unmapped   atomic.Bool
+	// yield: this host runs more ranks than it has cores; spinning
+	// waiters yield the core between checks.
+	yield    atomic.Bool
+	closed   atomic.Bool
+	unmapped atomic.Bool
 }
 
 func (r *ring) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&r.mem[off])) }
@@ -199,7 +202,11 @@ func (r *ring) waitSpin(ctx context.Context, seq, waiters int, ready func() bool
 			}
 			// No runtime.Gosched: see core's spin (a goroutine called in
 			// from C is locked to its thread, and a yield costs a kernel
-			// hand-off).
+			// hand-off). With more ranks than cores, give the core away:
+			// the peer we wait for may need it.
+			if r.yield.Load() {
+				syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+			}
 			if i == spins-1 && spinFor > 0 && time.Since(start) < spinFor {
 				i = 0
 			}

@@ -5,12 +5,16 @@ package bulk
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 )
 
 // ring is unavailable off Linux: the composite endpoint then uses TCP or
 // QUIC between ranks of one host.
-type ring struct{ path string }
+type ring struct {
+	path  string
+	yield atomic.Bool
+}
 
 var errNoShm = errors.New("bulk: shared memory rings need Linux")
 

@@ -19,12 +19,43 @@ const (
 
 var scratchPools [maxScratchClass + 1]sync.Pool
 
+// Buffers of hugeClass and up are mapped outside the Go heap, on 2 MiB
+// pages where the kernel offers them (madvise(MADV_HUGEPAGE), as numpy and
+// glibc do for large arrays): copying and reducing tens of megabytes over
+// 4 KiB pages costs up to twice as much in TLB misses, and the kernel pins
+// the pages of a cross-memory copy one by one. They cannot go in a
+// sync.Pool (nothing would unmap what it drops), so each class keeps at
+// most hugeIdle idle buffers and unmaps the rest.
+const (
+	hugeClass = 21 // 2 MiB
+	hugeIdle  = 2
+)
+
+var hugeFree struct {
+	sync.Mutex
+	idle [maxScratchClass + 1][][]byte
+}
+
 // getScratch returns a buffer of n bytes with undefined contents; give it
 // back with putScratch when no goroutine uses it any more.
 func getScratch(n int) []byte {
 	c := scratchClass(n)
 	if c < 0 {
 		return make([]byte, n)
+	}
+	if c >= hugeClass {
+		hugeFree.Lock()
+		if k := len(hugeFree.idle[c]); k > 0 {
+			b := hugeFree.idle[c][k-1]
+			hugeFree.idle[c] = hugeFree.idle[c][:k-1]
+			hugeFree.Unlock()
+			return b[:n]
+		}
+		hugeFree.Unlock()
+		if b := mapHuge(1 << c); b != nil {
+			return b[:n]
+		}
+		return make([]byte, n, 1<<c)
 	}
 	if p, ok := scratchPools[c].Get().(*[]byte); ok {
 		return (*p)[:n]
@@ -39,6 +70,18 @@ func putScratch(b []byte) {
 		return
 	}
 	b = b[:cap(b)]
+	if c >= hugeClass && isMapped(b) {
+		hugeFree.Lock()
+		if len(hugeFree.idle[c]) < hugeIdle {
+			hugeFree.idle[c] = append(hugeFree.idle[c], b)
+			b = nil
+		}
+		hugeFree.Unlock()
+		if b != nil {
+			unmapHuge(b)
+		}
+		return
+	}
 	scratchPools[c].Put(&b)
 }
 

@@ -11,6 +11,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"sort"
@@ -358,20 +359,28 @@ type benchResult struct {
 func benchOne(ctx context.Context, c *core.Comm, op benchOp, size int, o *benchOpts) (benchResult, error) {
 	n, rank, es := c.Size(), c.Rank(), o.dt.Size()
 	sc, rc, used := op.layout(size, es, n)
-	b := benchBufs{recv: make([]byte, rc*es)}
+	var b benchBufs
+	var free func()
+	b.recv, free = benchAlloc(rc * es)
+	defer free()
 	fill(b.recv, o.dt, rankValue(rank))
 	if op.name == "broadcast" {
 		if rank != 0 {
 			fill(b.recv, o.dt, -1)
 		}
 	} else {
-		b.send = make([]byte, sc*es)
+		b.send, free = benchAlloc(sc * es)
+		defer free()
 		fill(b.send, o.dt, rankValue(rank))
 	}
 	iters := o.iters
 	if iters == 0 {
 		iters = max(5, min(1000, (256<<20)/max(used, 1)))
 	}
+	// Collect the previous size's buffers now: a GC cycle during the timed
+	// calls would measure this program's garbage, not nexar (the Python
+	// and C benchmarks' buffers are not on a Go heap at all).
+	runtime.GC()
 	for range o.warmup {
 		if err := op.run(ctx, c, b, o); err != nil {
 			return benchResult{}, err

@@ -3,6 +3,7 @@ against a backend through its plugin hook.
 
     BACKEND=nexar WORLD_SIZE=2 python run_dist_tests.py [-k pattern] [-v]
     BACKEND=gloo  WORLD_SIZE=2 python run_dist_tests.py ...
+    START=fork ...   start each test's ranks with fork (fast) instead of spawn
 
 For a plugin backend the name is added to DistTestCases.backend_feature
 ["plugin"] (and "ddp", "subgroup"); spawned children re-import this module,
@@ -38,7 +39,16 @@ from torch.testing._internal.distributed.distributed_test import DistributedTest
 class TestBackend(TestDistBackend, DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
-        self._spawn_processes()
+        if os.environ.get("START", "spawn") == "fork":
+            # Fork: each test's ranks start in milliseconds instead of
+            # re-importing torch (seconds). Safe for nexar: this parent
+            # process never creates a group, so libnexar (and its Go
+            # runtime) is not loaded here.
+            import torch.multiprocessing as mp
+
+            self._start_processes(mp.get_context("fork").Process)
+        else:
+            self._spawn_processes()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 )
 
@@ -48,6 +49,12 @@ var (
 	// directly, which moves every byte only once.
 	GatherBinomialThreshold = 64 << 10
 
+	// AlltoallBruckThreshold: all-to-alls on more than two ranks whose
+	// buffer (all blocks of one rank) is smaller than this use Bruck's
+	// algorithm (ceil(log2 n) steps); larger ones the pairwise exchange
+	// (n-1 steps, each byte sent once).
+	AlltoallBruckThreshold = 16 << 10
+
 	// InlineSendMax: in a simultaneous send and receive, sends of at most
 	// this many bytes are made before the receive, in the same goroutine;
 	// larger ones run concurrently with it.
@@ -71,15 +78,26 @@ const (
 	AlgoPipeline
 	AlgoBruck
 	AlgoLinear
+	AlgoPairwise
 )
 
-var algoNames = [...]string{"auto", "recursive-doubling", "ring", "binomial", "pipeline", "bruck", "linear"}
+var algoNames = [...]string{"auto", "recursive-doubling", "ring", "binomial", "pipeline", "bruck", "linear", "pairwise"}
 
 func (a Algorithm) String() string {
 	if int(a) < len(algoNames) {
 		return algoNames[a]
 	}
 	return fmt.Sprintf("algorithm(%d)", uint8(a))
+}
+
+// ParseAlgorithm reads an algorithm's name as String writes it.
+func ParseAlgorithm(name string) (Algorithm, error) {
+	for i, n := range algoNames {
+		if n == name {
+			return Algorithm(i), nil
+		}
+	}
+	return 0, fmt.Errorf("collective: unknown algorithm %q (known: %s)", name, strings.Join(algoNames[:], ", "))
 }
 
 // Force overrides the size-based choice per collective when a field is not
@@ -94,6 +112,7 @@ var Force struct {
 	Gather    Algorithm // AlgoBinomial, AlgoLinear
 	Scatter   Algorithm // AlgoBinomial, AlgoLinear
 	Scan      Algorithm // AlgoRecursiveDoubling, AlgoPipeline (also Exscan)
+	Alltoall  Algorithm // AlgoBruck, AlgoPairwise
 }
 
 // choose returns the forced algorithm when set, auto otherwise, and an error

@@ -90,6 +90,17 @@ func Alltoall(ctx context.Context, l Link, send, recv []byte) error {
 		return fmt.Errorf("collective: alltoall buffers of %d and %d bytes are not %d equal blocks", len(send), len(recv), size)
 	}
 	blk := len(recv) / size
+	auto := AlgoPairwise
+	if size > 2 && len(recv) < AlltoallBruckThreshold {
+		auto = AlgoBruck
+	}
+	algo, err := choose("alltoall", Force.Alltoall, auto, AlgoBruck, AlgoPairwise)
+	if err != nil {
+		return err
+	}
+	if algo == AlgoBruck && size > 1 && blk > 0 {
+		return newSteps(l).bruckAlltoall(ctx, l, send, recv, blk)
+	}
 	counts, displs := make([]int, size), make([]int, size)
 	for i := range counts {
 		counts[i], displs[i] = blk, i*blk
@@ -98,6 +109,53 @@ func Alltoall(ctx context.Context, l Link, send, recv []byte) error {
 		return alltoallv(ctx, l, nil, counts, displs, recv, counts, displs)
 	}
 	return alltoallv(ctx, l, send, counts, displs, recv, counts, displs)
+}
+
+// bruckAlltoall is Bruck's all-to-all: ceil(log2 size) steps instead of
+// size-1, each moving about half the blocks, so it wins for small blocks.
+// tmp[i] starts as the block for rank+i; in the step of bit k every rank
+// sends the blocks whose index has bit k set to rank+k and receives the
+// same indexes from rank-k. A block for rank d from rank s travels at index
+// d-s, by the bits of d-s, so at the end tmp[i] came from rank-i.
+func (st *steps) bruckAlltoall(ctx context.Context, l Link, send, recv []byte, blk int) error {
+	rank, size := l.Rank(), l.Size()
+	in := send
+	if in == nil {
+		in = recv
+	}
+	tmp := getScratch(size * blk)
+	defer putScratch(tmp)
+	for i := 0; i < size; i++ {
+		j := (rank + i) % size
+		copy(tmp[i*blk:(i+1)*blk], in[j*blk:(j+1)*blk])
+	}
+	out, back := getScratch(size*blk), getScratch(size*blk)
+	defer putScratch(out)
+	defer putScratch(back)
+	for k := 1; k < size; k <<= 1 {
+		n := 0
+		for i := k; i < size; i++ {
+			if i&k != 0 {
+				copy(out[n*blk:(n+1)*blk], tmp[i*blk:(i+1)*blk])
+				n++
+			}
+		}
+		if err := st.exchange(ctx, l, (rank+k)%size, out[:n*blk], mod(rank-k, size), back[:n*blk]); err != nil {
+			return err
+		}
+		n = 0
+		for i := k; i < size; i++ {
+			if i&k != 0 {
+				copy(tmp[i*blk:(i+1)*blk], back[n*blk:(n+1)*blk])
+				n++
+			}
+		}
+	}
+	for i := 0; i < size; i++ {
+		j := mod(rank-i, size)
+		copy(recv[j*blk:(j+1)*blk], tmp[i*blk:(i+1)*blk])
+	}
+	return nil
 }
 
 // Alltoallv sends send[sdispls[j]:+scounts[j]] to rank j, which stores it at
@@ -125,7 +183,9 @@ func Alltoallv(ctx context.Context, l Link, send []byte, scounts, sdispls []int,
 func alltoallv(ctx context.Context, l Link, send []byte, scounts, sdispls []int, recv []byte, rcounts, rdispls []int) error {
 	rank, size := l.Rank(), l.Size()
 	if send == nil {
-		send = append([]byte(nil), recv...)
+		send = getScratch(len(recv))
+		defer putScratch(send)
+		copy(send, recv)
 		scounts, sdispls = rcounts, rdispls
 	}
 	sb, rb := vblocks(send, scounts, sdispls), vblocks(recv, rcounts, rdispls)

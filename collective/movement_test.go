@@ -155,37 +155,45 @@ func TestAllgatherv(t *testing.T) {
 }
 
 func TestAlltoall(t *testing.T) {
-	for _, inPlace := range []bool{false, true} {
-		t.Run(fmt.Sprintf("inplace=%v", inPlace), func(t *testing.T) {
-			forEachMovement(t, func(t *testing.T, rng *rand.Rand, n, blk int) {
-				if blk == largeCount {
-					blk /= n
-				}
-				ins := make([][]byte, n)
-				outs := make([][]byte, n)
-				for r := range ins {
-					ins[r] = randBytes(rng, n*blk)
-					outs[r] = make([]byte, n*blk)
-					if inPlace {
-						copy(outs[r], ins[r])
-					}
-				}
-				runRanks(t, n, func(ctx context.Context, l Link) error {
-					r := l.Rank()
-					if inPlace {
-						return Alltoall(ctx, l, nil, outs[r])
-					}
-					return Alltoall(ctx, l, ins[r], outs[r])
+	for _, algo := range []Algorithm{AlgoAuto, AlgoBruck, AlgoPairwise} {
+		for _, inPlace := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/inplace=%v", algo, inPlace), func(t *testing.T) {
+				withForce(&Force.Alltoall, algo, func() {
+					testAlltoall(t, inPlace)
 				})
-				for r := range outs {
-					for s := 0; s < n; s++ {
-						equalBytes(t, fmt.Sprintf("alltoall n=%d blk=%d rank %d from %d", n, blk, r, s),
-							outs[r][s*blk:(s+1)*blk], ins[s][r*blk:(r+1)*blk])
-					}
-				}
 			})
-		})
+		}
 	}
+}
+
+func testAlltoall(t *testing.T, inPlace bool) {
+	forEachMovement(t, func(t *testing.T, rng *rand.Rand, n, blk int) {
+		if blk == largeCount {
+			blk /= n
+		}
+		ins := make([][]byte, n)
+		outs := make([][]byte, n)
+		for r := range ins {
+			ins[r] = randBytes(rng, n*blk)
+			outs[r] = make([]byte, n*blk)
+			if inPlace {
+				copy(outs[r], ins[r])
+			}
+		}
+		runRanks(t, n, func(ctx context.Context, l Link) error {
+			r := l.Rank()
+			if inPlace {
+				return Alltoall(ctx, l, nil, outs[r])
+			}
+			return Alltoall(ctx, l, ins[r], outs[r])
+		})
+		for r := range outs {
+			for s := 0; s < n; s++ {
+				equalBytes(t, fmt.Sprintf("alltoall n=%d blk=%d rank %d from %d", n, blk, r, s),
+					outs[r][s*blk:(s+1)*blk], ins[s][r*blk:(r+1)*blk])
+			}
+		}
+	})
 }
 
 func TestAlltoallv(t *testing.T) {

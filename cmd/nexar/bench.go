@@ -160,6 +160,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 	inproc := fs.Bool("inproc", false, "run the ranks as goroutines of this process over loopback QUIC (no shared memory)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "deadline of the whole run")
 	profile := fs.String("cpuprofile", "", "write each rank's CPU profile to `DIR`/rank-R.pprof")
+	algos := fs.String("algo", "", "force algorithms, e.g. allreduce=ring,broadcast=pipeline (see collective.Force); default: chosen by size")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -188,6 +189,9 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 	}
 	if err := collective.Check(o.dt, o.op); err != nil {
 		return usageError("bench: %v", err)
+	}
+	if err := forceAlgorithms(*algos); err != nil {
+		return usageError("bench: --algo: %v", err)
 	}
 	if o.n < 1 || o.iters < 0 || o.warmup < 0 {
 		return usageError("bench: need -n >= 1, --iters >= 0, --warmup >= 0")
@@ -420,6 +424,33 @@ func benchOne(ctx context.Context, c *core.Comm, op benchOp, size int, o *benchO
 	sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
 	return benchResult{used: used, median: times[len(times)/2], mean: sum / time.Duration(iters),
 		iters: iters, wrong: int64(binary.LittleEndian.Uint64(w))}, nil
+}
+
+// forceAlgorithms sets collective.Force from "op=algo,..." (every rank
+// parses the same flags, so all agree).
+func forceAlgorithms(spec string) error {
+	if spec == "" {
+		return nil
+	}
+	fields := map[string]*collective.Algorithm{
+		"allreduce": &collective.Force.Allreduce, "reduce": &collective.Force.Reduce,
+		"broadcast": &collective.Force.Broadcast, "allgather": &collective.Force.Allgather,
+		"gather": &collective.Force.Gather, "scatter": &collective.Force.Scatter,
+		"scan": &collective.Force.Scan, "alltoall": &collective.Force.Alltoall,
+	}
+	for _, kv := range strings.Split(spec, ",") {
+		op, name, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		f := fields[op]
+		if !ok || f == nil {
+			return fmt.Errorf("%q: want op=algorithm with op one of allreduce, reduce, broadcast, allgather, gather, scatter, scan, alltoall", kv)
+		}
+		a, err := collective.ParseAlgorithm(name)
+		if err != nil {
+			return err
+		}
+		*f = a
+	}
+	return nil
 }
 
 // benchSizes is the explicit list, or min..max by factor.

@@ -28,8 +28,12 @@ var (
 
 	// AllreduceRingThreshold: allreduce payloads of at least this many bytes
 	// use ring reduce-scatter + ring allgather (bandwidth-optimal, 2(n-1)
-	// steps); smaller ones use recursive doubling (log2 n steps).
-	AllreduceRingThreshold = 256 << 10
+	// steps); smaller ones use recursive doubling (log2 n steps). On more
+	// than two ranks the ring's extra steps cost more, and the crossover
+	// moves up to AllreduceRingThresholdMany. Measured in
+	// docs/performance.md.
+	AllreduceRingThreshold     = 256 << 10
+	AllreduceRingThresholdMany = 1 << 20
 
 	// ReduceRingThreshold: reduce payloads of at least this many bytes use
 	// ring reduce-scatter followed by a gather to the root; smaller ones a
@@ -38,7 +42,7 @@ var (
 
 	// BroadcastPipelineThreshold: broadcasts of at least this many bytes on
 	// more than two ranks use a segmented chain; smaller ones a binomial tree.
-	BroadcastPipelineThreshold = 1 << 20
+	BroadcastPipelineThreshold = 256 << 10
 
 	// AllgatherBruckThreshold: allgathers whose total result is smaller than
 	// this use Bruck's algorithm (ceil(log2 n) steps); larger ones the ring.
@@ -53,7 +57,7 @@ var (
 	// buffer (all blocks of one rank) is smaller than this use Bruck's
 	// algorithm (ceil(log2 n) steps); larger ones the pairwise exchange
 	// (n-1 steps, each byte sent once).
-	AlltoallBruckThreshold = 16 << 10
+	AlltoallBruckThreshold = 32 << 10
 
 	// InlineSendMax: in a simultaneous send and receive, sends of at most
 	// this many bytes are made before the receive, in the same goroutine;

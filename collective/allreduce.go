@@ -26,7 +26,11 @@ func Allreduce(ctx context.Context, l Link, send, recv []byte, dt DType, op Op) 
 	}
 	count := len(recv) / dt.Size()
 	auto := AlgoRecursiveDoubling
-	if len(recv) >= AllreduceRingThreshold && count >= size {
+	threshold := AllreduceRingThreshold
+	if size > 2 {
+		threshold = AllreduceRingThresholdMany
+	}
+	if len(recv) >= threshold && count >= size {
 		auto = AlgoRing
 	}
 	algo, err := choose("allreduce", Force.Allreduce, auto, AlgoRecursiveDoubling, AlgoRing)

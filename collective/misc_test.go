@@ -129,7 +129,7 @@ func TestFailureNoLeak(t *testing.T) {
 	base := runtime.NumGoroutine()
 	ops := map[string]func(ctx context.Context, l Link) error{
 		"allreduce-ring": func(ctx context.Context, l Link) error {
-			return Allreduce(ctx, l, nil, make([]byte, AllreduceRingThreshold), Float32, Sum)
+			return Allreduce(ctx, l, nil, make([]byte, AllreduceRingThresholdMany), Float32, Sum)
 		},
 		"allreduce-rd": func(ctx context.Context, l Link) error {
 			return Allreduce(ctx, l, nil, make([]byte, 64), Int64, Max)

@@ -363,6 +363,29 @@ class ProcessGroupNexar(dist.ProcessGroup):
         self._worker.start()
 
     # ---- identity -------------------------------------------------------
+    # torch keeps a group's name and description in its backends; a Python
+    # ProcessGroup registers none, so _set_group_name would store nothing
+    # and group_name (which destroy_process_group reads) would raise
+    # "ProcessGroup name not set". Keep them here.
+    _nexar_group_name = ""
+    _nexar_group_desc = ""
+
+    def _set_group_name(self, name):
+        self._nexar_group_name = name
+
+    @property
+    def group_name(self):
+        if not self._nexar_group_name:
+            raise RuntimeError("ProcessGroup name not set")
+        return self._nexar_group_name
+
+    def _set_group_desc(self, desc):
+        self._nexar_group_desc = desc
+
+    @property
+    def group_desc(self):
+        return self._nexar_group_desc or "undefined"
+
     def getBackendName(self):
         return "nexar"
 

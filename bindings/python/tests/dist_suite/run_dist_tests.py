@@ -4,6 +4,7 @@ against a backend through its plugin hook.
     BACKEND=nexar WORLD_SIZE=2 python run_dist_tests.py [-k pattern] [-v]
     BACKEND=gloo  WORLD_SIZE=2 python run_dist_tests.py ...
     START=fork ...   start each test's ranks with fork (fast) instead of spawn
+    RESULTS=f.jsonl  also write each test's outcome to f.jsonl (docs/torch-compat.md)
 
 For a plugin backend the name is added to DistTestCases.backend_feature
 ["plugin"] (and "ddp", "subgroup"); spawned children re-import this module,
@@ -51,5 +52,41 @@ class TestBackend(TestDistBackend, DistributedTest._DistTestBase):
             self._spawn_processes()
 
 
+def _run_with_results(path):
+    """Run every test (argv filters apply) and write one JSON line per test:
+    {"test", "outcome": passed|skipped|failed|error, "detail"}."""
+    import json
+    import unittest
+
+    class Result(unittest.TextTestResult):
+        def _rec(self, test, outcome, detail=""):
+            with open(path, "a") as f:
+                f.write(json.dumps({"test": test.id().split(".")[-1], "outcome": outcome,
+                                    "detail": str(detail)[-2000:]}) + "\n")
+
+        def addSuccess(self, test):
+            super().addSuccess(test)
+            self._rec(test, "passed")
+
+        def addSkip(self, test, reason):
+            super().addSkip(test, reason)
+            self._rec(test, "skipped", reason)
+
+        def addFailure(self, test, err):
+            super().addFailure(test, err)
+            self._rec(test, "failed", self._exc_info_to_string(err, test))
+
+        def addError(self, test, err):
+            super().addError(test, err)
+            self._rec(test, "error", self._exc_info_to_string(err, test))
+
+    open(path, "w").close()
+    argv = [sys.argv[0]] + [a for a in sys.argv[1:]]
+    unittest.main(module="__main__", argv=argv, testRunner=unittest.TextTestRunner(resultclass=Result, verbosity=1))
+
+
 if __name__ == "__main__":
-    run_tests()
+    if os.environ.get("RESULTS"):
+        _run_with_results(os.environ["RESULTS"])
+    else:
+        run_tests()

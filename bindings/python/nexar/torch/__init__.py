@@ -42,6 +42,16 @@ def register() -> None:
     if "devices" in inspect.signature(dist.Backend.register_backend).parameters:
         kwargs["devices"] = ["cpu"]
     dist.Backend.register_backend("nexar", _create, extended_api=True, **kwargs)
+    # A nexar group is a Python ProcessGroup with no C++ backend registered
+    # on it, so torch's flight recorder, which files entries under the C++
+    # group name, cannot record it (attaching raises "ProcessGroup name not
+    # set"). Tell torch not to try, as for the backends that record
+    # themselves; nexar records nothing there.
+    import torch.distributed.distributed_c10d as c10d
+
+    fr = getattr(c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+    if isinstance(fr, set):
+        fr.add("nexar")
     _REGISTERED = True
 
 

@@ -24,6 +24,7 @@ import queue
 import secrets
 import socket
 import threading
+import time
 import warnings
 from datetime import timedelta
 from typing import List, Optional
@@ -372,6 +373,7 @@ class ProcessGroupNexar(dist.ProcessGroup):
 
     def _set_group_name(self, name):
         self._nexar_group_name = name
+        super()._set_group_name(name)
 
     @property
     def group_name(self):
@@ -381,6 +383,7 @@ class ProcessGroupNexar(dist.ProcessGroup):
 
     def _set_group_desc(self, desc):
         self._nexar_group_desc = desc
+        super()._set_group_desc(desc)
 
     @property
     def group_desc(self):
@@ -452,10 +455,50 @@ class ProcessGroupNexar(dist.ProcessGroup):
 
         def fn():
             for t in tensors:
+                if t.is_sparse:
+                    self._sparse_allreduce(t, op, lib, h)
+                    continue
                 r = _Red(t, op, factor)
                 lib.allreduce(r.addr, r.addr, r.count, r.dt, r.op, h)
                 r.s.back()
         return self._enqueue("allreduce", tensors, fn)
+
+    def _sparse_allreduce(self, t: torch.Tensor, op, lib, h):
+        """Sum of sparse COO tensors, as gloo does it: every rank gathers
+        every rank's indices and values, concatenates and coalesces, so all
+        ranks compute the same result. t is replaced in place."""
+        if op != SUM:
+            raise ValueError("nexar: sparse tensors are reduced with SUM only")
+        c = t.coalesce()
+        idx, val = c.indices().contiguous(), c.values().contiguous()
+        nnz = torch.tensor([idx.shape[1]], dtype=torch.int64)
+        counts = torch.empty(self._size_, dtype=torch.int64)
+        lib.allgather(nnz.data_ptr(), counts.data_ptr(), 1, int(Datatype.INT64), h)
+        nnzs = counts.tolist()
+
+        def gather(part: torch.Tensor, per_nnz: int, dims) -> torch.Tensor:
+            # part: this rank's nnz entries, per_nnz bytes each; the result
+            # is every rank's, in rank order, laid out the same way.
+            es = part.element_size()
+            sizes = [k * per_nnz for k in nnzs]
+            displs, off = [], 0
+            for x in sizes:
+                displs.append(off)
+                off += x
+            out = torch.empty(off // es, dtype=part.dtype)
+            lib.allgatherv(part.data_ptr() if part.numel() else 0, part.numel() * es,
+                           out.data_ptr() if off else 0, sizes, displs, _U8, h)
+            return out.view(-1, *dims) if dims else out
+        # indices are (sparse_dim, nnz): gather them transposed so that each
+        # entry's coordinates are contiguous.
+        sd = idx.shape[0]
+        all_idx = gather(idx.t().contiguous(), sd * 8, (sd,)).t()
+        vdims = tuple(val.shape[1:])
+        per = val.element_size() * (int(torch.tensor(vdims).prod()) if vdims else 1)
+        all_val = gather(val, per, vdims)
+        res = torch.sparse_coo_tensor(all_idx, all_val, t.shape, dtype=t.dtype).coalesce()
+        with torch.no_grad():
+            t.copy_(res)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -736,6 +779,70 @@ class ProcessGroupNexar(dist.ProcessGroup):
         def fn():
             lib.barrier(h)
         return self._enqueue("barrier", [], fn)
+
+    # ---- monitored barrier ------------------------------------------------------
+    # torch.distributed.monitored_barrier runs on a group's CPU backend: say
+    # we are one (a Python ProcessGroup registers no backend to tell).
+    @property
+    def _device_types(self):
+        return [torch.device("cpu")]
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """Like gloo's: rank 0 waits up to timeout for every other rank to
+        check in and names those that did not (all of them with
+        wait_all_ranks); the others wait for rank 0's answer. Blocking, on
+        point-to-point messages with tags of their own (0xFFFFFFFF00000000
+        plus a call counter)."""
+        self._comm._check()
+        lib, h = _lib(), self._h
+        if timeout is None:
+            secs = 1800.0
+        elif isinstance(timeout, timedelta):
+            secs = timeout.total_seconds()
+        else:
+            secs = float(timeout)
+        seq = self._mb_seq = getattr(self, "_mb_seq", -1) + 1
+        tag = 0xFFFFFFFF00000000 | (seq & 0xFFFFFFFF)
+        deadline = time.monotonic() + secs
+        ms = int(secs * 1000)
+        one = torch.ones(1, dtype=torch.uint8)
+        if self._rank_ == 0:
+            failed = []
+            for r in range(1, self._size_):
+                if time.monotonic() >= deadline and not failed:
+                    # Out of time before waiting on anyone: gloo blames
+                    # rank 0 itself.
+                    raise RuntimeError(f"Rank 0 timed out in monitoredBarrier after {ms} ms")
+                if not self._mb_recv(lib, h, r, tag, deadline):
+                    failed.append(r)
+                    if not wait_all_ranks:
+                        break
+            if failed:
+                who = f"Rank {failed[0]}" if len(failed) == 1 else "Ranks " + ", ".join(map(str, failed))
+                raise RuntimeError(f"{who} failed to pass monitoredBarrier in {ms} ms")
+            for r in range(1, self._size_):
+                lib.send(one.data_ptr(), 1, _U8, r, tag, h)
+            return
+        lib.send(one.data_ptr(), 1, _U8, 0, tag, h)
+        if not self._mb_recv(lib, h, 0, tag, deadline):
+            raise RuntimeError(
+                f"Rank {self._rank_} successfully reached monitoredBarrier, but received errors while "
+                f"waiting for send/recv from rank 0. Please check rank 0 logs for faulty rank.")
+
+    def _mb_recv(self, lib, h, peer, tag, deadline) -> bool:
+        """Receive monitored_barrier's byte from peer by deadline. A receive
+        given up stays posted (the C ABI cannot withdraw it), so its buffer
+        is kept alive with the group."""
+        buf = torch.zeros(1, dtype=torch.uint8)
+        q = lib.irecv(buf.data_ptr(), 1, _U8, int(peer), tag, h)
+        while not lib.test(q):
+            if time.monotonic() >= deadline:
+                self.__dict__.setdefault("_mb_orphans", []).append(buf)
+                lib.request_free(q)
+                return False
+            time.sleep(0.0005)
+        lib.request_free(q)
+        return True
 
     # ---- point-to-point ---------------------------------------------------------
     def _p2p(self, name, tensors, peer, tag, recv):

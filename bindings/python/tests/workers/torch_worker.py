@@ -7,6 +7,7 @@ argv[1]: which part to run: "collectives", "ddp", "fsdp", "init:<method>".
 
 import os
 import sys
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -219,6 +220,33 @@ def collectives():
         dist.broadcast_object_list(lst, group_src=0, group=g)
         return torch.tensor([len(str(out)), len(str(lst))])
     both("object collectives", objs, G)
+    def sparse(g):
+        i = torch.tensor([[R, 2], [0, R + 1]])
+        t = torch.sparse_coo_tensor(i, torch.tensor([1.0 + R, 10.0]), (N + 1, N + 2))
+        dist.all_reduce(t, group=g)
+        return t.to_dense()
+    both("sparse all_reduce", sparse, G)
+    def monitored(g):
+        dist.monitored_barrier(group=g, timeout=timedelta(seconds=10), wait_all_ranks=True)
+        return torch.tensor([1.0])
+    both("monitored_barrier", monitored, G)
+    # monitored_barrier names the rank that does not come, as gloo does
+    if N > 1:
+        if R == 0:
+            try:
+                nx.monitored_barrier(timedelta(seconds=1))
+            except RuntimeError as e:
+                assert f"Rank {N - 1} failed to pass monitoredBarrier" in str(e), e
+            else:
+                raise AssertionError("monitored_barrier passed without every rank")
+        elif R != N - 1:
+            try:
+                nx.monitored_barrier(timedelta(seconds=3))
+            except RuntimeError as e:
+                assert "received errors while waiting for send/recv from rank 0" in str(e), e
+            else:
+                raise AssertionError("monitored_barrier passed though rank 0 failed it")
+        dist.barrier(group=nx)
     # an error reaches whoever waits
     try:
         dist.broadcast(torch.zeros(1), group_src=N + 5, group=nx)

@@ -43,10 +43,15 @@ func init() {
 	asmKernels[Int32][Min], asmKernels[Int32][Max] = minI32AVX2, maxI32AVX2
 	asmKernels[Uint32][Min], asmKernels[Uint32][Max] = minU32AVX2, maxU32AVX2
 	asmKernels[Int64][Sum], asmKernels[Uint64][Sum] = addI64AVX2, addI64AVX2
+	asmKernels[Int64][Prod], asmKernels[Uint64][Prod] = mulI64AVX2, mulI64AVX2
+	asmKernels[Int64][Min], asmKernels[Int64][Max] = minI64AVX2, maxI64AVX2
+	asmKernels[Uint64][Min], asmKernels[Uint64][Max] = minU64AVX2, maxU64AVX2
+	asmKernels[Int8][Prod], asmKernels[Uint8][Prod] = mulI8AVX2, mulI8AVX2
 	asmKernels[Float32] = [numOps]asmKernel{Sum: addF32AVX2, Avg: addF32AVX2, Prod: mulF32AVX2, Min: minF32AVX2, Max: maxF32AVX2}
-	asmKernels[BFloat16] = [numOps]asmKernel{Sum: addBF16AVX2, Avg: addBF16AVX2, Prod: mulBF16AVX2}
+	asmKernels[BFloat16] = [numOps]asmKernel{Sum: addBF16AVX2, Avg: addBF16AVX2, Prod: mulBF16AVX2, Min: minBF16AVX2, Max: maxBF16AVX2}
+	asmKernels[Float16] = [numOps]asmKernel{Min: minF16AVX2, Max: maxF16AVX2}
 	if hasF16C() {
-		asmKernels[Float16] = [numOps]asmKernel{Sum: addF16F16C, Avg: addF16F16C, Prod: mulF16F16C}
+		asmKernels[Float16][Sum], asmKernels[Float16][Avg], asmKernels[Float16][Prod] = addF16F16C, addF16F16C, mulF16F16C
 	}
 	asmKernels[Float64] = [numOps]asmKernel{Sum: addF64AVX2, Avg: addF64AVX2, Prod: mulF64AVX2, Min: minF64AVX2, Max: maxF64AVX2}
 }
@@ -145,3 +150,33 @@ func addBF16AVX2(dst, src unsafe.Pointer, n int)
 
 //go:noescape
 func mulBF16AVX2(dst, src unsafe.Pointer, n int)
+
+//go:noescape
+func minI64AVX2(dst, src unsafe.Pointer, n int)
+
+//go:noescape
+func maxI64AVX2(dst, src unsafe.Pointer, n int)
+
+//go:noescape
+func minU64AVX2(dst, src unsafe.Pointer, n int)
+
+//go:noescape
+func maxU64AVX2(dst, src unsafe.Pointer, n int)
+
+//go:noescape
+func mulI64AVX2(dst, src unsafe.Pointer, n int)
+
+//go:noescape
+func mulI8AVX2(dst, src unsafe.Pointer, n int)
+
+//go:noescape
+func minF16AVX2(dst, src unsafe.Pointer, n int)
+
+//go:noescape
+func maxF16AVX2(dst, src unsafe.Pointer, n int)
+
+//go:noescape
+func minBF16AVX2(dst, src unsafe.Pointer, n int)
+
+//go:noescape
+func maxBF16AVX2(dst, src unsafe.Pointer, n int)

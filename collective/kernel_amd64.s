@@ -186,3 +186,178 @@ loop: \
 
 BF16OP(·addBF16AVX2, VADDPS)
 BF16OP(·mulBF16AVX2, VMULPS)
+
+// The rest of the table: every kernel below works on whole 32-byte vectors,
+// four per 128-byte iteration, with the loop of LOOP4.
+#define LOOP4(STEP) \
+loop: \
+	STEP(0) \
+	STEP(32) \
+	STEP(64) \
+	STEP(96) \
+	ADDQ $128, DI \
+	ADDQ $128, SI \
+	SUBQ $128, CX \
+	JNZ loop \
+	VZEROUPPER \
+	RET
+
+#define ARGS \
+	MOVQ dst+0(FP), DI \
+	MOVQ src+8(FP), SI \
+	MOVQ n+16(FP), CX
+
+// 64-bit min/max: AVX2 has no VPMINSQ; compare and blend. Unsigned ones
+// flip the sign bit (Y15) of both operands for the compare only.
+#define MIN64(OFF) \
+	VMOVDQU OFF(DI), Y0 \
+	VMOVDQU OFF(SI), Y1 \
+	VPCMPGTQ Y1, Y0, Y2 \
+	VPBLENDVB Y2, Y1, Y0, Y0 \
+	VMOVDQU Y0, OFF(DI)
+#define MAX64(OFF) \
+	VMOVDQU OFF(DI), Y0 \
+	VMOVDQU OFF(SI), Y1 \
+	VPCMPGTQ Y0, Y1, Y2 \
+	VPBLENDVB Y2, Y1, Y0, Y0 \
+	VMOVDQU Y0, OFF(DI)
+#define MINU64(OFF) \
+	VMOVDQU OFF(DI), Y0 \
+	VMOVDQU OFF(SI), Y1 \
+	VPXOR Y15, Y0, Y3 \
+	VPXOR Y15, Y1, Y4 \
+	VPCMPGTQ Y4, Y3, Y2 \
+	VPBLENDVB Y2, Y1, Y0, Y0 \
+	VMOVDQU Y0, OFF(DI)
+#define MAXU64(OFF) \
+	VMOVDQU OFF(DI), Y0 \
+	VMOVDQU OFF(SI), Y1 \
+	VPXOR Y15, Y0, Y3 \
+	VPXOR Y15, Y1, Y4 \
+	VPCMPGTQ Y3, Y4, Y2 \
+	VPBLENDVB Y2, Y1, Y0, Y0 \
+	VMOVDQU Y0, OFF(DI)
+
+#define SIGN64 \
+	VPCMPEQQ Y15, Y15, Y15 \
+	VPSLLQ $63, Y15, Y15
+
+TEXT ·minI64AVX2(SB), NOSPLIT, $0-24
+	ARGS
+	LOOP4(MIN64)
+
+TEXT ·maxI64AVX2(SB), NOSPLIT, $0-24
+	ARGS
+	LOOP4(MAX64)
+
+TEXT ·minU64AVX2(SB), NOSPLIT, $0-24
+	ARGS
+	SIGN64
+	LOOP4(MINU64)
+
+TEXT ·maxU64AVX2(SB), NOSPLIT, $0-24
+	ARGS
+	SIGN64
+	LOOP4(MAXU64)
+
+// 64-bit product modulo 2^64 from 32x32->64 multiplies:
+// lo(a)*lo(b) + ((hi(a)*lo(b) + lo(a)*hi(b)) << 32).
+#define MUL64(OFF) \
+	VMOVDQU OFF(DI), Y0 \
+	VMOVDQU OFF(SI), Y1 \
+	VPMULUDQ Y1, Y0, Y2 \
+	VPSRLQ $32, Y0, Y3 \
+	VPMULUDQ Y1, Y3, Y3 \
+	VPSRLQ $32, Y1, Y4 \
+	VPMULUDQ Y4, Y0, Y4 \
+	VPADDQ Y4, Y3, Y3 \
+	VPSLLQ $32, Y3, Y3 \
+	VPADDQ Y3, Y2, Y0 \
+	VMOVDQU Y0, OFF(DI)
+
+TEXT ·mulI64AVX2(SB), NOSPLIT, $0-24
+	ARGS
+	LOOP4(MUL64)
+
+// 8-bit product modulo 2^8 (the same bits signed or not): widen to 16-bit
+// words in each lane, multiply, keep the low bytes, pack back (unpack and
+// pack are both per 128-bit lane, so the order is kept). Y15 = 0,
+// Y14 = 0x00ff in every word.
+#define MUL8(OFF) \
+	VMOVDQU OFF(DI), Y0 \
+	VMOVDQU OFF(SI), Y1 \
+	VPUNPCKLBW Y15, Y0, Y2 \
+	VPUNPCKLBW Y15, Y1, Y3 \
+	VPMULLW Y3, Y2, Y2 \
+	VPAND Y14, Y2, Y2 \
+	VPUNPCKHBW Y15, Y0, Y4 \
+	VPUNPCKHBW Y15, Y1, Y5 \
+	VPMULLW Y5, Y4, Y4 \
+	VPAND Y14, Y4, Y4 \
+	VPACKUSWB Y4, Y2, Y0 \
+	VMOVDQU Y0, OFF(DI)
+
+TEXT ·mulI8AVX2(SB), NOSPLIT, $0-24
+	ARGS
+	VPXOR Y15, Y15, Y15
+	VPCMPEQW Y14, Y14, Y14
+	VPSRLW $8, Y14, Y14
+	LOOP4(MUL8)
+
+// Half-precision min/max (float16 and bfloat16 alike) in the integer
+// domain, 16 elements per vector: the key x ^ ((x >>arith 15) & 0x7fff)
+// orders like the floats as signed words (-0 just below +0), so VPMINSW
+// or VPMAXSW picks the answer and the same map turns the key back. NaNs
+// (magnitude above the exponent mask EXP) are then put back with the
+// portable priority: a NaN in dst wins, else one in src.
+// Y15 = 0x7fff, Y14 = EXP in every word.
+#define HALFMM(OFF, MM) \
+	VMOVDQU OFF(DI), Y0 \
+	VMOVDQU OFF(SI), Y1 \
+	VPSRAW $15, Y0, Y2 \
+	VPAND Y15, Y2, Y2 \
+	VPXOR Y0, Y2, Y2 \
+	VPSRAW $15, Y1, Y3 \
+	VPAND Y15, Y3, Y3 \
+	VPXOR Y1, Y3, Y3 \
+	MM Y3, Y2, Y2 \
+	VPSRAW $15, Y2, Y3 \
+	VPAND Y15, Y3, Y3 \
+	VPXOR Y3, Y2, Y2 \
+	VPAND Y15, Y1, Y4 \
+	VPCMPGTW Y14, Y4, Y4 \
+	VPBLENDVB Y4, Y1, Y2, Y2 \
+	VPAND Y15, Y0, Y4 \
+	VPCMPGTW Y14, Y4, Y4 \
+	VPBLENDVB Y4, Y0, Y2, Y2 \
+	VMOVDQU Y2, OFF(DI)
+
+#define HALFMIN(OFF) HALFMM(OFF, VPMINSW)
+#define HALFMAX(OFF) HALFMM(OFF, VPMAXSW)
+
+#define HALFCONST(EXP) \
+	VPCMPEQW Y15, Y15, Y15 \
+	VPSRLW $1, Y15, Y15 \
+	MOVL $EXP, AX \
+	VMOVD AX, X14 \
+	VPBROADCASTW X14, Y14
+
+TEXT ·minF16AVX2(SB), NOSPLIT, $0-24
+	ARGS
+	HALFCONST(0x7c00)
+	LOOP4(HALFMIN)
+
+TEXT ·maxF16AVX2(SB), NOSPLIT, $0-24
+	ARGS
+	HALFCONST(0x7c00)
+	LOOP4(HALFMAX)
+
+TEXT ·minBF16AVX2(SB), NOSPLIT, $0-24
+	ARGS
+	HALFCONST(0x7f80)
+	LOOP4(HALFMIN)
+
+TEXT ·maxBF16AVX2(SB), NOSPLIT, $0-24
+	ARGS
+	HALFCONST(0x7f80)
+	LOOP4(HALFMAX)

@@ -40,22 +40,28 @@ func sizeName(n int) string {
 }
 
 // BenchmarkReduceInto reports len(dst) bytes per op, the same unit as
-// BenchmarkMemcpy, so the two ratios compare directly.
+// BenchmarkMemcpy, so the two ratios compare directly. Sum at every size;
+// the other arithmetic ops at the in-cache size.
 func BenchmarkReduceInto(b *testing.B) {
 	for _, path := range kernelPaths(b) {
 		for _, dt := range allDTypes {
-			for _, n := range benchSizes {
-				b.Run(fmt.Sprintf("%s/%s/%s", path, dt, sizeName(n)), func(b *testing.B) {
-					dst, src := make([]byte, n), make([]byte, n)
-					benchFill(dst, dt, 1)
-					benchFill(src, dt, 0.01) // small, so b.N sums stay finite
-					b.SetBytes(int64(n))
-					withPath(b, path, func() {
-						for b.Loop() {
-							ReduceInto(dst, src, dt, Sum)
-						}
+			for _, op := range []Op{Sum, Prod, Min, Max} {
+				for _, n := range benchSizes {
+					if op != Sum && n != benchSizes[0] {
+						continue
+					}
+					b.Run(fmt.Sprintf("%s/%s/%s/%s", path, dt, op, sizeName(n)), func(b *testing.B) {
+						dst, src := make([]byte, n), make([]byte, n)
+						benchFill(dst, dt, 1)
+						benchFill(src, dt, 0.01) // small, so b.N sums stay finite
+						b.SetBytes(int64(n))
+						withPath(b, path, func() {
+							for b.Loop() {
+								ReduceInto(dst, src, dt, op)
+							}
+						})
 					})
-				})
+				}
 			}
 		}
 	}

@@ -207,58 +207,45 @@ loop: \
 	MOVQ src+8(FP), SI \
 	MOVQ n+16(FP), CX
 
-// 64-bit min/max: AVX2 has no VPMINSQ; compare and blend. Unsigned ones
-// flip the sign bit (Y15) of both operands for the compare only.
-#define MIN64(OFF) \
-	VMOVDQU OFF(DI), Y0 \
-	VMOVDQU OFF(SI), Y1 \
-	VPCMPGTQ Y1, Y0, Y2 \
-	VPBLENDVB Y2, Y1, Y0, Y0 \
-	VMOVDQU Y0, OFF(DI)
-#define MAX64(OFF) \
-	VMOVDQU OFF(DI), Y0 \
-	VMOVDQU OFF(SI), Y1 \
-	VPCMPGTQ Y0, Y1, Y2 \
-	VPBLENDVB Y2, Y1, Y0, Y0 \
-	VMOVDQU Y0, OFF(DI)
-#define MINU64(OFF) \
+// 64-bit min/max: AVX2 has no VPMINSQ; compare and blend. Both operands
+// are XORed with Y15 for the compare only: 0 for signed ones, the sign bit
+// for unsigned ones (which then compare as signed).
+#define SEL64(OFF, X, Y) \
 	VMOVDQU OFF(DI), Y0 \
 	VMOVDQU OFF(SI), Y1 \
 	VPXOR Y15, Y0, Y3 \
 	VPXOR Y15, Y1, Y4 \
-	VPCMPGTQ Y4, Y3, Y2 \
-	VPBLENDVB Y2, Y1, Y0, Y0 \
-	VMOVDQU Y0, OFF(DI)
-#define MAXU64(OFF) \
-	VMOVDQU OFF(DI), Y0 \
-	VMOVDQU OFF(SI), Y1 \
-	VPXOR Y15, Y0, Y3 \
-	VPXOR Y15, Y1, Y4 \
-	VPCMPGTQ Y3, Y4, Y2 \
+	VPCMPGTQ Y, X, Y2 \
 	VPBLENDVB Y2, Y1, Y0, Y0 \
 	VMOVDQU Y0, OFF(DI)
 
-#define SIGN64 \
+#define MIN64(OFF) SEL64(OFF, Y3, Y4)
+#define MAX64(OFF) SEL64(OFF, Y4, Y3)
+
+#define SIGNED64 VPXOR Y15, Y15, Y15
+#define UNSIGNED64 \
 	VPCMPEQQ Y15, Y15, Y15 \
 	VPSLLQ $63, Y15, Y15
 
 TEXT ·minI64AVX2(SB), NOSPLIT, $0-24
 	ARGS
+	SIGNED64
 	LOOP4(MIN64)
 
 TEXT ·maxI64AVX2(SB), NOSPLIT, $0-24
 	ARGS
+	SIGNED64
 	LOOP4(MAX64)
 
 TEXT ·minU64AVX2(SB), NOSPLIT, $0-24
 	ARGS
-	SIGN64
-	LOOP4(MINU64)
+	UNSIGNED64
+	LOOP4(MIN64)
 
 TEXT ·maxU64AVX2(SB), NOSPLIT, $0-24
 	ARGS
-	SIGN64
-	LOOP4(MAXU64)
+	UNSIGNED64
+	LOOP4(MAX64)
 
 // 64-bit product modulo 2^64 from 32x32->64 multiplies:
 // lo(a)*lo(b) + ((hi(a)*lo(b) + lo(a)*hi(b)) << 32).

@@ -406,9 +406,8 @@ func (c *channel) stepRing(budget int) (int, error) {
 	for c.end == nil && (budget <= 0 || used < budget) {
 		rx := &c.rx
 		if !rx.active {
-			k := c.ring.TryRead(c.pre[rx.npre:])
-			used += k
-			if rx.npre += k; rx.npre < frame.PrefixSize {
+			k, full := c.readPart(c.pre[:], &rx.npre)
+			if used += k; !full {
 				if k == 0 {
 					return used, nil
 				}
@@ -427,9 +426,8 @@ func (c *channel) stepRing(budget int) (int, error) {
 			rx.p, rx.done = c.destination(h, n)
 		}
 		if rx.remote && rx.ndesc < frame.RemoteSize {
-			k := c.ring.TryRead(rx.desc[rx.ndesc:])
-			used += k
-			if rx.ndesc += k; rx.ndesc < frame.RemoteSize {
+			k, full := c.readPart(rx.desc[:], &rx.ndesc)
+			if used += k; !full {
 				if k == 0 {
 					return used, nil
 				}
@@ -481,6 +479,14 @@ func (c *channel) stepRing(budget int) (int, error) {
 		}
 	}
 	return used, c.end
+}
+
+// readPart reads what has arrived into buf[*have:], without waiting, and
+// reports how much it read and whether buf is now full.
+func (c *channel) readPart(buf []byte, have *int) (int, bool) {
+	k := c.ring.TryRead(buf[*have:])
+	*have += k
+	return k, *have == len(buf)
 }
 
 // parse checks the prefix in c.pre: a LaneData frame's header and length,

@@ -25,7 +25,8 @@ def _mark_forked():
     _FORKED = True
 
 
-if hasattr(os, "register_at_fork"):
+_AT_FORK = hasattr(os, "register_at_fork")
+if _AT_FORK:
     os.register_at_fork(after_in_child=_mark_forked)
 
 
@@ -173,7 +174,9 @@ class Comm:
 
     # ---- lifecycle ------------------------------------------------------
     def _check(self):
-        if _FORKED or os.getpid() != self._pid:
+        # register_at_fork sets _FORKED in a forked child; getpid (a system
+        # call per operation) only where that hook does not exist.
+        if _FORKED or (not _AT_FORK and os.getpid() != self._pid):
             raise _errors.ForkedProcessError(
                 "nexar: this communicator was created in process %d and cannot be used in the forked child %d; "
                 "start workers with the 'spawn' start method or subprocess" % (self._pid, os.getpid()))
@@ -266,6 +269,8 @@ class Comm:
 
     @staticmethod
     def _op(op) -> int:
+        if type(op) is Op:
+            return op.value
         return int(Op(op))
 
     def _reduction(self, name, fn, sendbuf, recvbuf, op, *extra):

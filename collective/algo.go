@@ -141,14 +141,24 @@ func choose(name string, forced, auto Algorithm, ok ...Algorithm) (Algorithm, er
 type steps struct {
 	out, in []uint32
 	chunk   int
+	small   [2 * smallWorld]uint32 // out and in for small worlds: one allocation per call
 }
+
+const smallWorld = 16
 
 func newSteps(l Link) *steps {
 	c := ChunkSize
 	if c <= 0 {
 		c = 4 << 20
 	}
-	return &steps{out: make([]uint32, l.Size()), in: make([]uint32, l.Size()), chunk: c}
+	n := l.Size()
+	st := &steps{chunk: c}
+	if n <= smallWorld {
+		st.out, st.in = st.small[:n:n], st.small[n:2*n]
+	} else {
+		st.out, st.in = make([]uint32, n), make([]uint32, n)
+	}
+	return st
 }
 
 // nchunks is the number of messages for n bytes: at least one, so that

@@ -82,7 +82,8 @@ func putScratch(b []byte) {
 		}
 		return
 	}
-	scratchPools[c].Put(&b)
+	bb := b // a fresh variable: taking b's own address would move b to the heap on every call
+	scratchPools[c].Put(&bb)
 }
 
 // scratchClass is the pool index for n bytes, or -1 for sizes not pooled.

@@ -97,6 +97,7 @@ type channel struct {
 	links []link
 	sem   chan struct{} // serialises frames
 	buf   []byte
+	bufs  [2][]byte // sendOne's argument list: a variadic slice would escape
 
 	dead   chan struct{} // closed by close
 	once   sync.Once
@@ -250,10 +251,13 @@ func (c *channel) sendOne(ctx context.Context, p []byte, progress func() bool) (
 	var err error
 	if len(p) <= inlineMax {
 		c.buf = append(c.buf, p...)
-		n, err = c.links[0].write(ctx, progress, c.buf)
+		c.bufs[0] = c.buf
+		n, err = c.links[0].write(ctx, progress, c.bufs[:1]...)
 	} else {
-		n, err = c.links[0].write(ctx, progress, c.buf, p)
+		c.bufs[0], c.bufs[1] = c.buf, p
+		n, err = c.links[0].write(ctx, progress, c.bufs[:]...)
 	}
+	c.bufs = [2][]byte{}
 	if cap(c.buf) > 4*inlineMax {
 		c.buf = nil
 	}

@@ -72,6 +72,13 @@ type opCtx struct {
 }
 
 func (c *Comm) newOpCtx(parent context.Context) *opCtx {
+	o := new(opCtx)
+	o.init(c, parent)
+	return o
+}
+
+// init prepares a zero opCtx (one embedded in a larger allocation).
+func (o *opCtx) init(c *Comm, parent context.Context) {
 	if parent == nil {
 		parent = context.Background()
 	}
@@ -79,7 +86,7 @@ func (c *Comm) newOpCtx(parent context.Context) *opCtx {
 	if limit := time.Now().Add(c.cfg.Timeout); !ok || limit.Before(d) {
 		d = limit
 	}
-	return &opCtx{parent: parent, d: d, c: c}
+	o.parent, o.d, o.c = parent, d, c
 }
 
 func (o *opCtx) Deadline() (time.Time, bool) { return o.d, true }

@@ -20,15 +20,23 @@ type Request struct {
 	// run, when set, performs the operation; it is taken (by the goroutine
 	// that created the request, before the request is shared) by start or
 	// wait, and runs exactly once.
-	run func()
-	src int // a receive's source (AnySource allowed), else noSource
+	run  func()
+	coll *collCall // a collective not yet started: run by start or wait like run
+	src  int       // a receive's source (AnySource allowed), else noSource
 }
 
 // noSource marks requests that are not receives.
 const noSource = -2
 
 func newRequest(c *Comm, op string, worker bool) *Request {
-	return &Request{c: c, op: op, worker: worker, done: make(chan struct{}), src: noSource}
+	r := new(Request)
+	r.init(c, op, worker)
+	return r
+}
+
+// init prepares a zero Request (one embedded in a larger allocation).
+func (r *Request) init(c *Comm, op string, worker bool) {
+	r.c, r.op, r.worker, r.done, r.src = c, op, worker, make(chan struct{}), noSource
 }
 
 func doneRequest(c *Comm, op string, err error) *Request {
@@ -93,6 +101,10 @@ func (r *Request) start() *Request {
 		r.run = nil
 		go f()
 	}
+	if cc := r.coll; cc != nil {
+		r.coll = nil
+		go cc.run()
+	}
 	return r
 }
 
@@ -103,6 +115,10 @@ func (r *Request) wait() error {
 	if f := r.run; f != nil {
 		r.run = nil
 		f()
+	}
+	if cc := r.coll; cc != nil {
+		r.coll = nil
+		cc.run()
 	}
 	select {
 	case <-r.done:

@@ -322,6 +322,9 @@ class Comm:
 
     def allreduce(self, sendbuf, recvbuf=None, op=Op.SUM):
         """recvbuf = op over ranks of sendbuf (in place when recvbuf is None). Returns the result buffer."""
+        h = self._check()
+        if _lib.allreduce_fast(sendbuf, recvbuf, self._op(op), h):
+            return sendbuf if recvbuf is None else recvbuf
         return self._reduction("allreduce", _lib.allreduce, sendbuf, recvbuf, op)
 
     def iallreduce(self, sendbuf, recvbuf=None, op=Op.SUM) -> Request:
@@ -337,6 +340,8 @@ class Comm:
     def broadcast(self, buf, root: int = 0):
         """Copy root's buf to every rank's buf. Returns buf."""
         h = self._check()
+        if _lib.broadcast_fast(buf, int(root), self._rank == root, h):
+            return buf
         b = self._out(buf) if self._rank != root else self._in(buf)
         n, dt = b.raw()
         _lib.broadcast(b.addr, n, int(dt), int(root), h)
@@ -377,6 +382,8 @@ class Comm:
         """recvbuf (size x sendbuf) gets every rank's sendbuf in rank order.
         sendbuf None: in place, this rank's block already in recvbuf."""
         h = self._check()
+        if sendbuf is not None and _lib.allgather_fast(sendbuf, recvbuf, self._size, h):
+            return recvbuf
         r = self._out(recvbuf)
         if sendbuf is None:
             n, dt = r.raw()
@@ -435,6 +442,8 @@ class Comm:
             _lib.reduce_scatter(s.addr, s.addr, n // self._size, int(dt), self._op(op), h)
             s.finish()
             return s.obj
+        if _lib.reduce_scatter_fast(sendbuf, recvbuf, self._op(op), self._size, h):
+            return recvbuf
         s, r = self._in(sendbuf), self._out(recvbuf)
         n, dt = r.typed("reduce_scatter")
         self._same("reduce_scatter", r, s, self._size)
@@ -453,6 +462,8 @@ class Comm:
         """Block j of sendbuf goes to rank j; block i of recvbuf comes from rank i.
         recvbuf None: in place."""
         h = self._check()
+        if recvbuf is not None and _lib.alltoall_fast(sendbuf, recvbuf, self._size, h):
+            return recvbuf
         s = self._in(sendbuf) if recvbuf is not None else self._out(sendbuf)
         r = self._out(recvbuf) if recvbuf is not None else s
         if r is not s:

@@ -92,6 +92,58 @@ py::tuple status_tuple(const nexar_status_t& st) {
     return py::make_tuple(st.source, st.tag, st.count, st.bytes);
 }
 
+// View is a buffer export held for the length of one call, for the fast
+// paths below. get fails (false, no Python error set) when the object needs
+// the general path in nexar/_buffers.py: no buffer protocol (torch tensors),
+// not writable where it must be, not C-contiguous, or an element type that
+// path would map differently (it then also produces the error messages).
+struct View {
+    Py_buffer v{};
+    bool held = false;
+    nexar_datatype_t dt = NEXAR_UINT8;
+
+    bool get(py::handle o, bool writable) {
+        if (!PyObject_CheckBuffer(o.ptr())) return false;
+        if (PyObject_GetBuffer(o.ptr(), &v, writable ? PyBUF_RECORDS : PyBUF_RECORDS_RO) != 0) {
+            PyErr_Clear();
+            return false;
+        }
+        held = true;
+        return PyBuffer_IsContiguous(&v, 'C') && datatype();
+    }
+    size_t count() const { return static_cast<size_t>(v.len / v.itemsize); }
+    ~View() {
+        if (held) PyBuffer_Release(&v);
+    }
+
+   private:
+    // The struct-module formats numpy and the standard library export for
+    // native little-endian integers and floats; everything else (bfloat16,
+    // bool, big-endian, int16, ...) takes the general path.
+    bool datatype() {
+        const char* f = v.format ? v.format : "B";
+        if (*f == '@' || *f == '=' || *f == '<') ++f;
+        if (f[0] == 0 || f[1] != 0) return false;
+        const Py_ssize_t n = v.itemsize;
+        switch (f[0]) {
+            case 'b': return n == 1 && set(NEXAR_INT8);
+            case 'B': return n == 1 && set(NEXAR_UINT8);
+            case 'i': case 'l': case 'q':
+                return (n == 4 && set(NEXAR_INT32)) || (n == 8 && set(NEXAR_INT64));
+            case 'I': case 'L': case 'Q':
+                return (n == 4 && set(NEXAR_UINT32)) || (n == 8 && set(NEXAR_UINT64));
+            case 'e': return n == 2 && set(NEXAR_FLOAT16);
+            case 'f': return n == 4 && set(NEXAR_FLOAT32);
+            case 'd': return n == 8 && set(NEXAR_FLOAT64);
+            default: return false;
+        }
+    }
+    bool set(nexar_datatype_t d) {
+        dt = d;
+        return true;
+    }
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_nexar, m) {
@@ -283,6 +335,52 @@ PYBIND11_MODULE(_nexar, m) {
         NX_CALL(nexar_exscan(P(s), P(r), n, D(dt), O(op), C(c)));
     });
     m.def("barrier", [](handle_t c) { NX_CALL(nexar_barrier(C(c))); });
+
+    // ---- fast paths ---------------------------------------------------------
+    // The blocking collectives most called with small buffers, taking the
+    // objects themselves: for a contiguous numpy array (or any buffer export
+    // with a plain native format) the lookup in Python costs more than an
+    // 8-byte allreduce. Each returns False, having done nothing, when the
+    // arguments need the general path, which then checks them and raises.
+    m.def("allreduce_fast", [](py::handle s, py::handle r, int op, handle_t c) {
+        View vs, vr;
+        if (r.is_none()) {
+            if (!vs.get(s, true)) return false;
+            NX_CALL(nexar_allreduce(vs.v.buf, vs.v.buf, vs.count(), vs.dt, O(op), C(c)));
+            return true;
+        }
+        if (!vs.get(s, false) || !vr.get(r, true) || vs.dt != vr.dt || vs.v.len != vr.v.len) return false;
+        NX_CALL(nexar_allreduce(vs.v.buf, vr.v.buf, vs.count(), vs.dt, O(op), C(c)));
+        return true;
+    });
+    m.def("broadcast_fast", [](py::handle b, int root, bool is_root, handle_t c) {
+        View v;
+        if (!v.get(b, !is_root)) return false;
+        NX_CALL(nexar_broadcast(v.v.buf, v.count(), v.dt, root, C(c)));
+        return true;
+    });
+    // allgather: r holds size blocks of s's length. reduce_scatter: s holds
+    // size blocks of r's length. alltoall: equal lengths, size blocks.
+    m.def("allgather_fast", [](py::handle s, py::handle r, int size, handle_t c) {
+        View vs, vr;
+        if (!vs.get(s, false) || !vr.get(r, true) || vs.dt != vr.dt || vs.v.len * size != vr.v.len) return false;
+        NX_CALL(nexar_allgather(vs.v.buf, vr.v.buf, vs.count(), vs.dt, C(c)));
+        return true;
+    });
+    m.def("reduce_scatter_fast", [](py::handle s, py::handle r, int op, int size, handle_t c) {
+        View vs, vr;
+        if (!vs.get(s, false) || !vr.get(r, true) || vs.dt != vr.dt || vr.v.len * size != vs.v.len) return false;
+        NX_CALL(nexar_reduce_scatter(vs.v.buf, vr.v.buf, vr.count(), vr.dt, O(op), C(c)));
+        return true;
+    });
+    m.def("alltoall_fast", [](py::handle s, py::handle r, int size, handle_t c) {
+        View vs, vr;
+        if (!vs.get(s, false) || !vr.get(r, true) || vs.dt != vr.dt || vs.v.len != vr.v.len ||
+            vs.count() % static_cast<size_t>(size) != 0)
+            return false;
+        NX_CALL(nexar_alltoall(vs.v.buf, vr.v.buf, vs.count() / size, vs.dt, C(c)));
+        return true;
+    });
 
     // ---- non-blocking ------------------------------------------------------
     // Starting calls do not block for long, but they may take the runtime's

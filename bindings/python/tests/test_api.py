@@ -109,6 +109,46 @@ def test_size1_errors(comm):
     assert issubclass(nexar.PeerDownError, nexar.Error)
 
 
+def test_size1_fast_path_takes_plain_arrays_only(comm):
+    # The extension's fast paths take contiguous native arrays and decline
+    # (False, nothing done) whatever the general path must check or stage;
+    # the public call gives the same result either way.
+    from nexar import _nexar as lib
+
+    h = comm._h
+    x = np.arange(6, dtype=np.float32)
+    out = np.full(6, -1, dtype=np.float32)
+    assert lib.allreduce_fast(x, out, 0, h) and np.array_equal(out, x)
+    assert lib.allreduce_fast(x, None, 0, h)
+    assert lib.broadcast_fast(x, 0, True, h)
+    assert lib.allgather_fast(x, out, 1, h) and lib.reduce_scatter_fast(x, out, 0, 1, h)
+    assert lib.alltoall_fast(x, out, 1, h)
+    ro = np.arange(6, dtype=np.float32)
+    ro.flags.writeable = False
+    declined = [
+        (np.arange(12, dtype=np.float32)[::2], None),       # not contiguous
+        (ro, None),                                           # read-only output
+        (x, np.zeros(6, dtype=np.float64)),                   # element types differ
+        (x, np.zeros(5, dtype=np.float32)),                   # lengths differ
+        (np.zeros(3, dtype=np.int16), None),                  # no nexar int16
+        (np.zeros(3, dtype=np.bool_), None),                  # mapped by the general path
+        (np.zeros(3, dtype=">f4"), None),                     # big-endian
+        (torch.zeros(3), None),                               # no buffer protocol
+        (object(), None),
+    ]
+    for s, r in declined:
+        before = None if r is None else np.array(r, copy=True)
+        assert lib.allreduce_fast(s, r, 0, h) is False, (s, r)
+        if r is not None:
+            assert np.array_equal(r, before)
+    assert lib.allgather_fast(x, np.zeros(7, dtype=np.float32), 1, h) is False
+    assert lib.reduce_scatter_fast(x, np.zeros(5, dtype=np.float32), 0, 1, h) is False
+    assert lib.broadcast_fast(ro, 0, False, h) is False  # a non-root receives: must be writable
+    assert lib.broadcast_fast(ro, 0, True, h)  # the root only sends
+    with pytest.raises(nexar.InvalidArgumentError):
+        lib.allreduce_fast(x, None, int(nexar.BXOR), h)  # taken, and the C call's error raised
+
+
 def test_fork_child_raises():
     code = textwrap.dedent(f"""
         import os, sys, nexar

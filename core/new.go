@@ -3,16 +3,19 @@ package core
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
 	"sync"
+	"syscall"
 
 	nquic "github.com/nexar-go/nexar/transport/quic"
 )
 
 // New joins the job described by cfg: rendezvous through the seed (run
-// embedded when this is rank 0 and cfg.Seed names an address of this host),
+// embedded when this is rank 0 and cfg.Seed names an address of this host
+// that nothing else holds; a stand-alone seed already there is joined),
 // then a QUIC mesh with every peer. It is bounded by ctx and
 // cfg.ConnectTimeout.
 func New(ctx context.Context, cfg Config) (*Comm, error) {
@@ -51,11 +54,18 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 	}
 	if embed && cfg.Rank == 0 && isLocalAddr(ctx, cfg.Seed) {
 		seed, err := StartSeed(seedBindAddr(cfg.Seed), cfg.WorldSize, cfg.Token)
-		if err != nil {
+		switch {
+		case err == nil:
+			seed.log = cfg.Logger
+			closers = append(closers, seed.Close)
+		case errors.Is(err, syscall.EADDRINUSE):
+			// Something on this host holds the seed's port already: a
+			// stand-alone `nexar seed`. Rank 0 joins it like any rank;
+			// the token proof in join tells whether it is this job's.
+			cfg.Logger.Debug("nexar: seed address in use; joining the seed there", "seed", cfg.Seed)
+		default:
 			return nil, err
 		}
-		seed.log = cfg.Logger
-		closers = append(closers, seed.Close)
 	}
 	id, err := nquic.NewIdentity()
 	if err != nil {

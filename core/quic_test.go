@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/nexar-go/nexar/collective"
 )
 
 func TestQUICCollectives(t *testing.T) {
@@ -158,5 +161,73 @@ func TestConfigFromEnv(t *testing.T) {
 				t.Fatalf("got %+v, want %+v", got, tc.want)
 			}
 		})
+	}
+}
+
+// A stand-alone seed on rank 0's own address (as `nexar seed` on the first
+// host): rank 0 finds the port taken and joins it instead of embedding one.
+func TestStandaloneSeedOnRankZerosHost(t *testing.T) {
+	token := []byte("standalone token")
+	seed, err := StartSeed("127.0.0.1:0", 2, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seed.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	comms := make([]*Comm, 2)
+	errs := make(chan error, 2)
+	for r := range comms {
+		go func() {
+			c, err := New(ctx, Config{Rank: r, WorldSize: 2, Seed: seed.Addr().String(), Token: token,
+				BindAddr: "127.0.0.1:0", Logger: testConfig().Logger})
+			comms[r] = c
+			errs <- err
+		}()
+	}
+	for range comms {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-seed.Formed():
+	default:
+		t.Fatal("the stand-alone seed did not see the job form")
+	}
+	var wg sync.WaitGroup
+	got := make([][]byte, 2)
+	for r, c := range comms {
+		wg.Go(func() {
+			defer c.Close()
+			b := []byte{byte(r + 1), 0, 0, 0}
+			if err := c.Allreduce(ctx, nil, b, collective.Int32, collective.Sum); err != nil {
+				t.Error(err)
+			}
+			got[r] = b
+		})
+	}
+	wg.Wait()
+	for r, b := range got {
+		if b[0] != 3 {
+			t.Errorf("rank %d: allreduce gave %v, want 3", r, b)
+		}
+	}
+}
+
+// A seed port held by a stranger (no seed, wrong token) is not joined
+// blindly: rank 0 fails with the join's error instead of hanging.
+func TestSeedPortHeldByStranger(t *testing.T) {
+	other, err := StartSeed("127.0.0.1:0", 2, []byte("another job's token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err = New(ctx, Config{Rank: 0, WorldSize: 2, Seed: other.Addr().String(), Token: []byte("this job's token"),
+		BindAddr: "127.0.0.1:0", Logger: testConfig().Logger})
+	if CodeOf(err) != CodeAuth {
+		t.Fatalf("New: got %v, want CodeAuth", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -354,8 +355,13 @@ var (
 // largeCases lists the (combo, world size) pairs run with largeCount
 // elements. Under -short only the size-chosen algorithms get two of them;
 // otherwise those get every dtype and op and the forced variants the two.
+//
+// NEXAR_TEST_EXHAUSTIVE=1 crosses largeCount with every dtype, op and world
+// size instead (minutes without -race, hours with it: not part of make test).
 func largeCases(forced bool) ([]combo, []int) {
 	switch {
+	case os.Getenv("NEXAR_TEST_EXHAUSTIVE") == "1":
+		return allCombos(), worldSizes
 	case testing.Short() && forced:
 		return nil, nil
 	case testing.Short():

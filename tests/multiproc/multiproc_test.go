@@ -336,6 +336,13 @@ func TestWrongTokenRefused(t *testing.T) {
 func TestRandomBytes(t *testing.T) {
 	const n = 4
 	token := newToken(t)
+	// The sprayer's socket first: bound later, it could take one of the
+	// ports just picked (and released) for the job.
+	junk, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer junk.Close()
 	seedPort := freeUDPPort(t)
 	seedAddr := "127.0.0.1:" + strconv.Itoa(seedPort)
 	targets := []string{seedAddr}
@@ -352,7 +359,7 @@ func TestRandomBytes(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		sent = spray(targets, stop)
+		sent = spray(junk, targets, stop)
 	}()
 	var ranks []*proc
 	for r := range n {
@@ -376,14 +383,9 @@ func TestRandomBytes(t *testing.T) {
 	}
 }
 
-// spray sends junk to every target until stop closes; it returns how many
-// datagrams went out.
-func spray(targets []string, stop <-chan struct{}) int64 {
-	c, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		return 0
-	}
-	defer c.Close()
+// spray sends junk from c to every target until stop closes; it returns
+// how many datagrams went out.
+func spray(c net.PacketConn, targets []string, stop <-chan struct{}) int64 {
 	var addrs []net.Addr
 	for _, t := range targets {
 		a, err := net.ResolveUDPAddr("udp", t)

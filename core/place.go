@@ -2,7 +2,6 @@ package core
 
 import (
 	"context"
-	"runtime"
 	"time"
 
 	"github.com/nexar-go/nexar/transport"
@@ -127,24 +126,22 @@ func (c *Comm) waitFilledLocked(m *inMsg) {
 	}
 }
 
-// resolveSpinWait fixes how long waiters spin (Config.SpinWait): the
-// configured value, else by whether every rank on this host has a core;
-// and whether they yield the core between polls.
+// resolveSpinWait fixes whether waiters yield the core between polls (the
+// endpoint says whether this host runs more ranks than it has cores) and
+// how long they spin (Config.SpinWait, else by that answer).
 func (n *node) resolveSpinWait() {
-	n.spinWait = n.cfg.SpinWait
-	if n.spinWait != 0 {
-		return
-	}
-	local := 1
-	if lp, ok := n.ep.(interface{ LocalPeers() int }); ok {
-		local += lp.LocalPeers()
-	}
-	n.spinWait = spinWaitDedicated
-	if local > runtime.NumCPU() {
+	if o, ok := n.ep.(interface{ Oversubscribed() bool }); ok {
 		// Spin yielding the core (sched_yield), so that the rank being
 		// waited for gets it: a sleep and wake-up through the kernel
 		// costs more than the yields.
-		n.spinWait, n.oversubscribed = spinWaitShared, true
+		n.oversubscribed = o.Oversubscribed()
+	}
+	n.spinWait = n.cfg.SpinWait
+	if n.spinWait == 0 {
+		n.spinWait = spinWaitDedicated
+		if n.oversubscribed {
+			n.spinWait = spinWaitShared
+		}
 	}
 }
 

@@ -388,6 +388,15 @@ func (e *Endpoint) SharedMemory(peer int) bool {
 	return ok
 }
 
+// Oversubscribed reports whether this host runs more ranks than it has
+// cores, as decided at Start: waiters on its rings then yield the core
+// between polls, and so should the caller's. Safe for concurrent use.
+func (e *Endpoint) Oversubscribed() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.oversubscribed
+}
+
 // LocalPeers is the number of peers whose data comes over shared-memory
 // rings: the other ranks on this host.
 func (e *Endpoint) LocalPeers() int {

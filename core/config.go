@@ -112,7 +112,6 @@ func (cfg Config) withDefaults() Config {
 	if cfg.MaxBufferedBytes <= 0 {
 		cfg.MaxBufferedBytes = defaultMaxBufferedBytes
 	}
-
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}

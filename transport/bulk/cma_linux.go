@@ -19,10 +19,6 @@ import (
 
 const cmaSupported = true
 
-// cmaPiece bounds one system call, so that a large frame is read in pieces
-// that a poller can interleave with its other work.
-const cmaPiece = 1 << 20
-
 // readRemote copies len(dst) bytes at addr in process pid into dst.
 func readRemote(pid int, addr uint64, dst []byte) error {
 	for len(dst) > 0 {

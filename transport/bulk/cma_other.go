@@ -6,8 +6,6 @@ import "errors"
 
 const cmaSupported = false
 
-const cmaPiece = 1 << 20
-
 func readRemote(int, uint64, []byte) error {
 	return errors.New("bulk: cross-memory attach is not available on this platform")
 }

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -84,13 +83,12 @@ type ring struct {
 func (r *ring) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&r.mem[off])) }
 func (r *ring) u32(off int) *uint32 { return (*uint32)(unsafe.Pointer(&r.mem[off])) }
 
-// Both sides map the ring with MAP_POPULATE: the pages are allocated and
-// mapped up front, instead of costing a fault in each process the first
-// time a message crosses them (several microseconds a page on a VM).
-
 // createRing makes a ring file of size bytes (a power of two) readable only
 // by this user, maps it, and returns it as the consumer side with the path
-// and cookie the producer must present.
+// and cookie the producer must present. Both sides (see openRing) map the
+// ring with MAP_POPULATE: the pages are allocated and mapped up front,
+// instead of costing a fault in each process the first time a message
+// crosses them (several microseconds a page on a VM).
 func createRing(size int) (*ring, string, []byte, error) {
 	var rnd [16]byte
 	if _, err := rand.Read(rnd[:]); err != nil {

@@ -140,7 +140,7 @@ def as_buffer(obj, writable: bool, lib) -> Buffer:
         return _torch_buffer(obj, writable)
     np = sys.modules.get("numpy")
     if np is not None and isinstance(obj, np.ndarray):
-        return _numpy_buffer(obj, writable, getattr(lib, "buffer_info", None) and lib)
+        return _numpy_buffer(obj, writable, lib)
     try:
         mv = memoryview(obj)
     except TypeError:

@@ -185,11 +185,17 @@ func TestStandaloneSeedOnRankZerosHost(t *testing.T) {
 			errs <- err
 		}()
 	}
+	var failed error
 	for range comms {
 		if err := <-errs; err != nil {
-			t.Fatal(err)
+			failed = err
 		}
 	}
+	if failed != nil {
+		closeAll(t, comms) // the rank that did join
+		t.Fatal(failed)
+	}
+	defer closeAll(t, comms)
 	select {
 	case <-seed.Formed():
 	default:
@@ -199,7 +205,6 @@ func TestStandaloneSeedOnRankZerosHost(t *testing.T) {
 	got := make([][]byte, 2)
 	for r, c := range comms {
 		wg.Go(func() {
-			defer c.Close()
 			b := []byte{byte(r + 1), 0, 0, 0}
 			if err := c.Allreduce(ctx, nil, b, collective.Int32, collective.Sum); err != nil {
 				t.Error(err)

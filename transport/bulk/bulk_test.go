@@ -126,6 +126,15 @@ func TestConformance(t *testing.T) {
 			transporttest.Run(t, func(t *testing.T, n int, h []transport.Handler, down []transport.DownHandler) []transport.Endpoint {
 				eps := mesh(t, n, m.opt, h, down)
 				waitPaths(t, eps, m.path)
+				if m.opt.RemoteMin < 0 {
+					for i, e := range eps {
+						for r, p := range e.Paths() {
+							if strings.Contains(p, "cross-memory") {
+								t.Fatalf("rank %d: path to %d is %q with cross-memory attach turned off", i, r, p)
+							}
+						}
+					}
+				}
 				out := make([]transport.Endpoint, n)
 				for i, e := range eps {
 					out[i] = e

@@ -1,7 +1,7 @@
 # nexar build and test entry points. `make demo` and `make test` work on a
 # fresh Debian/Ubuntu clone: both start with `deps`, which installs only what
-# is missing (scripts/deps.sh). Each later step skips, with a message, when
-# the part of the tree it covers does not exist.
+# is missing (scripts/deps.sh). A step whose part of the tree is missing
+# fails: nothing here is optional.
 
 GO      ?= go
 VENV    ?= .venv
@@ -28,16 +28,10 @@ cli:
 	@mkdir -p $(BUILD)
 	$(GO) build -o $(BUILD)/nexar ./cmd/nexar
 
-# libnexar.so: capi/build.sh sets the SONAME, the export map and the header
-# checksum; a tree without it gets a plain c-shared build.
+# libnexar.so: capi/build.sh, the one c-shared build command (SONAME, export
+# map, header checksum); CMake calls it too.
 lib:
-	@if [ -f capi/build.sh ]; then \
-		GO=$(GO) sh capi/build.sh $(BUILD)/libnexar.so; \
-	elif [ -d capi ]; then \
-		mkdir -p $(BUILD) && CGO_ENABLED=1 $(GO) build -buildmode=c-shared -o $(BUILD)/libnexar.so ./capi && rm -f $(BUILD)/libnexar.h; \
-	else \
-		echo "lib: no capi/ yet, skipping libnexar.so"; \
-	fi
+	GO=$(GO) sh capi/build.sh $(BUILD)/libnexar.so
 
 # --- test -------------------------------------------------------------------
 
@@ -61,29 +55,19 @@ gotest:
 	NEXAR_TEST_EXHAUSTIVE=1 $(GO) test -count=1 -timeout 30m ./collective
 
 ctest:
-	@if [ -f CMakeLists.txt ]; then \
-		cmake -S . -B $(BUILD)/cmake -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo && \
-		cmake --build $(BUILD)/cmake -j $(NPROC) && \
-		ctest --test-dir $(BUILD)/cmake --output-on-failure -j $(NPROC); \
-	else \
-		echo "ctest: no CMakeLists.txt yet, skipping"; \
-	fi
+	cmake -S . -B $(BUILD)/cmake -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(BUILD)/cmake -j $(NPROC)
+	ctest --test-dir $(BUILD)/cmake --output-on-failure -j $(NPROC)
 
 # The Python package, installed editable into the venv (scikit-build-core
 # rebuilds the extension and libnexar.so incrementally under build/python).
 python: deps
-	@if [ -f pyproject.toml ] && [ -d bindings/python ]; then \
-		$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .; \
-	else \
-		echo "python: no Python package yet, skipping"; \
-	fi
+	@test -f pyproject.toml && test -d bindings/python/nexar || { echo "python: pyproject.toml or bindings/python/nexar is missing" >&2; exit 1; }
+	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
 
 pytest: python
-	@if [ -d bindings/python/tests ]; then \
-		PATH="$(CURDIR)/$(BUILD):$$PATH" $(PYTHON) -m pytest -q bindings/python/tests; \
-	else \
-		echo "pytest: no bindings/python/tests yet, skipping"; \
-	fi
+	@test -d bindings/python/tests || { echo "pytest: bindings/python/tests is missing" >&2; exit 1; }
+	PATH="$(CURDIR)/$(BUILD):$$PATH" $(PYTHON) -m pytest -q bindings/python/tests
 
 # --- demo -------------------------------------------------------------------
 

@@ -22,5 +22,8 @@ CGO_ENABLED=1 CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -DNEXAR_HEADER_CKSUM=$hdr" \
 	-ldflags "-s -w -extldflags '-Wl,-soname,libnexar.so.0 -Wl,--version-script=$root/capi/exports.map'" \
 	-o "$out" ./capi
 rm -f "${out%.*}.h"
-# Programs linked against the SONAME find it next to the library.
-ln -sf "$(basename "$out")" "$(dirname "$out")/libnexar.so.0"
+# Programs linked against the SONAME find it next to the library (unless the
+# output is named by the SONAME already, as in the Python build).
+if [ "$(basename "$out")" != libnexar.so.0 ]; then
+	ln -sf "$(basename "$out")" "$(dirname "$out")/libnexar.so.0"
+fi

@@ -1,10 +1,11 @@
 // Package collective holds nexar's collective algorithms as pure schedules
 // over a small Link interface, plus the element-wise reduction kernels.
 //
-// Nothing in this package does I/O of its own or imports another package of
-// the module: an algorithm is a sequence of Send/Recv calls on a Link, so it
-// can be run by N goroutines over an in-memory Link in a unit test and by
-// core over a real transport in production.
+// Nothing in this package does network I/O of its own: an algorithm is a
+// sequence of Send/Recv calls on a Link, so it can be run by N goroutines
+// over an in-memory Link in a unit test and by core over a real transport in
+// production. The only other package of the module it imports is
+// internal/hugepage, for large scratch buffers (huge.go).
 package collective
 
 import (

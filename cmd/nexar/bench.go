@@ -157,7 +157,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 	dtype := fs.String("dtype", "float32", "element type")
 	opName := fs.String("op", "sum", "reduction: sum, avg, min or max")
 	asJSON := fs.Bool("json", false, "print one JSON object per result instead of the table")
-	inproc := fs.Bool("inproc", false, "run the ranks as goroutines of this process over loopback QUIC (no shared memory)")
+	inproc := fs.Bool("inproc", false, "run the ranks as goroutines of this process, meshed as separate processes would be (QUIC on loopback, the shared-memory data path)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "deadline of the whole run")
 	profile := fs.String("cpuprofile", "", "write each rank's CPU profile to `DIR`/rank-R.pprof")
 	algos := fs.String("algo", "", "force algorithms, e.g. allreduce=ring,broadcast=pipeline (see collective.Force); default: chosen by size")

@@ -10,45 +10,23 @@ import (
 	"unsafe"
 
 	"github.com/nexar-go/nexar/core"
+	"github.com/nexar-go/nexar/internal/abi"
 )
 
-// nexar_result_t values (include/nexar.h); append, never renumber.
+// nexar_result_t values; internal/abi is their one source.
 const (
-	resSuccess         C.int = 0
-	resInvalidArgument C.int = 1
-	resInvalidHandle   C.int = 2
-	resMismatch        C.int = 3
-	resPeerDown        C.int = 4
-	resTimeout         C.int = 5
-	resAborted         C.int = 6
-	resClosed          C.int = 7
-	resAuth            C.int = 8
-	resTruncated       C.int = 9
-	resUnavailable     C.int = 10
-	resInternal        C.int = 11
+	resSuccess         C.int = abi.Success
+	resInvalidArgument C.int = abi.ErrInvalidArgument
+	resInvalidHandle   C.int = abi.ErrInvalidHandle
+	resUnavailable     C.int = abi.ErrUnavailable
+	resInternal        C.int = abi.ErrInternal
 )
 
-// codeResults is the one table from core.Code to nexar_result_t.
-var codeResults = map[core.Code]C.int{
-	core.CodeOK:              resSuccess,
-	core.CodeInvalidArgument: resInvalidArgument,
-	core.CodeMismatch:        resMismatch,
-	core.CodePeerDown:        resPeerDown,
-	core.CodeTimeout:         resTimeout,
-	core.CodeAborted:         resAborted,
-	core.CodeClosed:          resClosed,
-	core.CodeAuth:            resAuth,
-	core.CodeInternal:        resInternal,
-	core.CodeTruncated:       resTruncated,
-}
-
-// resultOf maps err to a nexar_result_t; errors that are not a *core.Error
-// (or whose code is unknown here) are internal.
+// resultOf maps err to a nexar_result_t: core.Code values are nexar_result_t
+// values (both come from internal/abi); errors that are not a *core.Error
+// are internal.
 func resultOf(err error) C.int {
-	if r, ok := codeResults[core.CodeOf(err)]; ok {
-		return r
-	}
-	return resInternal
+	return C.int(core.CodeOf(err))
 }
 
 // setLastError stores "fn: msg" as the calling thread's last error.

@@ -2,6 +2,7 @@
 // last error and the version query.
 #include <string.h>
 
+#include "abi_gen.h"
 #include "capi.h"
 #include "nexar.h"
 
@@ -22,35 +23,8 @@ void nxcapi_set_last_error(const char* msg, size_t n) {
 
 const char* nexar_last_error(void) { return last_error; }
 
-const char* nexar_result_string(nexar_result_t code) {
-    switch (code) {
-    case NEXAR_SUCCESS:
-        return "success";
-    case NEXAR_ERR_INVALID_ARGUMENT:
-        return "invalid argument (see nexar_last_error)";
-    case NEXAR_ERR_INVALID_HANDLE:
-        return "invalid handle: unknown, NULL or already destroyed";
-    case NEXAR_ERR_MISMATCH:
-        return "ranks made mismatched collective calls";
-    case NEXAR_ERR_PEER_DOWN:
-        return "peer down";
-    case NEXAR_ERR_TIMEOUT:
-        return "timeout";
-    case NEXAR_ERR_ABORTED:
-        return "communicator aborted";
-    case NEXAR_ERR_CLOSED:
-        return "communicator closed";
-    case NEXAR_ERR_AUTH:
-        return "authentication failed";
-    case NEXAR_ERR_TRUNCATED:
-        return "message truncated: larger than the receive buffer";
-    case NEXAR_ERR_UNAVAILABLE:
-        return "feature or device unavailable";
-    case NEXAR_ERR_INTERNAL:
-        return "internal error (see nexar_last_error)";
-    }
-    return "unknown result";
-}
+// The messages are generated from internal/abi with the enum itself.
+const char* nexar_result_string(nexar_result_t code) { return nxcapi_result_message(code); }
 
 void nexar_get_version(int* major, int* minor, int* patch) {
     if (major != NULL) {

@@ -11,6 +11,8 @@ package collective
 import (
 	"context"
 	"fmt"
+
+	"github.com/nexar-go/nexar/internal/abi"
 )
 
 // DType is an element type. The numeric values are part of the C ABI
@@ -18,27 +20,26 @@ import (
 type DType uint8
 
 const (
-	Int8 DType = iota
-	Uint8
-	Int32
-	Uint32
-	Int64
-	Uint64
-	Float16
-	BFloat16
-	Float32
-	Float64
-	numDTypes
+	Int8      DType = abi.Int8
+	Uint8     DType = abi.Uint8
+	Int32     DType = abi.Int32
+	Uint32    DType = abi.Uint32
+	Int64     DType = abi.Int64
+	Uint64    DType = abi.Uint64
+	Float16   DType = abi.Float16
+	BFloat16  DType = abi.BFloat16
+	Float32   DType = abi.Float32
+	Float64   DType = abi.Float64
+	numDTypes DType = abi.NumDTypes
 )
 
-var dtypeInfo = [numDTypes]struct {
-	name string
-	size int
-}{
-	Int8: {"int8", 1}, Uint8: {"uint8", 1}, Int32: {"int32", 4}, Uint32: {"uint32", 4},
-	Int64: {"int64", 8}, Uint64: {"uint64", 8}, Float16: {"float16", 2},
-	BFloat16: {"bfloat16", 2}, Float32: {"float32", 4}, Float64: {"float64", 8},
-}
+// dtypeInfo is internal/abi's table, indexed by value (read-only).
+var dtypeInfo = func() (t [numDTypes]abi.DType) {
+	for _, d := range abi.DTypes() {
+		t[d.Value] = d
+	}
+	return t
+}()
 
 // Valid reports whether d is a known element type.
 func (d DType) Valid() bool { return d < numDTypes }
@@ -48,37 +49,43 @@ func (d DType) Size() int {
 	if !d.Valid() {
 		return 0
 	}
-	return dtypeInfo[d].size
+	return dtypeInfo[d].Size
 }
 
 // IsFloat reports whether d is a floating-point type.
 func (d DType) IsFloat() bool {
-	return d == Float16 || d == BFloat16 || d == Float32 || d == Float64
+	return d.Valid() && dtypeInfo[d].Float
 }
 
 func (d DType) String() string {
 	if !d.Valid() {
 		return fmt.Sprintf("dtype(%d)", uint8(d))
 	}
-	return dtypeInfo[d].name
+	return dtypeInfo[d].Name
 }
 
 // Op is a reduction operator. Values are part of the C ABI (nexar_op_t).
 type Op uint8
 
 const (
-	Sum Op = iota
-	Prod
-	Min
-	Max
-	Avg // floating types only: sum, then divide by the number of ranks
-	Band
-	Bor
-	Bxor
-	numOps
+	Sum    Op = abi.OpSum
+	Prod   Op = abi.OpProd
+	Min    Op = abi.OpMin
+	Max    Op = abi.OpMax
+	Avg    Op = abi.OpAvg // floating types only: sum, then divide by the number of ranks
+	Band   Op = abi.OpBand
+	Bor    Op = abi.OpBor
+	Bxor   Op = abi.OpBxor
+	numOps Op = abi.NumOps
 )
 
-var opNames = [numOps]string{"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"}
+// opNames is internal/abi's names, indexed by value (read-only).
+var opNames = func() (t [numOps]string) {
+	for _, o := range abi.Ops() {
+		t[o.Value] = o.Name
+	}
+	return t
+}()
 
 // Valid reports whether o is a known operator.
 func (o Op) Valid() bool { return o < numOps }

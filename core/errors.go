@@ -3,45 +3,36 @@ package core
 import (
 	"errors"
 	"fmt"
+
+	"github.com/nexar-go/nexar/internal/abi"
 )
 
-// Code classifies an Error. Values are stable: capi maps them one to one to
-// nexar_result_t, so append, never renumber.
+// Code classifies an Error. Its values are nexar_result_t's (internal/abi
+// is the one source of both), so capi returns a Code as it is; they also
+// travel on the wire (an abort carries its code), so they are appended,
+// never renumbered.
 type Code int
 
 const (
-	CodeOK              Code = iota // not an error; never carried by an *Error
-	CodeInvalidArgument             // bad argument; nothing was sent
-	CodeMismatch                    // ranks made incompatible collective calls
-	CodePeerDown                    // a peer died or became unreachable
-	CodeTimeout                     // a deadline passed
-	CodeAborted                     // Abort was called (here or on a peer)
-	CodeClosed                      // the communicator was closed
-	CodeAuth                        // rendezvous authentication failed
-	CodeInternal                    // a bug or an unexpected transport error
-	CodeTruncated                   // a receive buffer was smaller than the message
-	numCodes
+	CodeOK              Code = abi.Success            // not an error; never carried by an *Error
+	CodeInvalidArgument Code = abi.ErrInvalidArgument // bad argument; nothing was sent
+	CodeMismatch        Code = abi.ErrMismatch        // ranks made incompatible collective calls
+	CodePeerDown        Code = abi.ErrPeerDown        // a peer died or became unreachable
+	CodeTimeout         Code = abi.ErrTimeout         // a deadline passed
+	CodeAborted         Code = abi.ErrAborted         // Abort was called (here or on a peer)
+	CodeClosed          Code = abi.ErrClosed          // the communicator was closed
+	CodeAuth            Code = abi.ErrAuth            // rendezvous authentication failed
+	CodeTruncated       Code = abi.ErrTruncated       // a receive buffer was smaller than the message
+	CodeUnavailable     Code = abi.ErrUnavailable     // a feature or device is not available
+	CodeInternal        Code = abi.ErrInternal        // a bug or an unexpected transport error
+	numCodes            Code = abi.NumResults
 )
-
-// codeNames is the one table of code names; capi maps codes, not names.
-var codeNames = [numCodes]string{
-	CodeOK:              "ok",
-	CodeInvalidArgument: "invalid argument",
-	CodeMismatch:        "mismatched collective calls",
-	CodePeerDown:        "peer down",
-	CodeTimeout:         "timeout",
-	CodeAborted:         "aborted",
-	CodeClosed:          "closed",
-	CodeAuth:            "authentication failed",
-	CodeInternal:        "internal error",
-	CodeTruncated:       "message truncated",
-}
 
 func (c Code) String() string {
 	if c < 0 || c >= numCodes {
 		return fmt.Sprintf("code(%d)", int(c))
 	}
-	return codeNames[c]
+	return abi.Results()[c].Name
 }
 
 // Error is the type of every error that core returns. Rank is the rank the

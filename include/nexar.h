@@ -58,9 +58,11 @@ extern "C" {
  * Versions
  * --------------------------------------------------------------------- */
 
+/* @generated version: go generate ./internal/abi */
 #define NEXAR_VERSION_MAJOR 0
 #define NEXAR_VERSION_MINOR 1
 #define NEXAR_VERSION_PATCH 0
+/* @end version */
 
 /* NEXAR_VERSION encodes a version as one comparable integer. */
 #define NEXAR_VERSION(major, minor, patch) \
@@ -76,6 +78,7 @@ extern "C" {
 
 /* nexar_result_t is the result of every call. Values are part of the ABI:
  * codes are only ever appended, never renumbered. */
+/* @generated result: go generate ./internal/abi */
 typedef enum nexar_result {
     NEXAR_SUCCESS = 0,
     NEXAR_ERR_INVALID_ARGUMENT = 1, /* bad pointer, count, datatype, op, root, peer, config */
@@ -90,8 +93,10 @@ typedef enum nexar_result {
     NEXAR_ERR_UNAVAILABLE = 10,     /* a feature or device is not available */
     NEXAR_ERR_INTERNAL = 11         /* a bug in nexar; the message says more */
 } nexar_result_t;
+/* @end result */
 
 /* nexar_datatype_t is an element type. Values are part of the ABI. */
+/* @generated datatype: go generate ./internal/abi */
 typedef enum nexar_datatype {
     NEXAR_INT8 = 0,
     NEXAR_UINT8 = 1,
@@ -104,11 +109,13 @@ typedef enum nexar_datatype {
     NEXAR_FLOAT32 = 8,
     NEXAR_FLOAT64 = 9
 } nexar_datatype_t;
+/* @end datatype */
 
 /* nexar_op_t is a reduction operator. Values are part of the ABI.
  * NEXAR_AVG is defined for floating types only; NEXAR_BAND, NEXAR_BOR and
  * NEXAR_BXOR for integer types only. Half types are reduced in float32 and
  * rounded to nearest even. NaN propagates through MIN and MAX. */
+/* @generated op: go generate ./internal/abi */
 typedef enum nexar_op {
     NEXAR_SUM = 0,
     NEXAR_PROD = 1,
@@ -119,6 +126,7 @@ typedef enum nexar_op {
     NEXAR_BOR = 6,
     NEXAR_BXOR = 7
 } nexar_op_t;
+/* @end op */
 
 /* nexar_comm_t is a communicator: a group of ranks 0..size-1. */
 typedef struct nexar_comm_s* nexar_comm_t;

@@ -1,5 +1,7 @@
 package main
 
-// version is the one place the nexar version is written; `nexar info` and
-// `nexar --version` print it.
-const version = "0.1.0"
+import "github.com/nexar-go/nexar/internal/abi"
+
+// version is what `nexar info` and `nexar --version` print; internal/abi
+// is its one source.
+const version = abi.Version

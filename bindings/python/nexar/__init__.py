@@ -31,7 +31,7 @@ from ._errors import (  # noqa: F401
 )
 from ._types import AVG, BAND, BOR, BXOR, MAX, MIN, PROD, SUM, Datatype, Op  # noqa: F401
 
-__version__ = "0.1.0"
+from ._abi import VERSION as __version__  # internal/abi is its one source
 
 ANY_SOURCE = -1
 UNDEFINED = -1

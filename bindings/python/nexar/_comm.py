@@ -181,7 +181,7 @@ class Comm:
                 "nexar: this communicator was created in process %d and cannot be used in the forked child %d; "
                 "start workers with the 'spawn' start method or subprocess" % (self._pid, os.getpid()))
         if not self._h:
-            raise _errors.ClosedError(7, "nexar: the communicator is closed")
+            raise _errors.ClosedError(_errors.ClosedError.code, "nexar: the communicator is closed")
         return self._h
 
     @property
@@ -231,7 +231,7 @@ class Comm:
         for r in list(self._pending):
             with r._lock:
                 if not r._done:
-                    r._finish(_errors.ClosedError(7, "nexar: the communicator was closed"))
+                    r._finish(_errors.ClosedError(_errors.ClosedError.code, "nexar: the communicator was closed"))
 
     destroy = close
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import builtins
 
+from . import _abi
+
 __all__ = [
     "Error",
     "InvalidArgumentError",
@@ -89,33 +91,10 @@ class ForkedProcessError(RuntimeError):
     """nexar was used in a child made by fork() without exec()."""
 
 
-_BY_CODE = {
-    1: InvalidArgumentError,
-    2: InvalidHandleError,
-    3: MismatchError,
-    4: PeerDownError,
-    5: TimeoutError,
-    6: AbortedError,
-    7: ClosedError,
-    8: AuthError,
-    9: TruncatedError,
-    10: UnavailableError,
-    11: InternalError,
-}
-
-_NAMES = {
-    1: "NEXAR_ERR_INVALID_ARGUMENT",
-    2: "NEXAR_ERR_INVALID_HANDLE",
-    3: "NEXAR_ERR_MISMATCH",
-    4: "NEXAR_ERR_PEER_DOWN",
-    5: "NEXAR_ERR_TIMEOUT",
-    6: "NEXAR_ERR_ABORTED",
-    7: "NEXAR_ERR_CLOSED",
-    8: "NEXAR_ERR_AUTH",
-    9: "NEXAR_ERR_TRUNCATED",
-    10: "NEXAR_ERR_UNAVAILABLE",
-    11: "NEXAR_ERR_INTERNAL",
-}
+# The code -> class table comes from internal/abi (through _abi.py): a class
+# named there and missing here fails at import, so the two cannot drift.
+_BY_CODE = {code: globals()[cls] for code, (_, cls) in _abi.RESULTS.items()}
+_NAMES = {code: name for code, (name, _) in _abi.RESULTS.items()}
 
 for _code, _cls in _BY_CODE.items():
     _cls.code = _code

@@ -1,53 +1,16 @@
-"""Datatype and reduction-operator constants of include/nexar.h, and the
-mapping from numpy/torch/buffer-protocol element types to them."""
+"""Datatype and reduction-operator constants of include/nexar.h (generated
+into _abi.py from internal/abi), and the mapping from numpy, torch and
+buffer-protocol element types to them."""
 
 from __future__ import annotations
 
-import enum
-
 __all__ = ["Datatype", "Op", "SUM", "PROD", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR"]
 
+from ._abi import Datatype, Op  # generated from internal/abi
 
-class Datatype(enum.IntEnum):
-    """nexar_datatype_t."""
-
-    INT8 = 0
-    UINT8 = 1
-    INT32 = 2
-    UINT32 = 3
-    INT64 = 4
-    UINT64 = 5
-    FLOAT16 = 6
-    BFLOAT16 = 7
-    FLOAT32 = 8
-    FLOAT64 = 9
-
-    @property
-    def itemsize(self) -> int:
-        return _ITEMSIZE[self]
-
-    @property
-    def is_float(self) -> bool:
-        return self >= Datatype.FLOAT16
-
-
-_ITEMSIZE = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 2, 8: 4, 9: 8}
-
-
-class Op(enum.IntEnum):
-    """nexar_op_t."""
-
-    SUM = 0
-    PROD = 1
-    MIN = 2
-    MAX = 3
-    AVG = 4
-    BAND = 5
-    BOR = 6
-    BXOR = 7
-
-
-SUM, PROD, MIN, MAX, AVG, BAND, BOR, BXOR = (Op(i) for i in range(8))
+SUM, PROD, MIN, MAX, AVG, BAND, BOR, BXOR = (
+    Op.SUM, Op.PROD, Op.MIN, Op.MAX, Op.AVG, Op.BAND, Op.BOR, Op.BXOR,
+)
 
 # struct-module format characters (buffer protocol) by kind and size.
 _SIGNED = {1: Datatype.INT8, 4: Datatype.INT32, 8: Datatype.INT64}

@@ -45,6 +45,7 @@ struct datatype_of;  // undefined: T is not a nexar element type
 #define NEXAR_HPP_DATATYPE(T, V) \
     template <>                  \
     struct datatype_of<T> : std::integral_constant<nexar_datatype_t, V> {}
+// @generated datatype_of: go generate ./internal/abi
 NEXAR_HPP_DATATYPE(std::int8_t, NEXAR_INT8);
 NEXAR_HPP_DATATYPE(std::uint8_t, NEXAR_UINT8);
 NEXAR_HPP_DATATYPE(std::int32_t, NEXAR_INT32);
@@ -55,6 +56,7 @@ NEXAR_HPP_DATATYPE(float16, NEXAR_FLOAT16);
 NEXAR_HPP_DATATYPE(bfloat16, NEXAR_BFLOAT16);
 NEXAR_HPP_DATATYPE(float, NEXAR_FLOAT32);
 NEXAR_HPP_DATATYPE(double, NEXAR_FLOAT64);
+// @end datatype_of
 #undef NEXAR_HPP_DATATYPE
 
 template <class T>

@@ -8,23 +8,38 @@ import (
 	"sync"
 )
 
-// Every algorithm in this package is a function of its arguments and the
-// knobs below: calls are safe to run concurrently with each other (on
-// different Links or with distinct step scopes) as long as the knobs are not
-// written meanwhile. Each algorithm returns only after every goroutine it
-// started has returned.
+// Every algorithm in this package is a function of its arguments and of the
+// Tuning its Link carries: calls are safe to run concurrently with each
+// other (on different Links or with distinct step scopes). Each algorithm
+// returns only after every goroutine it started has returned. Nothing here
+// reads or writes package-level state.
 
-// Tuning knobs. They are read at the start of every call and must be equal on
-// all ranks (a different chunk size changes the step numbering). Set them
-// before the first collective and never concurrently with one.
-var (
+// InlineSendMax: in a simultaneous send and receive, sends of at most this
+// many bytes are made before the receive, in the same goroutine; larger ones
+// run concurrently with it. It is part of the Link contract (a Send this
+// small must not wait for its Recv), not a knob.
+const InlineSendMax = 64 << 10
+
+// MaxChunkSize is the largest Tuning.ChunkSize: transport.MaxPayload, which
+// this package does not import.
+const MaxChunkSize = 16 << 20
+
+// Tuning holds the knobs that choose and shape schedules. A Link carries one
+// (Link.Tuning) and every call reads it at its start; all ranks must use
+// equal values, since the chunk size changes the step numbering and the
+// algorithm choice changes who talks to whom. core owns it per communicator
+// (core.Config.Tuning) and puts Digest into the signature that ranks
+// compare, so ranks that disagree fail with a mismatch instead of hanging.
+//
+// A zero field means its default (DefaultTuning); WithDefaults fills them.
+type Tuning struct {
 	// ChunkSize bounds one Link message; larger transfers are split into
-	// several Send/Recv steps. It must not exceed transport.MaxPayload.
-	ChunkSize = 4 << 20
+	// several Send/Recv steps. At most MaxChunkSize.
+	ChunkSize int
 
 	// PipelineSegment is the unit that pipelined schedules (chain broadcast,
 	// chain scan) forward while receiving the next one. Clamped to ChunkSize.
-	PipelineSegment = 512 << 10
+	PipelineSegment int
 
 	// AllreduceRingThreshold: allreduce payloads of at least this many bytes
 	// use ring reduce-scatter + ring allgather (bandwidth-optimal, 2(n-1)
@@ -32,43 +47,137 @@ var (
 	// than two ranks the ring's extra steps cost more, and the crossover
 	// moves up to AllreduceRingThresholdMany. Measured in
 	// docs/performance.md.
-	AllreduceRingThreshold     = 256 << 10
-	AllreduceRingThresholdMany = 1 << 20
+	AllreduceRingThreshold     int
+	AllreduceRingThresholdMany int
 
 	// ReduceRingThreshold: reduce payloads of at least this many bytes use
 	// ring reduce-scatter followed by a gather to the root; smaller ones a
 	// binomial tree.
-	ReduceRingThreshold = 256 << 10
+	ReduceRingThreshold int
 
 	// BroadcastPipelineThreshold: broadcasts of at least this many bytes on
 	// more than two ranks use a segmented chain; smaller ones a binomial tree.
-	BroadcastPipelineThreshold = 256 << 10
+	BroadcastPipelineThreshold int
 
 	// AllgatherBruckThreshold: allgathers whose total result is smaller than
 	// this use Bruck's algorithm (ceil(log2 n) steps); larger ones the ring.
-	AllgatherBruckThreshold = 64 << 10
+	AllgatherBruckThreshold int
 
 	// GatherBinomialThreshold: gathers and scatters whose total size is
 	// smaller than this use a binomial tree; larger ones talk to the root
 	// directly, which moves every byte only once.
-	GatherBinomialThreshold = 64 << 10
+	GatherBinomialThreshold int
 
 	// AlltoallBruckThreshold: all-to-alls on more than two ranks whose
 	// buffer (all blocks of one rank) is smaller than this use Bruck's
 	// algorithm (ceil(log2 n) steps); larger ones the pairwise exchange
 	// (n-1 steps, each byte sent once).
-	AlltoallBruckThreshold = 32 << 10
-
-	// InlineSendMax: in a simultaneous send and receive, sends of at most
-	// this many bytes are made before the receive, in the same goroutine;
-	// larger ones run concurrently with it.
-	InlineSendMax = 64 << 10
+	AlltoallBruckThreshold int
 
 	// ScanChainThreshold: scans of at least this many bytes use a pipelined
 	// chain (each byte crosses each link once); smaller ones use recursive
 	// doubling (log2 n steps, log2 n full-size messages per rank).
-	ScanChainThreshold = 1 << 20
-)
+	ScanChainThreshold int
+
+	// Force overrides the size-based choice per collective where a field
+	// is not AlgoAuto (tests, benchmarks, tuning experiments).
+	Force Forced
+}
+
+// Forced names an algorithm per collective; AlgoAuto lets the size decide.
+// A value that a collective does not implement makes its calls fail with an
+// error naming both.
+type Forced struct {
+	Allreduce Algorithm // AlgoRecursiveDoubling, AlgoRing
+	Reduce    Algorithm // AlgoBinomial, AlgoRing
+	Broadcast Algorithm // AlgoBinomial, AlgoPipeline
+	Allgather Algorithm // AlgoBruck, AlgoRing
+	Gather    Algorithm // AlgoBinomial, AlgoLinear
+	Scatter   Algorithm // AlgoBinomial, AlgoLinear
+	Scan      Algorithm // AlgoRecursiveDoubling, AlgoPipeline (also Exscan)
+	Alltoall  Algorithm // AlgoBruck, AlgoPairwise
+}
+
+// DefaultTuning returns the measured defaults (docs/performance.md).
+func DefaultTuning() Tuning {
+	return Tuning{
+		ChunkSize:                  4 << 20,
+		PipelineSegment:            512 << 10,
+		AllreduceRingThreshold:     256 << 10,
+		AllreduceRingThresholdMany: 1 << 20,
+		ReduceRingThreshold:        256 << 10,
+		BroadcastPipelineThreshold: 256 << 10,
+		AllgatherBruckThreshold:    64 << 10,
+		GatherBinomialThreshold:    64 << 10,
+		AlltoallBruckThreshold:     32 << 10,
+		ScanChainThreshold:         1 << 20,
+	}
+}
+
+// sizes lists t's size fields, in a fixed order, for WithDefaults,
+// Validate and Digest.
+func (t *Tuning) sizes() []*int {
+	return []*int{&t.ChunkSize, &t.PipelineSegment, &t.AllreduceRingThreshold,
+		&t.AllreduceRingThresholdMany, &t.ReduceRingThreshold, &t.BroadcastPipelineThreshold,
+		&t.AllgatherBruckThreshold, &t.GatherBinomialThreshold, &t.AlltoallBruckThreshold,
+		&t.ScanChainThreshold}
+}
+
+func (f *Forced) all() []Algorithm {
+	return []Algorithm{f.Allreduce, f.Reduce, f.Broadcast, f.Allgather, f.Gather, f.Scatter, f.Scan, f.Alltoall}
+}
+
+// WithDefaults returns t with every zero size field set to its default.
+func (t Tuning) WithDefaults() Tuning {
+	d := DefaultTuning()
+	def := d.sizes()
+	for i, p := range t.sizes() {
+		if *p == 0 {
+			*p = *def[i]
+		}
+	}
+	return t
+}
+
+// Validate reports the first field that no schedule can use.
+func (t Tuning) Validate() error {
+	t = t.WithDefaults()
+	if t.ChunkSize < 0 || t.ChunkSize > MaxChunkSize {
+		return fmt.Errorf("collective: chunk size %d is out of range [1, %d]", t.ChunkSize, MaxChunkSize)
+	}
+	for _, p := range t.sizes() {
+		if *p < 0 {
+			return fmt.Errorf("collective: tuning size %d is negative", *p)
+		}
+	}
+	for _, a := range t.Force.all() {
+		if int(a) >= len(algoNames) {
+			return fmt.Errorf("collective: unknown algorithm %d", uint8(a))
+		}
+	}
+	return nil
+}
+
+// Digest is a 16-bit FNV-1a hash of every field of t (after WithDefaults):
+// what ranks compare to catch different tunings. Two different tunings
+// collide with probability 2^-16.
+func (t Tuning) Digest() uint16 {
+	t = t.WithDefaults()
+	h := uint32(2166136261)
+	mix := func(v uint64) {
+		for i := 0; i < 8; i++ {
+			h ^= uint32(byte(v >> (8 * i)))
+			h *= 16777619
+		}
+	}
+	for _, p := range t.sizes() {
+		mix(uint64(*p))
+	}
+	for _, a := range t.Force.all() {
+		mix(uint64(a))
+	}
+	return uint16(h ^ h>>16)
+}
 
 // Algorithm names a schedule. AlgoAuto lets the package choose by payload
 // size and world size.
@@ -104,21 +213,6 @@ func ParseAlgorithm(name string) (Algorithm, error) {
 	return 0, fmt.Errorf("collective: unknown algorithm %q (known: %s)", name, strings.Join(algoNames[:], ", "))
 }
 
-// Force overrides the size-based choice per collective when a field is not
-// AlgoAuto; a value a collective does not implement is reported as an error.
-// It exists for tests and benchmarks: set it before a call, on all ranks
-// alike, and never concurrently with one.
-var Force struct {
-	Allreduce Algorithm // AlgoRecursiveDoubling, AlgoRing
-	Reduce    Algorithm // AlgoBinomial, AlgoRing
-	Broadcast Algorithm // AlgoBinomial, AlgoPipeline
-	Allgather Algorithm // AlgoBruck, AlgoRing
-	Gather    Algorithm // AlgoBinomial, AlgoLinear
-	Scatter   Algorithm // AlgoBinomial, AlgoLinear
-	Scan      Algorithm // AlgoRecursiveDoubling, AlgoPipeline (also Exscan)
-	Alltoall  Algorithm // AlgoBruck, AlgoPairwise
-}
-
 // choose returns the forced algorithm when set, auto otherwise, and an error
 // when the forced one is not among ok.
 func choose(name string, forced, auto Algorithm, ok ...Algorithm) (Algorithm, error) {
@@ -141,18 +235,24 @@ func choose(name string, forced, auto Algorithm, ok ...Algorithm) (Algorithm, er
 type steps struct {
 	out, in []uint32
 	chunk   int
+	segment int                    // pipeline segment, at most chunk
 	small   [2 * smallWorld]uint32 // out and in for small worlds: one allocation per call
 }
 
 const smallWorld = 16
 
 func newSteps(l Link) *steps {
-	c := ChunkSize
+	t := l.Tuning()
+	c := t.ChunkSize
 	if c <= 0 {
-		c = 4 << 20
+		c = DefaultTuning().ChunkSize
+	}
+	seg := min(t.PipelineSegment, c)
+	if seg <= 0 {
+		seg = c
 	}
 	n := l.Size()
-	st := &steps{chunk: c}
+	st := &steps{chunk: c, segment: seg}
 	if n <= smallWorld {
 		st.out, st.in = st.small[:n:n], st.small[n:2*n]
 	} else {
@@ -285,10 +385,7 @@ func (g *group) Wait() error {
 // >= 0), overlapping the forward of one segment with the receipt of the
 // following ones. in and out have equal lengths (they may be the same slice).
 func (s *steps) pipeline(ctx context.Context, l Link, prev int, in []byte, next int, out []byte, got func(lo, hi int)) error {
-	seg := min(PipelineSegment, s.chunk)
-	if seg <= 0 {
-		seg = s.chunk
-	}
+	seg := s.segment
 	n := len(out)
 	nseg := nchunks(n, seg)
 	bound := func(i int) (int, int) { return i * seg, min((i+1)*seg, n) }

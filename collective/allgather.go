@@ -18,10 +18,10 @@ func Allgather(ctx context.Context, l Link, send, recv []byte) error {
 	}
 	blk := len(recv) / size
 	auto := AlgoRing
-	if len(recv) < AllgatherBruckThreshold {
+	if len(recv) < l.Tuning().AllgatherBruckThreshold {
 		auto = AlgoBruck
 	}
-	algo, err := choose("allgather", Force.Allgather, auto, AlgoBruck, AlgoRing)
+	algo, err := choose("allgather", l.Tuning().Force.Allgather, auto, AlgoBruck, AlgoRing)
 	if err != nil {
 		return err
 	}
@@ -91,10 +91,10 @@ func Alltoall(ctx context.Context, l Link, send, recv []byte) error {
 	}
 	blk := len(recv) / size
 	auto := AlgoPairwise
-	if size > 2 && len(recv) < AlltoallBruckThreshold {
+	if size > 2 && len(recv) < l.Tuning().AlltoallBruckThreshold {
 		auto = AlgoBruck
 	}
-	algo, err := choose("alltoall", Force.Alltoall, auto, AlgoBruck, AlgoPairwise)
+	algo, err := choose("alltoall", l.Tuning().Force.Alltoall, auto, AlgoBruck, AlgoPairwise)
 	if err != nil {
 		return err
 	}

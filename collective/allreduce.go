@@ -26,14 +26,14 @@ func Allreduce(ctx context.Context, l Link, send, recv []byte, dt DType, op Op) 
 	}
 	count := len(recv) / dt.Size()
 	auto := AlgoRecursiveDoubling
-	threshold := AllreduceRingThreshold
+	threshold := l.Tuning().AllreduceRingThreshold
 	if size > 2 {
-		threshold = AllreduceRingThresholdMany
+		threshold = l.Tuning().AllreduceRingThresholdMany
 	}
 	if len(recv) >= threshold && count >= size {
 		auto = AlgoRing
 	}
-	algo, err := choose("allreduce", Force.Allreduce, auto, AlgoRecursiveDoubling, AlgoRing)
+	algo, err := choose("allreduce", l.Tuning().Force.Allreduce, auto, AlgoRecursiveDoubling, AlgoRing)
 	if err != nil {
 		return err
 	}

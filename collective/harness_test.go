@@ -21,8 +21,9 @@ import (
 // as the Link contract requires. It also rejects self-sends, reused steps
 // and length mismatches.
 type memNet struct {
-	n     int
-	mu    sync.Mutex
+	n      int
+	tuning Tuning // a copy of testTuning when the net was made
+	mu     sync.Mutex
 	boxes map[msgKey]*mbox
 	sent  map[msgKey]bool
 }
@@ -40,7 +41,7 @@ type mbox struct {
 }
 
 func newMemNet(n int) *memNet {
-	return &memNet{n: n, boxes: map[msgKey]*mbox{}, sent: map[msgKey]bool{}}
+	return &memNet{n: n, tuning: testTuning.WithDefaults(), boxes: map[msgKey]*mbox{}, sent: map[msgKey]bool{}}
 }
 
 func (m *memNet) box(k msgKey) *mbox {
@@ -61,6 +62,8 @@ type memLink struct {
 
 func (l *memLink) Rank() int { return l.rank }
 func (l *memLink) Size() int { return l.net.n }
+
+func (l *memLink) Tuning() *Tuning { return &l.net.tuning }
 
 func (l *memLink) Send(ctx context.Context, peer int, step uint32, data []byte) error {
 	if peer < 0 || peer >= l.net.n || peer == l.rank {
@@ -372,7 +375,12 @@ func largeCases(forced bool) ([]combo, []int) {
 	return someCombos(), []int{3, 8}
 }
 
-// withForce sets one Force field for the duration of f.
+// testTuning is what the next memNet's links carry. Only this package's
+// tests touch it, never in parallel (no test here calls t.Parallel): it
+// keeps the many check helpers free of a tuning parameter.
+var testTuning Tuning
+
+// withForce sets one field of testTuning.Force for the duration of f.
 func withForce(p *Algorithm, a Algorithm, f func()) {
 	old := *p
 	*p = a

@@ -15,36 +15,36 @@ import (
 // TestChunking shrinks ChunkSize and PipelineSegment so that every
 // algorithm splits its messages into many chunks and segments.
 func TestChunking(t *testing.T) {
-	oc, os := ChunkSize, PipelineSegment
-	ChunkSize, PipelineSegment = 64, 24
-	defer func() { ChunkSize, PipelineSegment = oc, os }()
+	old := testTuning
+	testTuning.ChunkSize, testTuning.PipelineSegment = 64, 24
+	defer func() { testTuning = old }()
 	rng := rand.New(rand.NewPCG(13, 14))
 	const count = 999
 	for _, n := range []int{1, 2, 3, 5, 8} {
 		for _, c := range []combo{{Float64, Sum}, {Int8, Bxor}, {Float16, Avg}} {
 			for _, a := range []Algorithm{AlgoRecursiveDoubling, AlgoRing} {
-				withForce(&Force.Allreduce, a, func() { checkAllreduce(t, rng, n, count, c, false) })
+				withForce(&testTuning.Force.Allreduce, a, func() { checkAllreduce(t, rng, n, count, c, false) })
 			}
 			for _, a := range []Algorithm{AlgoBinomial, AlgoRing} {
-				withForce(&Force.Reduce, a, func() { checkRootedReduce(t, rng, n, count, c, n-1, false) })
+				withForce(&testTuning.Force.Reduce, a, func() { checkRootedReduce(t, rng, n, count, c, n-1, false) })
 			}
 			for _, a := range []Algorithm{AlgoRecursiveDoubling, AlgoPipeline} {
-				withForce(&Force.Scan, a, func() {
+				withForce(&testTuning.Force.Scan, a, func() {
 					checkScan(t, rng, n, count, c, false, false)
 					checkScan(t, rng, n, count, c, true, true)
 				})
 			}
 		}
 		for _, a := range []Algorithm{AlgoBinomial, AlgoLinear} {
-			withForce(&Force.Gather, a, func() {
-				withForce(&Force.Scatter, a, func() {
+			withForce(&testTuning.Force.Gather, a, func() {
+				withForce(&testTuning.Force.Scatter, a, func() {
 					checkGather(t, rng, n, 333, n/2, false)
 					checkScatter(t, rng, n, 333, n/2, false)
 				})
 			})
 		}
 		for _, a := range []Algorithm{AlgoBinomial, AlgoPipeline} {
-			withForce(&Force.Broadcast, a, func() {
+			withForce(&testTuning.Force.Broadcast, a, func() {
 				want := randBytes(rng, 1001)
 				bufs := make([][]byte, n)
 				for r := range bufs {
@@ -115,7 +115,7 @@ func TestArgumentErrors(t *testing.T) {
 			t.Errorf("%s: error %q lacks the package prefix", tt.name, tt.err)
 		}
 	}
-	withForce(&Force.Allreduce, AlgoBruck, func() {
+	withForce(&testTuning.Force.Allreduce, AlgoBruck, func() {
 		if err := Allreduce(ctx, l, nil, b8, Int32, Sum); err == nil {
 			t.Error("forcing a foreign algorithm: no error")
 		}
@@ -129,7 +129,7 @@ func TestFailureNoLeak(t *testing.T) {
 	base := runtime.NumGoroutine()
 	ops := map[string]func(ctx context.Context, l Link) error{
 		"allreduce-ring": func(ctx context.Context, l Link) error {
-			return Allreduce(ctx, l, nil, make([]byte, AllreduceRingThresholdMany), Float32, Sum)
+			return Allreduce(ctx, l, nil, make([]byte, DefaultTuning().AllreduceRingThresholdMany), Float32, Sum)
 		},
 		"allreduce-rd": func(ctx context.Context, l Link) error {
 			return Allreduce(ctx, l, nil, make([]byte, 64), Int64, Max)
@@ -178,5 +178,53 @@ func TestFailureNoLeak(t *testing.T) {
 	if n := runtime.NumGoroutine(); n > base {
 		buf := make([]byte, 1<<16)
 		t.Fatalf("%d goroutines before, %d after:\n%s", base, n, buf[:runtime.Stack(buf, true)])
+	}
+}
+
+// TestTuning covers the defaults, validation and the digest that core puts
+// in every signature: changing any one field must change the digest.
+func TestTuning(t *testing.T) {
+	d := DefaultTuning()
+	if got := (Tuning{}).WithDefaults(); got != d {
+		t.Fatalf("zero Tuning with defaults = %+v, want %+v", got, d)
+	}
+	if (Tuning{}).Digest() != d.Digest() {
+		t.Fatal("a zero Tuning and the defaults have different digests")
+	}
+	if err := d.Validate(); err != nil {
+		t.Fatalf("defaults do not validate: %v", err)
+	}
+	for _, bad := range []Tuning{
+		{ChunkSize: MaxChunkSize + 1}, {ChunkSize: -1}, {PipelineSegment: -5},
+		{ScanChainThreshold: -1}, {Force: Forced{Alltoall: Algorithm(200)}},
+	} {
+		if err := bad.Validate(); err == nil || !strings.HasPrefix(err.Error(), "collective: ") {
+			t.Errorf("Validate(%+v) = %v, want a collective: error", bad, err)
+		}
+	}
+	seen := map[uint16]string{d.Digest(): "defaults"}
+	variant := func(name string, t2 Tuning) {
+		g := t2.Digest()
+		if prev, dup := seen[g]; dup {
+			t.Errorf("tuning %s has the same digest %04x as %s", name, g, prev)
+		}
+		seen[g] = name
+	}
+	for i := range d.sizes() {
+		v := DefaultTuning()
+		*v.sizes()[i] += 4096
+		variant(fmt.Sprintf("size field %d", i), v)
+	}
+	forced := []*Algorithm{}
+	for i := 0; i < 8; i++ {
+		v := DefaultTuning()
+		f := []*Algorithm{&v.Force.Allreduce, &v.Force.Reduce, &v.Force.Broadcast, &v.Force.Allgather,
+			&v.Force.Gather, &v.Force.Scatter, &v.Force.Scan, &v.Force.Alltoall}
+		*f[i] = AlgoBinomial
+		forced = append(forced, f[i])
+		variant(fmt.Sprintf("force field %d", i), v)
+	}
+	if len(forced) != len((&Forced{}).all()) {
+		t.Fatalf("test covers %d forced fields, Forced has %d", len(forced), len((&Forced{}).all()))
 	}
 }

@@ -31,7 +31,7 @@ func forEachMovement(t *testing.T, body func(t *testing.T, rng *rand.Rand, n, bl
 func TestBroadcast(t *testing.T) {
 	for _, algo := range []Algorithm{AlgoAuto, AlgoBinomial, AlgoPipeline} {
 		t.Run(algo.String(), func(t *testing.T) {
-			withForce(&Force.Broadcast, algo, func() {
+			withForce(&testTuning.Force.Broadcast, algo, func() {
 				forEachMovement(t, func(t *testing.T, rng *rand.Rand, n, blk int) {
 					for _, root := range roots(n) {
 						want := randBytes(rng, blk)
@@ -65,7 +65,7 @@ func TestAllgather(t *testing.T) {
 	for _, algo := range []Algorithm{AlgoAuto, AlgoBruck, AlgoRing} {
 		for _, inPlace := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%v/inplace=%v", algo, inPlace), func(t *testing.T) {
-				withForce(&Force.Allgather, algo, func() {
+				withForce(&testTuning.Force.Allgather, algo, func() {
 					forEachMovement(t, func(t *testing.T, rng *rand.Rand, n, blk int) {
 						if blk == largeCount {
 							blk /= n
@@ -158,7 +158,7 @@ func TestAlltoall(t *testing.T) {
 	for _, algo := range []Algorithm{AlgoAuto, AlgoBruck, AlgoPairwise} {
 		for _, inPlace := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%v/inplace=%v", algo, inPlace), func(t *testing.T) {
-				withForce(&Force.Alltoall, algo, func() {
+				withForce(&testTuning.Force.Alltoall, algo, func() {
 					testAlltoall(t, inPlace)
 				})
 			})
@@ -249,8 +249,8 @@ func TestAlltoallv(t *testing.T) {
 func TestGatherScatter(t *testing.T) {
 	for _, algo := range []Algorithm{AlgoAuto, AlgoBinomial, AlgoLinear} {
 		t.Run(algo.String(), func(t *testing.T) {
-			withForce(&Force.Gather, algo, func() {
-				withForce(&Force.Scatter, algo, func() {
+			withForce(&testTuning.Force.Gather, algo, func() {
+				withForce(&testTuning.Force.Scatter, algo, func() {
 					forEachMovement(t, func(t *testing.T, rng *rand.Rand, n, blk int) {
 						rs := roots(n)
 						if blk == largeCount {

@@ -38,7 +38,7 @@ func forEachReduction(t *testing.T, forced bool, body func(t *testing.T, rng *ra
 func TestAllreduce(t *testing.T) {
 	for _, algo := range []Algorithm{AlgoAuto, AlgoRecursiveDoubling, AlgoRing} {
 		t.Run(algo.String(), func(t *testing.T) {
-			withForce(&Force.Allreduce, algo, func() {
+			withForce(&testTuning.Force.Allreduce, algo, func() {
 				forEachReduction(t, algo != AlgoAuto, func(t *testing.T, rng *rand.Rand, n, count int, c combo) {
 					checkAllreduce(t, rng, n, count, c, false)
 					if count == 7 {
@@ -82,7 +82,7 @@ func checkAllreduce(t *testing.T, rng *rand.Rand, n, count int, c combo, inPlace
 func TestAllreduceBitIdentical(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, algo := range []Algorithm{AlgoRecursiveDoubling, AlgoRing} {
-		withForce(&Force.Allreduce, algo, func() {
+		withForce(&testTuning.Force.Allreduce, algo, func() {
 			for _, n := range []int{3, 5, 6, 8} {
 				for _, c := range []combo{{Float32, Sum}, {Float64, Avg}, {Float16, Sum}, {BFloat16, Prod}} {
 					count := 333
@@ -110,7 +110,7 @@ func TestAllreduceBitIdentical(t *testing.T) {
 func TestReduce(t *testing.T) {
 	for _, algo := range []Algorithm{AlgoAuto, AlgoBinomial, AlgoRing} {
 		t.Run(algo.String(), func(t *testing.T) {
-			withForce(&Force.Reduce, algo, func() {
+			withForce(&testTuning.Force.Reduce, algo, func() {
 				forEachReduction(t, algo != AlgoAuto, func(t *testing.T, rng *rand.Rand, n, count int, c combo) {
 					root := (count + int(c.op)) % n
 					checkRootedReduce(t, rng, n, count, c, root, false)
@@ -192,7 +192,7 @@ func TestScan(t *testing.T) {
 	for _, algo := range []Algorithm{AlgoAuto, AlgoRecursiveDoubling, AlgoPipeline} {
 		for _, excl := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%v/exclusive=%v", algo, excl), func(t *testing.T) {
-				withForce(&Force.Scan, algo, func() {
+				withForce(&testTuning.Force.Scan, algo, func() {
 					forEachReduction(t, algo != AlgoAuto, func(t *testing.T, rng *rand.Rand, n, count int, c combo) {
 						checkScan(t, rng, n, count, c, excl, false)
 						if count == 7 {

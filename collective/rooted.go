@@ -39,10 +39,10 @@ func Broadcast(ctx context.Context, l Link, buf []byte, root int) error {
 		return err
 	}
 	auto := AlgoBinomial
-	if len(buf) >= BroadcastPipelineThreshold && size > 2 {
+	if len(buf) >= l.Tuning().BroadcastPipelineThreshold && size > 2 {
 		auto = AlgoPipeline
 	}
-	algo, err := choose("broadcast", Force.Broadcast, auto, AlgoBinomial, AlgoPipeline)
+	algo, err := choose("broadcast", l.Tuning().Force.Broadcast, auto, AlgoBinomial, AlgoPipeline)
 	if err != nil {
 		return err
 	}
@@ -104,10 +104,10 @@ func Reduce(ctx context.Context, l Link, send, recv []byte, dt DType, op Op, roo
 	}
 	count := len(in) / dt.Size()
 	auto := AlgoBinomial
-	if len(in) >= ReduceRingThreshold && count >= size {
+	if len(in) >= l.Tuning().ReduceRingThreshold && count >= size {
 		auto = AlgoRing
 	}
-	algo, err := choose("reduce", Force.Reduce, auto, AlgoBinomial, AlgoRing)
+	algo, err := choose("reduce", l.Tuning().Force.Reduce, auto, AlgoBinomial, AlgoRing)
 	if err != nil {
 		return err
 	}
@@ -194,10 +194,10 @@ func Gather(ctx context.Context, l Link, send, recv []byte, root int) error {
 		blk = len(recv) / size
 	}
 	auto := AlgoLinear
-	if blk*size < GatherBinomialThreshold {
+	if blk*size < l.Tuning().GatherBinomialThreshold {
 		auto = AlgoBinomial
 	}
-	algo, err := choose("gather", Force.Gather, auto, AlgoBinomial, AlgoLinear)
+	algo, err := choose("gather", l.Tuning().Force.Gather, auto, AlgoBinomial, AlgoLinear)
 	if err != nil {
 		return err
 	}
@@ -310,10 +310,10 @@ func Scatter(ctx context.Context, l Link, send, recv []byte, root int) error {
 		blk = len(send) / size
 	}
 	auto := AlgoLinear
-	if blk*size < GatherBinomialThreshold {
+	if blk*size < l.Tuning().GatherBinomialThreshold {
 		auto = AlgoBinomial
 	}
-	algo, err := choose("scatter", Force.Scatter, auto, AlgoBinomial, AlgoLinear)
+	algo, err := choose("scatter", l.Tuning().Force.Scatter, auto, AlgoBinomial, AlgoLinear)
 	if err != nil {
 		return err
 	}

@@ -37,10 +37,10 @@ func scan(ctx context.Context, l Link, send, recv []byte, dt DType, op Op, exclu
 		return err
 	}
 	auto := AlgoRecursiveDoubling
-	if len(recv) >= ScanChainThreshold {
+	if len(recv) >= l.Tuning().ScanChainThreshold {
 		auto = AlgoPipeline
 	}
-	algo, err := choose(name, Force.Scan, auto, AlgoRecursiveDoubling, AlgoPipeline)
+	algo, err := choose(name, l.Tuning().Force.Scan, auto, AlgoRecursiveDoubling, AlgoPipeline)
 	if err != nil {
 		return err
 	}

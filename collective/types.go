@@ -114,7 +114,8 @@ func Check(dt DType, op Op) error {
 }
 
 // Link is what an algorithm needs from the world: this rank's place in the
-// group and reliable, ordered, matched byte transfer to and from peers.
+// group, the Tuning of the call, and reliable, ordered, matched byte
+// transfer to and from peers.
 //
 // A message is identified by (peer, step). step is chosen by the algorithm
 // and must be unique per direction within one collective call; the caller of
@@ -131,6 +132,9 @@ func Check(dt DType, op Op) error {
 type Link interface {
 	Rank() int
 	Size() int
+	// Tuning has its defaults filled in (Tuning.WithDefaults); it must
+	// be equal on every rank and not change while a call runs.
+	Tuning() *Tuning
 	Send(ctx context.Context, peer int, step uint32, data []byte) error
 	Recv(ctx context.Context, peer int, step uint32, buf []byte) error
 }

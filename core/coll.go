@@ -46,6 +46,9 @@ func (l *link) successor() int { return (l.c.rank + 1) % l.c.size }
 func (l *link) Rank() int { return l.c.rank }
 func (l *link) Size() int { return l.c.size }
 
+// Tuning is the communicator's (Config.Tuning, defaults filled in).
+func (l *link) Tuning() *collective.Tuning { return &l.c.cfg.Tuning }
+
 func (l *link) Send(ctx context.Context, peer int, step uint32, data []byte) error {
 	return l.send(ctx, peer, step, data, nil)
 }
@@ -172,6 +175,7 @@ func (l *link) Recv(ctx context.Context, peer int, step uint32, buf []byte) erro
 // by start (non-blocking calls).
 func (c *Comm) startColl(ctx context.Context, sig signature, body func(ctx context.Context, l *link) error) *Request {
 	op := sig.kind.String()
+	sig.tuning = c.tuningDigest
 	cc := &collCall{body: body, ctx: ctx}
 	req := &cc.req
 	req.init(c, op, true)
@@ -349,7 +353,7 @@ func (c *Comm) iallreduce(ctx context.Context, send, recv []byte, dt collective.
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.run(ctx, signature{collAllreduce, dt, op, -1, uint64(n)}, func(ctx context.Context, l *link) error {
+	return c.run(ctx, signature{collAllreduce, dt, op, -1, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		return collective.Allreduce(ctx, l, send, recv, dt, op)
 	})
 }
@@ -387,7 +391,7 @@ func (c *Comm) ibroadcast(ctx context.Context, buf []byte, dt collective.DType, 
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.run(ctx, signature{collBroadcast, dt, 0, root, uint64(n)}, func(ctx context.Context, l *link) error {
+	return c.run(ctx, signature{collBroadcast, dt, 0, root, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		return collective.Broadcast(ctx, l, buf, root)
 	})
 }
@@ -426,7 +430,7 @@ func (c *Comm) ireduce(ctx context.Context, send, recv []byte, dt collective.DTy
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.run(ctx, signature{collReduce, dt, op, root, uint64(n)}, func(ctx context.Context, l *link) error {
+	return c.run(ctx, signature{collReduce, dt, op, root, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		return collective.Reduce(ctx, l, send, recv, dt, op, root)
 	})
 }
@@ -449,7 +453,7 @@ func (c *Comm) iallgather(ctx context.Context, send, recv []byte, dt collective.
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.run(ctx, signature{collAllgather, dt, 0, -1, uint64(n)}, func(ctx context.Context, l *link) error {
+	return c.run(ctx, signature{collAllgather, dt, 0, -1, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		return collective.Allgather(ctx, l, send, recv)
 	})
 }
@@ -496,7 +500,7 @@ func (c *Comm) iallgatherv(ctx context.Context, send, recv []byte, counts, displ
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.startColl(ctx, signature{collAllgatherv, dt, 0, -1, uint64(total)}, func(ctx context.Context, l *link) error {
+	return c.startColl(ctx, signature{collAllgatherv, dt, 0, -1, uint64(total), 0}, func(ctx context.Context, l *link) error {
 		if total == 0 {
 			return exchangeSignatures(ctx, l)
 		}
@@ -531,7 +535,7 @@ func (c *Comm) ireduceScatter(ctx context.Context, send, recv []byte, dt collect
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.run(ctx, signature{collReduceScatter, dt, op, -1, uint64(n)}, func(ctx context.Context, l *link) error {
+	return c.run(ctx, signature{collReduceScatter, dt, op, -1, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		if send == nil {
 			return collective.ReduceScatterInPlace(ctx, l, recv, dt, op)
 		}
@@ -559,7 +563,7 @@ func (c *Comm) ialltoall(ctx context.Context, send, recv []byte, dt collective.D
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.run(ctx, signature{collAlltoall, dt, 0, -1, uint64(n)}, func(ctx context.Context, l *link) error {
+	return c.run(ctx, signature{collAlltoall, dt, 0, -1, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		return collective.Alltoall(ctx, l, send, recv)
 	})
 }
@@ -596,7 +600,7 @@ func (c *Comm) ialltoallv(ctx context.Context, send []byte, scounts, sdispls []i
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.startColl(ctx, signature{collAlltoallv, dt, 0, -1, noCount}, func(ctx context.Context, l *link) error {
+	return c.startColl(ctx, signature{collAlltoallv, dt, 0, -1, noCount, 0}, func(ctx context.Context, l *link) error {
 		return collective.Alltoallv(ctx, l, send, sc, sd, recv, rc, rd)
 	})
 }
@@ -630,7 +634,7 @@ func (c *Comm) igather(ctx context.Context, send, recv []byte, dt collective.DTy
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.run(ctx, signature{collGather, dt, 0, root, uint64(n)}, func(ctx context.Context, l *link) error {
+	return c.run(ctx, signature{collGather, dt, 0, root, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		return collective.Gather(ctx, l, send, recv, root)
 	})
 }
@@ -672,7 +676,7 @@ func (c *Comm) igatherv(ctx context.Context, send, recv []byte, counts, displs [
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.startColl(ctx, signature{collGatherv, dt, 0, root, noCount}, func(ctx context.Context, l *link) error {
+	return c.startColl(ctx, signature{collGatherv, dt, 0, root, noCount, 0}, func(ctx context.Context, l *link) error {
 		return collective.Gatherv(ctx, l, send, recv, bc, bd, root)
 	})
 }
@@ -706,7 +710,7 @@ func (c *Comm) iscatter(ctx context.Context, send, recv []byte, dt collective.DT
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.run(ctx, signature{collScatter, dt, 0, root, uint64(n)}, func(ctx context.Context, l *link) error {
+	return c.run(ctx, signature{collScatter, dt, 0, root, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		return collective.Scatter(ctx, l, send, recv, root)
 	})
 }
@@ -748,7 +752,7 @@ func (c *Comm) iscatterv(ctx context.Context, send []byte, counts, displs []int,
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.startColl(ctx, signature{collScatterv, dt, 0, root, noCount}, func(ctx context.Context, l *link) error {
+	return c.startColl(ctx, signature{collScatterv, dt, 0, root, noCount, 0}, func(ctx context.Context, l *link) error {
 		return collective.Scatterv(ctx, l, send, bc, bd, recv, root)
 	})
 }
@@ -781,7 +785,7 @@ func (c *Comm) iscan(ctx context.Context, kind collKind, send, recv []byte, dt c
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.run(ctx, signature{kind, dt, op, -1, uint64(n)}, func(ctx context.Context, l *link) error {
+	return c.run(ctx, signature{kind, dt, op, -1, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		if kind == collExscan {
 			return collective.Exscan(ctx, l, send, recv, dt, op)
 		}

@@ -34,6 +34,8 @@ type Comm struct {
 	world []int // comm rank -> world rank
 	of    map[int]int
 	cfg   Config
+	// tuningDigest is cfg.Tuning.Digest(), put in every signature.
+	tuningDigest uint16
 
 	ctx    context.Context // cancelled when the comm fails or closes
 	cancel context.CancelFunc
@@ -107,7 +109,7 @@ type p2pRecv struct {
 func newComm(n *node, id uint64, rank int, world []int) *Comm {
 	c := &Comm{
 		n: n, id: id, rank: rank, size: len(world), world: world,
-		of: make(map[int]int, len(world)), cfg: n.cfg,
+		of: make(map[int]int, len(world)), cfg: n.cfg, tuningDigest: n.cfg.Tuning.Digest(),
 		failed:     make(chan struct{}),
 		mySig:      make(map[uint64]signature),
 		remoteSig:  make(map[uint64]remoteSig),
@@ -134,6 +136,9 @@ func NewLocal(n int, cfg Config) ([]*Comm, error) {
 		return nil, invalidArg("new", "world size %d must be >= 1", n)
 	}
 	cfg = cfg.withDefaults()
+	if err := cfg.Tuning.Validate(); err != nil {
+		return nil, invalidArg("new", "Config.Tuning: %v", err)
+	}
 	nodes := make([]*node, n)
 	hs := make([]transport.Handler, n)
 	ds := make([]transport.DownHandler, n)
@@ -401,8 +406,9 @@ func (c *Comm) checkSigLocked(src int, seq uint64, sig signature) {
 }
 
 func (c *Comm) mismatchLocked(mine signature, src int, theirs signature) {
+	ms, ts := describePair(mine, theirs)
 	e := &Error{Code: CodeMismatch, Op: mine.kind.String(), Rank: src,
-		Msg: fmt.Sprintf("rank %d called %v but rank %d called %v", c.rank, mine, src, theirs)}
+		Msg: fmt.Sprintf("rank %d called %s but rank %d called %s", c.rank, ms, src, ts)}
 	c.failAndTellLocked(e)
 }
 
@@ -417,9 +423,10 @@ func (c *Comm) failAndTellLocked(e *Error) {
 	}
 }
 
-func (c *Comm) mismatchBetweenLocked(a int, as signature, b int, bs signature) {
+func (c *Comm) mismatchBetweenLocked(a int, asig signature, b int, bsig signature) {
+	as, bs := describePair(asig, bsig)
 	e := &Error{Code: CodeMismatch, Op: "comm", Rank: b,
-		Msg: fmt.Sprintf("rank %d called %v but rank %d called %v", a, as, b, bs)}
+		Msg: fmt.Sprintf("rank %d called %s but rank %d called %s", a, as, b, bs)}
 	c.failAndTellLocked(e)
 }
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/transport/bulk"
 )
 
@@ -76,6 +77,12 @@ type Config struct {
 	// for every rank it runs, else 200 µs yielding the core (sched_yield)
 	// between polls; negative: never spin.
 	SpinWait time.Duration
+	// Tuning chooses and shapes the collective schedules (chunk size,
+	// algorithm thresholds, forced algorithms). It is per communicator
+	// (split children inherit it) and must be equal on every rank: it is
+	// part of the signature that ranks compare, so a difference fails the
+	// call as mismatched. Zero fields take collective.DefaultTuning's.
+	Tuning collective.Tuning
 }
 
 const (
@@ -115,6 +122,7 @@ func (cfg Config) withDefaults() Config {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	cfg.Tuning = cfg.Tuning.WithDefaults()
 	return cfg
 }
 

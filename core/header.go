@@ -19,7 +19,7 @@ import (
 //	  3   1 signature: collective kind (collKind)
 //	  4   1 signature: dtype (collective.DType)
 //	  5   1 signature: op (collective.Op)
-//	  6   2 reserved, 0
+//	  6   2 signature: tuning digest (collective.Tuning.Digest)
 //	  8   8 communicator id
 //	 16   8 collective: operation sequence number; p2p: tag
 //	 24   4 collective: step
@@ -69,6 +69,7 @@ func (h *header) encode(dst *transport.Header) {
 	dst[3] = byte(h.sig.kind)
 	dst[4] = byte(h.sig.dt)
 	dst[5] = byte(h.sig.op)
+	binary.LittleEndian.PutUint16(dst[6:], h.sig.tuning)
 	binary.LittleEndian.PutUint64(dst[8:], h.comm)
 	binary.LittleEndian.PutUint64(dst[16:], h.seqOrTag)
 	binary.LittleEndian.PutUint32(dst[24:], h.step)
@@ -90,6 +91,7 @@ func decodeHeader(src *transport.Header) (header, error) {
 	h.sig.kind = collKind(src[3])
 	h.sig.dt = collective.DType(src[4])
 	h.sig.op = collective.Op(src[5])
+	h.sig.tuning = binary.LittleEndian.Uint16(src[6:])
 	h.comm = binary.LittleEndian.Uint64(src[8:])
 	h.seqOrTag = binary.LittleEndian.Uint64(src[16:])
 	h.step = binary.LittleEndian.Uint32(src[24:])
@@ -147,6 +149,10 @@ type signature struct {
 	op    collective.Op
 	root  int // -1 when the collective has no root
 	count uint64
+	// tuning is the communicator's collective.Tuning digest: ranks with
+	// different chunk sizes or algorithm choices would number steps
+	// differently and hang, so they must fail as mismatched instead.
+	tuning uint16
 }
 
 func (k collKind) hasOp() bool {
@@ -190,25 +196,38 @@ func (s signature) matches(o signature) bool {
 	if s.count != noCount && o.count != noCount && s.count != o.count {
 		return false
 	}
-	return true
+	return s.tuning == o.tuning
+}
+
+// describePair renders two signatures that do not match, naming the tuning
+// digests when nothing else tells them apart.
+func describePair(a, b signature) (string, string) {
+	as, bs := a.String(), b.String()
+	if a.tuning != b.tuning && as == bs {
+		as += fmt.Sprintf(" with tuning %04x", a.tuning)
+		bs += fmt.Sprintf(" with tuning %04x (chunk size and algorithm choices must be equal on every rank)", b.tuning)
+	}
+	return as, bs
 }
 
 // sigBytes is the fixed encoding of a signature used as the payload of the
 // signature exchange of zero-byte collectives.
-const sigBytes = 16
+const sigBytes = 18
 
 func (s signature) put(b []byte) {
 	b[0], b[1], b[2], b[3] = byte(s.kind), byte(s.dt), byte(s.op), 0
 	binary.LittleEndian.PutUint32(b[4:], uint32(int32(s.root)))
 	binary.LittleEndian.PutUint64(b[8:], s.count)
+	binary.LittleEndian.PutUint16(b[16:], s.tuning)
 }
 
 func getSignature(b []byte) signature {
 	return signature{
-		kind:  collKind(b[0]),
-		dt:    collective.DType(b[1]),
-		op:    collective.Op(b[2]),
-		root:  int(int32(binary.LittleEndian.Uint32(b[4:]))),
-		count: binary.LittleEndian.Uint64(b[8:]),
+		kind:   collKind(b[0]),
+		dt:     collective.DType(b[1]),
+		op:     collective.Op(b[2]),
+		root:   int(int32(binary.LittleEndian.Uint32(b[4:]))),
+		count:  binary.LittleEndian.Uint64(b[8:]),
+		tuning: binary.LittleEndian.Uint16(b[16:]),
 	}
 }

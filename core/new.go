@@ -24,6 +24,9 @@ func New(ctx context.Context, cfg Config) (*Comm, error) {
 
 func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 	cfg = cfg.withDefaults()
+	if err := cfg.Tuning.Validate(); err != nil {
+		return nil, invalidArg("new", "Config.Tuning: %v", err)
+	}
 	if cfg.WorldSize < 1 {
 		return nil, invalidArg("new", "world size %d must be >= 1", cfg.WorldSize)
 	}

@@ -38,6 +38,7 @@ type benchOpts struct {
 	json    bool
 	inproc  bool
 	timeout time.Duration
+	force   collective.Forced // --algo: the communicators' Tuning.Force
 }
 
 // benchBufs are one rank's buffers for one (op, size).
@@ -160,7 +161,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 	inproc := fs.Bool("inproc", false, "run the ranks as goroutines of this process, meshed as separate processes would be (QUIC on loopback, the shared-memory data path)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "deadline of the whole run")
 	profile := fs.String("cpuprofile", "", "write each rank's CPU profile to `DIR`/rank-R.pprof")
-	algos := fs.String("algo", "", "force algorithms, e.g. allreduce=ring,broadcast=pipeline (see collective.Force); default: chosen by size")
+	algos := fs.String("algo", "", "force algorithms, e.g. allreduce=ring,broadcast=pipeline (see collective.Forced); default: chosen by size")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -190,7 +191,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 	if err := collective.Check(o.dt, o.op); err != nil {
 		return usageError("bench: %v", err)
 	}
-	if err := forceAlgorithms(*algos); err != nil {
+	if err := forceAlgorithms(*algos, &o.force); err != nil {
 		return usageError("bench: --algo: %v", err)
 	}
 	if o.n < 1 || o.iters < 0 || o.warmup < 0 {
@@ -206,7 +207,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 
 	switch {
 	case o.inproc:
-		comms, err := core.NewLocalQUIC(o.n, core.Config{})
+		comms, err := core.NewLocalQUIC(o.n, core.Config{Tuning: collective.Tuning{Force: o.force}})
 		if err != nil {
 			return err
 		}
@@ -221,6 +222,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
+		cfg.Tuning.Force = o.force
 		if *profile != "" {
 			f, err := os.Create(filepath.Join(*profile, fmt.Sprintf("rank-%d.pprof", cfg.Rank)))
 			if err != nil {
@@ -426,17 +428,18 @@ func benchOne(ctx context.Context, c *core.Comm, op benchOp, size int, o *benchO
 		iters: iters, wrong: int64(binary.LittleEndian.Uint64(w))}, nil
 }
 
-// forceAlgorithms sets collective.Force from "op=algo,..." (every rank
-// parses the same flags, so all agree).
-func forceAlgorithms(spec string) error {
+// forceAlgorithms fills force from "op=algo,..." (every rank parses the
+// same flags, and the tuning digest in each call's signature checks that
+// they agree).
+func forceAlgorithms(spec string, force *collective.Forced) error {
 	if spec == "" {
 		return nil
 	}
 	fields := map[string]*collective.Algorithm{
-		"allreduce": &collective.Force.Allreduce, "reduce": &collective.Force.Reduce,
-		"broadcast": &collective.Force.Broadcast, "allgather": &collective.Force.Allgather,
-		"gather": &collective.Force.Gather, "scatter": &collective.Force.Scatter,
-		"scan": &collective.Force.Scan, "alltoall": &collective.Force.Alltoall,
+		"allreduce": &force.Allreduce, "reduce": &force.Reduce,
+		"broadcast": &force.Broadcast, "allgather": &force.Allgather,
+		"gather": &force.Gather, "scatter": &force.Scatter,
+		"scan": &force.Scan, "alltoall": &force.Alltoall,
 	}
 	for _, kv := range strings.Split(spec, ",") {
 		op, name, ok := strings.Cut(strings.TrimSpace(kv), "=")

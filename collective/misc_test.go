@@ -116,8 +116,12 @@ func TestArgumentErrors(t *testing.T) {
 		}
 	}
 	withForce(&testTuning.Force.Allreduce, AlgoBruck, func() {
-		if err := Allreduce(ctx, l, nil, b8, Int32, Sum); err == nil {
-			t.Error("forcing a foreign algorithm: no error")
+		l := &memLink{newMemNet(2), 0} // carries the forced tuning
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		err := Allreduce(ctx, l, nil, b8, Int32, Sum)
+		if err == nil || !strings.Contains(err.Error(), "no bruck algorithm") {
+			t.Errorf("forcing a foreign algorithm: %v, want an error naming it", err)
 		}
 	})
 }

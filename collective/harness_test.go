@@ -24,8 +24,8 @@ type memNet struct {
 	n      int
 	tuning Tuning // a copy of testTuning when the net was made
 	mu     sync.Mutex
-	boxes map[msgKey]*mbox
-	sent  map[msgKey]bool
+	boxes  map[msgKey]*mbox
+	sent   map[msgKey]bool
 }
 
 type msgKey struct {

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -68,3 +68,30 @@ def run_ranks(n: int, argv: Sequence[str], timeout: float = 180.0, env: Optional
         msg = "\n".join(f"----- rank {r} (rc={procs[r].returncode}) -----\n{outs[r][-6000:]}" for r in range(n))
         raise AssertionError(f"ranks {failed} failed:\n{msg}")
     return outs
+
+
+def run_ranks_status(n: int, argv: Sequence[str], timeout: float = 180.0, env: Optional[Dict[str, str]] = None,
+                     ) -> List[Tuple[Optional[int], str]]:
+    """Run `python argv...` as n ranks with torchrun's variables; return each
+    rank's (return code, output), whatever they are. A rank still running at
+    the deadline is killed and reported with return code None."""
+    master_port = str(free_port())
+    procs = []
+    for r in range(n):
+        e = dict(os.environ)
+        e.update(env or {})
+        e.update({"RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(n),
+                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": master_port,
+                  "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+        procs.append(subprocess.Popen([sys.executable, *argv], env=e, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, cwd=HERE))
+    deadline = time.monotonic() + timeout
+    res: List[Tuple[Optional[int], str]] = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            res.append((p.returncode, out))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            res.append((None, (p.communicate()[0] or "") + "\n<<killed: timeout>>"))
+    return res

@@ -13,8 +13,8 @@ Design (see reference/torch-backend.md):
   non-blocking C ABI (so (source, tag) order is the program's order) and are
   waited for on a helper thread each.
 - Work objects are a Work subclass: wait() raises the operation's error (the
-  future-wrapping Work of torch swallows it), get_future() carries the result
-  (or the exception) for DDP and other callers of get_future().
+  future-wrapping Work of torch swallows it), get_future() carries the result,
+  or the error as a failed Future that DDP and other C++ readers see failed.
 """
 
 from __future__ import annotations
@@ -74,7 +74,13 @@ class NexarWork(dist.Work):
         super().__init__()
         self._result = result
         self._op_name = op_name
-        self._fut = torch.futures.Future()
+        # Future.set_exception marks only the Python wrapper failed: C++
+        # readers (DDP's reducer, a Work made from the Future) see a success
+        # whose value is the exception object, and DDP crashes indexing the
+        # tensors it expects. A then() callback that raises marks the C++
+        # future failed, so the outcome reaches _fut through one (_outcome).
+        self._src = torch.futures.Future()
+        self._fut = self._src.then(_outcome)
         self._event = threading.Event()
         self._exc: Optional[BaseException] = None
         self._source = -1
@@ -82,10 +88,7 @@ class NexarWork(dist.Work):
     def _complete(self, exc: Optional[BaseException] = None):
         self._exc = exc
         try:
-            if exc is None:
-                self._fut.set_result(self._result)
-            else:
-                self._fut.set_exception(exc)
+            self._src.set_result((exc, self._result))
         except Exception as e:  # a raising .then() callback must not kill the worker
             warnings.warn(f"nexar: a callback of {self._op_name} raised: {e!r}", RuntimeWarning)
         finally:
@@ -127,6 +130,16 @@ class NexarWork(dist.Work):
 
     def synchronize(self):
         self.wait()
+
+
+def _outcome(src):
+    """then() callback of NexarWork: the operation's result, or its error
+    raised so that torch marks the Future failed (wait() and value() then
+    raise a RuntimeError carrying the error's type and message)."""
+    exc, result = src.value()
+    if exc is not None:
+        raise exc
+    return result
 
 
 def _done_work(result, op_name=""):

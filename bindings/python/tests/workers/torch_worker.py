@@ -358,9 +358,85 @@ def init_method(method):
     print(f"rank {R}: init {method} ok", flush=True)
 
 
+
+def peer_death(spec):
+    """Rank N-1 SIGKILLs itself at step 3 of a loop of `what` on a "nexar"
+    group: ddp, fsdp, fsdp2 (fully_shard), wait (async_op, work.wait()) or
+    future (async_op, work.get_future().wait()). The others must get a
+    Python exception naming it within seconds, then exit normally: after
+    destroy_process_group, or straight away with spec "what+exit". The
+    victim writes its time of death to $NEXAR_TEST_FILE."""
+    import signal
+    import time
+
+    what, _, how = spec.partition("+")
+    dist.init_process_group("nexar")
+    victim = N - 1
+    if what == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(_model(), bucket_cap_mb=0.0001)
+    elif what == "fsdp":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        model = FSDP(_model(), device_id=torch.device("cpu"), use_orig_params=True)
+    elif what == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        model = _model()
+        for m in model:
+            if isinstance(m, torch.nn.Linear):
+                fully_shard(m)
+        fully_shard(model)
+    else:
+        model = None
+    opt = torch.optim.SGD(model.parameters(), lr=0.05) if model is not None else None
+    g = torch.Generator().manual_seed(100 + R)
+
+    def step():
+        if model is None:
+            t = torch.ones(1 << 12)
+            w = dist.all_reduce(t, async_op=True)
+            if what == "wait":
+                w.wait()
+            else:
+                t = w.get_future().wait()[0]
+            assert t[0].item() == N, t[0].item()
+            return
+        opt.zero_grad()
+        x, y = torch.randn(16, 8, generator=g), torch.randn(16, 4, generator=g)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    for i in range(200):
+        if R == victim and i == 3:
+            with open(os.environ["NEXAR_TEST_FILE"], "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            step()
+        except Exception as e:  # noqa: BLE001 - the error under test
+            dead = float(open(os.environ["NEXAR_TEST_FILE"]).read())
+            msg = str(e).replace("\n", " ")[:400]
+            print(f"rank {R}: peer death {what}: {type(e).__name__} at step {i}, "
+                  f"{time.time() - dead:.3f} s after the kill: {msg}", flush=True)
+            assert f"rank {victim}" in str(e).lower(), f"error does not name rank {victim}: {e}"
+            break
+    else:
+        raise AssertionError(f"peer death {what}: no error in 200 steps")
+    if how != "exit":
+        try:
+            dist.destroy_process_group()
+        except Exception as e:  # noqa: BLE001 - only the exit status is checked after this
+            print(f"rank {R}: destroy_process_group: {type(e).__name__}: {e}", flush=True)
+    print(f"rank {R}: peer death {spec} ok", flush=True)
+
+
 if __name__ == "__main__":
     what = sys.argv[1]
     if what.startswith("init:"):
         init_method(what[5:])
+    elif what.startswith("peerdeath:"):
+        peer_death(what[10:])
     else:
         globals()[what]()

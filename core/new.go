@@ -10,6 +10,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/nexar-go/nexar/transport"
 	nquic "github.com/nexar-go/nexar/transport/quic"
 )
 
@@ -47,17 +48,21 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 	defer cancel()
 
 	var closers []func() error
+	var seed *Seed
 	cleanup := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
 			_ = closers[i]()
 		}
+		if seed != nil {
+			seed.Close()
+		}
 	}
 	if embed && cfg.Rank == 0 && isLocalAddr(ctx, cfg.Seed) {
-		seed, err := StartSeed(seedBindAddr(cfg.Seed), cfg.WorldSize, cfg.Token)
+		var err error
+		seed, err = StartSeed(seedBindAddr(cfg.Seed), cfg.WorldSize, cfg.Token)
 		switch {
 		case err == nil:
 			seed.log = cfg.Logger
-			closers = append(closers, seed.Close)
 		case errors.Is(err, syscall.EADDRINUSE):
 			// Something on this host holds the seed's port already: a
 			// stand-alone `nexar seed`. Rank 0 joins it like any rank;
@@ -89,26 +94,66 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 		return nil, err
 	}
 	nd := newNode(cfg, rank, cfg.WorldSize)
-	bk, err := newBulk(cfg, rank, adv, id, peers, nd)
+	// A peer lost while the mesh and the data path form ends formation at
+	// once: nothing it has not sent yet will come.
+	fctx, lost := context.WithCancelCause(ctx)
+	defer lost(nil)
+	down := func(peer int, err error) {
+		lost(&peerLostError{peer: peer, err: err})
+		nd.onDown(peer, err)
+	}
+	bk, err := newBulk(cfg, rank, adv, id, peers, nd, down)
 	if err != nil {
 		cleanup()
 		return nil, err
 	}
-	ep, err := qn.Connect(ctx, rank, peers, bk.Handler(), bk.DownHandler())
+	ep, err := qn.Connect(fctx, rank, peers, bk.Handler(), bk.DownHandler())
+	if err == nil {
+		err = bk.Start(fctx, ep)
+		if err != nil {
+			err = fmt.Errorf("negotiating the bulk data path: %w", err)
+		}
+	} else {
+		err = fmt.Errorf("forming the mesh: %w", err)
+	}
+	var pl *peerLostError
+	if errors.As(context.Cause(fctx), &pl) {
+		// Also when Start got every answer before the loss: the peer
+		// is gone before the job could be used.
+		err = pl
+	}
 	if err != nil {
 		bk.Close()
 		cleanup()
-		return nil, &Error{Code: CodePeerDown, Op: "new", Rank: -1, Msg: fmt.Sprintf("forming the mesh: %v", err), Cause: err}
+		if errors.As(err, &pl) {
+			return nil, &Error{Code: CodePeerDown, Op: "new", Rank: pl.peer, Msg: pl.Error(), Cause: pl.err}
+		}
+		return nil, &Error{Code: CodePeerDown, Op: "new", Rank: -1, Msg: err.Error(), Cause: err}
 	}
-	if err := bk.Start(ctx, ep); err != nil {
-		bk.Close()
-		cleanup()
-		return nil, &Error{Code: CodePeerDown, Op: "new", Rank: -1, Msg: fmt.Sprintf("negotiating the bulk data path: %v", err), Cause: err}
+	if seed != nil {
+		// Every rank has its peer table (each accepted our dial), so the
+		// seed has served its one formation: free its address now for the
+		// next job on it, e.g. a re-initialisation after Close.
+		seed.Close()
 	}
 	nd.closers = closers
 	c := worldComm(nd, bk)
 	nd.start()
 	return c, nil
+}
+
+// peerLostError is why formation ended early: a peer closed or was lost.
+type peerLostError struct {
+	peer int
+	err  error
+}
+
+func (e *peerLostError) Error() string {
+	how := "was lost"
+	if errors.Is(e.err, transport.ErrPeerClosed) {
+		how = "closed its communicator"
+	}
+	return fmt.Sprintf("rank %d %s while the job was forming: %v", e.peer, how, e.err)
 }
 
 // NewLocalQUIC builds n communicators in this process connected by real

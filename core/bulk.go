@@ -24,6 +24,9 @@ func newBulk(cfg Config, rank int, adv string, id *nquic.Identity, peers []nquic
 	}
 	advHost, _, _ := net.SplitHostPort(adv)
 	bindHost, _, _ := net.SplitHostPort(cfg.BindAddr)
+	if bindHost == "" {
+		bindHost = "0.0.0.0" // ":port" asked for every interface
+	}
 	bk, err := bulk.New(rank, cfg.WorldSize, bulk.Options{
 		Mode: mode, Conns: cfg.BulkConns, Plaintext: cfg.BulkPlaintext,
 		BindHost: bindHost, AdvertiseHost: advHost,

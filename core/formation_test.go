@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -201,5 +202,149 @@ func TestJoinWaitsPastAFormedSeed(t *testing.T) {
 	_, _, err = join(sctx, addr, token, 0, "127.0.0.1:3", [32]byte{3})
 	if CodeOf(err) != CodeTimeout || !strings.Contains(err.Error(), "already formed") {
 		t.Fatalf("got %v, want CodeTimeout saying the job had already formed", err)
+	}
+}
+
+func TestBindAddrChoice(t *testing.T) {
+	var lan net.IP // a non-loopback IPv4 address of this host, if any
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() {
+			lan = n.IP
+			break
+		}
+	}
+	cases := []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"loopback seed", Config{Seed: "127.0.0.1:29400"}, "127.0.0.1:0"},
+		{"localhost seed", Config{Seed: "localhost:29400"}, "127.0.0.1:0"},
+		{"explicit", Config{Seed: "127.0.0.1:29400", BindAddr: "0.0.0.0:7"}, "0.0.0.0:7"},
+		{"foreign advertise", Config{Seed: "127.0.0.1:29400", AdvertiseAddr: "203.0.113.7:5000"}, "127.0.0.1:0"},
+	}
+	if lan != nil {
+		cases = append(cases,
+			struct {
+				name string
+				cfg  Config
+				want string
+			}{"seed on this host's LAN address", Config{Seed: net.JoinHostPort(lan.String(), "29400")}, net.JoinHostPort(lan.String(), "0")},
+			struct {
+				name string
+				cfg  Config
+				want string
+			}{"local advertise", Config{Seed: "127.0.0.1:29400", AdvertiseAddr: lan.String()}, net.JoinHostPort(lan.String(), "0")})
+	} else {
+		t.Log("no non-loopback IPv4 address: LAN cases skipped")
+	}
+	for seed, want := range map[string]string{"127.0.0.1:5": "127.0.0.1:5", "localhost:5": "127.0.0.1:5"} {
+		if got := seedBindAddr(context.Background(), seed); got != want {
+			t.Errorf("seedBindAddr(%q) = %q, want %q", seed, got, want)
+		}
+	}
+	for _, tc := range cases {
+		got, err := bindAddr(tc.cfg)
+		if err != nil || got != tc.want {
+			t.Errorf("%s: bindAddr = %q, %v; want %q", tc.name, got, err, tc.want)
+		}
+	}
+}
+
+// procSockets maps the inode of every socket this process holds to its
+// /proc/net table ("udp", "tcp", ...), local address and state.
+type procSocket struct {
+	table, local, state string
+}
+
+func procSockets(t *testing.T) map[string]procSocket {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc/self/fd: %v", err)
+	}
+	mine := map[string]bool{}
+	for _, fd := range fds {
+		l, err := os.Readlink("/proc/self/fd/" + fd.Name())
+		if err == nil && strings.HasPrefix(l, "socket:[") {
+			mine[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
+		}
+	}
+	out := map[string]procSocket{}
+	for _, table := range []string{"udp", "udp6", "tcp", "tcp6"} {
+		b, err := os.ReadFile("/proc/net/" + table)
+		if err != nil {
+			continue
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if i == 0 || len(f) < 10 || !mine[f[9]] {
+				continue
+			}
+			out[f[9]] = procSocket{table: table, local: f[1], state: f[3]}
+		}
+	}
+	return out
+}
+
+// With no bind address, a job's sockets are on the address that reaches
+// the seed (here loopback), not on every interface, and a job whose ranks
+// all share this host's memory has no TCP listener.
+func TestNewBindsNoWildcard(t *testing.T) {
+	if _, err := os.Stat("/proc/net/udp"); err != nil {
+		t.Skip("no /proc/net/udp to read the sockets from")
+	}
+	before := procSockets(t)
+	seed, token := freeSeedAddr(t), randomToken(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	comms := make([]*Comm, 2)
+	errs := make(chan error, 2)
+	for r := range comms {
+		go func() {
+			cfg := testConfig()
+			cfg.Rank, cfg.WorldSize, cfg.Seed, cfg.Token = r, 2, seed, token
+			c, err := New(ctx, cfg)
+			comms[r] = c
+			errs <- err
+		}()
+	}
+	for range comms {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	defer closeAll(t, comms)
+	if t.Failed() {
+		return
+	}
+	allSHM := true
+	for _, c := range comms {
+		for r, p := range c.Paths() {
+			if r != c.Rank() && !strings.HasPrefix(p, "shm") {
+				allSHM = false
+			}
+		}
+	}
+	n := 0
+	for ino, s := range procSockets(t) {
+		if _, ok := before[ino]; ok {
+			continue
+		}
+		n++
+		host := s.local[:strings.IndexByte(s.local, ':')]
+		if strings.Trim(host, "0") == "" {
+			t.Errorf("a %s socket is bound to every interface (%s)", s.table, s.local)
+		}
+		if strings.HasPrefix(s.table, "tcp") && s.state == "0A" && allSHM {
+			t.Errorf("a TCP listener (%s) exists although every peer is on this host's shared memory", s.local)
+		}
+	}
+	if n < 2 {
+		t.Errorf("found %d new sockets, want at least the two ranks' mesh sockets", n)
+	}
+	if !allSHM {
+		t.Logf("not every path is shared memory (%v): TCP listener not checked", comms[0].Paths())
 	}
 }

@@ -59,7 +59,7 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 	}
 	if embed && cfg.Rank == 0 && isLocalAddr(ctx, cfg.Seed) {
 		var err error
-		seed, err = StartSeed(seedBindAddr(cfg.Seed), cfg.WorldSize, cfg.Token)
+		seed, err = StartSeed(seedBindAddr(ctx, cfg.Seed), cfg.WorldSize, cfg.Token)
 		switch {
 		case err == nil:
 			seed.log = cfg.Logger
@@ -76,6 +76,10 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 	if err != nil {
 		cleanup()
 		return nil, &Error{Code: CodeInternal, Op: "new", Rank: -1, Msg: err.Error(), Cause: err}
+	}
+	if cfg.BindAddr, err = bindAddr(cfg); err != nil {
+		cleanup()
+		return nil, err
 	}
 	qn, err := nquic.Listen(id, nquic.Options{BindAddr: cfg.BindAddr})
 	if err != nil {
@@ -213,29 +217,87 @@ func isLocalAddr(ctx context.Context, hostport string) bool {
 	if err != nil {
 		return false
 	}
-	addrs, _ := net.InterfaceAddrs()
 	for _, ip := range ips {
-		if ip.IP.IsLoopback() || ip.IP.IsUnspecified() {
+		if ip.IP.IsUnspecified() || isLocalIP(ip.IP) {
 			return true
-		}
-		for _, a := range addrs {
-			if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip.IP) {
-				return true
-			}
 		}
 	}
 	return false
 }
 
+// isLocalIP reports whether ip is a loopback address or an address of one of
+// this host's interfaces.
+func isLocalIP(ip net.IP) bool {
+	if ip.IsLoopback() {
+		return true
+	}
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// bindAddr is where this rank's mesh node listens (and its bulk TCP
+// listener, if it needs one): cfg.BindAddr when set, else one address of
+// this host with a free port, never every interface: the advertised IP
+// when it is one of this host's, else the IP of the interface that routes
+// to the seed (loopback for a seed on loopback, so a local job is reachable
+// from this host only).
+func bindAddr(cfg Config) (string, error) {
+	if cfg.BindAddr != "" {
+		return cfg.BindAddr, nil
+	}
+	if cfg.AdvertiseAddr != "" {
+		host, _, err := net.SplitHostPort(cfg.AdvertiseAddr)
+		if err != nil {
+			host = cfg.AdvertiseAddr
+		}
+		if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() && isLocalIP(ip) {
+			return net.JoinHostPort(ip.String(), "0"), nil
+		}
+	}
+	ip, err := routeTo(cfg.Seed)
+	if err != nil {
+		return "", &Error{Code: CodeInvalidArgument, Op: "new", Rank: -1,
+			Msg: fmt.Sprintf("no route to the seed %s to pick an address to listen on (set NEXAR_BIND_ADDR): %v", cfg.Seed, err), Cause: err}
+	}
+	return net.JoinHostPort(ip.String(), "0"), nil
+}
+
+// routeTo is the IP of the interface this host would send from to reach
+// hostport. A UDP "connection" sends nothing; it only asks the kernel for a
+// route.
+func routeTo(hostport string) (net.IP, error) {
+	c, err := net.Dial("udp", hostport)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).IP, nil
+}
+
 // seedBindAddr is where an embedded seed listens: the seed's own address
-// when it is an IP literal, else every interface on its port.
-func seedBindAddr(seed string) string {
+// when it is an IP literal; for a host name, the first address it resolves
+// to that is one of this host's and not loopback (127.0.0.1 for
+// "localhost"). Only a name that resolves to nothing but loopback here
+// (e.g. 127.0.1.1 from /etc/hosts), while other hosts may resolve it to this
+// host's network address, gets every interface on the port.
+func seedBindAddr(ctx context.Context, seed string) string {
 	host, port, _ := net.SplitHostPort(seed)
 	if ip := net.ParseIP(host); ip != nil {
 		return seed
 	}
 	if host == "localhost" {
 		return net.JoinHostPort("127.0.0.1", port)
+	}
+	ips, _ := net.DefaultResolver.LookupIPAddr(ctx, host)
+	for _, ip := range ips {
+		if !ip.IP.IsLoopback() && !ip.IP.IsUnspecified() && isLocalIP(ip.IP) {
+			return net.JoinHostPort(ip.IP.String(), port)
+		}
 	}
 	return net.JoinHostPort("0.0.0.0", port)
 }
@@ -261,13 +323,10 @@ func advertiseAddr(cfg Config, bound net.Addr) (string, error) {
 	if !ua.IP.IsUnspecified() && ua.IP != nil {
 		return net.JoinHostPort(ua.IP.String(), port), nil
 	}
-	// A UDP "connection" sends nothing; it only asks the kernel for a route.
-	c, err := net.Dial("udp", cfg.Seed)
+	ip, err := routeTo(cfg.Seed)
 	if err != nil {
 		return "", &Error{Code: CodeInvalidArgument, Op: "new", Rank: -1,
 			Msg: fmt.Sprintf("no route to the seed %s to pick an address to advertise (set NEXAR_ADVERTISE_ADDR): %v", cfg.Seed, err), Cause: err}
 	}
-	defer c.Close()
-	ip := c.LocalAddr().(*net.UDPAddr).IP
 	return net.JoinHostPort(ip.String(), port), nil
 }

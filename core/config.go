@@ -43,6 +43,7 @@ type Config struct {
 	// own. Default 5 minutes.
 	Timeout time.Duration
 	// ConnectTimeout bounds rendezvous and mesh formation. Default 60 s.
+	// A peer that leaves or is lost meanwhile ends formation at once.
 	ConnectTimeout time.Duration
 	// HeartbeatInterval is how often each rank tells every peer it is alive.
 	// Default 500 ms.

@@ -18,7 +18,11 @@ import (
 // embedded when this is rank 0 and cfg.Seed names an address of this host
 // that nothing else holds; a stand-alone seed already there is joined),
 // then a QUIC mesh with every peer. It is bounded by ctx and
-// cfg.ConnectTimeout.
+// cfg.ConnectTimeout; a peer that closes or is lost before the job has
+// formed fails it at once with CodePeerDown naming that rank. An embedded
+// seed is closed once the job has formed, so a later New with the same
+// cfg (after Close) forms a new job on the same address; a rank that
+// reaches the earlier job's seed waits for the next one.
 func New(ctx context.Context, cfg Config) (*Comm, error) {
 	return newQUIC(ctx, cfg, true)
 }

@@ -3,13 +3,15 @@ package core
 import (
 	"net"
 
+	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/bulk"
 	nquic "github.com/nexar-go/nexar/transport/quic"
 )
 
 // newBulk prepares the composite endpoint that carries LaneData over shared
 // memory or parallel TCP and everything else over the QUIC mesh.
-func newBulk(cfg Config, rank int, adv string, id *nquic.Identity, peers []nquic.Peer, nd *node) (*bulk.Endpoint, error) {
+// down serves the layer above in place of nd.onDown.
+func newBulk(cfg Config, rank int, adv string, id *nquic.Identity, peers []nquic.Peer, nd *node, down transport.DownHandler) (*bulk.Endpoint, error) {
 	mode, err := bulk.ParseMode(cfg.Bulk)
 	if err != nil {
 		return nil, invalidArg("new", "%v", err)
@@ -22,11 +24,14 @@ func newBulk(cfg Config, rank int, adv string, id *nquic.Identity, peers []nquic
 	}
 	advHost, _, _ := net.SplitHostPort(adv)
 	bindHost, _, _ := net.SplitHostPort(cfg.BindAddr)
+	if bindHost == "" {
+		bindHost = "0.0.0.0" // ":port" asked for every interface
+	}
 	bk, err := bulk.New(rank, cfg.WorldSize, bulk.Options{
 		Mode: mode, Conns: cfg.BulkConns, Plaintext: cfg.BulkPlaintext,
 		BindHost: bindHost, AdvertiseHost: advHost,
 		Identity: id, Fingerprints: fps, Logger: cfg.Logger, Place: nd.place, RemoteMin: cfg.BulkRemoteMin,
-	}, nd.handle, nd.onDown)
+	}, nd.handle, down)
 	if err != nil {
 		return nil, &Error{Code: CodeInternal, Op: "new", Rank: -1, Msg: err.Error(), Cause: err}
 	}

@@ -28,8 +28,13 @@ type Config struct {
 	// Token is the job's shared secret (NEXAR_TOKEN). Required when
 	// WorldSize > 1; there is no default token. Never logged.
 	Token []byte
-	// BindAddr is the local UDP address of this rank's mesh node.
-	// Default "0.0.0.0:0" (all interfaces, a free port).
+	// BindAddr is the local UDP address of this rank's mesh node; its IP
+	// is also the one the bulk TCP listener binds, if this rank needs one
+	// (only when a peer is on another host). Default: one address of this
+	// host with a free port, never every interface: the IP of
+	// AdvertiseAddr when it is this host's, else the IP of the interface
+	// that routes to the seed (127.0.0.1 for a seed on loopback). Set
+	// "0.0.0.0:0" to listen on every interface.
 	BindAddr string
 	// AdvertiseAddr is the host:port peers dial to reach this rank. Default:
 	// the IP of the interface that routes to the seed, with the bound port
@@ -39,6 +44,7 @@ type Config struct {
 	// own. Default 5 minutes.
 	Timeout time.Duration
 	// ConnectTimeout bounds rendezvous and mesh formation. Default 60 s.
+	// A peer that leaves or is lost meanwhile ends formation at once.
 	ConnectTimeout time.Duration
 	// HeartbeatInterval is how often each rank tells every peer it is alive.
 	// Default 500 ms.
@@ -86,7 +92,6 @@ type Config struct {
 }
 
 const (
-	defaultBindAddr          = "0.0.0.0:0"
 	defaultTimeout           = 5 * time.Minute
 	defaultConnectTimeout    = 60 * time.Second
 	defaultHeartbeatInterval = 500 * time.Millisecond
@@ -98,9 +103,6 @@ const (
 
 // withDefaults returns cfg with zero fields filled in.
 func (cfg Config) withDefaults() Config {
-	if cfg.BindAddr == "" {
-		cfg.BindAddr = defaultBindAddr
-	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = defaultTimeout
 	}

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/nexar-go/nexar/transport"
 	nquic "github.com/nexar-go/nexar/transport/quic"
 )
 
@@ -17,7 +18,11 @@ import (
 // embedded when this is rank 0 and cfg.Seed names an address of this host
 // that nothing else holds; a stand-alone seed already there is joined),
 // then a QUIC mesh with every peer. It is bounded by ctx and
-// cfg.ConnectTimeout.
+// cfg.ConnectTimeout; a peer that closes or is lost before the job has
+// formed fails it at once with CodePeerDown naming that rank. An embedded
+// seed is closed once the job has formed, so a later New with the same
+// cfg (after Close) forms a new job on the same address; a rank that
+// reaches the earlier job's seed waits for the next one.
 func New(ctx context.Context, cfg Config) (*Comm, error) {
 	return newQUIC(ctx, cfg, true)
 }
@@ -50,17 +55,21 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 	defer cancel()
 
 	var closers []func() error
+	var seed *Seed
 	cleanup := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
 			_ = closers[i]()
 		}
+		if seed != nil {
+			seed.Close()
+		}
 	}
 	if embed && cfg.Rank == 0 && isLocalAddr(ctx, cfg.Seed) {
-		seed, err := StartSeed(seedBindAddr(cfg.Seed), cfg.WorldSize, cfg.Token)
+		var err error
+		seed, err = StartSeed(seedBindAddr(ctx, cfg.Seed), cfg.WorldSize, cfg.Token)
 		switch {
 		case err == nil:
 			seed.log = cfg.Logger
-			closers = append(closers, seed.Close)
 		case errors.Is(err, syscall.EADDRINUSE):
 			// Something on this host holds the seed's port already: a
 			// stand-alone `nexar seed`. Rank 0 joins it like any rank;
@@ -74,6 +83,10 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 	if err != nil {
 		cleanup()
 		return nil, &Error{Code: CodeInternal, Op: "new", Rank: -1, Msg: err.Error(), Cause: err}
+	}
+	if cfg.BindAddr, err = bindAddr(cfg); err != nil {
+		cleanup()
+		return nil, err
 	}
 	qn, err := nquic.Listen(id, nquic.Options{BindAddr: cfg.BindAddr})
 	if err != nil {
@@ -92,26 +105,66 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 		return nil, err
 	}
 	nd := newNode(cfg, rank, cfg.WorldSize)
-	bk, err := newBulk(cfg, rank, adv, id, peers, nd)
+	// A peer lost while the mesh and the data path form ends formation at
+	// once: nothing it has not sent yet will come.
+	fctx, lost := context.WithCancelCause(ctx)
+	defer lost(nil)
+	down := func(peer int, err error) {
+		lost(&peerLostError{peer: peer, err: err})
+		nd.onDown(peer, err)
+	}
+	bk, err := newBulk(cfg, rank, adv, id, peers, nd, down)
 	if err != nil {
 		cleanup()
 		return nil, err
 	}
-	ep, err := qn.Connect(ctx, rank, peers, bk.Handler(), bk.DownHandler())
+	ep, err := qn.Connect(fctx, rank, peers, bk.Handler(), bk.DownHandler())
+	if err == nil {
+		err = bk.Start(fctx, ep)
+		if err != nil {
+			err = fmt.Errorf("negotiating the bulk data path: %w", err)
+		}
+	} else {
+		err = fmt.Errorf("forming the mesh: %w", err)
+	}
+	var pl *peerLostError
+	if errors.As(context.Cause(fctx), &pl) {
+		// Also when Start got every answer before the loss: the peer
+		// is gone before the job could be used.
+		err = pl
+	}
 	if err != nil {
 		bk.Close()
 		cleanup()
-		return nil, &Error{Code: CodePeerDown, Op: "new", Rank: -1, Msg: fmt.Sprintf("forming the mesh: %v", err), Cause: err}
+		if errors.As(err, &pl) {
+			return nil, &Error{Code: CodePeerDown, Op: "new", Rank: pl.peer, Msg: pl.Error(), Cause: pl.err}
+		}
+		return nil, &Error{Code: CodePeerDown, Op: "new", Rank: -1, Msg: err.Error(), Cause: err}
 	}
-	if err := bk.Start(ctx, ep); err != nil {
-		bk.Close()
-		cleanup()
-		return nil, &Error{Code: CodePeerDown, Op: "new", Rank: -1, Msg: fmt.Sprintf("negotiating the bulk data path: %v", err), Cause: err}
+	if seed != nil {
+		// Every rank has its peer table (each accepted our dial), so the
+		// seed has served its one formation: free its address now for the
+		// next job on it, e.g. a re-initialisation after Close.
+		seed.Close()
 	}
 	nd.closers = closers
 	c := worldComm(nd, bk)
 	nd.start()
 	return c, nil
+}
+
+// peerLostError is why formation ended early: a peer closed or was lost.
+type peerLostError struct {
+	peer int
+	err  error
+}
+
+func (e *peerLostError) Error() string {
+	how := "was lost"
+	if errors.Is(e.err, transport.ErrPeerClosed) {
+		how = "closed its communicator"
+	}
+	return fmt.Sprintf("rank %d %s while the job was forming: %v", e.peer, how, e.err)
 }
 
 // NewLocalQUIC builds n communicators in this process connected by real
@@ -171,29 +224,87 @@ func isLocalAddr(ctx context.Context, hostport string) bool {
 	if err != nil {
 		return false
 	}
-	addrs, _ := net.InterfaceAddrs()
 	for _, ip := range ips {
-		if ip.IP.IsLoopback() || ip.IP.IsUnspecified() {
+		if ip.IP.IsUnspecified() || isLocalIP(ip.IP) {
 			return true
-		}
-		for _, a := range addrs {
-			if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip.IP) {
-				return true
-			}
 		}
 	}
 	return false
 }
 
+// isLocalIP reports whether ip is a loopback address or an address of one of
+// this host's interfaces.
+func isLocalIP(ip net.IP) bool {
+	if ip.IsLoopback() {
+		return true
+	}
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// bindAddr is where this rank's mesh node listens (and its bulk TCP
+// listener, if it needs one): cfg.BindAddr when set, else one address of
+// this host with a free port, never every interface: the advertised IP
+// when it is one of this host's, else the IP of the interface that routes
+// to the seed (loopback for a seed on loopback, so a local job is reachable
+// from this host only).
+func bindAddr(cfg Config) (string, error) {
+	if cfg.BindAddr != "" {
+		return cfg.BindAddr, nil
+	}
+	if cfg.AdvertiseAddr != "" {
+		host, _, err := net.SplitHostPort(cfg.AdvertiseAddr)
+		if err != nil {
+			host = cfg.AdvertiseAddr
+		}
+		if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() && isLocalIP(ip) {
+			return net.JoinHostPort(ip.String(), "0"), nil
+		}
+	}
+	ip, err := routeTo(cfg.Seed)
+	if err != nil {
+		return "", &Error{Code: CodeInvalidArgument, Op: "new", Rank: -1,
+			Msg: fmt.Sprintf("no route to the seed %s to pick an address to listen on (set NEXAR_BIND_ADDR): %v", cfg.Seed, err), Cause: err}
+	}
+	return net.JoinHostPort(ip.String(), "0"), nil
+}
+
+// routeTo is the IP of the interface this host would send from to reach
+// hostport. A UDP "connection" sends nothing; it only asks the kernel for a
+// route.
+func routeTo(hostport string) (net.IP, error) {
+	c, err := net.Dial("udp", hostport)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).IP, nil
+}
+
 // seedBindAddr is where an embedded seed listens: the seed's own address
-// when it is an IP literal, else every interface on its port.
-func seedBindAddr(seed string) string {
+// when it is an IP literal; for a host name, the first address it resolves
+// to that is one of this host's and not loopback (127.0.0.1 for
+// "localhost"). Only a name that resolves to nothing but loopback here
+// (e.g. 127.0.1.1 from /etc/hosts), while other hosts may resolve it to this
+// host's network address, gets every interface on the port.
+func seedBindAddr(ctx context.Context, seed string) string {
 	host, port, _ := net.SplitHostPort(seed)
 	if ip := net.ParseIP(host); ip != nil {
 		return seed
 	}
 	if host == "localhost" {
 		return net.JoinHostPort("127.0.0.1", port)
+	}
+	ips, _ := net.DefaultResolver.LookupIPAddr(ctx, host)
+	for _, ip := range ips {
+		if !ip.IP.IsLoopback() && !ip.IP.IsUnspecified() && isLocalIP(ip.IP) {
+			return net.JoinHostPort(ip.IP.String(), port)
+		}
 	}
 	return net.JoinHostPort("0.0.0.0", port)
 }
@@ -219,13 +330,10 @@ func advertiseAddr(cfg Config, bound net.Addr) (string, error) {
 	if !ua.IP.IsUnspecified() && ua.IP != nil {
 		return net.JoinHostPort(ua.IP.String(), port), nil
 	}
-	// A UDP "connection" sends nothing; it only asks the kernel for a route.
-	c, err := net.Dial("udp", cfg.Seed)
+	ip, err := routeTo(cfg.Seed)
 	if err != nil {
 		return "", &Error{Code: CodeInvalidArgument, Op: "new", Rank: -1,
 			Msg: fmt.Sprintf("no route to the seed %s to pick an address to advertise (set NEXAR_ADVERTISE_ADDR): %v", cfg.Seed, err), Cause: err}
 	}
-	defer c.Close()
-	ip := c.LocalAddr().(*net.UDPAddr).IP
 	return net.JoinHostPort(ip.String(), port), nil
 }

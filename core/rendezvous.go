@@ -50,13 +50,17 @@ type peerMsg struct {
 }
 
 type welcomeMsg struct {
-	V     int       `cbor:"v"`
-	Code  int       `cbor:"code,omitempty"` // non-zero: refused, Err says why
-	Err   string    `cbor:"err,omitempty"`
-	Rank  int       `cbor:"rank"`
-	Size  int       `cbor:"size"`
-	Peers []peerMsg `cbor:"peers"`
-	Proof []byte    `cbor:"proof"`
+	V    int    `cbor:"v"`
+	Code int    `cbor:"code,omitempty"` // non-zero: refused, Err says why
+	Err  string `cbor:"err,omitempty"`
+	// Formed marks a refusal because this seed's job has already formed:
+	// the joiner may be early for the next job on the same address (its
+	// seed starts once this one's rank 0 closes it), so it tries again.
+	Formed bool      `cbor:"formed,omitempty"`
+	Rank   int       `cbor:"rank"`
+	Size   int       `cbor:"size"`
+	Peers  []peerMsg `cbor:"peers"`
+	Proof  []byte    `cbor:"proof"`
 }
 
 var rdvDec = func() cbor.DecMode {
@@ -117,6 +121,8 @@ func proof(token []byte, cs func(label string, context []byte, length int) ([]by
 // not on the data path. Its methods are safe for concurrent use.
 type Seed struct {
 	ln        *quic.Listener
+	tr        *quic.Transport
+	udp       *net.UDPConn
 	size      int
 	token     []byte
 	log       *slog.Logger
@@ -154,11 +160,26 @@ func StartSeed(addr string, worldSize int, token []byte) (*Seed, error) {
 	}
 	tc := nquic.ServerTLSConfig(id, func([32]byte) error { return nil }) // joiners prove the token instead
 	tc.NextProtos = []string{rdvALPN}
-	ln, err := quic.ListenAddr(addr, tc, &quic.Config{HandshakeIdleTimeout: 10 * time.Second, MaxIdleTimeout: 30 * time.Second, KeepAlivePeriod: 5 * time.Second})
+	// The seed owns its socket (rather than quic.ListenAddr) so that Close
+	// releases the address before it returns: quic-go would keep a socket
+	// it made itself until its last connection is gone, and the next job on
+	// the same address must be able to bind it at once.
+	ua, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return nil, &Error{Code: CodeInvalidArgument, Op: "seed", Rank: -1, Msg: fmt.Sprintf("listen on %s: %v", addr, err), Cause: err}
+	}
+	udp, err := net.ListenUDP("udp", ua)
 	if err != nil {
 		return nil, &Error{Code: CodeInternal, Op: "seed", Rank: -1, Msg: fmt.Sprintf("listen on %s: %v", addr, err), Cause: err}
 	}
-	s := &Seed{ln: ln, size: worldSize, token: append([]byte(nil), token...), log: slog.Default(),
+	tr := &quic.Transport{Conn: udp}
+	ln, err := tr.Listen(tc, &quic.Config{HandshakeIdleTimeout: 10 * time.Second, MaxIdleTimeout: 30 * time.Second, KeepAlivePeriod: 5 * time.Second})
+	if err != nil {
+		tr.Close()
+		udp.Close()
+		return nil, &Error{Code: CodeInternal, Op: "seed", Rank: -1, Msg: fmt.Sprintf("listen on %s: %v", addr, err), Cause: err}
+	}
+	s := &Seed{ln: ln, tr: tr, udp: udp, size: worldSize, token: append([]byte(nil), token...), log: slog.Default(),
 		formed: make(chan struct{}), done: make(chan struct{})}
 	s.wg.Add(1)
 	go s.acceptLoop()
@@ -171,12 +192,15 @@ func (s *Seed) Addr() net.Addr { return s.ln.Addr() }
 // Formed is closed once every rank has joined.
 func (s *Seed) Formed() <-chan struct{} { return s.formed }
 
-// Close stops the seed and releases its socket and goroutines.
+// Close stops the seed and releases its socket and goroutines; the address
+// is free again when it returns.
 func (s *Seed) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.done)
 		s.ln.Close()
 		s.wg.Wait()
+		s.tr.Close()
+		s.udp.Close()
 	})
 	return nil
 }
@@ -241,7 +265,13 @@ func (s *Seed) serve(conn *quic.Conn) {
 		return
 	}
 	m := &member{want: j.Rank, addr: j.Addr, fp: j.FP, gone: make(chan struct{})}
-	if err := s.add(m); err != nil {
+	if err := s.add(m); errors.Is(err, errFormed) {
+		s.log.Debug("nexar seed: joiner came after formation", "remote", conn.RemoteAddr().String())
+		_ = writeFrame(st, welcomeMsg{V: rdvVersion, Code: int(CodeInvalidArgument), Err: err.Error(), Formed: true})
+		st.Close()
+		s.linger(conn)
+		return
+	} else if err != nil {
 		refuse(CodeInvalidArgument, "%v", err)
 		return
 	}
@@ -278,12 +308,14 @@ func (s *Seed) linger(conn *quic.Conn) {
 	}
 }
 
+var errFormed = errors.New("the job is already formed")
+
 func (s *Seed) add(m *member) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	select {
 	case <-s.formed:
-		return fmt.Errorf("the job is already formed (%d ranks)", s.size)
+		return fmt.Errorf("%w (%d ranks)", errFormed, s.size)
 	default:
 	}
 	if m.want < -1 || m.want >= s.size {
@@ -334,7 +366,9 @@ func (s *Seed) remove(m *member) {
 }
 
 // join registers with the seed at addr and returns this rank's number and
-// the peer table. It retries until ctx ends while the seed is not up yet.
+// the peer table. It retries until ctx ends while the seed is not up yet, or
+// while the seed there is an earlier job's that has already formed (this
+// rank is early for the next job on the same address).
 func join(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte) (int, []nquic.Peer, error) {
 	id, err := nquic.NewIdentity()
 	if err != nil {
@@ -342,26 +376,48 @@ func join(ctx context.Context, addr string, token []byte, rank int, advertise st
 	}
 	tc := nquic.ClientTLSConfig(id, func([32]byte) error { return nil }) // the seed proves the token instead
 	tc.NextProtos = []string{rdvALPN}
-	var conn *quic.Conn
 	backoff := 100 * time.Millisecond
-	for {
-		actx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		conn, err = quic.DialAddr(actx, addr, tc, &quic.Config{HandshakeIdleTimeout: 3 * time.Second, MaxIdleTimeout: 30 * time.Second, KeepAlivePeriod: 5 * time.Second})
-		cancel()
-		if err == nil {
-			break
-		}
+	wait := func() bool {
 		select {
 		case <-ctx.Done():
-			return 0, nil, &Error{Code: CodeTimeout, Op: "rendezvous", Rank: -1,
-				Msg: fmt.Sprintf("cannot reach the seed at %s: %v", addr, err), Cause: err}
+			return false
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, time.Second)
+		return true
 	}
-	defer conn.CloseWithError(0, "")
-	fail := func(code Code, format string, args ...any) (int, []nquic.Peer, error) {
-		return 0, nil, &Error{Code: code, Op: "rendezvous", Rank: -1, Msg: fmt.Sprintf(format, args...)}
+	for {
+		var conn *quic.Conn
+		for {
+			actx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			conn, err = quic.DialAddr(actx, addr, tc, &quic.Config{HandshakeIdleTimeout: 3 * time.Second, MaxIdleTimeout: 30 * time.Second, KeepAlivePeriod: 5 * time.Second})
+			cancel()
+			if err == nil {
+				break
+			}
+			if !wait() {
+				return 0, nil, &Error{Code: CodeTimeout, Op: "rendezvous", Rank: -1,
+					Msg: fmt.Sprintf("cannot reach the seed at %s: %v", addr, err), Cause: err}
+			}
+		}
+		r, peers, formed, err := joinOnce(ctx, conn, addr, token, rank, advertise, fp)
+		conn.CloseWithError(0, "")
+		if !formed {
+			return r, peers, err
+		}
+		if !wait() {
+			return 0, nil, &Error{Code: CodeTimeout, Op: "rendezvous", Rank: -1,
+				Msg: fmt.Sprintf("the seed at %s serves a job that had already formed, and no new one started there in time "+
+					"(an earlier job on this address still runs, or this process is one rank too many): %v", addr, err), Cause: err}
+		}
+	}
+}
+
+// joinOnce is one attempt of join on conn; formed reports that the seed
+// refused because its job has already formed.
+func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, rank int, advertise string, fp [32]byte) (int, []nquic.Peer, bool, error) {
+	fail := func(code Code, format string, args ...any) (int, []nquic.Peer, bool, error) {
+		return 0, nil, false, &Error{Code: code, Op: "rendezvous", Rank: -1, Msg: fmt.Sprintf(format, args...)}
 	}
 	st, err := conn.OpenStreamSync(ctx)
 	if err != nil {
@@ -393,7 +449,8 @@ func join(ctx context.Context, addr string, token []byte, rank int, advertise st
 		if code <= CodeOK || code >= numCodes {
 			code = CodeInternal
 		}
-		return fail(code, "seed %s refused: %s", addr, truncate(w.Err, 512))
+		r, peers, _, err := fail(code, "seed %s refused: %s", addr, truncate(w.Err, 512))
+		return r, peers, w.Formed, err
 	}
 	want, err := proof(token, tls.ExportKeyingMaterial, labelSeed)
 	if err != nil || !hmac.Equal(want, w.Proof) {
@@ -410,7 +467,7 @@ func join(ctx context.Context, addr string, token []byte, rank int, advertise st
 		peers[i] = nquic.Peer{Rank: i, Addr: pm.Addr}
 		copy(peers[i].Fingerprint[:], pm.FP)
 	}
-	return w.Rank, peers, nil
+	return w.Rank, peers, false, nil
 }
 
 func isTimeout(err error) bool {

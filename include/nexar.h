@@ -163,8 +163,10 @@ typedef struct nexar_config {
     const char* seed_addr;         /* rendezvous "host:port"; rank 0 runs it embedded */
     const void* token;             /* cluster secret shared by all ranks */
     size_t token_len;              /* bytes in token */
-    const char* bind_addr;         /* local UDP "host:port" to listen on (default: any) */
-    const char* advertise_addr;    /* address peers should dial (default: derived) */
+    const char* bind_addr;         /* local UDP "host:port" to listen on (default: the IP that
+                                      routes to the seed, e.g. 127.0.0.1 for a local job, a free
+                                      port; "0.0.0.0:0" for every interface) */
+    const char* advertise_addr;    /* address peers should dial (default: the bound IP) */
     int64_t timeout_ms;            /* deadline of each blocking operation */
     int64_t connect_timeout_ms;    /* deadline of rendezvous and mesh set-up */
     int64_t heartbeat_interval_ms; /* how often peers are probed */
@@ -209,6 +211,7 @@ void nexar_get_version(int* major, int* minor, int* patch);
  * NEXAR_TOKEN (set by `nexar run`), else torchrun's RANK, WORLD_SIZE,
  * MASTER_ADDR, MASTER_PORT, else Slurm's or Open MPI's variables.
  * Blocks until every rank has joined (rendezvous plus connection set-up).
+ * Formation failures and initialising again: as nexar_comm_init.
  * Args: comm: out; receives the new handle (NEXAR_COMM_NULL on failure).
  * Result: NEXAR_SUCCESS; NEXAR_ERR_INVALID_ARGUMENT (comm NULL, missing or
  * bad variables); NEXAR_ERR_TIMEOUT; NEXAR_ERR_AUTH; NEXAR_ERR_PEER_DOWN.
@@ -216,7 +219,16 @@ void nexar_get_version(int* major, int* minor, int* patch);
 nexar_result_t nexar_comm_init_from_env(nexar_comm_t* comm);
 
 /* nexar_comm_init creates the world communicator from an explicit
- * configuration. Blocks until every rank has joined.
+ * configuration. Blocks until every rank has joined, at most
+ * connect_timeout_ms; a rank that destroys its communicator, exits or is
+ * lost before the world has formed makes the call fail within seconds with
+ * NEXAR_ERR_PEER_DOWN naming that rank.
+ * Initialising again: a world may be destroyed and created again with the
+ * same configuration (same seed address), as with destroy_process_group and
+ * init_process_group. Rank 0's embedded seed serves one formation and is
+ * closed as soon as the world has formed, which frees its address; a rank
+ * that reaches the previous world's seed before then waits for the next
+ * one, until connect_timeout_ms (then NEXAR_ERR_TIMEOUT saying so).
  * Args: config: initialized with NEXAR_CONFIG_INIT; read during the call
  *       only (strings and token are copied).
  *       comm: out; receives the new handle (NEXAR_COMM_NULL on failure).
@@ -227,7 +239,8 @@ nexar_result_t nexar_comm_init(const nexar_config_t* config, nexar_comm_t* comm)
 
 /* nexar_comm_destroy releases a communicator and everything it holds.
  * It is local (no communication with other ranks). Pending operations fail
- * with NEXAR_ERR_CLOSED; requests stay valid handles until freed.
+ * with NEXAR_ERR_CLOSED; requests stay valid handles until freed. A new
+ * world may then be created with the same configuration (nexar_comm_init).
  * Destroying a handle twice gives NEXAR_ERR_INVALID_HANDLE.
  * Args: comm: the communicator.
  * Result: NEXAR_SUCCESS or NEXAR_ERR_INVALID_HANDLE.

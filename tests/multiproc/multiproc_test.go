@@ -422,3 +422,46 @@ func spray(c net.PacketConn, targets []string, stop <-chan struct{}) int64 {
 		}
 	}
 }
+
+var formationRE = regexp.MustCompile(`FORMATION rank=0 formed=(true|false) new_ms=(\d+) first_call_ms=(\d+) dead=(-?\d+) code="([^"]*)"`)
+
+// TestPeerLeavesRightAfterNew: rank 1 leaves as soon as its New returns
+// (destroying its communicator, or exiting without that). Rank 0 must learn
+// it within seconds, naming rank 1: in New if it was still forming, else
+// in its first call; never after the whole connect timeout.
+func TestPeerLeavesRightAfterNew(t *testing.T) {
+	const connectTimeout = 30 * time.Second
+	for _, how := range []string{"close", "exit"} {
+		t.Run(how, func(t *testing.T) {
+			for run := range 3 {
+				seed := "127.0.0.1:" + strconv.Itoa(freeUDPPort(t))
+				base := []string{"NEXAR_WORLD_SIZE=2", "NEXAR_SEED=" + seed, "NEXAR_TOKEN=" + newToken(t),
+					"NEXAR_CONNECT_TIMEOUT=" + connectTimeout.String()}
+				var ps []*proc
+				for r := range 2 {
+					ps = append(ps, start(t, cleanEnv(append(base, "NEXAR_RANK="+strconv.Itoa(r))...), testprogBin, "leave", "1", how))
+				}
+				for r, p := range ps {
+					if err := p.wait(t, 2*connectTimeout); err != nil {
+						t.Fatalf("rank %d: %v\n%s", r, err, p.out.String())
+					}
+				}
+				out := ps[0].out.String()
+				m := formationRE.FindStringSubmatch(out)
+				if m == nil {
+					t.Fatalf("rank 0 printed no FORMATION line:\n%s", out)
+				}
+				newMS, _ := strconv.Atoi(m[2])
+				firstMS, _ := strconv.Atoi(m[3])
+				t.Logf("run %d: rank 0 formed=%s, New %d ms, first call %d ms, dead=%s code=%s", run, m[1], newMS, firstMS, m[4], m[5])
+				if m[4] != "1" || m[5] != "peer down" {
+					t.Errorf("rank 0 got dead=%s code=%s, want rank 1 and code \"peer down\":\n%s", m[4], m[5], out)
+				}
+				// "exit" is seen through QUIC's idle timeout (5 s).
+				if d := time.Duration(newMS+firstMS) * time.Millisecond; d > 15*time.Second {
+					t.Errorf("rank 0 took %v to learn that rank 1 left (connect timeout %v)", d, connectTimeout)
+				}
+			}
+		})
+	}
+}

@@ -100,7 +100,9 @@ type Options struct {
 	// Default DefaultRingSize.
 	RingSize int
 	// BindHost is the IP the TCP listener binds; AdvertiseHost is what
-	// peers dial. Defaults "0.0.0.0" and "127.0.0.1".
+	// peers dial. Defaults: AdvertiseHost, and "127.0.0.1". The listener
+	// is bound when a peer first needs a TCP channel to this rank (another
+	// host, or no shared memory), so a job on one host has none.
 	BindHost, AdvertiseHost string
 	// Identity and Fingerprints (by rank) are the QUIC mesh's: TLS on the
 	// TCP connections pins the same certificates. Required unless
@@ -149,7 +151,6 @@ type Endpoint struct {
 	ctx        context.Context
 	cancel     context.CancelFunc
 	wg         sync.WaitGroup
-	ln         net.Listener
 
 	out    []atomic.Pointer[channel] // outbound channel per peer; nil: inner
 	polled []atomic.Pointer[channel] // inbound ring channel per peer, for Poll
@@ -167,6 +168,8 @@ type Endpoint struct {
 	byeSeen        []bool     // inbound channel ended with a goodbye
 	causes         []error    // why each departed peer is down
 	offers         map[int]*tcpOffer
+	ln             net.Listener // TCP, bound on first use (see listener)
+	lnErr          error
 	rings          []*ring      // every ring mapped, released at Close
 	ctlWG          bool         // false once Close stops taking control messages
 	probe          []byte       // what a peer reads from our memory to test cross-memory attach
@@ -188,11 +191,11 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 	if opt.RingSize&(opt.RingSize-1) != 0 || opt.RingSize > maxRing || opt.RingSize < 64<<10 {
 		return nil, fmt.Errorf("bulk: ring size %d is not a power of two in [64 KiB, 1 GiB]", opt.RingSize)
 	}
-	if opt.BindHost == "" {
-		opt.BindHost = "0.0.0.0"
-	}
 	if opt.AdvertiseHost == "" {
 		opt.AdvertiseHost = "127.0.0.1"
+	}
+	if opt.BindHost == "" {
+		opt.BindHost = opt.AdvertiseHost
 	}
 	if opt.HostID == "" {
 		opt.HostID = HostID()
@@ -226,15 +229,31 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 	if e.left == 0 || opt.Mode == ModeOff {
 		close(e.ready)
 	}
-	if opt.Mode.tcp() && size > 1 {
-		ln, err := net.Listen("tcp", net.JoinHostPort(opt.BindHost, "0"))
-		if err != nil {
-			return nil, fmt.Errorf("bulk: listen: %w", err)
-		}
-		e.ln = ln
-		e.wg.Go(e.acceptLoop)
-	}
 	return e, nil
+}
+
+// listener returns the TCP listener, bound on first use; nil when it
+// cannot be bound (the peer's data then stays on the inner endpoint) or
+// the endpoint is closing.
+func (e *Endpoint) listener() net.Listener {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ln != nil || e.lnErr != nil || !e.ctlWG {
+		return e.ln
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(e.opt.BindHost, "0"))
+	if err != nil {
+		e.lnErr = err
+		e.log.Warn("nexar: bulk: no TCP listener; data from other hosts stays on QUIC", "rank", e.self, "err", err)
+		return nil
+	}
+	e.ln = ln
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		e.acceptLoop(ln)
+	}()
+	return ln
 }
 
 // Handler is the transport.Handler to give the inner endpoint.
@@ -584,11 +603,11 @@ func (e *Endpoint) Close() error {
 			e.inner.Close()
 		}
 		e.cancel()
+		e.mu.Lock()
+		e.ctlWG = false
 		if e.ln != nil {
 			e.ln.Close()
 		}
-		e.mu.Lock()
-		e.ctlWG = false
 		chans := append([]*channel(nil), e.in...)
 		for _, off := range e.offers {
 			for _, c := range off.raws {
@@ -763,7 +782,7 @@ func (e *Endpoint) offer(ctx context.Context, from int, shm, tcp bool) {
 		}
 		e.log.Debug("nexar: bulk: no shared-memory ring", "rank", e.self, "peer", from, "err", err)
 	}
-	if tcp && e.opt.Mode.tcp() && e.ln != nil {
+	if ln := e.tcpListener(tcp); ln != nil {
 		nonce := make([]byte, 32)
 		rand.Read(nonce)
 		e.mu.Lock()
@@ -771,12 +790,21 @@ func (e *Endpoint) offer(ctx context.Context, from int, shm, tcp bool) {
 			e.offers[from] = &tcpOffer{nonce: nonce, conns: make([]net.Conn, e.opt.Conns), raws: make([]net.Conn, e.opt.Conns)}
 		}
 		e.mu.Unlock()
-		port := e.ln.Addr().(*net.TCPAddr).Port
+		port := ln.Addr().(*net.TCPAddr).Port
 		addr := net.JoinHostPort(e.opt.AdvertiseHost, fmt.Sprint(port))
 		e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "offer", Kind: "tcp", Addr: addr, Nonce: nonce, Conns: e.opt.Conns, TLS: !e.opt.Plaintext})
 		return
 	}
 	e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "offer", Kind: "quic"})
+}
+
+// tcpListener is the listener for a TCP offer to a peer that can dial
+// one (tcp), or nil.
+func (e *Endpoint) tcpListener(tcp bool) net.Listener {
+	if !tcp || !e.opt.Mode.tcp() {
+		return nil
+	}
+	return e.listener()
 }
 
 // attach opens the channel a peer offered for this rank's data to it.

@@ -209,7 +209,9 @@ func TestUnauthorisedTCP(t *testing.T) {
 			}
 		}}
 		eps := mesh(t, 2, opt, h, nil)
+		eps[0].mu.Lock()
 		addr := eps[0].ln.Addr().String()
+		eps[0].mu.Unlock()
 		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 		if err != nil {
 			t.Fatal(err)

@@ -50,9 +50,9 @@ func preambleMAC(nonce []byte, dialer, acceptor, idx, cnt int) []byte {
 	return m.Sum(nil)
 }
 
-func (e *Endpoint) acceptLoop() {
+func (e *Endpoint) acceptLoop(ln net.Listener) {
 	for {
-		c, err := e.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			return
 		}

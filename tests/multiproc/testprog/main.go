@@ -7,6 +7,9 @@
 //	loop       allreduce until an operation fails; prints FAULT with timing
 //	soak D     allreduce for duration D, then verify and exit
 //	auth       expect the seed to refuse this process's token
+//	leave R H  rank R leaves as soon as New returns (H: "close" destroys its
+//	           communicator first, "exit" just exits); the others print
+//	           FORMATION with how long New and a first barrier took
 //
 // It exits 0 when the mode's expectation holds and non-zero otherwise,
 // printing one line that says why.
@@ -48,6 +51,9 @@ func run(mode string, args []string) error {
 	defer cancel()
 	if mode == "auth" {
 		return expectAuth(ctx, cfg)
+	}
+	if mode == "leave" {
+		return leave(ctx, cfg, args)
 	}
 	if mode == "loop" {
 		// The launcher sends SIGTERM to every rank when one dies; stay up
@@ -99,6 +105,47 @@ func expectAuth(ctx context.Context, cfg core.Config) error {
 		return fmt.Errorf("want an authentication error, got code %v: %w", core.CodeOf(err), err)
 	}
 	fmt.Printf("AUTH-REFUSED %v\n", err)
+	return nil
+}
+
+func leave(ctx context.Context, cfg core.Config, args []string) error {
+	if len(args) != 2 || (args[1] != "close" && args[1] != "exit") {
+		return errors.New("usage: testprog leave RANK close|exit")
+	}
+	r, err := strconv.Atoi(args[0])
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	c, err := core.New(ctx, cfg)
+	newMS := time.Since(t0).Milliseconds()
+	if cfg.Rank == r {
+		if err != nil {
+			return err
+		}
+		fmt.Printf("LEFT rank=%d new_ms=%d\n", r, newMS)
+		if args[1] == "exit" {
+			os.Exit(0)
+		}
+		return c.Close()
+	}
+	report := func(formed bool, firstMS int64, err error) {
+		var ce *core.Error
+		dead := -1
+		if errors.As(err, &ce) {
+			dead = ce.Rank
+		}
+		fmt.Printf("FORMATION rank=%d formed=%v new_ms=%d first_call_ms=%d dead=%d code=%q err=%v\n",
+			cfg.Rank, formed, newMS, firstMS, dead, core.CodeOf(err).String(), err)
+	}
+	if err != nil {
+		report(false, 0, err)
+		return nil
+	}
+	defer c.Close()
+	t1 := time.Now()
+	err = c.Barrier(ctx)
+	report(true, time.Since(t1).Milliseconds(), err)
 	return nil
 }
 

@@ -17,8 +17,8 @@ import (
 // (nexar_comm_abort plays that role).
 var bg = context.Background()
 
-//export nexar_comm_init_from_env
-func nexar_comm_init_from_env(comm *C.uintptr_t) (r C.int) {
+//export nxgo_comm_init_from_env
+func nxgo_comm_init_from_env(comm *C.uintptr_t) (r C.int) {
 	const fn = "nexar_comm_init_from_env"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -34,8 +34,8 @@ func nexar_comm_init_from_env(comm *C.uintptr_t) (r C.int) {
 	return newComm(fn, cfg, comm)
 }
 
-//export nexar_comm_init
-func nexar_comm_init(config unsafe.Pointer, comm *C.uintptr_t) (r C.int) {
+//export nxgo_comm_init
+func nxgo_comm_init(config unsafe.Pointer, comm *C.uintptr_t) (r C.int) {
 	const fn = "nexar_comm_init"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -61,8 +61,8 @@ func newComm(fn string, cfg core.Config, out *C.uintptr_t) C.int {
 	return resSuccess
 }
 
-//export nexar_comm_destroy
-func nexar_comm_destroy(comm C.uintptr_t) (r C.int) {
+//export nxgo_comm_destroy
+func nxgo_comm_destroy(comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_comm_destroy"
 	defer recoverToResult(fn, &r)
 	c, ok := comms.remove(uintptr(comm))
@@ -73,8 +73,8 @@ func nexar_comm_destroy(comm C.uintptr_t) (r C.int) {
 	return result(fn, c.Close())
 }
 
-//export nexar_comm_abort
-func nexar_comm_abort(comm C.uintptr_t) (r C.int) {
+//export nxgo_comm_abort
+func nxgo_comm_abort(comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_comm_abort"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -86,8 +86,8 @@ func nexar_comm_abort(comm C.uintptr_t) (r C.int) {
 	return resSuccess
 }
 
-//export nexar_comm_rank
-func nexar_comm_rank(comm C.uintptr_t, rank *C.int) (r C.int) {
+//export nxgo_comm_rank
+func nxgo_comm_rank(comm C.uintptr_t, rank *C.int) (r C.int) {
 	const fn = "nexar_comm_rank"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -100,8 +100,8 @@ func nexar_comm_rank(comm C.uintptr_t, rank *C.int) (r C.int) {
 	return resSuccess
 }
 
-//export nexar_comm_size
-func nexar_comm_size(comm C.uintptr_t, size *C.int) (r C.int) {
+//export nxgo_comm_size
+func nxgo_comm_size(comm C.uintptr_t, size *C.int) (r C.int) {
 	const fn = "nexar_comm_size"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -114,8 +114,8 @@ func nexar_comm_size(comm C.uintptr_t, size *C.int) (r C.int) {
 	return resSuccess
 }
 
-//export nexar_comm_split
-func nexar_comm_split(comm C.uintptr_t, color, key C.int, newcomm *C.uintptr_t) (r C.int) {
+//export nxgo_comm_split
+func nxgo_comm_split(comm C.uintptr_t, color, key C.int, newcomm *C.uintptr_t) (r C.int) {
 	const fn = "nexar_comm_split"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -135,8 +135,8 @@ func nexar_comm_split(comm C.uintptr_t, color, key C.int, newcomm *C.uintptr_t) 
 	return resSuccess
 }
 
-//export nexar_comm_get_error
-func nexar_comm_get_error(comm C.uintptr_t, errp *C.int) (r C.int) {
+//export nxgo_comm_get_error
+func nxgo_comm_get_error(comm C.uintptr_t, errp *C.int) (r C.int) {
 	const fn = "nexar_comm_get_error"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}

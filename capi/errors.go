@@ -26,6 +26,7 @@ const (
 	resTruncated       C.int = 9
 	resUnavailable     C.int = 10
 	resInternal        C.int = 11
+	resForked          C.int = 12 // returned only by the C guard in entry.c
 )
 
 // codeResults is the one table from core.Code to nexar_result_t.

@@ -48,6 +48,8 @@ const char* nexar_result_string(nexar_result_t code) {
         return "feature or device unavailable";
     case NEXAR_ERR_INTERNAL:
         return "internal error (see nexar_last_error)";
+    case NEXAR_ERR_FORKED:
+        return "called in a child made by fork() without exec(); the library is unusable there";
     }
     return "unknown result";
 }

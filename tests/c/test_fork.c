@@ -2,8 +2,11 @@
  * once from every call on the parent's handles, and touches nothing the
  * parent owns: afterwards the parent's world still works, with correct data
  * on every rank. Rank 0 forks; the other ranks go straight on to the next
- * collectives and wait there for rank 0. Run with 2 ranks (works with any). */
+ * collectives and wait there for rank 0. Then rank 0 forks again while
+ * another of its threads is inside the library (where a child that entered
+ * the Go runtime at all would often hang). Run with 2 ranks (works with any). */
 #define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -51,10 +54,11 @@ static void refused(int line, const char* fn, double t0, nexar_result_t got, con
     } while (0)
 
 /* child runs in the forked child: every call on the parent's handles must
- * be refused. A watchdog kills it if any call hangs. */
-static void child(nexar_comm_t c, nexar_request_t req, int rank, int n, pid_t ppid) {
+ * be refused (only two calls unless full). A watchdog kills it if any call
+ * hangs. */
+static void child(nexar_comm_t c, nexar_request_t req, int rank, int n, pid_t ppid, int full) {
     signal(SIGALRM, SIG_DFL);
-    alarm(10);
+    alarm(5);
     char parent[32];
     snprintf(parent, sizeof parent, "pid %ld", (long)ppid);
     int64_t v[SMALL] = {0}, w[SMALL];
@@ -66,7 +70,9 @@ static void child(nexar_comm_t c, nexar_request_t req, int rank, int n, pid_t pp
     cfg.world_size = 1;
     double t0 = now();
 
+    REFUSED(nexar_comm_rank, nexar_comm_rank(c, &x));
     REFUSED(nexar_allreduce, nexar_allreduce(v, w, SMALL, NEXAR_INT64, NEXAR_SUM, c));
+    if (!full) _exit(child_failures ? 1 : 0);
     REFUSED(nexar_barrier, nexar_barrier(c));
     REFUSED(nexar_wait, nexar_wait(req));
     REFUSED(nexar_test, nexar_test(req, &done));
@@ -74,7 +80,6 @@ static void child(nexar_comm_t c, nexar_request_t req, int rank, int n, pid_t pp
     REFUSED(nexar_broadcast, nexar_broadcast(v, SMALL, NEXAR_INT64, 0, c));
     REFUSED(nexar_send, nexar_send(v, 1, NEXAR_INT64, (rank + 1) % n, 7, c));
     REFUSED(nexar_irecv, nexar_irecv(w, 1, NEXAR_INT64, NEXAR_ANY_SOURCE, 7, c, &r2));
-    REFUSED(nexar_comm_rank, nexar_comm_rank(c, &x));
     REFUSED(nexar_comm_get_error, nexar_comm_get_error(c, &health));
     REFUSED(nexar_comm_split, nexar_comm_split(c, 0, 0, &other));
     REFUSED(nexar_comm_abort, nexar_comm_abort(c));
@@ -105,12 +110,12 @@ static void child(nexar_comm_t c, nexar_request_t req, int rank, int n, pid_t pp
 
 /* run_child forks, runs child and waits up to 20 s for it (killing it
  * after that); returns 0 if it exited with status 0. */
-static int run_child(nexar_comm_t c, nexar_request_t req, int rank, int n) {
+static int run_child(nexar_comm_t c, nexar_request_t req, int rank, int n, int full) {
     fflush(NULL);
     pid_t self = getpid();
     pid_t pid = fork();
     EXPECT(pid >= 0, "fork failed");
-    if (pid == 0) child(c, req, rank, n, self);
+    if (pid == 0) child(c, req, rank, n, self, full);
     int status = 0;
     double t0 = now();
     for (;;) {
@@ -137,6 +142,57 @@ static int run_child(nexar_comm_t c, nexar_request_t req, int rank, int n) {
 
 static int64_t big[LARGE];
 
+/* busy keeps a thread inside the library: allreduces on its own
+ * communicator until rank 0 clears more (agreed by the allreduce itself). */
+struct busy {
+    nexar_comm_t comm;
+    pthread_mutex_t mu;
+    int more, iters;
+};
+
+static void* busy_loop(void* arg) {
+    struct busy* b = arg;
+    int rank;
+    static int64_t buf[LARGE / 4];
+    CK(nexar_comm_rank(b->comm, &rank));
+    for (;;) {
+        pthread_mutex_lock(&b->mu);
+        buf[0] = rank == 0 ? b->more : 0;
+        pthread_mutex_unlock(&b->mu);
+        CK(nexar_allreduce(buf, buf, LARGE / 4, NEXAR_INT64, NEXAR_SUM, b->comm));
+        b->iters++;
+        if (buf[0] == 0) return NULL;
+    }
+}
+
+/* fork_while_busy forks 20 children on rank 0 while a thread of every rank
+ * runs collectives; returns the number of failed children. */
+static int fork_while_busy(nexar_comm_t c, nexar_request_t req, int rank, int n) {
+    struct busy b;
+    b.more = 1;
+    b.iters = 0;
+    pthread_mutex_init(&b.mu, NULL);
+    CK(nexar_comm_split(c, 0, rank, &b.comm));
+    pthread_t t;
+    EXPECT(pthread_create(&t, NULL, busy_loop, &b) == 0, "pthread_create");
+    int failed = 0;
+    if (rank == 0) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        for (int k = 0; k < 20; k++) failed += run_child(c, req, rank, n, 0);
+        pthread_mutex_lock(&b.mu);
+        b.more = 0;
+        pthread_mutex_unlock(&b.mu);
+    }
+    pthread_join(t, NULL);
+    CK(nexar_comm_destroy(b.comm));
+    pthread_mutex_destroy(&b.mu);
+    if (rank == 0) {
+        printf("rank 0: 20 children forked during %d busy allreduces, %d failed\n", b.iters, failed);
+    }
+    return failed;
+}
+
 int main(void) {
     nexar_comm_t c;
     CK(nexar_comm_init_from_env(&c));
@@ -156,7 +212,7 @@ int main(void) {
     CK(nexar_wait(req));
 
     int failed = 0;
-    if (rank == 0) failed = run_child(c, req, rank, n);
+    if (rank == 0) failed = run_child(c, req, rank, n, 1);
 
     /* the parent's world is intact: collectives give the right data on every rank */
     const int64_t ranks = (int64_t)n * (n - 1) / 2;
@@ -176,6 +232,7 @@ int main(void) {
                    (long long)want);
         }
         CK(nexar_barrier(c));
+        if (it == 0) failed += fork_while_busy(c, req, rank, n);
     }
     CK(nexar_wait(req));
     CK(nexar_request_free(req));

@@ -1,6 +1,8 @@
 package main
 
 /*
+#include <stdlib.h>
+
 #include "capi.h"
 */
 import "C"
@@ -27,11 +29,26 @@ func nxgo_comm_init_from_env(comm *C.uintptr_t) (r C.int) {
 		return a.fail()
 	}
 	*comm = 0
-	cfg, err := core.ConfigFromEnv()
+	cfg, err := core.ConfigFromLookup(cEnv)
 	if err != nil {
 		return fail(fn, resInvalidArgument, "%v", err)
 	}
 	return newComm(fn, cfg, comm)
+}
+
+// cEnv looks name up in the C environment as it is now. os.LookupEnv would
+// read Go's copy, taken when the runtime started (library load), so a
+// variable the host program set or changed with setenv since would be
+// missed. getenv is not safe against a concurrent setenv in another thread;
+// that is the host program's to avoid, as for any getenv.
+func cEnv(name string) (string, bool) {
+	cs := C.CString(name)
+	defer C.free(unsafe.Pointer(cs))
+	v := C.getenv(cs)
+	if v == nil {
+		return "", false
+	}
+	return C.GoString(v), true
 }
 
 //export nxgo_comm_init

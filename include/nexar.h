@@ -208,6 +208,10 @@ void nexar_get_version(int* major, int* minor, int* patch);
  * environment of the launcher: NEXAR_RANK, NEXAR_WORLD_SIZE, NEXAR_SEED,
  * NEXAR_TOKEN (set by `nexar run`), else torchrun's RANK, WORLD_SIZE,
  * MASTER_ADDR, MASTER_PORT, else Slurm's or Open MPI's variables.
+ * The environment is read when the function is called (with getenv), so
+ * variables the program sets with setenv() before a call are seen, also
+ * after an earlier init; don't change the environment from another thread
+ * during the call.
  * Blocks until every rank has joined (rendezvous plus connection set-up).
  * Args: comm: out; receives the new handle (NEXAR_COMM_NULL on failure).
  * Result: NEXAR_SUCCESS; NEXAR_ERR_INVALID_ARGUMENT (comm NULL, missing or

@@ -31,6 +31,8 @@ static const char* nxcapi_result_message(nexar_result_t code) {
         return "feature or device unavailable";
     case NEXAR_ERR_INTERNAL:
         return "internal error (see nexar_last_error)";
+    case NEXAR_ERR_FORKED:
+        return "called in a child made by fork() without exec(); the library is unusable there";
     }
     return "unknown result";
 }

@@ -51,8 +51,8 @@ func prepElementwise(a *args, sendbuf, recvbuf unsafe.Pointer, count C.size_t, d
 	return x
 }
 
-//export nexar_allreduce
-func nexar_allreduce(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, comm C.uintptr_t) (r C.int) {
+//export nxgo_allreduce
+func nxgo_allreduce(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_allreduce"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -63,8 +63,8 @@ func nexar_allreduce(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.i
 	return result(fn, x.c.Allreduce(bg, x.send, x.recv, x.dt, x.op))
 }
 
-//export nexar_iallreduce
-func nexar_iallreduce(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
+//export nxgo_iallreduce
+func nxgo_iallreduce(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
 	const fn = "nexar_iallreduce"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -77,8 +77,8 @@ func nexar_iallreduce(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.
 	return resSuccess
 }
 
-//export nexar_reduce
-func nexar_reduce(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, root C.int, comm C.uintptr_t) (r C.int) {
+//export nxgo_reduce
+func nxgo_reduce(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, root C.int, comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_reduce"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -89,8 +89,8 @@ func nexar_reduce(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int,
 	return result(fn, x.c.Reduce(bg, x.send, x.recv, x.dt, x.op, x.root))
 }
 
-//export nexar_ireduce
-func nexar_ireduce(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, root C.int, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
+//export nxgo_ireduce
+func nxgo_ireduce(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, root C.int, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
 	const fn = "nexar_ireduce"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -103,8 +103,8 @@ func nexar_ireduce(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int
 	return resSuccess
 }
 
-//export nexar_scan
-func nexar_scan(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, comm C.uintptr_t) (r C.int) {
+//export nxgo_scan
+func nxgo_scan(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_scan"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -115,8 +115,8 @@ func nexar_scan(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, c
 	return result(fn, x.c.Scan(bg, x.send, x.recv, x.dt, x.op))
 }
 
-//export nexar_exscan
-func nexar_exscan(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, comm C.uintptr_t) (r C.int) {
+//export nxgo_exscan
+func nxgo_exscan(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_exscan"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -137,8 +137,8 @@ func prepBroadcast(a *args, buf unsafe.Pointer, count C.size_t, dt, root C.int, 
 	return c, b, t, a.rank("root", root, c.Size(), false)
 }
 
-//export nexar_broadcast
-func nexar_broadcast(buf unsafe.Pointer, count C.size_t, dt, root C.int, comm C.uintptr_t) (r C.int) {
+//export nxgo_broadcast
+func nxgo_broadcast(buf unsafe.Pointer, count C.size_t, dt, root C.int, comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_broadcast"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -149,8 +149,8 @@ func nexar_broadcast(buf unsafe.Pointer, count C.size_t, dt, root C.int, comm C.
 	return result(fn, c.Broadcast(bg, b, t, rt))
 }
 
-//export nexar_ibroadcast
-func nexar_ibroadcast(buf unsafe.Pointer, count C.size_t, dt, root C.int, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
+//export nxgo_ibroadcast
+func nxgo_ibroadcast(buf unsafe.Pointer, count C.size_t, dt, root C.int, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
 	const fn = "nexar_ibroadcast"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -191,8 +191,8 @@ func prepGatherLike(a *args, sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt
 	return x
 }
 
-//export nexar_allgather
-func nexar_allgather(sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, dt C.int, comm C.uintptr_t) (r C.int) {
+//export nxgo_allgather
+func nxgo_allgather(sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, dt C.int, comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_allgather"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -203,8 +203,8 @@ func nexar_allgather(sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, dt C.i
 	return result(fn, x.c.Allgather(bg, x.send, x.recv, x.dt))
 }
 
-//export nexar_iallgather
-func nexar_iallgather(sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, dt C.int, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
+//export nxgo_iallgather
+func nxgo_iallgather(sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, dt C.int, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
 	const fn = "nexar_iallgather"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -217,8 +217,8 @@ func nexar_iallgather(sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, dt C.
 	return resSuccess
 }
 
-//export nexar_alltoall
-func nexar_alltoall(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt C.int, comm C.uintptr_t) (r C.int) {
+//export nxgo_alltoall
+func nxgo_alltoall(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt C.int, comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_alltoall"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -229,8 +229,8 @@ func nexar_alltoall(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt C.int, c
 	return result(fn, x.c.Alltoall(bg, x.send, x.recv, x.dt))
 }
 
-//export nexar_ialltoall
-func nexar_ialltoall(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt C.int, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
+//export nxgo_ialltoall
+func nxgo_ialltoall(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt C.int, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
 	const fn = "nexar_ialltoall"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -270,8 +270,8 @@ func prepReduceScatter(a *args, sendbuf, recvbuf unsafe.Pointer, count C.size_t,
 	return x
 }
 
-//export nexar_reduce_scatter
-func nexar_reduce_scatter(sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, dt, op C.int, comm C.uintptr_t) (r C.int) {
+//export nxgo_reduce_scatter
+func nxgo_reduce_scatter(sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, dt, op C.int, comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_reduce_scatter"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -282,8 +282,8 @@ func nexar_reduce_scatter(sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, d
 	return result(fn, x.c.ReduceScatter(bg, x.send, x.recv, x.dt, x.op))
 }
 
-//export nexar_ireduce_scatter
-func nexar_ireduce_scatter(sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, dt, op C.int, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
+//export nxgo_ireduce_scatter
+func nxgo_ireduce_scatter(sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, dt, op C.int, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
 	const fn = "nexar_ireduce_scatter"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -296,8 +296,8 @@ func nexar_ireduce_scatter(sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, 
 	return resSuccess
 }
 
-//export nexar_gather
-func nexar_gather(sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, dt, root C.int, comm C.uintptr_t) (r C.int) {
+//export nxgo_gather
+func nxgo_gather(sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, dt, root C.int, comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_gather"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -323,8 +323,8 @@ func nexar_gather(sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, dt, root 
 	return result(fn, c.Gather(bg, send, recv, t, rt))
 }
 
-//export nexar_scatter
-func nexar_scatter(sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, dt, root C.int, comm C.uintptr_t) (r C.int) {
+//export nxgo_scatter
+func nxgo_scatter(sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, dt, root C.int, comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_scatter"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -350,8 +350,8 @@ func nexar_scatter(sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, dt, root
 	return result(fn, c.Scatter(bg, send, recv, t, rt))
 }
 
-//export nexar_allgatherv
-func nexar_allgatherv(sendbuf unsafe.Pointer, sendcount C.size_t, recvbuf unsafe.Pointer, recvcounts, displs *C.size_t, dt C.int, comm C.uintptr_t) (r C.int) {
+//export nxgo_allgatherv
+func nxgo_allgatherv(sendbuf unsafe.Pointer, sendcount C.size_t, recvbuf unsafe.Pointer, recvcounts, displs *C.size_t, dt C.int, comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_allgatherv"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -376,8 +376,8 @@ func nexar_allgatherv(sendbuf unsafe.Pointer, sendcount C.size_t, recvbuf unsafe
 	return result(fn, c.Allgatherv(bg, send, recv, counts, disp, t))
 }
 
-//export nexar_gatherv
-func nexar_gatherv(sendbuf unsafe.Pointer, sendcount C.size_t, recvbuf unsafe.Pointer, recvcounts, displs *C.size_t, dt, root C.int, comm C.uintptr_t) (r C.int) {
+//export nxgo_gatherv
+func nxgo_gatherv(sendbuf unsafe.Pointer, sendcount C.size_t, recvbuf unsafe.Pointer, recvcounts, displs *C.size_t, dt, root C.int, comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_gatherv"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -408,8 +408,8 @@ func nexar_gatherv(sendbuf unsafe.Pointer, sendcount C.size_t, recvbuf unsafe.Po
 	return result(fn, c.Gatherv(bg, send, recv, counts, disp, t, rt))
 }
 
-//export nexar_scatterv
-func nexar_scatterv(sendbuf unsafe.Pointer, sendcounts, displs *C.size_t, recvbuf unsafe.Pointer, recvcount C.size_t, dt, root C.int, comm C.uintptr_t) (r C.int) {
+//export nxgo_scatterv
+func nxgo_scatterv(sendbuf unsafe.Pointer, sendcounts, displs *C.size_t, recvbuf unsafe.Pointer, recvcount C.size_t, dt, root C.int, comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_scatterv"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -440,8 +440,8 @@ func nexar_scatterv(sendbuf unsafe.Pointer, sendcounts, displs *C.size_t, recvbu
 	return result(fn, c.Scatterv(bg, send, counts, disp, recv, t, rt))
 }
 
-//export nexar_alltoallv
-func nexar_alltoallv(sendbuf unsafe.Pointer, sendcounts, sdispls *C.size_t, recvbuf unsafe.Pointer, recvcounts, rdispls *C.size_t, dt C.int, comm C.uintptr_t) (r C.int) {
+//export nxgo_alltoallv
+func nxgo_alltoallv(sendbuf unsafe.Pointer, sendcounts, sdispls *C.size_t, recvbuf unsafe.Pointer, recvcounts, rdispls *C.size_t, dt C.int, comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_alltoallv"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -465,8 +465,8 @@ func nexar_alltoallv(sendbuf unsafe.Pointer, sendcounts, sdispls *C.size_t, recv
 	return result(fn, c.Alltoallv(bg, send, sc, sd, recv, rc, rd, t))
 }
 
-//export nexar_barrier
-func nexar_barrier(comm C.uintptr_t) (r C.int) {
+//export nxgo_barrier
+func nxgo_barrier(comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_barrier"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -477,8 +477,8 @@ func nexar_barrier(comm C.uintptr_t) (r C.int) {
 	return result(fn, c.Barrier(bg))
 }
 
-//export nexar_ibarrier
-func nexar_ibarrier(comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
+//export nxgo_ibarrier
+func nxgo_ibarrier(comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
 	const fn = "nexar_ibarrier"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}

@@ -1,6 +1,8 @@
 package main
 
 /*
+#include <stdlib.h>
+
 #include "capi.h"
 */
 import "C"
@@ -17,8 +19,8 @@ import (
 // (nexar_comm_abort plays that role).
 var bg = context.Background()
 
-//export nexar_comm_init_from_env
-func nexar_comm_init_from_env(comm *C.uintptr_t) (r C.int) {
+//export nxgo_comm_init_from_env
+func nxgo_comm_init_from_env(comm *C.uintptr_t) (r C.int) {
 	const fn = "nexar_comm_init_from_env"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -27,15 +29,30 @@ func nexar_comm_init_from_env(comm *C.uintptr_t) (r C.int) {
 		return a.fail()
 	}
 	*comm = 0
-	cfg, err := core.ConfigFromEnv()
+	cfg, err := core.ConfigFromLookup(cEnv)
 	if err != nil {
 		return fail(fn, resInvalidArgument, "%v", err)
 	}
 	return newComm(fn, cfg, comm)
 }
 
-//export nexar_comm_init
-func nexar_comm_init(config unsafe.Pointer, comm *C.uintptr_t) (r C.int) {
+// cEnv looks name up in the C environment as it is now. os.LookupEnv would
+// read Go's copy, taken when the runtime started (library load), so a
+// variable the host program set or changed with setenv since would be
+// missed. getenv is not safe against a concurrent setenv in another thread;
+// that is the host program's to avoid, as for any getenv.
+func cEnv(name string) (string, bool) {
+	cs := C.CString(name)
+	defer C.free(unsafe.Pointer(cs))
+	v := C.getenv(cs)
+	if v == nil {
+		return "", false
+	}
+	return C.GoString(v), true
+}
+
+//export nxgo_comm_init
+func nxgo_comm_init(config unsafe.Pointer, comm *C.uintptr_t) (r C.int) {
 	const fn = "nexar_comm_init"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -61,8 +78,8 @@ func newComm(fn string, cfg core.Config, out *C.uintptr_t) C.int {
 	return resSuccess
 }
 
-//export nexar_comm_destroy
-func nexar_comm_destroy(comm C.uintptr_t) (r C.int) {
+//export nxgo_comm_destroy
+func nxgo_comm_destroy(comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_comm_destroy"
 	defer recoverToResult(fn, &r)
 	c, ok := comms.remove(uintptr(comm))
@@ -73,8 +90,8 @@ func nexar_comm_destroy(comm C.uintptr_t) (r C.int) {
 	return result(fn, c.Close())
 }
 
-//export nexar_comm_abort
-func nexar_comm_abort(comm C.uintptr_t) (r C.int) {
+//export nxgo_comm_abort
+func nxgo_comm_abort(comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_comm_abort"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -86,8 +103,8 @@ func nexar_comm_abort(comm C.uintptr_t) (r C.int) {
 	return resSuccess
 }
 
-//export nexar_comm_rank
-func nexar_comm_rank(comm C.uintptr_t, rank *C.int) (r C.int) {
+//export nxgo_comm_rank
+func nxgo_comm_rank(comm C.uintptr_t, rank *C.int) (r C.int) {
 	const fn = "nexar_comm_rank"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -100,8 +117,8 @@ func nexar_comm_rank(comm C.uintptr_t, rank *C.int) (r C.int) {
 	return resSuccess
 }
 
-//export nexar_comm_size
-func nexar_comm_size(comm C.uintptr_t, size *C.int) (r C.int) {
+//export nxgo_comm_size
+func nxgo_comm_size(comm C.uintptr_t, size *C.int) (r C.int) {
 	const fn = "nexar_comm_size"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -114,8 +131,8 @@ func nexar_comm_size(comm C.uintptr_t, size *C.int) (r C.int) {
 	return resSuccess
 }
 
-//export nexar_comm_split
-func nexar_comm_split(comm C.uintptr_t, color, key C.int, newcomm *C.uintptr_t) (r C.int) {
+//export nxgo_comm_split
+func nxgo_comm_split(comm C.uintptr_t, color, key C.int, newcomm *C.uintptr_t) (r C.int) {
 	const fn = "nexar_comm_split"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -135,8 +152,8 @@ func nexar_comm_split(comm C.uintptr_t, color, key C.int, newcomm *C.uintptr_t) 
 	return resSuccess
 }
 
-//export nexar_comm_get_error
-func nexar_comm_get_error(comm C.uintptr_t, errp *C.int) (r C.int) {
+//export nxgo_comm_get_error
+func nxgo_comm_get_error(comm C.uintptr_t, errp *C.int) (r C.int) {
 	const fn = "nexar_comm_get_error"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}

@@ -7,6 +7,12 @@
 //
 // The package is a thin boundary and holds no logic beyond this:
 //
+//   - The exported nexar_* symbols are C functions (entry.c). Each returns
+//     NEXAR_ERR_FORKED at once in a child made by fork() without exec()
+//     (a pthread_atfork handler marks it), before entering Go, whose
+//     runtime threads do not survive fork; otherwise it calls its Go
+//     implementation, the cgo export nxgo_<name> (nexar_allreduce calls
+//     nxgo_allreduce).
 //   - Arguments are checked before anything else: a NULL buffer with a
 //     non-zero count, a byte size that overflows, an unknown datatype, op,
 //     root or peer give NEXAR_ERR_INVALID_ARGUMENT and a last-error message
@@ -25,8 +31,8 @@
 //   - Every export recovers panics into NEXAR_ERR_INTERNAL (guard.go).
 //
 // Export files include only capi.h (stdint/stddef declarations), never
-// nexar.h: the prototypes cgo generates use plain integer types, which would
-// conflict with nexar.h's enums and handle pointers. The two are ABI
-// compatible on every platform Go's c-shared mode supports (enums are int
-// sized, handles pointer sized).
+// nexar.h: the prototypes cgo generates for nxgo_* use plain integer types,
+// and entry.c converts nexar.h's enums and handle pointers to them. The two
+// are ABI compatible on every platform Go's c-shared mode supports (enums
+// are int sized, handles pointer sized).
 package main

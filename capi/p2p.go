@@ -7,8 +7,8 @@ import "C"
 
 import "unsafe"
 
-//export nexar_send
-func nexar_send(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t) (r C.int) {
+//export nxgo_send
+func nxgo_send(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_send"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -25,15 +25,15 @@ func nexar_send(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.
 	return result(fn, c.Send(bg, b, p, uint64(tag)))
 }
 
-//export nexar_recv
-func nexar_recv(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t) (r C.int) {
+//export nxgo_recv
+func nxgo_recv(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_recv"
 	defer recoverToResult(fn, &r)
 	return recv(fn, buf, count, dt, peer, tag, comm, nil)
 }
 
-//export nexar_recv_status
-func nexar_recv_status(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t, status unsafe.Pointer) (r C.int) {
+//export nxgo_recv_status
+func nxgo_recv_status(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t, status unsafe.Pointer) (r C.int) {
 	const fn = "nexar_recv_status"
 	defer recoverToResult(fn, &r)
 	return recv(fn, buf, count, dt, peer, tag, comm, status)
@@ -59,8 +59,8 @@ func recv(fn string, buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, t
 	return resSuccess
 }
 
-//export nexar_isend
-func nexar_isend(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
+//export nxgo_isend
+func nxgo_isend(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
 	const fn = "nexar_isend"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -79,8 +79,8 @@ func nexar_isend(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C
 	return resSuccess
 }
 
-//export nexar_irecv
-func nexar_irecv(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
+//export nxgo_irecv
+func nxgo_irecv(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
 	const fn = "nexar_irecv"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}

@@ -24,8 +24,8 @@ func (a *args) request(h C.uintptr_t) *request {
 	return q
 }
 
-//export nexar_wait
-func nexar_wait(req C.uintptr_t) (r C.int) {
+//export nxgo_wait
+func nxgo_wait(req C.uintptr_t) (r C.int) {
 	const fn = "nexar_wait"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -36,8 +36,8 @@ func nexar_wait(req C.uintptr_t) (r C.int) {
 	return result(fn, q.r.Wait(bg))
 }
 
-//export nexar_test
-func nexar_test(req C.uintptr_t, done *C.int) (r C.int) {
+//export nxgo_test
+func nxgo_test(req C.uintptr_t, done *C.int) (r C.int) {
 	const fn = "nexar_test"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -55,8 +55,8 @@ func nexar_test(req C.uintptr_t, done *C.int) (r C.int) {
 	return result(fn, err)
 }
 
-//export nexar_request_status
-func nexar_request_status(req C.uintptr_t, status unsafe.Pointer) (r C.int) {
+//export nxgo_request_status
+func nxgo_request_status(req C.uintptr_t, status unsafe.Pointer) (r C.int) {
 	const fn = "nexar_request_status"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
@@ -76,8 +76,8 @@ func nexar_request_status(req C.uintptr_t, status unsafe.Pointer) (r C.int) {
 	return resSuccess
 }
 
-//export nexar_request_free
-func nexar_request_free(req C.uintptr_t) (r C.int) {
+//export nxgo_request_free
+func nxgo_request_free(req C.uintptr_t) (r C.int) {
 	const fn = "nexar_request_free"
 	defer recoverToResult(fn, &r)
 	if _, ok := requests.remove(uintptr(req)); !ok {

@@ -148,6 +148,15 @@ func ConfigFromEnv() (Config, error) {
 	return configFromLookup(os.LookupEnv, os.ReadFile)
 }
 
+// ConfigFromLookup is ConfigFromEnv reading the variables through lookup
+// (with os.LookupEnv's contract). It is for callers whose environment is not
+// Go's copy: in a c-shared library that copy is taken when the Go runtime
+// starts, so variables the host program sets later are not in it. It is
+// safe for concurrent use if lookup is.
+func ConfigFromLookup(lookup func(string) (string, bool)) (Config, error) {
+	return configFromLookup(lookup, os.ReadFile)
+}
+
 func configFromLookup(lookup func(string) (string, bool), readFile func(string) ([]byte, error)) (Config, error) {
 	var cfg Config
 	get := func(names ...string) (string, string) {

@@ -25,6 +25,12 @@
  * - Collectives on one communicator must be called in the same order on
  *   every member. Mismatched calls (different kind, count, datatype, op or
  *   root) fail with NEXAR_ERR_MISMATCH instead of corrupting data.
+ * - fork() without exec(): in a child made that way, every function that
+ *   returns a nexar_result_t (creating a communicator included) returns
+ *   NEXAR_ERR_FORKED at once, without touching the parent's communicators,
+ *   requests, connections or shared memory; nexar_last_error() names the
+ *   function and the parent's pid. The parent is unaffected and carries on.
+ *   nexar_result_string, nexar_last_error and nexar_get_version work there.
  *
  * Threads
  * -------
@@ -39,9 +45,10 @@
  * Limits of the implementation (a Go runtime inside a shared library)
  * -------------------------------------------------------------------
  * - Load exactly one copy of libnexar.so per process and never dlclose it.
- * - After fork() without exec() the library is unusable in the child: start
+ * - After fork() without exec() the library is unusable in the child (the
+ *   Go runtime's threads do not survive fork; see NEXAR_ERR_FORKED): start
  *   worker processes with fork+exec or posix_spawn (Python: the "spawn"
- *   start method).
+ *   start method). A child that never calls nexar is fine.
  * - Signal handlers installed by the host program must use SA_ONSTACK.
  */
 #ifndef NEXAR_H
@@ -91,7 +98,8 @@ typedef enum nexar_result {
     NEXAR_ERR_AUTH = 8,             /* authentication with the seed or a peer failed */
     NEXAR_ERR_TRUNCATED = 9,        /* a message was larger than the receive buffer */
     NEXAR_ERR_UNAVAILABLE = 10,     /* a feature or device is not available */
-    NEXAR_ERR_INTERNAL = 11         /* a bug in nexar; the message says more */
+    NEXAR_ERR_INTERNAL = 11,        /* a bug in nexar; the message says more */
+    NEXAR_ERR_FORKED = 12           /* called in a child made by fork() without exec() */
 } nexar_result_t;
 /* @end result */
 
@@ -210,11 +218,16 @@ void nexar_get_version(int* major, int* minor, int* patch);
  * environment of the launcher: NEXAR_RANK, NEXAR_WORLD_SIZE, NEXAR_SEED,
  * NEXAR_TOKEN (set by `nexar run`), else torchrun's RANK, WORLD_SIZE,
  * MASTER_ADDR, MASTER_PORT, else Slurm's or Open MPI's variables.
+ * The environment is read when the function is called (with getenv), so
+ * variables the program sets with setenv() before a call are seen, also
+ * after an earlier init; don't change the environment from another thread
+ * during the call.
  * Blocks until every rank has joined (rendezvous plus connection set-up).
  * Formation failures and initialising again: as nexar_comm_init.
  * Args: comm: out; receives the new handle (NEXAR_COMM_NULL on failure).
  * Result: NEXAR_SUCCESS; NEXAR_ERR_INVALID_ARGUMENT (comm NULL, missing or
- * bad variables); NEXAR_ERR_TIMEOUT; NEXAR_ERR_AUTH; NEXAR_ERR_PEER_DOWN.
+ * bad variables); NEXAR_ERR_TIMEOUT; NEXAR_ERR_AUTH; NEXAR_ERR_PEER_DOWN;
+ * NEXAR_ERR_FORKED (in a child made by fork() without exec()).
  * Thread-safety: safe from any thread; each call creates a new world. */
 nexar_result_t nexar_comm_init_from_env(nexar_comm_t* comm);
 
@@ -241,9 +254,12 @@ nexar_result_t nexar_comm_init(const nexar_config_t* config, nexar_comm_t* comm)
  * It is local (no communication with other ranks). Pending operations fail
  * with NEXAR_ERR_CLOSED; requests stay valid handles until freed. A new
  * world may then be created with the same configuration (nexar_comm_init).
- * Destroying a handle twice gives NEXAR_ERR_INVALID_HANDLE.
+ * Destroying a handle twice gives NEXAR_ERR_INVALID_HANDLE. In a child made
+ * by fork() without exec() it returns NEXAR_ERR_FORKED and releases
+ * nothing: the communicator, its connections and shared memory belong to
+ * the parent, which goes on using them.
  * Args: comm: the communicator.
- * Result: NEXAR_SUCCESS or NEXAR_ERR_INVALID_HANDLE.
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE or NEXAR_ERR_FORKED.
  * Thread-safety: safe from any thread, but no other thread may be using
  * comm at the same time unless it is prepared to get NEXAR_ERR_CLOSED or
  * NEXAR_ERR_INVALID_HANDLE. */
@@ -461,7 +477,8 @@ nexar_result_t nexar_ibarrier(nexar_comm_t comm, nexar_request_t* req);
 /* nexar_wait blocks until req completes and returns the operation's result
  * (the comm's timeout applies). Waiting again returns the same result.
  * The request stays valid until nexar_request_free.
- * Result: the operation's result, or NEXAR_ERR_INVALID_HANDLE.
+ * Result: the operation's result, NEXAR_ERR_INVALID_HANDLE, or
+ * NEXAR_ERR_FORKED (in a forked child, for the parent's request).
  * Thread-safety: safe from any thread; several threads may wait on
  * different requests at once. */
 nexar_result_t nexar_wait(nexar_request_t req);
@@ -485,7 +502,8 @@ nexar_result_t nexar_request_status(nexar_request_t req, nexar_status_t* status)
  * carries on in the background and its result is dropped; its buffers must
  * stay valid until it would have completed, so wait first unless the
  * communicator is being torn down. Freeing twice gives
- * NEXAR_ERR_INVALID_HANDLE.
+ * NEXAR_ERR_INVALID_HANDLE; in a forked child it gives NEXAR_ERR_FORKED and
+ * frees nothing.
  * Thread-safety: safe from any thread; no other thread may use req then. */
 nexar_result_t nexar_request_free(nexar_request_t req);
 

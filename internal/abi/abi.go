@@ -38,7 +38,8 @@ const (
 	ErrTruncated       = 9
 	ErrUnavailable     = 10
 	ErrInternal        = 11
-	NumResults         = 12
+	ErrForked          = 12 // returned by capi's C guard only (capi/entry.c)
+	NumResults         = 13
 )
 
 // Element types: nexar_datatype_t.
@@ -129,6 +130,9 @@ func Results() []Result {
 		{ErrInternal, "NEXAR_ERR_INTERNAL", "internal error",
 			"a bug in nexar; the message says more",
 			"internal error (see nexar_last_error)", "InternalError"},
+		{ErrForked, "NEXAR_ERR_FORKED", "used after fork",
+			"called in a child made by fork() without exec()",
+			"called in a child made by fork() without exec(); the library is unusable there", "ForkedProcessError"},
 	}
 }
 

@@ -2,9 +2,14 @@
 // in place, requests, split, and errors as nexar::Error.
 #include <nexar/nexar.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <array>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #define EXPECT(cond)                                                          \
@@ -59,6 +64,26 @@ int main() {
         EXPECT(e.code() == NEXAR_ERR_INVALID_ARGUMENT);
         EXPECT(std::string(e.what()).find("root") != std::string::npos);
     }
+    // A child made by fork() gets nexar::Error(NEXAR_ERR_FORKED) at once and
+    // leaves the parent's world alone (_exit: no destructors run there).
+    std::fflush(nullptr);
+    pid_t child = fork();
+    EXPECT(child >= 0);
+    if (child == 0) {
+        std::signal(SIGALRM, SIG_DFL);
+        alarm(10);  // a hung call fails the test
+        try {
+            world.barrier();
+        } catch (const nexar::Error& e) {
+            const bool named = std::string(e.what()).find("nexar_barrier") != std::string::npos;
+            _exit(e.code() == NEXAR_ERR_FORKED && named ? 0 : 2);
+        }
+        _exit(3);
+    }
+    int status = 0;
+    EXPECT(waitpid(child, &status, 0) == child);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
     nexar::Comm moved = std::move(world);
     EXPECT(!world && moved);
     moved.barrier();

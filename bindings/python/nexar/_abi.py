@@ -64,4 +64,5 @@ RESULTS = {
     9: ("NEXAR_ERR_TRUNCATED", "TruncatedError"),
     10: ("NEXAR_ERR_UNAVAILABLE", "UnavailableError"),
     11: ("NEXAR_ERR_INTERNAL", "InternalError"),
+    12: ("NEXAR_ERR_FORKED", "ForkedProcessError"),
 }

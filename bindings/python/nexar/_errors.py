@@ -87,8 +87,17 @@ class InternalError(Error):
     """NEXAR_ERR_INTERNAL: a bug in nexar."""
 
 
-class ForkedProcessError(RuntimeError):
-    """nexar was used in a child made by fork() without exec()."""
+class ForkedProcessError(Error):
+    """NEXAR_ERR_FORKED: nexar was used in a child made by fork() without exec().
+
+    Raised by the bindings' own check before the library is entered, and
+    for the C ABI's NEXAR_ERR_FORKED. Takes ``(message)`` or ``(code, message)``.
+    """
+
+    def __init__(self, code_or_message, message=None):
+        if message is None:
+            code_or_message, message = type(self).code, code_or_message
+        super().__init__(code_or_message, message)
 
 
 # The code -> class table comes from internal/abi (through _abi.py): a class
@@ -107,5 +116,5 @@ def error_for(code: int, message: str) -> Error:
     Code -2 is the extension's own "used after fork()" error.
     """
     if code == -2:
-        return ForkedProcessError(message)
+        return ForkedProcessError(message)  # the extension's own check
     return _BY_CODE.get(code, Error)(code, message)

@@ -13,6 +13,8 @@
 // handle() gives the C handle for interop. Thread-safety is that of the C
 // API (see nexar.h): one object may be used from several threads as far as
 // the C functions it calls allow; moving or destroying it is not concurrent-safe.
+// In a child made by fork() without exec() every call throws nexar::Error
+// with code NEXAR_ERR_FORKED, and destructors there release nothing.
 #ifndef NEXAR_NEXAR_HPP
 #define NEXAR_NEXAR_HPP
 

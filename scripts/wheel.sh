@@ -3,6 +3,7 @@
 #
 #   scripts/wheel.sh wheel    dist/nexar-<v>-cp3X-cp3X-manylinux_2_N_<arch>.whl
 #   scripts/wheel.sh sdist    dist/nexar-<v>.tar.gz
+#   scripts/wheel.sh tools    only the tools venv below (both need it)
 #
 # The wheel is built by pip in an isolated environment from pyproject.toml's
 # build requirements (what a user's `pip install .` does), with its own CMake
@@ -36,6 +37,7 @@ fi
 mkdir -p "$out"
 
 case $what in
+tools) ;;
 wheel)
 	raw=build/wheel/raw
 	rm -rf "$raw"
@@ -50,7 +52,7 @@ sdist)
 	"$tools/bin/python" -m build --sdist -o "$out" .
 	;;
 *)
-	echo "usage: scripts/wheel.sh wheel|sdist" >&2
+	echo "usage: scripts/wheel.sh wheel|sdist|tools" >&2
 	exit 2
 	;;
 esac

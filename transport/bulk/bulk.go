@@ -9,7 +9,10 @@
 //   - same host (equal host ids, and the producer can actually open the
 //     consumer's segment): a single-producer single-consumer ring in a 0600
 //     file under /dev/shm, mapped by both sides and unlinked once both have
-//     it; waiting spins briefly and then sleeps on a futex;
+//     it; waiting spins briefly and then sleeps on a futex. The ring is
+//     made when the first message to the peer is sent (the send waits for
+//     it), sized so that the rings one process creates stay within
+//     Options.RingBudget;
 //   - otherwise: N parallel TCP connections, TLS 1.3 pinned to the same
 //     certificates as QUIC by default (plaintext on request), authorised by
 //     an HMAC of a one-time nonce the receiver sent over the authenticated
@@ -79,6 +82,14 @@ func (m Mode) tcp() bool { return m == ModeAuto || m == ModeTCP }
 const (
 	DefaultConns    = 2
 	DefaultRingSize = 8 << 20
+	// DefaultRingBudget bounds the rings one process creates (those it
+	// receives on): with more local peers than it holds at
+	// DefaultRingSize, each ring is smaller.
+	DefaultRingBudget = 64 << 20
+	minRing           = 64 << 10
+	// connectTimeout bounds how long a send waits for a peer to make the
+	// ring it asked for; past it the send fails (a later one waits again).
+	connectTimeout = 30 * time.Second
 	// DefaultRemoteMin: below it the ring's two copies cost less than the
 	// system call and the wait for the receiver's acknowledgement.
 	DefaultRemoteMin = 256 << 10
@@ -96,9 +107,14 @@ type Options struct {
 	// Plaintext turns TLS off on the TCP connections (trusted networks
 	// only: data can then be read and, by an on-path attacker, altered).
 	Plaintext bool
-	// RingSize is the capacity of one shared-memory ring, a power of two.
-	// Default DefaultRingSize.
+	// RingSize is the largest capacity of one shared-memory ring, a power
+	// of two. Default DefaultRingSize.
 	RingSize int
+	// RingBudget bounds the total capacity of the rings this process
+	// creates, one per local peer that sends to it: rings are halved (down
+	// to 64 KiB) until one per local peer fits, and a peer whose ring does
+	// not fit any more sends over TCP or QUIC. Default DefaultRingBudget.
+	RingBudget int
 	// BindHost is the IP the TCP listener binds; AdvertiseHost is what
 	// peers dial. Defaults: AdvertiseHost, and "127.0.0.1". The listener
 	// is bound when a peer first needs a TCP channel to this rank (another
@@ -170,12 +186,16 @@ type Endpoint struct {
 	offers         map[int]*tcpOffer
 	ln             net.Listener // TCP, bound on first use (see listener)
 	lnErr          error
-	rings          []*ring      // every ring mapped, released at Close
-	ctlWG          bool         // false once Close stops taking control messages
-	probe          []byte       // what a peer reads from our memory to test cross-memory attach
-	oversubscribed bool         // more ranks on this host than cores (see Start)
-	using          atomic.Int64 // sends and pollers that may touch a ring (see Close)
-	unuseFn        func()       // using.Add(-1), made once
+	rings          []*ring // every ring mapped, released at Close
+	local          []bool  // peer is on this host: shared memory, its ring made on first use
+	lazy           []atomic.Bool
+	waits          []chan struct{} // closed once a lazy path is fixed; nil until a send asks
+	ringBytes      int             // capacity of the rings this process created
+	ctlWG          bool            // false once Close stops taking control messages
+	probe          []byte          // what a peer reads from our memory to test cross-memory attach
+	oversubscribed bool            // more ranks on this host than cores (see Start)
+	using          atomic.Int64    // sends and pollers that may touch a ring (see Close)
+	unuseFn        func()          // using.Add(-1), made once
 }
 
 // New prepares the composite endpoint for rank self of size; h and down
@@ -188,8 +208,11 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 	if opt.RingSize <= 0 {
 		opt.RingSize = DefaultRingSize
 	}
-	if opt.RingSize&(opt.RingSize-1) != 0 || opt.RingSize > maxRing || opt.RingSize < 64<<10 {
+	if opt.RingSize&(opt.RingSize-1) != 0 || opt.RingSize > maxRing || opt.RingSize < minRing {
 		return nil, fmt.Errorf("bulk: ring size %d is not a power of two in [64 KiB, 1 GiB]", opt.RingSize)
+	}
+	if opt.RingBudget <= 0 {
+		opt.RingBudget = DefaultRingBudget
 	}
 	if opt.AdvertiseHost == "" {
 		opt.AdvertiseHost = "127.0.0.1"
@@ -216,7 +239,8 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 		started: make(chan struct{}), out: make([]atomic.Pointer[channel], size), polled: make([]atomic.Pointer[channel], size),
 		downed: make([]atomic.Bool, size), decided: make([]bool, size), left: size - 1,
 		ready: make(chan struct{}), paths: make([]string, size), in: make([]*channel, size),
-		bye: make([]error, size), byeSeen: make([]bool, size), causes: make([]error, size), offers: map[int]*tcpOffer{}, ctlWG: true}
+		bye: make([]error, size), byeSeen: make([]bool, size), causes: make([]error, size), offers: map[int]*tcpOffer{}, ctlWG: true,
+		local: make([]bool, size), lazy: make([]atomic.Bool, size), waits: make([]chan struct{}, size)}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.unuseFn = func() { e.using.Add(-1) }
 	e.probe = make([]byte, 16)
@@ -228,6 +252,11 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 	e.decided[self] = true
 	if e.left == 0 || opt.Mode == ModeOff {
 		close(e.ready)
+	}
+	if opt.Mode.shm() && shmSupported() && size > 1 {
+		if gone := sweepStaleRings(); len(gone) > 0 {
+			e.log.Info("nexar: bulk: removed ring files of dead processes", "rank", self, "files", gone)
+		}
 	}
 	return e, nil
 }
@@ -360,7 +389,14 @@ func (e *Endpoint) send(ctx context.Context, peer int, lane transport.Lane, h *t
 		return errors.New("bulk: Send before Start")
 	}
 	if lane == transport.LaneData && peer >= 0 && peer < e.size {
-		if ch := e.out[peer].Load(); ch != nil {
+		ch := e.out[peer].Load()
+		if ch == nil && e.lazy[peer].Load() {
+			if err := e.connect(ctx, peer); err != nil {
+				return err
+			}
+			ch = e.out[peer].Load()
+		}
+		if ch != nil {
 			if e.downed[peer].Load() {
 				return &transport.PeerDownError{Peer: peer, Cause: e.cause(peer)}
 			}
@@ -417,15 +453,93 @@ func (e *Endpoint) Oversubscribed() bool {
 }
 
 // LocalPeers is the number of peers whose data comes over shared-memory
-// rings: the other ranks on this host.
+// rings, made or to be made on first use: the other ranks on this host.
 func (e *Endpoint) LocalPeers() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	n := 0
-	for i := range e.out {
-		if ch := e.out[i].Load(); ch != nil && ch.ring != nil {
+	for _, l := range e.local {
+		if l {
 			n++
 		}
 	}
 	return n
+}
+
+// connect waits until the path to local peer, whose ring is made on first
+// use, is fixed; the first caller asks the peer for the ring. Until then no
+// data went to peer, so whichever path is fixed keeps the order.
+func (e *Endpoint) connect(ctx context.Context, peer int) error {
+	e.mu.Lock()
+	if !e.lazy[peer].Load() {
+		e.mu.Unlock()
+		return nil
+	}
+	w := e.waits[peer]
+	ask := w == nil
+	if ask {
+		w = make(chan struct{})
+		e.waits[peer] = w
+	}
+	e.mu.Unlock()
+	if ask {
+		// On e.ctx, not ctx: a caller giving up must not lose the request
+		// that later sends wait on.
+		m := &ctlMsg{V: 1, T: "want", Size: e.pairRing(), TCP: e.opt.Mode.tcp()}
+		if err := e.sendCtl(e.ctx, peer, m); err != nil {
+			e.decide(peer, nil) // the inner endpoint says what became of peer
+		}
+	}
+	t := time.NewTimer(connectTimeout)
+	defer t.Stop()
+	select {
+	case <-w:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("bulk: send to rank %d: %w", peer, ctx.Err())
+	case <-e.ctx.Done():
+		return transport.ErrClosed
+	case <-t.C:
+		return fmt.Errorf("bulk: send to rank %d: no shared-memory ring from it within %v", peer, connectTimeout)
+	}
+}
+
+// pairRing is the ring capacity this rank asks a local peer for: the
+// largest power of two up to RingSize with which one ring per local peer
+// fits the budget (each side sizes alike, having the same local peers).
+func (e *Endpoint) pairRing() int {
+	n := max(e.LocalPeers(), 1)
+	size := e.opt.RingSize
+	for size > minRing && size*n > e.opt.RingBudget {
+		size /= 2
+	}
+	return size
+}
+
+// chargeRing takes a ring of about want bytes from the budget and returns
+// its capacity: want clamped to [64 KiB, RingSize], halved while the
+// budget lacks room; 0 when not even 64 KiB is left.
+func (e *Endpoint) chargeRing(want int) int {
+	size := e.opt.RingSize
+	for size > minRing && size > want {
+		size /= 2
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for size >= minRing && e.ringBytes+size > e.opt.RingBudget {
+		size /= 2
+	}
+	if size < minRing {
+		return 0
+	}
+	e.ringBytes += size
+	return size
+}
+
+func (e *Endpoint) refundRing(size int) {
+	e.mu.Lock()
+	e.ringBytes -= size
+	e.mu.Unlock()
 }
 
 // StartPolling lets the calling goroutine, which is about to wait for data
@@ -509,6 +623,9 @@ func (e *Endpoint) report(peer int, err error) {
 	e.causes[peer] = err
 	in := e.in[peer]
 	e.mu.Unlock()
+	if e.lazy[peer].Load() {
+		e.decide(peer, nil) // wake sends waiting for the ring
+	}
 	for _, ch := range []*channel{e.out[peer].Load(), in} {
 		if ch != nil {
 			ch.quiet.Store(true)
@@ -654,11 +771,11 @@ func (e *Endpoint) Close() error {
 // ctlMsg is one negotiation message (CBOR, string keys).
 type ctlMsg struct {
 	V      int    `cbor:"v"`
-	T      string `cbor:"t"` // hello, offer, result
+	T      string `cbor:"t"` // hello, offer, want, result
 	Host   string `cbor:"host,omitempty"`
 	SHM    bool   `cbor:"shm,omitempty"`
 	TCP    bool   `cbor:"tcp,omitempty"`
-	Kind   string `cbor:"kind,omitempty"` // offer/result: shm, tcp, quic
+	Kind   string `cbor:"kind,omitempty"` // offer/result: shm, shm-lazy, tcp, quic
 	Path   string `cbor:"path,omitempty"`
 	Cookie []byte `cbor:"cookie,omitempty"`
 	Size   int    `cbor:"size,omitempty"`
@@ -723,7 +840,9 @@ func (e *Endpoint) control(from int, m *ctlMsg) {
 	ctx := e.ctx
 	switch m.T {
 	case "hello":
-		e.offer(ctx, from, m.Host == e.opt.HostID && m.SHM, m.TCP)
+		e.offer(ctx, from, m.Host == e.opt.HostID && m.SHM, m.TCP, 0)
+	case "want":
+		e.offer(ctx, from, true, m.TCP, m.Size)
 	case "offer":
 		e.attach(ctx, from, m)
 	case "result":
@@ -740,7 +859,7 @@ func (e *Endpoint) control(from int, m *ctlMsg) {
 				ch.quiet.Store(true)
 				ch.close()
 			}
-			e.offer(ctx, from, false, m.TCP)
+			e.offer(ctx, from, false, m.TCP, 0)
 		}
 	}
 }
@@ -770,15 +889,29 @@ func (e *Endpoint) tryRemote(from int, m *ctlMsg) {
 }
 
 // offer sets up the inbound channel from peer (this rank receives) and
-// tells the peer how to reach it.
-func (e *Endpoint) offer(ctx context.Context, from int, shm, tcp bool) {
+// tells the peer how to reach it. For a local peer (shm) at the hello
+// (size 0) it only says so: the peer asks for the ring, of about size
+// bytes, with its first message (want).
+func (e *Endpoint) offer(ctx context.Context, from int, shm, tcp bool, size int) {
 	if shm && e.opt.Mode.shm() && shmSupported() {
-		r, path, cookie, err := createRing(e.opt.RingSize)
-		if err == nil {
-			e.addRing(r)
-			e.startReader(from, newChannel(from, e.shmDesc(), []link{ringLink{r}}))
-			e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "offer", Kind: "shm", Path: path, Cookie: cookie, Size: e.opt.RingSize, TCP: tcp})
+		if size == 0 {
+			e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "offer", Kind: "shm-lazy"})
 			return
+		}
+		var err error
+		if size = e.chargeRing(size); size == 0 {
+			err = fmt.Errorf("the budget of %d MiB for rings is spent", e.opt.RingBudget>>20)
+		} else {
+			var r *ring
+			var path string
+			var cookie []byte
+			if r, path, cookie, err = createRing(size); err == nil {
+				e.addRing(r)
+				e.startReader(from, newChannel(from, ringDesc(size), []link{ringLink{r}}))
+				e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "offer", Kind: "shm", Path: path, Cookie: cookie, Size: size, TCP: tcp})
+				return
+			}
+			e.refundRing(size)
 		}
 		e.log.Debug("nexar: bulk: no shared-memory ring", "rank", e.self, "peer", from, "err", err)
 	}
@@ -817,7 +950,7 @@ func (e *Endpoint) attach(ctx context.Context, to int, m *ctlMsg) {
 			return
 		}
 		e.addRing(r)
-		ch := newChannel(to, fmt.Sprintf("shm %d MiB ring", m.Size>>20), []link{ringLink{r}})
+		ch := newChannel(to, ringDesc(m.Size), []link{ringLink{r}})
 		ch.remoteMin = max(e.opt.RemoteMin, 0)
 		e.decide(to, ch)
 		res := &ctlMsg{V: 1, T: "result", Kind: "shm", OK: true}
@@ -833,34 +966,71 @@ func (e *Endpoint) attach(ctx context.Context, to int, m *ctlMsg) {
 			return
 		}
 		e.decide(to, newChannel(to, e.tcpDesc(len(links)), links))
+	case "shm-lazy":
+		e.decideLater(to)
 	default:
 		e.decide(to, nil)
 	}
 }
 
-// decide fixes the outbound path to peer (nil: the inner endpoint).
+// decide fixes the outbound path to peer (nil: the inner endpoint), at
+// Start or, for a local peer, when its ring was asked for.
 func (e *Endpoint) decide(peer int, ch *channel) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.decided[peer] || !e.ctlWG {
+	later := e.lazy[peer].Load()
+	if (e.decided[peer] && !later) || !e.ctlWG {
 		if ch != nil {
 			ch.quiet.Store(true)
 			ch.close()
 		}
 		return
 	}
-	e.decided[peer] = true
 	if ch != nil {
 		e.out[peer].Store(ch)
 		e.paths[peer] = ch.desc
+	} else if later {
+		e.paths[peer] = "quic"
 	}
+	if later {
+		e.lazy[peer].Store(false)
+		if e.waits[peer] == nil {
+			e.waits[peer] = make(chan struct{})
+		}
+		close(e.waits[peer])
+		return
+	}
+	e.decided[peer] = true
 	e.left--
 	if e.left == 0 {
 		close(e.ready)
 	}
 }
 
-func (e *Endpoint) shmDesc() string { return fmt.Sprintf("shm %d MiB ring", e.opt.RingSize>>20) }
+// decideLater records at Start that peer is on this host: its ring is made
+// when the first message to it is sent (connect).
+func (e *Endpoint) decideLater(peer int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.decided[peer] || !e.ctlWG {
+		return
+	}
+	e.decided[peer] = true
+	e.local[peer] = true
+	e.lazy[peer].Store(true)
+	e.paths[peer] = "shm ring on first use"
+	e.left--
+	if e.left == 0 {
+		close(e.ready)
+	}
+}
+
+func ringDesc(size int) string {
+	if size >= 1<<20 {
+		return fmt.Sprintf("shm %d MiB ring", size>>20)
+	}
+	return fmt.Sprintf("shm %d KiB ring", size>>10)
+}
 
 // Available describes, for `nexar info`, what this build and machine offer:
 // shared-memory rings, cross-memory attach (tried on this process; each pair

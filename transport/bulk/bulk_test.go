@@ -88,6 +88,8 @@ var modes = []struct {
 	opt  Options
 	path string
 }{
+	// Rings made by the first message of each pair (the others are made
+	// up front by waitPaths).
 	{"shm", Options{Mode: ModeSHM, RingSize: 1 << 20}, "shm"},
 	// Every payload of 1 KiB or more copied out of the sender's memory.
 	{"shm-remote", Options{Mode: ModeSHM, RingSize: 1 << 20, RemoteMin: 1 << 10}, "shm 1 MiB ring, cross-memory attach from 1 KiB"},
@@ -97,9 +99,24 @@ var modes = []struct {
 }
 
 // waitPaths waits until every endpoint's path to every peer starts with
-// want (cross-memory attach is agreed a moment after Start returns).
+// want (cross-memory attach is agreed a moment after Start returns). Unless
+// want is just "shm", it first has each pair make the rings that would
+// otherwise wait for its first message.
 func waitPaths(t testing.TB, eps []*Endpoint, want string) {
 	t.Helper()
+	if want != "shm" {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for i, e := range eps {
+			for r := range eps {
+				if r != i && e.lazy[r].Load() {
+					if err := e.connect(ctx, r); err != nil {
+						t.Fatalf("rank %d: ring to %d: %v", i, r, err)
+					}
+				}
+			}
+		}
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		bad := ""
@@ -339,5 +356,73 @@ func TestParseMode(t *testing.T) {
 	}
 	if _, err := ParseMode("rdma"); err == nil {
 		t.Errorf("ParseMode(rdma) succeeded")
+	}
+}
+
+// TestRingBudget: rings are made on a pair's first message, sized for the
+// local peers within the budget, and a direction whose ring no longer fits
+// goes over the inner endpoint, delivering the same data.
+func TestRingBudget(t *testing.T) {
+	const n = 3
+	got := make(chan string, 16)
+	h := make([]transport.Handler, n)
+	for i := range h {
+		h[i] = func(from int, lane transport.Lane, _ *transport.Header, p []byte) {
+			if lane == transport.LaneData {
+				got <- fmt.Sprintf("%d->%d %s", from, i, p)
+			}
+		}
+	}
+	// Room for one 64 KiB ring per process: rank 0's second sender falls
+	// back to QUIC.
+	eps := mesh(t, n, Options{Mode: ModeSHM, RingSize: 1 << 20, RingBudget: 64 << 10}, h, nil)
+	defer func() {
+		for _, e := range eps {
+			e.Close()
+		}
+	}()
+	for i, e := range eps {
+		if e.LocalPeers() != n-1 {
+			t.Fatalf("rank %d: %d local peers, want %d", i, e.LocalPeers(), n-1)
+		}
+		for r, p := range e.Paths() {
+			if r != i && p != "shm ring on first use" {
+				t.Fatalf("rank %d: path to %d is %q before any message", i, r, p)
+			}
+		}
+		e.mu.Lock()
+		made := e.ringBytes != 0 || len(e.rings) != 0
+		e.mu.Unlock()
+		if made {
+			t.Fatalf("rank %d made rings before any message", i)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, from := range []int{1, 2} {
+		if err := eps[from].Send(ctx, 0, transport.LaneData, nil, []byte("hi")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case m := <-got:
+			if want := fmt.Sprintf("%d->0 hi", from); m != want {
+				t.Fatalf("got %q, want %q", m, want)
+			}
+		case <-ctx.Done():
+			t.Fatalf("no message from rank %d", from)
+		}
+	}
+	p1, p2 := eps[1].Paths()[0], eps[2].Paths()[0]
+	if !strings.HasPrefix(p1, "shm 64 KiB ring") || p2 != "quic" {
+		t.Fatalf("paths to rank 0: %q from rank 1, %q from rank 2; want a 64 KiB ring, then quic (budget spent)", p1, p2)
+	}
+	eps[0].mu.Lock()
+	charged := eps[0].ringBytes
+	eps[0].mu.Unlock()
+	if charged != 64<<10 {
+		t.Fatalf("rank 0 charged %d bytes of rings, want %d", charged, 64<<10)
+	}
+	if p := eps[1].Paths()[2]; p != "shm ring on first use" {
+		t.Fatalf("rank 1's unused path to rank 2 is %q", p)
 	}
 }

@@ -349,11 +349,18 @@ func (c *channel) readLoop() error {
 	for {
 		// Wait without the lock, so that a poller can read meanwhile.
 		ready, waited := c.ring.waitData(idle)
+		// With more ranks than cores, timed wake-ups of every ring's
+		// reader cost more than they save: rely on the producer's wake
+		// (a goroutine waits, or the ring fills) and sleep long.
+		lo, hi := idleMin, idleMax
+		if c.ring.yield.Load() {
+			lo, hi = idleMaxShared, idleMaxShared
+		}
 		if !ready && waited == nil {
-			idle = min(2*idle, idleMax) // nothing came: sleep longer
+			idle = min(2*idle, hi) // nothing came: sleep longer
 			continue
 		}
-		idle = idleMin
+		idle = lo
 		c.rmu.Lock()
 		_, err := c.stepRing(0)
 		if err == nil && waited != nil && c.ring.available() == 0 {
@@ -378,6 +385,8 @@ func (c *channel) readLoop() error {
 const (
 	idleMin = 1 * time.Millisecond
 	idleMax = 20 * time.Millisecond
+	// idleMaxShared is the sleep on a host with more ranks than cores.
+	idleMaxShared = 200 * time.Millisecond
 )
 
 // pollBudget bounds the bytes one poll consumes, so that a goroutine that

@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -85,12 +87,17 @@ func (r *ring) u32(off int) *uint32 { return (*uint32)(unsafe.Pointer(&r.mem[off
 
 // createRing makes a ring file of size bytes (a power of two) readable only
 // by this user, maps it, and returns it as the consumer side with the path
-// and cookie the producer must present. Both sides (see openRing) map the
-// ring with MAP_POPULATE: the pages are allocated and mapped up front,
-// instead of costing a fault in each process the first time a message
-// crosses them (several microseconds a page on a VM).
+// and cookie the producer must present. Rings are made on a pair's first
+// message (see Endpoint.connect), so both sides (see openRing) map them
+// with MAP_POPULATE: the pages are allocated and mapped at once, instead of
+// costing a fault in each process the first time a message crosses them
+// (several microseconds a page on a VM).
+//
+// The file is named after its creator (see ringOwner) so that a later
+// process can remove it if the creator dies before the producer has mapped
+// and unlinked it (sweepStaleRings).
 func createRing(size int) (*ring, string, []byte, error) {
-	var rnd [16]byte
+	var rnd [8]byte
 	if _, err := rand.Read(rnd[:]); err != nil {
 		return nil, "", nil, err
 	}
@@ -98,7 +105,11 @@ func createRing(size int) (*ring, string, []byte, error) {
 	if _, err := rand.Read(cookie); err != nil {
 		return nil, "", nil, err
 	}
-	path := shmDir + "/nexar-" + hex.EncodeToString(rnd[:])
+	owner, err := ringOwner(os.Getpid())
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("bulk: create ring: %w", err)
+	}
+	path := shmDir + "/" + ringPrefix + owner + "-" + hex.EncodeToString(rnd[:])
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, "", nil, fmt.Errorf("bulk: create ring: %w", err)
@@ -153,6 +164,101 @@ func openRing(path string, size int, cookie []byte) (*ring, error) {
 	return r, nil
 }
 
+// ringPrefix starts the name of every ring file under shmDir:
+// nexar-<pid namespace>-<creator pid>-<creator start time>-<random>.
+const ringPrefix = "nexar-"
+
+// ringOwner names process pid for a ring file: the inode of its PID
+// namespace, its pid and its start time in clock ticks since boot, so that
+// a reused pid is not taken for the creator.
+func ringOwner(pid int) (string, error) {
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid))
+	if err != nil {
+		return "", err
+	}
+	// "pid:[4026531836]"
+	ns = strings.TrimSuffix(strings.TrimPrefix(ns, "pid:["), "]")
+	if _, err := strconv.ParseUint(ns, 10, 64); err != nil {
+		return "", fmt.Errorf("bulk: PID namespace %q", ns)
+	}
+	start, err := procStart(pid)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s-%d-%d", ns, pid, start), nil
+}
+
+// procStart reads the start time of process pid (field 22 of
+// /proc/pid/stat, clock ticks since boot).
+func procStart(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) is in parentheses and may hold spaces.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, errors.New("bulk: malformed /proc stat")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return 0, errors.New("bulk: malformed /proc stat")
+	}
+	return strconv.ParseUint(f[19], 10, 64) // field 22: the 20th after ')'
+}
+
+// sweepStaleRings removes the ring files under shmDir that this user's
+// dead processes left (a creator killed between creating a ring and its
+// peer mapping it; after that the file is unlinked). Only files named by a
+// process of this PID namespace whose pid is gone, or now belongs to a
+// process that started at another time, are removed: a live job's files,
+// and files it cannot judge, are left alone. It returns the names removed.
+func sweepStaleRings() []string {
+	self, err := ringOwner(os.Getpid())
+	if err != nil {
+		return nil
+	}
+	ns, _, _ := strings.Cut(self, "-")
+	ents, err := os.ReadDir(shmDir)
+	if err != nil {
+		return nil
+	}
+	uid := uint32(os.Geteuid())
+	var removed []string
+	for _, ent := range ents {
+		name := ent.Name()
+		rest, ok := strings.CutPrefix(name, ringPrefix)
+		if !ok {
+			continue
+		}
+		f := strings.Split(rest, "-")
+		if len(f) != 4 || f[0] != ns {
+			continue
+		}
+		pid, err1 := strconv.Atoi(f[1])
+		start, err2 := strconv.ParseUint(f[2], 10, 64)
+		if err1 != nil || err2 != nil || pid <= 0 {
+			continue
+		}
+		now, err := procStart(pid)
+		if err == nil && now == start {
+			continue // the creator lives
+		}
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			continue // cannot tell
+		}
+		var st syscall.Stat_t
+		path := shmDir + "/" + name
+		if syscall.Lstat(path, &st) != nil || st.Uid != uid || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+			continue
+		}
+		if os.Remove(path) == nil {
+			removed = append(removed, name)
+		}
+	}
+	return removed
+}
+
 // unlink removes the creator's file name (the mapping stays); idempotent.
 func (r *ring) unlink() {
 	if r.path != "" {
@@ -189,8 +295,15 @@ func (r *ring) waitSpin(ctx context.Context, seq, waiters int, ready func() bool
 	if spinFor > 0 {
 		start = time.Now()
 	}
+	// With more ranks than cores, every check yields the core, and dozens
+	// of waiters yielding to each other starve the ranks that have work:
+	// check a few times, then sleep.
+	n := spins
+	if r.yield.Load() {
+		n = 4
+	}
 	for {
-		for i := 0; i < spins; i++ {
+		for i := 0; i < n; i++ {
 			if ready() {
 				return nil
 			}
@@ -205,7 +318,7 @@ func (r *ring) waitSpin(ctx context.Context, seq, waiters int, ready func() bool
 			if r.yield.Load() {
 				syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
 			}
-			if i == spins-1 && spinFor > 0 && time.Since(start) < spinFor {
+			if i == n-1 && spinFor > 0 && time.Since(start) < spinFor {
 				i = 0
 			}
 		}

@@ -30,6 +30,7 @@ func (r *ring) Read([]byte) (int, error)                                { return
 func (r *ring) Close() error                                            { return nil }
 func (r *ring) release()                                                {}
 func shmSupported() bool                                                { return false }
+func sweepStaleRings() []string                                         { return nil }
 func (r *ring) available() uint64                                       { return 0 }
 func (r *ring) waitData(time.Duration) (bool, error)                    { return false, errNoShm }
 func (r *ring) setWaiting(int)                                          {}

@@ -10,6 +10,9 @@
 //	leave R H  rank R leaves as soon as New returns (H: "close" destroys its
 //	           communicator first, "exit" just exits); the others print
 //	           FORMATION with how long New and a first barrier took
+//	hold       print FORMED with the time core.New took, run an allreduce
+//	           and a barrier twice, print HOLD with the time each round
+//	           took, and wait for stdin to close
 //
 // It exits 0 when the mode's expectation holds and non-zero otherwise,
 // printing one line that says why.
@@ -20,6 +23,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"os/signal"
@@ -60,11 +64,15 @@ func run(mode string, args []string) error {
 		// to measure how long this rank's own detection takes.
 		signal.Ignore(syscall.SIGTERM)
 	}
+	t0 := time.Now()
 	c, err := core.New(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
+	if mode == "hold" {
+		fmt.Printf("FORMED rank=%d ms=%d\n", c.Rank(), time.Since(t0).Milliseconds())
+	}
 	fmt.Printf("READY rank=%d size=%d pid=%d\n", c.Rank(), c.Size(), os.Getpid())
 	switch mode {
 	case "check":
@@ -75,6 +83,8 @@ func run(mode string, args []string) error {
 		err = loop(c)
 	case "soak":
 		err = soak(ctx, c, args)
+	case "hold":
+		err = hold(ctx, c)
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}
@@ -192,6 +202,31 @@ func loop(c *core.Comm) error {
 			fmt.Printf("LOOPING rank=%d\n", c.Rank())
 		}
 	}
+}
+
+// hold runs an allreduce and a barrier twice (the first round makes the
+// shared-memory rings), then keeps the rank (and its memory) up until stdin
+// closes, for the test to measure.
+func hold(ctx context.Context, c *core.Comm) error {
+	n := c.Size()
+	var took [2]time.Duration
+	for i := range took {
+		t0 := time.Now()
+		v := fill32(1024, func(i int) float32 { return float32(c.Rank() + i) })
+		if err := c.Allreduce(ctx, nil, v, collective.Float32, collective.Sum); err != nil {
+			return err
+		}
+		if err := expect32("hold allreduce", v, func(i int) float32 { return float32(n*(n-1)/2 + n*i) }); err != nil {
+			return err
+		}
+		if err := c.Barrier(ctx); err != nil {
+			return err
+		}
+		took[i] = time.Since(t0)
+	}
+	fmt.Printf("HOLD rank=%d first_ms=%d again_ms=%d\n", c.Rank(), took[0].Milliseconds(), took[1].Milliseconds())
+	io.Copy(io.Discard, os.Stdin)
+	return nil
 }
 
 func soak(ctx context.Context, c *core.Comm, args []string) error {

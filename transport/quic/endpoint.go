@@ -331,7 +331,7 @@ func (e *endpoint) monitorStripe(pc *peerConn, k int, st *stripe) {
 	case <-e.ctx.Done():
 	}
 	if e.closing.Load() || pc.conn.Context().Err() != nil {
-		st.conn.CloseWithError(codeClosed, "closed")
+		st.conn.CloseWithError(codeClosed, "the pair's first connection ended")
 		return
 	}
 	pc.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	crand "crypto/rand"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nexar-go/nexar/transport"
+	"github.com/nexar-go/nexar/transport/transporttest"
 )
 
 // lossyProxy forwards UDP datagrams between one client and target, dropping
@@ -218,5 +220,51 @@ func TestStripedSizes(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatalf("message %d: %v", i, ctx.Err())
 		}
+	}
+}
+
+// TestConformanceStriped runs the transport contract with LaneData split
+// across three connections per pair (as between hosts).
+func TestConformanceStriped(t *testing.T) {
+	transporttest.Run(t, func(t *testing.T, n int, h []transport.Handler, down []transport.DownHandler) []transport.Endpoint {
+		nodes, peers := listenN(t, n, Options{DataConns: 3})
+		return connectAll(t, nodes, peers, h, down)
+	})
+}
+
+// TestStripeLost: losing one data connection of a pair loses the peer on
+// both sides, with an error that names it, within a bounded time.
+func TestStripeLost(t *testing.T) {
+	nodes, peers := listenN(t, 2, Options{DataConns: 3})
+	downs := [2]chan error{make(chan error, 1), make(chan error, 1)}
+	down := func(self int) transport.DownHandler {
+		return func(peer int, err error) { downs[self] <- err }
+	}
+	eps := connectAll(t, nodes, peers, nil, []transport.DownHandler{down(0), down(1)})
+	defer eps[0].Close()
+	defer eps[1].Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := eps[0].Send(ctx, 1, transport.LaneData, nil, make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	eps[0].(*endpoint).conns[1].stripes[1].conn.CloseWithError(99, "test")
+	for r, ch := range downs {
+		select {
+		case err := <-ch:
+			var pd *transport.PeerDownError
+			if !errors.As(err, &pd) || pd.Peer != 1-r {
+				t.Errorf("rank %d: down error %v, want a PeerDownError for rank %d", r, err, 1-r)
+			}
+			t.Logf("rank %d after %v: %v", r, time.Since(start).Round(time.Millisecond), err)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("rank %d: no down report 5 s after a data connection was lost", r)
+		}
+	}
+	err := eps[1].Send(ctx, 0, transport.LaneData, nil, make([]byte, 1<<20))
+	var pd *transport.PeerDownError
+	if !errors.As(err, &pd) || pd.Peer != 0 {
+		t.Errorf("send after the loss: %v, want a PeerDownError for rank 0", err)
 	}
 }

@@ -149,13 +149,13 @@ func (e *endpoint) dial(ctx context.Context, r int) error {
 		}
 		return nil
 	})
-	stripes := e.node.opt.stripesTo(addr)
-	for k := range stripes {
+	stripes := e.node.opt.stripesTo(addr, len(e.peers))
+	dialStripe := func(k int) error {
 		backoff := 20 * time.Millisecond
 		for {
-			err = e.dialOnce(ctx, r, addr, tlsConf, k, stripes)
+			err := e.dialOnce(ctx, r, addr, tlsConf, k, stripes)
 			if err == nil {
-				break
+				return nil
 			}
 			select {
 			case <-ctx.Done():
@@ -167,7 +167,18 @@ func (e *endpoint) dial(ctx context.Context, r int) error {
 			backoff = min(2*backoff, 500*time.Millisecond)
 		}
 	}
-	return nil
+	// The first connection fixes the number of stripes; the rest may then
+	// come in any order.
+	if err := dialStripe(0); err != nil {
+		return err
+	}
+	errs := make([]error, stripes)
+	var wg sync.WaitGroup
+	for k := 1; k < stripes; k++ {
+		wg.Go(func() { errs[k] = dialStripe(k) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 func (e *endpoint) dialOnce(ctx context.Context, r int, addr *net.UDPAddr, tlsConf *tls.Config, stripe, stripes int) error {

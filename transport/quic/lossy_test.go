@@ -268,3 +268,26 @@ func TestStripeLost(t *testing.T) {
 		t.Errorf("send after the loss: %v, want a PeerDownError for rank 0", err)
 	}
 }
+
+func TestStripesTo(t *testing.T) {
+	lo := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}
+	remote := &net.UDPAddr{IP: net.IPv4(10, 0, 0, 2)}
+	for _, c := range []struct {
+		opt  Options
+		addr *net.UDPAddr
+		size int
+		want int
+	}{
+		{Options{}, lo, 2, 1},
+		{Options{}, remote, 2, 16},
+		{Options{}, remote, 17, 16},
+		{Options{}, remote, 65, 4},
+		{Options{}, remote, 1000, 1},
+		{Options{DataConns: 3}, lo, 2, 3},
+		{Options{DataConns: 40}.withDefaults(), remote, 2, maxStripes},
+	} {
+		if got := c.opt.stripesTo(c.addr, c.size); got != c.want {
+			t.Errorf("%+v.stripesTo(%v, %d) = %d, want %d", c.opt.DataConns, c.addr, c.size, got, c.want)
+		}
+	}
+}

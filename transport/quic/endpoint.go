@@ -393,9 +393,10 @@ func (e *endpoint) acceptStreams(pc *peerConn) {
 // protocol violation closes the connection with an error naming the peer.
 func (e *endpoint) readStream(pc *peerConn, s *quic.ReceiveStream) {
 	br := bufio.NewReaderSize(s, readBuffer)
+	pre := new([frame.PrefixSize]byte)
 	lane := transport.NumLanes
 	for {
-		l, h, p, err := e.nextFrame(pc, br)
+		l, h, p, err := e.nextFrame(pc, br, pre)
 		bye := errors.Is(err, frame.ErrGoodbye)
 		if err != nil && !bye {
 			if errors.Is(err, frame.ErrMalformed) || errors.Is(err, io.ErrUnexpectedEOF) {
@@ -433,12 +434,11 @@ func (e *endpoint) readStream(pc *peerConn, s *quic.ReceiveStream) {
 // nextFrame reads one frame from an inbound lane stream, as frame.Reader
 // does, and the parts of a striped LaneData payload from the pair's further
 // data connections.
-func (e *endpoint) nextFrame(pc *peerConn, br *bufio.Reader) (transport.Lane, *transport.Header, []byte, error) {
-	var pre [frame.PrefixSize]byte
+func (e *endpoint) nextFrame(pc *peerConn, br *bufio.Reader, pre *[frame.PrefixSize]byte) (transport.Lane, *transport.Header, []byte, error) {
 	if _, err := io.ReadFull(br, pre[:]); err != nil {
 		return 0, nil, nil, err
 	}
-	lane, h, n, err := frame.ParsePrefix(&pre, transport.MaxPayload)
+	lane, h, n, err := frame.ParsePrefix(pre, transport.MaxPayload)
 	if err != nil {
 		return lane, nil, nil, err
 	}

@@ -174,7 +174,7 @@ func TestLossyLink(t *testing.T) {
 	}
 	d := exchangeTime(t, Options{DataConns: defaultDataConns}, 0.05, 5*time.Millisecond, 1<<20, 10)
 	t.Logf("%d connections, 5%% loss, 5 ms: 10 x 1 MiB each way in %v", defaultDataConns, d)
-	if d > 10*time.Second {
+	if d > 10*time.Second && !raceEnabled { // the race detector slows 16 connections and the proxy too much
 		t.Errorf("10 x 1 MiB each way over a 5%% lossy link took %v, want < 10s", d)
 	}
 	if os.Getenv("NEXAR_LOSSY_FULL") != "" {

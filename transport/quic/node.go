@@ -83,7 +83,7 @@ type Options struct {
 	// or more are split. One connection's window collapses under random
 	// packet loss: on a link that drops 5% of the packets and delays them
 	// 5 ms, 50 x 1 MiB allreduces took 78 s on one connection, 26 s on 4,
-	// 12 s on 16, and 5 s on the bulk path's 2 TCP connections. The lower
+	// 12-13 s on 16, and 5-7 s on the bulk path's 2 TCP connections. The lower
 	// rank of a pair chooses. Default: to a peer whose address is not a
 	// loopback address (another host) 16, or 256/(ranks-1) if fewer, at
 	// least 1; to a loopback address 1.

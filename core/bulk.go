@@ -8,6 +8,18 @@ import (
 	nquic "github.com/nexar-go/nexar/transport/quic"
 )
 
+// quicOptions configures the QUIC mesh. Where the bulk path may use TCP
+// between hosts, QUIC carries LaneData across hosts only if that fails to
+// set up, so one connection per pair is enough; otherwise QUIC's default
+// (several data connections to a peer on another host) applies.
+func quicOptions(cfg Config) nquic.Options {
+	o := nquic.Options{BindAddr: cfg.BindAddr}
+	if mode, err := bulk.ParseMode(cfg.Bulk); err == nil && (mode == bulk.ModeAuto || mode == bulk.ModeTCP) {
+		o.DataConns = 1
+	}
+	return o
+}
+
 // newBulk prepares the composite endpoint that carries LaneData over shared
 // memory or parallel TCP and everything else over the QUIC mesh.
 // down serves the layer above in place of nd.onDown.

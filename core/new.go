@@ -88,7 +88,7 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 		cleanup()
 		return nil, err
 	}
-	qn, err := nquic.Listen(id, nquic.Options{BindAddr: cfg.BindAddr})
+	qn, err := nquic.Listen(id, quicOptions(cfg))
 	if err != nil {
 		cleanup()
 		return nil, &Error{Code: CodeInternal, Op: "new", Rank: -1, Msg: fmt.Sprintf("bind %s: %v", cfg.BindAddr, err), Cause: err}

@@ -114,6 +114,7 @@ func cleanEnv(extra ...string) []string {
 
 type proc struct {
 	name string
+	ns   string
 	cmd  *exec.Cmd
 	out  bytes.Buffer
 }
@@ -121,7 +122,7 @@ type proc struct {
 // startIn runs prog in namespace ns with env, bounded by ctx.
 func startIn(t *testing.T, ctx context.Context, name, ns string, env []string, prog ...string) *proc {
 	t.Helper()
-	p := &proc{name: name, cmd: exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns}, prog...)...)}
+	p := &proc{name: name, ns: ns, cmd: exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns}, prog...)...)}
 	p.cmd.Env = env
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	p.cmd.WaitDelay = 5 * time.Second
@@ -146,12 +147,14 @@ func TestTwoHosts(t *testing.T) {
 	}
 	tests := []struct {
 		name       string
-		standalone bool // nexar seed in host a; ranks assigned in join order
-		advertise  bool // NEXAR_ADVERTISE_ADDR set explicitly
+		standalone bool   // nexar seed in host a; ranks assigned in join order
+		advertise  bool   // NEXAR_ADVERTISE_ADDR set explicitly
+		bulk       string // NEXAR_BULK; empty: the default (auto)
 	}{
 		{name: "embedded seed, explicit advertise", advertise: true},
 		{name: "embedded seed, advertise from route"},
 		{name: "stand-alone seed", standalone: true, advertise: true},
+		{name: "quic data path", advertise: true, bulk: "off"},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -180,20 +183,66 @@ func TestTwoHosts(t *testing.T) {
 				if tc.advertise {
 					env = append(env, "NEXAR_ADVERTISE_ADDR="+h.addr)
 				}
+				if tc.bulk != "" {
+					env = append(env, "NEXAR_BULK="+tc.bulk)
+				}
 				procs = append(procs, startIn(t, ctx, fmt.Sprintf("rank %d in %s", r, h.ns), h.ns, env, testprog, "check"))
 			}
 			checked := 0
+			paths := map[[2]int]string{} // (rank, peer) -> data path
+			where := map[int]string{}    // rank -> namespace (join order may differ from r)
 			for _, p := range procs {
 				if err := p.cmd.Wait(); err != nil {
 					t.Errorf("%s: %v\n%s", p.name, err, p.out.String())
 				}
 				checked += strings.Count(p.out.String(), "CHECKED")
+				for rp, path := range dataPaths(p.out.String()) {
+					paths[rp] = path
+					where[rp[0]] = p.ns
+				}
 			}
 			if checked != n {
 				t.Errorf("%d ranks reported CHECKED, want %d", checked, n)
 			}
+			// The data must really cross the link: over TCP between the
+			// namespaces by default (shared memory within one), over QUIC
+			// with the bulk path off.
+			for r := range n {
+				for p := range n {
+					want := "quic"
+					switch {
+					case p == r:
+						want = "loopback"
+					case tc.bulk == "off":
+					case where[p] == where[r]:
+						want = "shm"
+					default:
+						want = "tcp"
+					}
+					got, ok := paths[[2]int{r, p}]
+					if !ok {
+						t.Errorf("rank %d reported no data path to rank %d", r, p)
+					} else if !strings.HasPrefix(got, want) {
+						t.Errorf("rank %d (in %s) reaches rank %d (in %s) by %q, want %s", r, where[r], p, where[p], got, want)
+					}
+				}
+			}
 		})
 	}
+}
+
+var pathRE = regexp.MustCompile(`(?m)^PATH rank=(\d+) peer=(\d+) (.*)$`)
+
+// dataPaths collects the "PATH rank=R peer=P desc" lines of testprog: the
+// path that carries R's data to P.
+func dataPaths(out string) map[[2]int]string {
+	m := map[[2]int]string{}
+	for _, sm := range pathRE.FindAllStringSubmatch(out, -1) {
+		r, _ := strconv.Atoi(sm[1])
+		p, _ := strconv.Atoi(sm[2])
+		m[[2]int{r, p}] = sm[3]
+	}
+	return m
 }
 
 func firstLine(b []byte) string {

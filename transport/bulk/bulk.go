@@ -141,16 +141,19 @@ type Options struct {
 	RemoteMin int
 }
 
-// HostID returns an identifier of this host and boot: machine id, boot id
-// and host name. Ranks with equal ids try shared memory; the attempt to open
-// the segment decides.
+// HostID returns an identifier of this host and boot: machine id, boot id,
+// host name and network namespace. Ranks with equal ids try shared memory;
+// the attempt to open the segment decides. The namespace makes ranks in two
+// network namespaces of one machine (containers, the two-host tests) talk
+// as different hosts do, over the network, although they share /dev/shm.
 func HostID() string {
 	read := func(p string) string {
 		b, _ := os.ReadFile(p)
 		return strings.TrimSpace(string(b))
 	}
 	hn, _ := os.Hostname()
-	return read("/etc/machine-id") + "/" + read("/proc/sys/kernel/random/boot_id") + "/" + hn
+	ns, _ := os.Readlink("/proc/self/ns/net") // "net:[inode]"; empty off Linux
+	return read("/etc/machine-id") + "/" + read("/proc/sys/kernel/random/boot_id") + "/" + hn + "/" + ns
 }
 
 // Endpoint is the composite endpoint. All methods are safe for concurrent

@@ -27,6 +27,7 @@ const (
 	codeProtocol  quic.ApplicationErrorCode = 2  // malformed frame or stream
 	codeSendAbort quic.ApplicationErrorCode = 3  // a Send was cancelled mid-frame
 	codeDrained   quic.ApplicationErrorCode = 4  // every goodbye of a closing peer was read
+	codeStripe    quic.ApplicationErrorCode = 5  // one of the pair's data connections was lost
 	loopbackDepth                           = 16 // messages per loopback lane
 	inlineMax                               = 16 << 10
 	readBuffer                              = 64 << 10
@@ -64,6 +65,18 @@ type peerConn struct {
 	bye    int                      // inbound lanes that ended with a goodbye
 	left   bool                     // the peer closed gracefully and was drained
 	downed bool
+	// stripes are the pair's further LaneData connections (see the package
+	// comment), fixed in number when the first connection registers.
+	stripes []stripe
+}
+
+// stripe is one further data connection of a pair. out is guarded by the
+// data lane's sendLane.sem; in is taken by the data lane's reader.
+type stripe struct {
+	conn *quic.Conn
+	out  *quic.SendStream
+	in   chan *quic.ReceiveStream // the peer's stream, once
+	rs   *quic.ReceiveStream      // owned by the data lane's reader
 }
 
 // sendLane serialises writes to one (peer, lane) stream; sem is a mutex that
@@ -136,24 +149,39 @@ func (e *endpoint) dial(ctx context.Context, r int) error {
 		}
 		return nil
 	})
-	backoff := 20 * time.Millisecond
-	for {
-		err = e.dialOnce(ctx, r, addr, tlsConf)
-		if err == nil {
-			return nil
+	stripes := e.node.opt.stripesTo(addr, len(e.peers))
+	dialStripe := func(k int) error {
+		backoff := 20 * time.Millisecond
+		for {
+			err := e.dialOnce(ctx, r, addr, tlsConf, k, stripes)
+			if err == nil {
+				return nil
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("quic: connect to rank %d at %s (connection %d of %d): %w (last error: %v)", r, p.Addr, k+1, stripes, ctx.Err(), err)
+			case <-e.ctx.Done():
+				return transport.ErrClosed
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 500*time.Millisecond)
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("quic: connect to rank %d at %s: %w (last error: %v)", r, p.Addr, ctx.Err(), err)
-		case <-e.ctx.Done():
-			return transport.ErrClosed
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 500*time.Millisecond)
 	}
+	// The first connection fixes the number of stripes; the rest may then
+	// come in any order.
+	if err := dialStripe(0); err != nil {
+		return err
+	}
+	errs := make([]error, stripes)
+	var wg sync.WaitGroup
+	for k := 1; k < stripes; k++ {
+		wg.Go(func() { errs[k] = dialStripe(k) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
-func (e *endpoint) dialOnce(ctx context.Context, r int, addr *net.UDPAddr, tlsConf *tls.Config) error {
+func (e *endpoint) dialOnce(ctx context.Context, r int, addr *net.UDPAddr, tlsConf *tls.Config, stripe, stripes int) error {
 	hctx, cancel := context.WithTimeout(ctx, e.node.opt.HandshakeTimeout)
 	defer cancel()
 	conn, err := e.node.tr.Dial(hctx, addr, tlsConf, e.node.qconf)
@@ -171,7 +199,7 @@ func (e *endpoint) dialOnce(ctx context.Context, r int, addr *net.UDPAddr, tlsCo
 	if dl, ok := hctx.Deadline(); ok {
 		s.SetDeadline(dl)
 	}
-	if _, err := s.Write(hello{rank: uint32(e.self), size: uint32(len(e.peers))}.marshal()); err != nil {
+	if _, err := s.Write(hello{rank: uint32(e.self), size: uint32(len(e.peers)), stripe: uint8(stripe), stripes: uint8(stripes)}.marshal()); err != nil {
 		return fail(err)
 	}
 	var b [helloSize]byte
@@ -186,8 +214,8 @@ func (e *endpoint) dialOnce(ctx context.Context, r int, addr *net.UDPAddr, tlsCo
 		return fail(fmt.Errorf("hello reply: status %d rank %d size %d, want 0, %d, %d", rep.status, rep.rank, rep.size, r, len(e.peers)))
 	}
 	s.Close()
-	if !e.register(r, conn) {
-		return fail(fmt.Errorf("rank %d already connected", r))
+	if err := e.register(r, conn, stripe, stripes); err != nil {
+		return fail(err)
 	}
 	return nil
 }
@@ -238,37 +266,91 @@ func (e *endpoint) accept(conn *quic.Conn) {
 		refuse(fmt.Errorf("hello names rank %d of %d, which does not match the certificate", hi.rank, hi.size))
 		return
 	}
-	if !e.register(r, conn) {
-		refuse(fmt.Errorf("rank %d already connected", r))
+	if err := e.register(r, conn, int(hi.stripe), int(hi.stripes)); err != nil {
+		refuse(err)
 		return
 	}
-	if _, err := s.Write(hello{rank: uint32(e.self), size: uint32(len(e.peers))}.marshal()); err != nil {
+	if _, err := s.Write(hello{rank: uint32(e.self), size: uint32(len(e.peers)), stripe: hi.stripe, stripes: hi.stripes}.marshal()); err != nil {
 		conn.CloseWithError(codeHello, "hello reply: "+err.Error())
 		return
 	}
 	s.Close()
 }
 
-// register installs a verified connection and starts its goroutines. It
-// returns false if rank r already has one or the endpoint is closing.
-func (e *endpoint) register(r int, conn *quic.Conn) bool {
+// register installs a verified connection, number k of the pair's stripes, and starts its goroutines. The first (stripe 0) carries
+// every lane and fixes the number of stripes; the dialer opens the others
+// only after it. It fails if the connection is a duplicate, out of order or
+// the endpoint is closing.
+func (e *endpoint) register(r int, conn *quic.Conn, k, stripes int) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.conns[r] != nil || e.closing.Load() {
-		return false
+	if e.closing.Load() {
+		return transport.ErrClosed
 	}
-	pc := &peerConn{rank: r, conn: conn}
-	for l := range pc.lanes {
-		pc.lanes[l].sem = make(chan struct{}, 1)
+	pc := e.conns[r]
+	if k == 0 {
+		if pc != nil {
+			return fmt.Errorf("rank %d already connected", r)
+		}
+		if stripes < 1 || stripes > maxStripes {
+			return fmt.Errorf("rank %d asks for %d data connections, want 1 to %d", r, stripes, maxStripes)
+		}
+		pc = &peerConn{rank: r, conn: conn, stripes: make([]stripe, stripes-1)}
+		for l := range pc.lanes {
+			pc.lanes[l].sem = make(chan struct{}, 1)
+		}
+		for i := range pc.stripes {
+			pc.stripes[i].in = make(chan *quic.ReceiveStream, 1)
+		}
+		e.conns[r] = pc
+		e.pending += stripes - 1
+		e.wg.Go(func() { e.monitor(pc) })
+		e.wg.Go(func() { e.acceptStreams(pc) })
+	} else {
+		if pc == nil || stripes != len(pc.stripes)+1 || k >= stripes || pc.stripes[k-1].conn != nil {
+			return fmt.Errorf("rank %d: unexpected data connection %d of %d", r, k, stripes)
+		}
+		st := &pc.stripes[k-1]
+		st.conn = conn
+		e.wg.Go(func() { e.monitorStripe(pc, k, st) })
 	}
-	e.conns[r] = pc
-	e.wg.Go(func() { e.monitor(pc) })
-	e.wg.Go(func() { e.acceptStreams(pc) })
 	e.pending--
 	if e.pending == 0 {
 		close(e.ready)
 	}
-	return true
+	return nil
+}
+
+// monitorStripe takes the peer's stream on stripe k and ends the pair with
+// its first connection if the stripe ends first: no Send or frame can
+// complete without it.
+func (e *endpoint) monitorStripe(pc *peerConn, k int, st *stripe) {
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer context.AfterFunc(pc.conn.Context(), cancel)()
+	s, err := st.conn.AcceptUniStream(ctx)
+	if err == nil {
+		st.in <- s
+		// A stripe carries one stream per direction; a second one is a
+		// protocol violation.
+		if _, err = st.conn.AcceptUniStream(ctx); err == nil {
+			e.protocolError(pc, fmt.Errorf("second stream on data connection %d", k))
+		}
+	}
+	select {
+	case <-st.conn.Context().Done():
+	case <-pc.conn.Context().Done():
+	case <-e.ctx.Done():
+	}
+	if e.closing.Load() || pc.conn.Context().Err() != nil {
+		st.conn.CloseWithError(codeClosed, "the pair's first connection ended")
+		return
+	}
+	pc.mu.Lock()
+	left := pc.left
+	pc.mu.Unlock()
+	if !left {
+		pc.conn.CloseWithError(codeStripe, fmt.Sprintf("data connection %d to rank %d lost: %v", k, pc.rank, context.Cause(st.conn.Context())))
+	}
 }
 
 // monitor reports the connection's end to the DownHandler, once.
@@ -310,10 +392,11 @@ func (e *endpoint) acceptStreams(pc *peerConn) {
 // readStream delivers the frames of one inbound lane stream in order. Any
 // protocol violation closes the connection with an error naming the peer.
 func (e *endpoint) readStream(pc *peerConn, s *quic.ReceiveStream) {
-	r := frame.Reader{R: bufio.NewReaderSize(s, readBuffer)}
+	br := bufio.NewReaderSize(s, readBuffer)
+	pre := new([frame.PrefixSize]byte)
 	lane := transport.NumLanes
 	for {
-		l, h, p, err := r.Next()
+		l, h, p, err := e.nextFrame(pc, br, pre)
 		bye := errors.Is(err, frame.ErrGoodbye)
 		if err != nil && !bye {
 			if errors.Is(err, frame.ErrMalformed) || errors.Is(err, io.ErrUnexpectedEOF) {
@@ -346,6 +429,55 @@ func (e *endpoint) readStream(pc *peerConn, s *quic.ReceiveStream) {
 			e.h(pc.rank, l, h, p)
 		}
 	}
+}
+
+// nextFrame reads one frame from an inbound lane stream, as frame.Reader
+// does, and the parts of a striped LaneData payload from the pair's further
+// data connections.
+func (e *endpoint) nextFrame(pc *peerConn, br *bufio.Reader, pre *[frame.PrefixSize]byte) (transport.Lane, *transport.Header, []byte, error) {
+	if _, err := io.ReadFull(br, pre[:]); err != nil {
+		return 0, nil, nil, err
+	}
+	lane, h, n, err := frame.ParsePrefix(pre, transport.MaxPayload)
+	if err != nil {
+		return lane, nil, nil, err
+	}
+	p := make([]byte, n)
+	stripes := len(pc.stripes) + 1
+	if lane != transport.LaneData || stripes == 1 || n < stripeMin {
+		if _, err := io.ReadFull(br, p); err != nil {
+			return 0, nil, nil, unexpectedEOF(err)
+		}
+		return lane, h, p, nil
+	}
+	_, b := stripeBounds(n, stripes, 0)
+	if _, err := io.ReadFull(br, p[:b]); err != nil {
+		return 0, nil, nil, unexpectedEOF(err)
+	}
+	for k := 1; k < stripes; k++ {
+		st := &pc.stripes[k-1]
+		if st.rs == nil {
+			select {
+			case st.rs = <-st.in:
+			case <-pc.conn.Context().Done():
+				return 0, nil, nil, context.Cause(pc.conn.Context())
+			case <-e.ctx.Done():
+				return 0, nil, nil, transport.ErrClosed
+			}
+		}
+		a, b := stripeBounds(n, stripes, k)
+		if _, err := io.ReadFull(st.rs, p[a:b]); err != nil {
+			return 0, nil, nil, fmt.Errorf("data connection %d: %w", k, unexpectedEOF(err))
+		}
+	}
+	return lane, h, p, nil
+}
+
+func unexpectedEOF(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
 }
 
 // goodbye counts one inbound lane that ended with a goodbye. With the last
@@ -418,16 +550,36 @@ func (e *endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 		}
 		sl.s = s
 	}
+	striped := lane == transport.LaneData && len(pc.stripes) > 0 && len(payload) >= stripeMin
+	if striped {
+		for k := range pc.stripes {
+			st := &pc.stripes[k]
+			if st.out == nil {
+				s, err := st.conn.OpenUniStreamSync(ctx)
+				if err != nil {
+					return e.sendErr(pc, ctx, err)
+				}
+				st.out = s
+			}
+		}
+	}
 	// A cancelled ctx moves the write deadline to the past.
 	fired := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		sl.s.SetWriteDeadline(time.Unix(1, 0))
+		if striped {
+			for k := range pc.stripes {
+				pc.stripes[k].out.SetWriteDeadline(time.Unix(1, 0))
+			}
+		}
 		close(fired)
 	})
 	sl.buf = frame.AppendPrefix(sl.buf[:0], lane, h, len(payload))
 	var n int
 	var err error
-	if len(payload) <= inlineMax {
+	if striped {
+		n, err = e.writeStriped(pc, sl, payload)
+	} else if len(payload) <= inlineMax {
 		sl.buf = append(sl.buf, payload...)
 		n, err = sl.s.Write(sl.buf)
 	} else if n, err = sl.s.Write(sl.buf); err == nil {
@@ -438,6 +590,11 @@ func (e *endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 	if !stop() {
 		<-fired
 		sl.s.SetWriteDeadline(time.Time{})
+		if striped {
+			for k := range pc.stripes {
+				pc.stripes[k].out.SetWriteDeadline(time.Time{})
+			}
+		}
 	}
 	if cap(sl.buf) > 4*inlineMax {
 		sl.buf = nil
@@ -454,6 +611,51 @@ func (e *endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 		return fmt.Errorf("quic: send to rank %d on %v: %w", peer, lane, ctx.Err())
 	}
 	return e.sendErr(pc, ctx, err)
+}
+
+// stripeBounds returns where part k of an n-byte payload split across
+// stripes connections starts and ends.
+func stripeBounds(n, stripes, k int) (int, int) {
+	part := n / stripes
+	if k == stripes-1 {
+		return k * part, n
+	}
+	return k * part, (k + 1) * part
+}
+
+// writeStriped writes the prefix in sl.buf and part 0 of payload on the data
+// lane stream and part k on stripe k, all at once: each connection sends
+// within its own congestion window. It returns the bytes written and the
+// first error.
+func (e *endpoint) writeStriped(pc *peerConn, sl *sendLane, payload []byte) (int, error) {
+	stripes := len(pc.stripes) + 1
+	var n atomic.Int64
+	errs := make([]error, stripes)
+	var wg sync.WaitGroup
+	for k := 1; k < stripes; k++ {
+		wg.Go(func() {
+			a, b := stripeBounds(len(payload), stripes, k)
+			m, err := pc.stripes[k-1].out.Write(payload[a:b])
+			n.Add(int64(m))
+			errs[k] = err
+		})
+	}
+	_, b := stripeBounds(len(payload), stripes, 0)
+	m, err := sl.s.Write(sl.buf)
+	if err == nil {
+		var m2 int
+		m2, err = sl.s.Write(payload[:b])
+		m += m2
+	}
+	n.Add(int64(m))
+	errs[0] = err
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return int(n.Load()), err
+		}
+	}
+	return int(n.Load()), nil
 }
 
 func (e *endpoint) sendErr(pc *peerConn, ctx context.Context, err error) error {

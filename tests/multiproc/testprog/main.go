@@ -74,6 +74,10 @@ func run(mode string, args []string) error {
 		fmt.Printf("FORMED rank=%d ms=%d\n", c.Rank(), time.Since(t0).Milliseconds())
 	}
 	fmt.Printf("READY rank=%d size=%d pid=%d\n", c.Rank(), c.Size(), os.Getpid())
+	paths := c.Paths()
+	for p := range c.Size() {
+		fmt.Printf("PATH rank=%d peer=%d %s\n", c.Rank(), p, paths[p])
+	}
 	switch mode {
 	case "check":
 		err = check(ctx, c)

@@ -1,0 +1,5 @@
+//go:build race
+
+package quictransport
+
+const raceEnabled = true

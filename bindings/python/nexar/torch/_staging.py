@@ -9,6 +9,7 @@ use; each lives for one operation.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -67,16 +68,18 @@ class Staged(Buffer):
             w = w.clone()
         copy = w.data_ptr() != t.data_ptr() or w.dtype != t.dtype or not t.is_contiguous()
         es = w.element_size()
+        # partial, not a bound method: no cycle keeps a staged copy alive.
         super().__init__(t, w.data_ptr(), w.numel() * es, es, from_torch_dtype(w.dtype), keep=w,
-                         writeback=self._copy_back if copy and writable else None)
+                         writeback=partial(_copy_into, t, w) if copy and writable else None)
         self.t = t
         self.w = w
 
-    def _copy_back(self):
-        with torch.no_grad():
-            self.t.copy_(self.w)
-
     back = Buffer.finish
+
+
+def _copy_into(t: torch.Tensor, w: torch.Tensor):
+    with torch.no_grad():
+        t.copy_(w)
 
 
 def op_of(opts) -> Tuple[object, Optional[float]]:

@@ -18,7 +18,8 @@ import torch.distributed as dist
 from .._buffers import Buffer
 from .._types import AVG, BAND, BOR, BXOR, MAX, MIN, PROD, SUM, Datatype, from_torch_dtype
 
-__all__ = ["BYTE", "Staged", "Reduction", "op_of", "offsets", "flat_cat", "nbytes", "tag64"]
+__all__ = ["BYTE", "Staged", "Reduction", "op_of", "offsets", "flat_cat", "bytes_cat", "copy_blocks", "nbytes",
+           "tag64"]
 
 BYTE = int(Datatype.UINT8)  # byte-moving calls pass nbytes elements of this
 

@@ -201,6 +201,17 @@ class Comm:
     def closed(self) -> bool:
         return not self._h
 
+    def check(self) -> None:
+        """Raise nexar.ForkedProcessError in a child made by fork() and
+        nexar.ClosedError once closed; return None while usable. For layers
+        that queue work for later (nexar.torch) and want to fail at once."""
+        self._check()
+
+    @property
+    def raw(self) -> "RawComm":
+        """The raw-pointer entry points of this communicator (see RawComm)."""
+        return RawComm(self)
+
     def split(self, color: int, key: int = 0) -> Optional["Comm"]:
         """Collective: ranks with the same color form a new Comm ordered by key.
         A negative color (nexar.UNDEFINED) joins none and returns None."""
@@ -580,6 +591,78 @@ class Comm:
         return self._reduction("exscan", _lib.exscan, sendbuf, recvbuf, op)
 
 
+class RawComm:
+    """Raw-pointer entry points of a Comm, for bindings that prepare their
+    own memory (nexar.torch stages tensors itself).
+
+    Each method is one libnexar call: addresses are integers (0 for "none"),
+    counts are elements of dtype (a Datatype or its integer code), and the
+    memory must stay valid and unaliased as libnexar requires until the call
+    returns (or, for isend/irecv, until the Request completes). libnexar
+    checks the arguments; nothing else does. Each call first raises what
+    Comm.check() raises. Blocking calls release the GIL. Concurrency is that
+    of the Comm: collectives in the same order on every rank.
+    """
+
+    __slots__ = ("_comm",)
+
+    def __init__(self, comm: Comm):
+        self._comm = comm
+
+    def allreduce(self, send: int, recv: int, count: int, dtype, op):
+        _lib.allreduce(send, recv, count, int(dtype), int(op), self._comm._check())
+
+    def reduce(self, send: int, recv: int, count: int, dtype, op, root: int):
+        _lib.reduce(send, recv, count, int(dtype), int(op), root, self._comm._check())
+
+    def broadcast(self, buf: int, count: int, dtype, root: int):
+        _lib.broadcast(buf, count, int(dtype), root, self._comm._check())
+
+    def allgather(self, send: int, recv: int, count: int, dtype):
+        _lib.allgather(send, recv, count, int(dtype), self._comm._check())
+
+    def allgatherv(self, send: int, sendcount: int, recv: int, counts: Sequence[int],
+                   displs: Sequence[int], dtype):
+        _lib.allgatherv(send, sendcount, recv, counts, displs, int(dtype), self._comm._check())
+
+    def reduce_scatter(self, send: int, recv: int, recvcount: int, dtype, op):
+        _lib.reduce_scatter(send, recv, recvcount, int(dtype), int(op), self._comm._check())
+
+    def alltoall(self, send: int, recv: int, count_per_peer: int, dtype):
+        _lib.alltoall(send, recv, count_per_peer, int(dtype), self._comm._check())
+
+    def alltoallv(self, send: int, sendcounts: Sequence[int], sdispls: Sequence[int], recv: int,
+                  recvcounts: Sequence[int], rdispls: Sequence[int], dtype):
+        _lib.alltoallv(send, sendcounts, sdispls, recv, recvcounts, rdispls, int(dtype), self._comm._check())
+
+    def gatherv(self, send: int, sendcount: int, recv: int, counts: Sequence[int],
+                displs: Sequence[int], dtype, root: int):
+        """counts/displs matter on root only (pass [] elsewhere)."""
+        _lib.gatherv(send, sendcount, recv, counts, displs, int(dtype), root, self._comm._check())
+
+    def scatterv(self, send: int, counts: Sequence[int], displs: Sequence[int], recv: int,
+                 recvcount: int, dtype, root: int):
+        """counts/displs matter on root only (pass [] elsewhere)."""
+        _lib.scatterv(send, counts, displs, recv, recvcount, int(dtype), root, self._comm._check())
+
+    def barrier(self):
+        _lib.barrier(self._comm._check())
+
+    def send(self, buf: int, count: int, dtype, dest: int, tag: int):
+        _lib.send(buf, count, int(dtype), dest, tag, self._comm._check())
+
+    def isend(self, buf: int, count: int, dtype, dest: int, tag: int, keep: Buffer) -> Request:
+        """Post a send; the Request holds keep until it completes."""
+        q = _lib.isend(buf, count, int(dtype), dest, tag, self._comm._check())
+        return Request(self._comm, q, [keep])
+
+    def irecv(self, buf: int, count: int, dtype, source: int, tag: int, keep: Buffer) -> Request:
+        """Post a receive; on success the Request calls keep.finish() (its
+        write-back) and its Status counts elements of keep.itemsize."""
+        q = _lib.irecv(buf, count, int(dtype), source, tag, self._comm._check())
+        return Request(self._comm, q, [keep], recv_buf=keep)
+
+
 def _dt(s: Buffer, r: Buffer):
     return s.raw()[1] if s.dtype is not None else Datatype.UINT8
 
@@ -596,6 +679,42 @@ def _counts_displs(counts, displs, size, what):
     elif len(displs) != size:
         raise ValueError(f"nexar: {what}: displacements must have {size} entries")
     return counts, [int(d) for d in displs]
+
+
+class Seed:
+    """A rendezvous seed started by this process (start_seed). addr is the
+    "host:port" it listens on; pass it as every rank's seed. close() stops
+    it (idempotent); keep it open while the communicator formed through it
+    is in use, as rank 0's embedded seed is."""
+
+    def __init__(self, handle: int, addr: str):
+        self._h = handle
+        self.addr = addr
+
+    def close(self):
+        h, self._h = self._h, 0
+        if h:
+            _lib.seed_close(h)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def start_seed(bind_addr: str, world_size: int, token) -> Optional[Seed]:
+    """Start a seed for world_size ranks holding token on bind_addr
+    ("host:0" picks a free port, with no window in which another process
+    can take it). Returns None when the loaded libnexar has no such call
+    (then the caller must pick the port itself)."""
+    start = getattr(_lib, "seed_start", None)
+    if start is None:
+        return None
+    if isinstance(token, str):
+        token = token.encode()
+    h, addr = start(bind_addr, int(world_size), bytes(token))
+    return Seed(h, addr)
 
 
 def init(**config) -> Comm:

@@ -1,357 +1,50 @@
-"""ProcessGroupNexar: a Python torch.distributed ProcessGroup over libnexar.
+"""ProcessGroupNexar: a Python torch.distributed ProcessGroup over nexar.Comm.
 
 Design (see reference/torch-backend.md):
 
-- Rendezvous goes through the Store torch hands the creator: rank 0 draws a
-  random token and a seed address (its own host, a free port) and publishes
-  both; the other ranks read them and join. A process that cannot read the
-  job's Store cannot join.
-- Collectives run in issue order on one worker thread per group, calling the
-  blocking C ABI with the GIL released, so every rank issues them in the same
-  order and the caller overlaps compute with communication (DDP).
-- Point-to-point operations are posted at once in the caller's thread with the
-  non-blocking C ABI (so (source, tag) order is the program's order) and are
-  waited for on a helper thread each.
-- Work objects are a Work subclass: wait() raises the operation's error (the
-  future-wrapping Work of torch swallows it), get_future() carries the result,
-  or the error as a failed Future that DDP and other C++ readers see failed.
+- Rendezvous (_rendezvous.py) goes through the Store torch hands the
+  creator; each group is one nexar.Comm, called through its raw-pointer
+  entry points (Comm.raw) with tensors staged by _staging.py.
+- Collectives run in issue order on one worker thread per group (_work.py
+  WorkQueue), calling the blocking C ABI with the GIL released, so every
+  rank issues them in the same order and the caller overlaps compute with
+  communication (DDP).
+- Point-to-point operations are posted at once in the caller's thread with
+  the non-blocking C ABI (so (source, tag) order is the program's order) and
+  are waited for on a helper thread each.
+- Work objects are a Work subclass (NexarWork): wait() raises the
+  operation's error (the future-wrapping Work of torch swallows it),
+  get_future() carries the result, or the error as a failed Future that DDP
+  and other C++ readers see failed.
 """
 
 from __future__ import annotations
 
-import os
-import queue
-import secrets
-import socket
-import threading
 import time
-import warnings
 from datetime import timedelta
 from typing import List, Optional
 
 import torch
 import torch.distributed as dist
 
-from .. import _errors
-from .._types import AVG, BAND, BOR, BXOR, MAX, MIN, PROD, SUM, Datatype, from_torch_dtype
+from .. import _comm, _errors
+from .._types import SUM, Datatype
+from ._rendezvous import rendezvous
+from ._staging import (BYTE, Reduction, Staged, bytes_cat, copy_blocks, flat_cat, nbytes, offsets,
+                       op_of, tag64)
+from ._work import NexarWork, WorkQueue, complete_in_thread
 
 __all__ = ["ProcessGroupNexar", "NexarWork"]
 
-_RT = dist.ReduceOp.RedOpType
-_OPS = {
-    _RT.SUM: SUM,
-    _RT.PRODUCT: PROD,
-    _RT.MIN: MIN,
-    _RT.MAX: MAX,
-    _RT.AVG: AVG,
-    _RT.BAND: BAND,
-    _RT.BOR: BOR,
-    _RT.BXOR: BXOR,
-}
-_PREMUL = getattr(_RT, "PREMUL_SUM", None)
-_U8 = int(Datatype.UINT8)
-
-
-def _lib():
-    from .. import _comm
-
-    return _comm._lib
-
-
-# ---------------------------------------------------------------------------
-# Work
-
-
-class NexarWork(dist.Work):
-    """Completion of one nexar operation.
-
-    wait() blocks (without the GIL) until the operation is done and raises its
-    error; get_future() returns a torch Future completed with the output
-    tensors or with the exception. Safe to use from any thread.
-    """
-
-    def __init__(self, result, op_name: str = ""):
-        super().__init__()
-        self._result = result
-        self._op_name = op_name
-        # Future.set_exception marks only the Python wrapper failed: C++
-        # readers (DDP's reducer, a Work made from the Future) see a success
-        # whose value is the exception object, and DDP crashes indexing the
-        # tensors it expects. A then() callback that raises marks the C++
-        # future failed, so the outcome reaches _fut through one (_outcome).
-        self._src = torch.futures.Future()
-        self._fut = self._src.then(_outcome)
-        self._event = threading.Event()
-        self._exc: Optional[BaseException] = None
-        self._source = -1
-
-    def _complete(self, exc: Optional[BaseException] = None):
-        self._exc = exc
-        try:
-            self._src.set_result((exc, self._result))
-        except Exception as e:  # a raising .then() callback must not kill the worker
-            warnings.warn(f"nexar: a callback of {self._op_name} raised: {e!r}", RuntimeWarning)
-        finally:
-            self._event.set()
-
-    def wait(self, timeout=None):
-        secs = None
-        if timeout is not None:
-            secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-            if secs <= 0:  # c10d's kNoTimeout
-                secs = None
-        if not self._event.wait(secs):
-            raise RuntimeError(f"nexar: {self._op_name} did not complete within {timeout}")
-        if self._exc is not None:
-            raise self._exc
-        return True
-
-    def is_completed(self):
-        return self._event.is_set()
-
-    def is_success(self):
-        return self._event.is_set() and self._exc is None
-
-    def exception(self):
-        return self._exc
-
-    def get_future(self):
-        return self._fut
-
-    def result(self):
-        self.wait()
-        return self._result if isinstance(self._result, list) else [self._result]
-
-    def _source_rank(self):
-        self.wait()
-        return self._source
-
-    source_rank = _source_rank
-
-    def synchronize(self):
-        self.wait()
-
-
-def _outcome(src):
-    """then() callback of NexarWork: the operation's result, or its error
-    raised so that torch marks the Future failed (wait() and value() then
-    raise a RuntimeError carrying the error's type and message)."""
-    exc, result = src.value()
-    if exc is not None:
-        raise exc
-    return result
-
-
-def _done_work(result, op_name=""):
-    w = NexarWork(result, op_name)
-    w._complete()
-    return w
-
-
-# ---------------------------------------------------------------------------
-# Tensor staging
-
-
-class _Staged:
-    """A contiguous (optionally converted or copied) stand-in for a CPU tensor.
-
-    w has t's shape; back() copies w into t when they are not the same memory.
-    """
-
-    __slots__ = ("t", "w", "copy")
-
-    def __init__(self, t: torch.Tensor, dtype: Optional[torch.dtype] = None, force_copy: bool = False):
-        if t.device.type != "cpu":
-            raise ValueError(f"nexar: only CPU tensors are supported, got one on {t.device}")
-        self.t = t
-        w = t.detach()
-        if w.is_conj():
-            w = w.resolve_conj()
-        if w.is_neg():
-            w = w.resolve_neg()
-        if dtype is not None and w.dtype != dtype:
-            w = w.to(dtype)
-        if not w.is_contiguous():
-            w = w.contiguous()
-        elif force_copy and w.data_ptr() == t.data_ptr():
-            w = w.clone()
-        self.w = w
-        self.copy = w.data_ptr() != t.data_ptr() or w.dtype != t.dtype or not t.is_contiguous()
-
-    @property
-    def addr(self) -> int:
-        return self.w.data_ptr()
-
-    @property
-    def nbytes(self) -> int:
-        return self.w.numel() * self.w.element_size()
-
-    def back(self):
-        if self.copy:
-            with torch.no_grad():
-                self.t.copy_(self.w)
-
-
-def _op_of(opts) -> tuple:
-    """(nexar op, premul factor or None) for opts.reduceOp."""
-    rop = getattr(opts, "reduceOp", None) if opts is not None else None
-    if rop is None:
-        return SUM, None
-    kind = rop.op if hasattr(rop, "op") else rop
-    if _PREMUL is not None and kind == _PREMUL:
-        return SUM, _premul_factor(rop)
-    try:
-        return _OPS[kind], None
-    except KeyError:
-        raise ValueError(f"nexar: unsupported reduce op {rop}") from None
-
-
-def _premul_factor(rop):
-    f = getattr(rop, "factor", None)
-    if f is None:
-        try:
-            f = rop.__getstate__()[1]
-        except Exception:
-            raise ValueError("nexar: PREMUL_SUM without a readable factor") from None
-    return f
-
-
-_SMALL_INTS = (torch.int16,) + tuple(getattr(torch, n) for n in ("uint16",) if hasattr(torch, n))
-
-
-class _Red:
-    """A tensor prepared for a reduction: staged copy, the buffer to pass
-    (address, count), nexar dtype and op.
-
-    bool reduces as uint8 with logical ops, int16/uint16 through int32,
-    complex as pairs of reals (SUM/AVG only); PREMUL_SUM scales a copy.
-    """
-
-    __slots__ = ("s", "buf", "dt", "op", "count")
-
-    def __init__(self, t: torch.Tensor, op, factor=None, need_copy: bool = False):
-        dt = t.dtype
-        s = _Staged(t, torch.int32 if dt in _SMALL_INTS else None,
-                    force_copy=need_copy or factor is not None)
-        if factor is not None:
-            with torch.no_grad():
-                s.w.mul_(factor)
-        buf = s.w
-        if dt == torch.bool:
-            if op == AVG:
-                raise ValueError("nexar: ReduceOp.AVG is not defined for bool tensors")
-            op = {SUM: BOR, MAX: BOR, BOR: BOR, PROD: BAND, MIN: BAND, BAND: BAND, BXOR: BXOR}[op]
-            buf = buf.view(torch.uint8)
-        elif dt.is_complex:
-            if op not in (SUM, AVG):
-                raise ValueError(f"nexar: {op.name} is not defined for complex tensors")
-            buf = torch.view_as_real(buf)
-        ndt = from_torch_dtype(buf.dtype)
-        if ndt is None:
-            raise TypeError(f"nexar: reductions on {dt} are not supported")
-        if op == AVG and not ndt.is_float:
-            raise ValueError(f"nexar: ReduceOp.AVG needs a floating-point tensor, got {dt}")
-        if op in (BAND, BOR, BXOR) and ndt.is_float:
-            raise ValueError(f"nexar: {op.name} needs an integer tensor, got {dt}")
-        self.s = s
-        self.buf = buf
-        self.dt = int(ndt)
-        self.op = int(op)
-        self.count = buf.numel()
-
-    @property
-    def addr(self) -> int:
-        return self.buf.data_ptr()
-
-
-def _flat_cat(tensors: List[torch.Tensor]) -> torch.Tensor:
-    if not tensors:
-        return torch.empty(0, dtype=torch.uint8)
-    return torch.cat([t.detach().reshape(-1) for t in tensors])
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-def _tag(tag) -> int:
-    return int(tag) & 0xFFFFFFFFFFFFFFFF
-
-
-# ---------------------------------------------------------------------------
-# Rendezvous helpers
-
-
-def _advertise_host() -> str:
-    h = os.environ.get("NEXAR_ADVERTISE_HOST")
-    if h:
-        return h
-    master = os.environ.get("MASTER_ADDR")
-    if master:
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.connect((master, int(os.environ.get("MASTER_PORT", "29500") or 29500)))
-                return s.getsockname()[0]
-        except OSError:
-            pass
-    try:
-        ip = socket.gethostbyname(socket.gethostname())
-        if not ip.startswith("127."):
-            return ip
-    except OSError:
-        pass
-    return "127.0.0.1"
-
-
-def _free_port(host: str) -> int:
-    """A port free for both TCP and UDP on host (the seed may use either)."""
-    for _ in range(64):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
-            t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            t.bind((host, 0))
-            port = t.getsockname()[1]
-            try:
-                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-                    u.bind((host, port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("nexar: no free port for the seed")
-
-
-def _rendezvous(store, rank: int, size: int):
-    """Agree on (seed address, token) through the torch Store.
-
-    Every rank adds one to a join counter; the counter tells which incarnation
-    of this group (prefix) we belong to, so a group re-created under the same
-    prefix (destroy_process_group, then init again on a FileStore) never reads
-    the previous incarnation's seed.
-    """
-    n = store.add("nexar/joins", 1)
-    epoch = (n - 1) // size
-    key = f"nexar/{epoch}/"
-    if rank == 0:
-        host = _advertise_host()
-        seed = f"{host}:{_free_port(host)}"
-        token = secrets.token_bytes(32)
-        store.set(key + "token", token.hex())
-        store.set(key + "seed", seed)
-    else:
-        seed = store.get(key + "seed").decode()
-        token = bytes.fromhex(store.get(key + "token").decode())
-    return seed, token
-
-
-# ---------------------------------------------------------------------------
-# The process group
+_INT64 = int(Datatype.INT64)
 
 
 class ProcessGroupNexar(dist.ProcessGroup):
     """torch.distributed backend "nexar" (CPU tensors).
 
-    Created by torch through the registered creator; one libnexar
-    communicator per group. Methods are called by torch from any thread;
-    collectives are queued to one worker thread in call order.
+    Created by torch through the registered creator; one nexar.Comm per
+    group. Methods are called by torch from any thread; collectives are
+    queued to one worker thread in call order.
     """
 
     supports_coalescing = False
@@ -359,22 +52,23 @@ class ProcessGroupNexar(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: timedelta = timedelta(minutes=30),
                  group_id: str = ""):
         super().__init__(rank, size)
-        from .. import _comm
-
         self._rank_ = rank
         self._size_ = size
         self._group_id = group_id
-        seed, token = _rendezvous(store, rank, size)
+        rv = rendezvous(store, rank, size)
+        self._seed = rv.seed
         secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-        self._comm = _comm.Comm(rank=rank, world_size=size, seed=seed, token=token,
-                                timeout=secs, connect_timeout=secs)
-        self._h = self._comm.handle
-        self._q: "queue.SimpleQueue" = queue.SimpleQueue()
+        try:
+            self._comm = _comm.Comm(rank=rank, world_size=size, seed=rv.seed_addr, token=rv.token,
+                                    advertise_addr=rv.advertise_host, timeout=secs, connect_timeout=secs)
+        except BaseException:
+            if self._seed is not None:
+                self._seed.close()
+            raise
+        self._raw = self._comm.raw
         self._closed = False
         self._coalescing: Optional[list] = None
-        self._worker = threading.Thread(target=_worker_loop, args=(self._q,),
-                                        name=f"nexar-pg-{group_id or 'x'}-r{rank}", daemon=True)
-        self._worker.start()
+        self._queue = WorkQueue(f"nexar-pg-{group_id or 'x'}-r{rank}")
 
     # ---- identity -------------------------------------------------------
     # torch keeps a group's name and description in its backends; a Python
@@ -426,12 +120,13 @@ class ProcessGroupNexar(dist.ProcessGroup):
         if self._closed:
             return
         self._closed = True
-        self._q.put(None)
-        self._worker.join(timeout=60)
+        self._queue.close(timeout=60)
         try:
             self._comm.close()
         except _errors.Error:
             pass
+        if self._seed is not None:
+            self._seed.close()
 
     def abort(self):
         if not self._closed:
@@ -443,9 +138,10 @@ class ProcessGroupNexar(dist.ProcessGroup):
 
     def __del__(self):
         try:
-            if not self._closed and os.getpid() == self._comm._pid:
+            if not self._closed:
+                self._comm.check()  # not in a forked child
                 self._closed = True
-                self._q.put(None)
+                self._queue.stop()
         except Exception:
             pass
 
@@ -453,40 +149,43 @@ class ProcessGroupNexar(dist.ProcessGroup):
     def _enqueue(self, name: str, result, fn) -> NexarWork:
         if self._closed:
             raise _errors.ClosedError(7, f"nexar: {name} on a process group that was shut down")
-        self._comm._check()
+        self._comm.check()
         w = NexarWork(result, name)
-        self._q.put((fn, w))
+        self._queue.submit(fn, w)
         if self._coalescing is not None:
             self._coalescing.append(w)
         return w
 
+    def _root(self, opts) -> int:
+        return opts.rootRank if opts is not None else 0
+
     # ---- allreduce -------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        op, factor = _op_of(opts)
-        h = self._h
-        lib = _lib()
+        op, factor = op_of(opts)
+        raw = self._raw
 
         def fn():
             for t in tensors:
                 if t.is_sparse:
-                    self._sparse_allreduce(t, op, lib, h)
+                    self._sparse_allreduce(t, op)
                     continue
-                r = _Red(t, op, factor)
-                lib.allreduce(r.addr, r.addr, r.count, r.dt, r.op, h)
+                r = Reduction(t, op, factor)
+                raw.allreduce(r.addr, r.addr, r.count, r.dt, r.op)
                 r.s.back()
         return self._enqueue("allreduce", tensors, fn)
 
-    def _sparse_allreduce(self, t: torch.Tensor, op, lib, h):
+    def _sparse_allreduce(self, t: torch.Tensor, op):
         """Sum of sparse COO tensors, as gloo does it: every rank gathers
         every rank's indices and values, concatenates and coalesces, so all
         ranks compute the same result. t is replaced in place."""
         if op != SUM:
             raise ValueError("nexar: sparse tensors are reduced with SUM only")
+        raw = self._raw
         c = t.coalesce()
         idx, val = c.indices().contiguous(), c.values().contiguous()
         nnz = torch.tensor([idx.shape[1]], dtype=torch.int64)
         counts = torch.empty(self._size_, dtype=torch.int64)
-        lib.allgather(nnz.data_ptr(), counts.data_ptr(), 1, int(Datatype.INT64), h)
+        raw.allgather(nnz.data_ptr(), counts.data_ptr(), 1, _INT64)
         nnzs = counts.tolist()
 
         def gather(part: torch.Tensor, per_nnz: int, dims) -> torch.Tensor:
@@ -494,13 +193,10 @@ class ProcessGroupNexar(dist.ProcessGroup):
             # is every rank's, in rank order, laid out the same way.
             es = part.element_size()
             sizes = [k * per_nnz for k in nnzs]
-            displs, off = [], 0
-            for x in sizes:
-                displs.append(off)
-                off += x
-            out = torch.empty(off // es, dtype=part.dtype)
-            lib.allgatherv(part.data_ptr() if part.numel() else 0, part.numel() * es,
-                           out.data_ptr() if off else 0, sizes, displs, _U8, h)
+            displs, total = offsets(sizes)
+            out = torch.empty(total // es, dtype=part.dtype)
+            raw.allgatherv(part.data_ptr() if part.numel() else 0, part.numel() * es,
+                           out.data_ptr() if total else 0, sizes, displs, BYTE)
             return out.view(-1, *dims) if dims else out
         # indices are (sparse_dim, nnz): gather them transposed so that each
         # entry's coordinates are contiguous.
@@ -518,280 +214,211 @@ class ProcessGroupNexar(dist.ProcessGroup):
 
     # ---- broadcast / reduce ---------------------------------------------------
     def broadcast(self, tensors, opts=None):
-        root = opts.rootRank if opts is not None else 0
-        h = self._h
-        lib = _lib()
-
-        def fn():
-            for t in tensors:
-                s = _Staged(t)
-                lib.broadcast(s.addr, s.nbytes, _U8, root, h)
-                if self._rank_ != root:
-                    s.back()
-        return self._enqueue("broadcast", tensors, fn)
-
-    def reduce(self, tensors, opts=None):
-        root = opts.rootRank if opts is not None else 0
-        op, factor = _op_of(opts)
-        h = self._h
-        lib = _lib()
+        root = self._root(opts)
+        raw = self._raw
         me = self._rank_
 
         def fn():
             for t in tensors:
-                r = _Red(t, op, factor)
-                lib.reduce(r.addr, r.addr, r.count, r.dt, r.op, root, h)
+                s = Staged(t)
+                raw.broadcast(s.addr, s.nbytes, BYTE, root)
+                if me != root:
+                    s.back()
+        return self._enqueue("broadcast", tensors, fn)
+
+    def reduce(self, tensors, opts=None):
+        root = self._root(opts)
+        op, factor = op_of(opts)
+        raw = self._raw
+        me = self._rank_
+
+        def fn():
+            for t in tensors:
+                r = Reduction(t, op, factor)
+                raw.reduce(r.addr, r.addr, r.count, r.dt, r.op, root)
                 if me == root:
                     r.s.back()
         return self._enqueue("reduce", tensors, fn)
 
     # ---- allgather -------------------------------------------------------------
-    def _allgather_into_list(self, outs: List[torch.Tensor], inp: torch.Tensor, lib, h):
+    def _allgather_into_list(self, outs: List[torch.Tensor], inp: torch.Tensor):
         n = self._size_
         if len(outs) != n:
             raise ValueError(f"nexar: allgather needs {n} output tensors, got {len(outs)}")
-        s = _Staged(inp)
-        sizes = [_nbytes(o) for o in outs]
+        s = Staged(inp, writable=False)
+        sizes = [nbytes(o) for o in outs]
         if sizes[self._rank_] != s.nbytes:
             raise ValueError("nexar: allgather: output tensor for this rank does not match the input size")
-        tmp = torch.empty(sum(sizes), dtype=torch.uint8)
+        displs, total = offsets(sizes)
+        tmp = torch.empty(total, dtype=torch.uint8)
         if all(x == sizes[0] for x in sizes):
-            lib.allgather(s.addr, tmp.data_ptr(), s.nbytes, _U8, h)
+            self._raw.allgather(s.addr, tmp.data_ptr(), s.nbytes, BYTE)
         else:
-            displs, off = [], 0
-            for x in sizes:
-                displs.append(off)
-                off += x
-            lib.allgatherv(s.addr, s.nbytes, tmp.data_ptr(), sizes, displs, _U8, h)
-        off = 0
-        with torch.no_grad():
-            for o, x in zip(outs, sizes):
-                o.copy_(tmp[off:off + x].view(o.dtype).view(o.shape) if x else o)
-                off += x
+            self._raw.allgatherv(s.addr, s.nbytes, tmp.data_ptr(), sizes, displs, BYTE)
+        copy_blocks(outs, tmp, displs, sizes)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        h = self._h
-        lib = _lib()
-
         def fn():
             for outs, inp in zip(output_tensors, input_tensors):
-                self._allgather_into_list(outs, inp, lib, h)
+                self._allgather_into_list(outs, inp)
         return self._enqueue("allgather", output_tensors, fn)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        h = self._h
-        lib = _lib()
-
         def fn():
             for i, inp in enumerate(input_list):
-                self._allgather_into_list([output_lists[r][i] for r in range(self._size_)], inp, lib, h)
+                self._allgather_into_list([output_lists[r][i] for r in range(self._size_)], inp)
         return self._enqueue("allgather_coalesced", output_lists, fn)
 
-    def _allgather_base(self, output, input, opts=None):
-        h = self._h
-        lib = _lib()
-        n = self._size_
+    def _allgather_tensor(self, what: str, output: torch.Tensor, input: torch.Tensor):
+        s, o = Staged(input, writable=False), Staged(output)
+        if o.nbytes != self._size_ * s.nbytes:
+            raise ValueError(f"nexar: {what}: output has {o.nbytes} bytes, expected {self._size_} x {s.nbytes}")
+        self._raw.allgather(s.addr, o.addr, s.nbytes, BYTE)
+        o.back()
 
-        def fn():
-            s = _Staged(input)
-            o = _Staged(output)
-            if o.nbytes != n * s.nbytes:
-                raise ValueError(f"nexar: all_gather_into_tensor: output has {o.nbytes} bytes, "
-                                 f"expected {n} x {s.nbytes}")
-            lib.allgather(s.addr, o.addr, s.nbytes, _U8, h)
-            o.back()
-        return self._enqueue("_allgather_base", [output], fn)
+    def _allgather_base(self, output, input, opts=None):
+        return self._enqueue("_allgather_base", [output],
+                             lambda: self._allgather_tensor("all_gather_into_tensor", output, input))
 
     all_gather_single = _allgather_base
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        h = self._h
-        lib = _lib()
-        n = self._size_
-
         def fn():
             for output, input in zip(outputs, inputs):
-                s, o = _Staged(input), _Staged(output)
-                if o.nbytes != n * s.nbytes:
-                    raise ValueError("nexar: allgather_into_tensor_coalesced: output size mismatch")
-                lib.allgather(s.addr, o.addr, s.nbytes, _U8, h)
-                o.back()
+                self._allgather_tensor("allgather_into_tensor_coalesced", output, input)
         return self._enqueue("allgather_into_tensor_coalesced", outputs, fn)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     # ---- reduce-scatter -----------------------------------------------------
-    def _reduce_scatter_one(self, out: torch.Tensor, inp: torch.Tensor, op, factor, lib, h):
+    def _reduce_scatter_one(self, out: torch.Tensor, inp: torch.Tensor, op, factor):
         n = self._size_
         if inp.numel() != n * out.numel():
             raise ValueError(f"nexar: reduce_scatter: input has {inp.numel()} elements, "
                              f"expected {n} x {out.numel()}")
-        ri = _Red(inp, op, factor)
-        ro = _Red(out, op)
-        lib.reduce_scatter(ri.addr, ro.addr, ro.count, ro.dt, ro.op, h)
+        ri = Reduction(inp, op, factor)
+        ro = Reduction(out, op)
+        self._raw.reduce_scatter(ri.addr, ro.addr, ro.count, ro.dt, ro.op)
         ro.s.back()
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
-        op, factor = _op_of(opts)
-        h = self._h
-        lib = _lib()
+        op, factor = op_of(opts)
 
         def fn():
             for out, ins in zip(output_tensors, input_lists):
                 if len(ins) != self._size_:
                     raise ValueError(f"nexar: reduce_scatter needs {self._size_} input tensors")
-                self._reduce_scatter_one(out, _flat_cat(ins), op, factor, lib, h)
+                self._reduce_scatter_one(out, flat_cat(ins), op, factor)
         return self._enqueue("reduce_scatter", output_tensors, fn)
 
     def _reduce_scatter_base(self, output, input, opts=None):
-        op, factor = _op_of(opts)
-        h = self._h
-        lib = _lib()
-
-        def fn():
-            self._reduce_scatter_one(output, input, op, factor, lib, h)
-        return self._enqueue("_reduce_scatter_base", [output], fn)
+        op, factor = op_of(opts)
+        return self._enqueue("_reduce_scatter_base", [output],
+                             lambda: self._reduce_scatter_one(output, input, op, factor))
 
     reduce_scatter_single = _reduce_scatter_base
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        op, factor = _op_of(opts)
-        h = self._h
-        lib = _lib()
+        op, factor = op_of(opts)
 
         def fn():
             for out, inp in zip(outputs, inputs):
-                self._reduce_scatter_one(out, inp, op, factor, lib, h)
+                self._reduce_scatter_one(out, inp, op, factor)
         return self._enqueue("reduce_scatter_tensor_coalesced", outputs, fn)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     # ---- all-to-all -----------------------------------------------------------
+    def _split_bytes(self, t: torch.Tensor, splits):
+        """(byte counts, byte displacements) of t's dim-0 splits (equal when none)."""
+        n = self._size_
+        rows = t.shape[0] if t.dim() > 0 else 1
+        row = (nbytes(t) // rows) if rows else 0
+        if not splits:
+            if rows % n:
+                raise ValueError("nexar: all_to_all_single: dim 0 is not divisible by the world size")
+            splits = [rows // n] * n
+        if len(splits) != n or sum(splits) != rows:
+            raise ValueError("nexar: all_to_all_single: split sizes do not match the tensor")
+        c = [int(x) * row for x in splits]
+        return c, offsets(c)[0]
+
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        h = self._h
-        lib = _lib()
         n = self._size_
 
         def fn():
-            s, o = _Staged(input), _Staged(output)
+            s, o = Staged(input, writable=False), Staged(output)
             if not output_split_sizes and not input_split_sizes:
                 if s.nbytes != o.nbytes or s.nbytes % n:
                     raise ValueError("nexar: all_to_all_single: input and output must have the same size, "
                                      f"a multiple of {n}")
-                lib.alltoall(s.addr, o.addr, s.nbytes // n, _U8, h)
+                self._raw.alltoall(s.addr, o.addr, s.nbytes // n, BYTE)
             else:
-                def counts(t, splits):
-                    rows = t.shape[0] if t.dim() > 0 else 1
-                    row = (_nbytes(t) // rows) if rows else 0
-                    if not splits:
-                        if rows % n:
-                            raise ValueError("nexar: all_to_all_single: dim 0 is not divisible by the world size")
-                        splits = [rows // n] * n
-                    if len(splits) != n or sum(splits) != rows:
-                        raise ValueError("nexar: all_to_all_single: split sizes do not match the tensor")
-                    c = [int(x) * row for x in splits]
-                    d, off = [], 0
-                    for x in c:
-                        d.append(off)
-                        off += x
-                    return c, d
-                sc, sd = counts(input, input_split_sizes)
-                rc, rd = counts(output, output_split_sizes)
-                lib.alltoallv(s.addr, sc, sd, o.addr, rc, rd, _U8, h)
+                sc, sd = self._split_bytes(input, input_split_sizes)
+                rc, rd = self._split_bytes(output, output_split_sizes)
+                self._raw.alltoallv(s.addr, sc, sd, o.addr, rc, rd, BYTE)
             o.back()
         return self._enqueue("alltoall_base", [output], fn)
 
     all_to_all_single = alltoall_base
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        h = self._h
-        lib = _lib()
         n = self._size_
 
         def fn():
             if len(output_tensors) != n or len(input_tensors) != n:
                 raise ValueError(f"nexar: all_to_all needs {n} input and {n} output tensors")
-            sin = torch.cat([t.detach().reshape(-1).view(torch.uint8) if t.numel() else
-                             torch.empty(0, dtype=torch.uint8) for t in
-                             [x.contiguous() for x in input_tensors]])
-            sc = [_nbytes(t) for t in input_tensors]
-            rc = [_nbytes(t) for t in output_tensors]
-            sd, rd, a, b = [], [], 0, 0
-            for x, y in zip(sc, rc):
-                sd.append(a)
-                rd.append(b)
-                a += x
-                b += y
-            tmp = torch.empty(sum(rc), dtype=torch.uint8)
-            lib.alltoallv(sin.data_ptr(), sc, sd, tmp.data_ptr(), rc, rd, _U8, h)
-            with torch.no_grad():
-                for o, off, x in zip(output_tensors, rd, rc):
-                    if x:
-                        o.copy_(tmp[off:off + x].view(o.dtype).view(o.shape))
+            sin = bytes_cat(input_tensors)
+            sc = [nbytes(t) for t in input_tensors]
+            rc = [nbytes(t) for t in output_tensors]
+            sd, _ = offsets(sc)
+            rd, total = offsets(rc)
+            tmp = torch.empty(total, dtype=torch.uint8)
+            self._raw.alltoallv(sin.data_ptr(), sc, sd, tmp.data_ptr(), rc, rd, BYTE)
+            copy_blocks(output_tensors, tmp, rd, rc)
         return self._enqueue("alltoall", output_tensors, fn)
 
     # ---- gather / scatter -----------------------------------------------------
     def gather(self, output_tensors, input_tensors, opts=None):
-        root = opts.rootRank if opts is not None else 0
-        h = self._h
-        lib = _lib()
+        root = self._root(opts)
         n = self._size_
-        me = self._rank_
 
         def fn():
-            s = _Staged(input_tensors[0])
-            if me == root:
-                outs = output_tensors[0]
-                if len(outs) != n:
-                    raise ValueError(f"nexar: gather needs {n} output tensors on the root")
-                sizes = [_nbytes(o) for o in outs]
-                tmp = torch.empty(sum(sizes), dtype=torch.uint8)
-                displs, off = [], 0
-                for x in sizes:
-                    displs.append(off)
-                    off += x
-                lib.gatherv(s.addr, s.nbytes, tmp.data_ptr(), sizes, displs, _U8, root, h)
-                with torch.no_grad():
-                    for o, d, x in zip(outs, displs, sizes):
-                        if x:
-                            o.copy_(tmp[d:d + x].view(o.dtype).view(o.shape))
-            else:
-                lib.gatherv(s.addr, s.nbytes, 0, [], [], _U8, root, h)
+            s = Staged(input_tensors[0], writable=False)
+            if self._rank_ != root:
+                self._raw.gatherv(s.addr, s.nbytes, 0, [], [], BYTE, root)
+                return
+            outs = output_tensors[0]
+            if len(outs) != n:
+                raise ValueError(f"nexar: gather needs {n} output tensors on the root")
+            sizes = [nbytes(o) for o in outs]
+            displs, total = offsets(sizes)
+            tmp = torch.empty(total, dtype=torch.uint8)
+            self._raw.gatherv(s.addr, s.nbytes, tmp.data_ptr(), sizes, displs, BYTE, root)
+            copy_blocks(outs, tmp, displs, sizes)
         return self._enqueue("gather", output_tensors, fn)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
-        root = opts.rootRank if opts is not None else 0
-        h = self._h
-        lib = _lib()
+        root = self._root(opts)
         n = self._size_
-        me = self._rank_
 
         def fn():
-            o = _Staged(output_tensors[0])
-            if me == root:
+            o = Staged(output_tensors[0])
+            if self._rank_ == root:
                 ins = input_tensors[0]
                 if len(ins) != n:
                     raise ValueError(f"nexar: scatter needs {n} input tensors on the root")
-                sizes = [_nbytes(t) for t in ins]
-                cat = torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for t in ins])
-                displs, off = [], 0
-                for x in sizes:
-                    displs.append(off)
-                    off += x
-                lib.scatterv(cat.data_ptr(), sizes, displs, o.addr, o.nbytes, _U8, root, h)
+                sizes = [nbytes(t) for t in ins]
+                cat = bytes_cat(ins)
+                self._raw.scatterv(cat.data_ptr(), sizes, offsets(sizes)[0], o.addr, o.nbytes, BYTE, root)
             else:
-                lib.scatterv(0, [], [], o.addr, o.nbytes, _U8, root, h)
+                self._raw.scatterv(0, [], [], o.addr, o.nbytes, BYTE, root)
             o.back()
         return self._enqueue("scatter", output_tensors, fn)
 
     # ---- barrier ------------------------------------------------------------------
     def barrier(self, opts=None):
-        h = self._h
-        lib = _lib()
-
-        def fn():
-            lib.barrier(h)
-        return self._enqueue("barrier", [], fn)
+        return self._enqueue("barrier", [], self._raw.barrier)
 
     # ---- monitored barrier ------------------------------------------------------
     # torch.distributed.monitored_barrier runs on a group's CPU backend: say
@@ -806,8 +433,7 @@ class ProcessGroupNexar(dist.ProcessGroup):
         wait_all_ranks); the others wait for rank 0's answer. Blocking, on
         point-to-point messages with tags of their own (0xFFFFFFFF00000000
         plus a call counter)."""
-        self._comm._check()
-        lib, h = _lib(), self._h
+        self._comm.check()
         if timeout is None:
             secs = 1800.0
         elif isinstance(timeout, timedelta):
@@ -826,7 +452,7 @@ class ProcessGroupNexar(dist.ProcessGroup):
                     # Out of time before waiting on anyone: gloo blames
                     # rank 0 itself.
                     raise RuntimeError(f"Rank 0 timed out in monitoredBarrier after {ms} ms")
-                if not self._mb_recv(lib, h, r, tag, deadline):
+                if not self._mb_recv(r, tag, deadline):
                     failed.append(r)
                     if not wait_all_ranks:
                         break
@@ -834,56 +460,43 @@ class ProcessGroupNexar(dist.ProcessGroup):
                 who = f"Rank {failed[0]}" if len(failed) == 1 else "Ranks " + ", ".join(map(str, failed))
                 raise RuntimeError(f"{who} failed to pass monitoredBarrier in {ms} ms")
             for r in range(1, self._size_):
-                lib.send(one.data_ptr(), 1, _U8, r, tag, h)
+                self._raw.send(one.data_ptr(), 1, BYTE, r, tag)
             return
-        lib.send(one.data_ptr(), 1, _U8, 0, tag, h)
-        if not self._mb_recv(lib, h, 0, tag, deadline):
+        self._raw.send(one.data_ptr(), 1, BYTE, 0, tag)
+        if not self._mb_recv(0, tag, deadline):
             raise RuntimeError(
                 f"Rank {self._rank_} successfully reached monitoredBarrier, but received errors while "
                 f"waiting for send/recv from rank 0. Please check rank 0 logs for faulty rank.")
 
-    def _mb_recv(self, lib, h, peer, tag, deadline) -> bool:
+    def _mb_recv(self, peer, tag, deadline) -> bool:
         """Receive monitored_barrier's byte from peer by deadline. A receive
-        given up stays posted (the C ABI cannot withdraw it), so its buffer
-        is kept alive with the group."""
-        buf = torch.zeros(1, dtype=torch.uint8)
-        q = lib.irecv(buf.data_ptr(), 1, _U8, int(peer), tag, h)
-        while not lib.test(q):
+        given up stays posted (the C ABI can neither withdraw it nor wait
+        with a deadline, hence the polling), so its Request, which holds its
+        buffer, is kept with the group."""
+        s = Staged(torch.zeros(1, dtype=torch.uint8))
+        q = self._raw.irecv(s.addr, 1, BYTE, int(peer), tag, s)
+        while not q.test():
             if time.monotonic() >= deadline:
-                self.__dict__.setdefault("_mb_orphans", []).append(buf)
-                lib.request_free(q)
+                self.__dict__.setdefault("_mb_orphans", []).append(q)
                 return False
             time.sleep(0.0005)
-        lib.request_free(q)
         return True
 
     # ---- point-to-point ---------------------------------------------------------
     def _p2p(self, name, tensors, peer, tag, recv):
         if len(tensors) != 1:
             raise ValueError(f"nexar: {name} takes exactly one tensor")
-        self._comm._check()
-        lib = _lib()
-        s = _Staged(tensors[0])
-        fn = lib.irecv if recv else lib.isend
-        q = fn(s.addr, s.nbytes, _U8, int(peer), _tag(tag), self._h)
+        self._comm.check()
+        s = Staged(tensors[0], writable=recv)
+        post = self._raw.irecv if recv else self._raw.isend
+        q = post(s.addr, s.nbytes, BYTE, int(peer), tag64(tag), s)
         w = NexarWork(tensors, name)
 
-        def waiter():
-            err = None
-            try:
-                lib.wait(q)
-                if recv:
-                    w._source = lib.request_status(q)[0]
-                    s.back()
-            except BaseException as e:  # noqa: BLE001 - delivered to whoever waits
-                err = e
-            finally:
-                try:
-                    lib.request_free(q)
-                except Exception:
-                    pass
-            w._complete(err)
-        threading.Thread(target=waiter, name=f"nexar-{name}", daemon=True).start()
+        def fn():
+            st = q.wait()  # a receive's Request writes s back first
+            if recv:
+                w._source = st.source
+        complete_in_thread(f"nexar-{name}", fn, w)
         if self._coalescing is not None:
             self._coalescing.append(w)
         return w
@@ -905,32 +518,18 @@ class ProcessGroupNexar(dist.ProcessGroup):
         works, self._coalescing = self._coalescing or [], None
         agg = NexarWork([], "coalesced")
 
-        def waiter():
+        def fn():
             err = None
             for w in works:
                 try:
                     w.wait()
                 except BaseException as e:  # noqa: BLE001 - delivered to whoever waits
                     err = err or e
-            agg._complete(err)
+            if err is not None:
+                raise err
         # Waiting on a thread of its own keeps queued collectives moving.
-        threading.Thread(target=waiter, name="nexar-coalesced", daemon=True).start()
+        complete_in_thread("nexar-coalesced", fn, agg)
         return agg
 
     start_coalescing = _start_coalescing
     end_coalescing = _end_coalescing
-
-
-def _worker_loop(q: "queue.SimpleQueue"):
-    """Run queued collectives in order; deliver each result or error to its Work."""
-    while True:
-        item = q.get()
-        if item is None:
-            return
-        fn, work = item
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001 - delivered to whoever waits
-            work._complete(e)
-        else:
-            work._complete()

@@ -336,6 +336,47 @@ func (c *Comm) run(ctx context.Context, sig signature, body func(ctx context.Con
 	return c.startColl(ctx, sig, body)
 }
 
+// runAgreed is run for collectives in which a rank's result need not depend
+// on every other rank (rooted ones, scans): their body is followed by
+// agreeSignatures. Zero-count calls exchange every signature already.
+func (c *Comm) runAgreed(ctx context.Context, sig signature, body func(ctx context.Context, l *link) error) *Request {
+	return c.run(ctx, sig, agreed(body))
+}
+
+// agreed runs body, then agreeSignatures.
+func agreed(body func(ctx context.Context, l *link) error) func(ctx context.Context, l *link) error {
+	return func(ctx context.Context, l *link) error {
+		if err := body(ctx, l); err != nil {
+			return err
+		}
+		return agreeSignatures(ctx, l)
+	}
+}
+
+// agreeStepBase numbers agreeSignatures' messages, far above any step a
+// schedule takes (their counters start at 0 for every call).
+const agreeStepBase = 1 << 31
+
+// agreeSignatures ends a collective whose data flow need not reach every
+// rank from every other: a root that only sends, a leaf of a broadcast,
+// rank 0 of a scan. Such a rank could return success while ranks whose part
+// of the schedule never met it fail as mismatched (different roots or
+// counts). This is a dissemination round of empty messages, ceil(log2 n)
+// steps; each message carries the sender's signature in its header, which
+// the receiver checks on arrival, and a rank sends in step k only after its
+// step k-1 message matched. Every rank hears, through such checked hops,
+// from every other, so none completes while any made a different call:
+// all fail as mismatched (DESIGN §2.2), each naming both calls.
+func agreeSignatures(ctx context.Context, l *link) error {
+	n, r := l.c.size, l.c.rank
+	for k, step := 1, uint32(agreeStepBase); k < n; k, step = k<<1, step+1 {
+		if err := l.Exchange(ctx, (r+k)%n, step, nil, (r-k+n)%n, step, nil, 1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Allreduce combines send from every rank with op into recv on every rank.
 // send == nil: in place (the input is in recv).
 func (c *Comm) Allreduce(ctx context.Context, send, recv []byte, dt collective.DType, op collective.Op) error {
@@ -391,7 +432,7 @@ func (c *Comm) ibroadcast(ctx context.Context, buf []byte, dt collective.DType, 
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.run(ctx, signature{collBroadcast, dt, 0, root, uint64(n), 0}, func(ctx context.Context, l *link) error {
+	return c.runAgreed(ctx, signature{collBroadcast, dt, 0, root, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		return collective.Broadcast(ctx, l, buf, root)
 	})
 }
@@ -430,7 +471,7 @@ func (c *Comm) ireduce(ctx context.Context, send, recv []byte, dt collective.DTy
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.run(ctx, signature{collReduce, dt, op, root, uint64(n), 0}, func(ctx context.Context, l *link) error {
+	return c.runAgreed(ctx, signature{collReduce, dt, op, root, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		return collective.Reduce(ctx, l, send, recv, dt, op, root)
 	})
 }
@@ -634,7 +675,7 @@ func (c *Comm) igather(ctx context.Context, send, recv []byte, dt collective.DTy
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.run(ctx, signature{collGather, dt, 0, root, uint64(n), 0}, func(ctx context.Context, l *link) error {
+	return c.runAgreed(ctx, signature{collGather, dt, 0, root, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		return collective.Gather(ctx, l, send, recv, root)
 	})
 }
@@ -676,9 +717,9 @@ func (c *Comm) igatherv(ctx context.Context, send, recv []byte, counts, displs [
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.startColl(ctx, signature{collGatherv, dt, 0, root, noCount, 0}, func(ctx context.Context, l *link) error {
+	return c.startColl(ctx, signature{collGatherv, dt, 0, root, noCount, 0}, agreed(func(ctx context.Context, l *link) error {
 		return collective.Gatherv(ctx, l, send, recv, bc, bd, root)
-	})
+	}))
 }
 
 // Scatter sends block r of send on root to rank r's recv. On root recv ==
@@ -710,7 +751,7 @@ func (c *Comm) iscatter(ctx context.Context, send, recv []byte, dt collective.DT
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.run(ctx, signature{collScatter, dt, 0, root, uint64(n), 0}, func(ctx context.Context, l *link) error {
+	return c.runAgreed(ctx, signature{collScatter, dt, 0, root, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		return collective.Scatter(ctx, l, send, recv, root)
 	})
 }
@@ -752,9 +793,9 @@ func (c *Comm) iscatterv(ctx context.Context, send []byte, counts, displs []int,
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.startColl(ctx, signature{collScatterv, dt, 0, root, noCount, 0}, func(ctx context.Context, l *link) error {
+	return c.startColl(ctx, signature{collScatterv, dt, 0, root, noCount, 0}, agreed(func(ctx context.Context, l *link) error {
 		return collective.Scatterv(ctx, l, send, bc, bd, recv, root)
-	})
+	}))
 }
 
 // Scan leaves in rank r's recv the combination of send over ranks 0..r.
@@ -785,7 +826,7 @@ func (c *Comm) iscan(ctx context.Context, kind collKind, send, recv []byte, dt c
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.run(ctx, signature{kind, dt, op, -1, uint64(n), 0}, func(ctx context.Context, l *link) error {
+	return c.runAgreed(ctx, signature{kind, dt, op, -1, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		if kind == collExscan {
 			return collective.Exscan(ctx, l, send, recv, dt, op)
 		}

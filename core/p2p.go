@@ -363,6 +363,11 @@ func (c *Comm) recvColl(ctx context.Context, src int, seq uint64, step uint32, b
 // the message to wait for, or nil when it had already arrived whole (and
 // is now in buf).
 func (c *Comm) postColl(key collKey, buf []byte) (*inMsg, error) {
+	if buf == nil {
+		// A posted receive is one whose buf is not nil (deliverColl,
+		// placeColl): an empty one must still count as posted.
+		buf = []byte{}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.err != nil {

@@ -99,6 +99,19 @@ nexar_result_t nexar_comm_split(nexar_comm_t comm, int color, int key, nexar_com
     return (nexar_result_t)nxgo_comm_split((uintptr_t)comm, color, key, (uintptr_t*)newcomm);
 }
 
+nexar_result_t nexar_seed_start(const char* bind_addr, int world_size, const void* token,
+                                size_t token_len, nexar_seed_t* seed, char* addr,
+                                size_t addr_len) {
+    GUARD(NULL);
+    return (nexar_result_t)nxgo_seed_start((char*)bind_addr, world_size, (void*)token, token_len,
+                                           (uintptr_t*)seed, addr, addr_len);
+}
+
+nexar_result_t nexar_seed_close(nexar_seed_t seed) {
+    GUARD("seed");
+    return (nexar_result_t)nxgo_seed_close((uintptr_t)seed);
+}
+
 nexar_result_t nexar_comm_get_error(nexar_comm_t comm, nexar_result_t* error) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_comm_get_error((uintptr_t)comm, (int*)error);

@@ -58,4 +58,5 @@ type request struct {
 var (
 	comms    handleTable[*core.Comm]
 	requests handleTable[*request]
+	seeds    handleTable[*core.Seed]
 )

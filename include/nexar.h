@@ -303,6 +303,35 @@ nexar_result_t nexar_comm_split(nexar_comm_t comm, int color, int key, nexar_com
  * NEXAR_ERR_INVALID_ARGUMENT. Thread-safety: safe from any thread. */
 nexar_result_t nexar_comm_get_error(nexar_comm_t comm, nexar_result_t* error);
 
+/* nexar_seed_t is a rendezvous seed started by nexar_seed_start. */
+typedef struct nexar_seed_s* nexar_seed_t;
+
+/* nexar_seed_start starts, in this process, the rendezvous seed of a job of
+ * world_size ranks that hold the token, listening on bind_addr (UDP
+ * "host:port"; port 0 picks a free port, with no window in which another
+ * process can take it). It writes the address it listens on ("ip:port",
+ * NUL-terminated) to addr, which has addr_len bytes (64 always suffice).
+ * Pass that address as every rank's seed; rank 0 then joins this seed
+ * instead of embedding one. A seed serves one formation; keep it until the
+ * job has formed (nexar_comm_init returned on every rank), then
+ * nexar_seed_close it (closing it earlier fails ranks that have not joined).
+ * Args: bind_addr non-NULL; world_size >= 1; token non-NULL with
+ * token_len > 0; seed: out, non-NULL; addr non-NULL, addr_len large enough.
+ * Result: NEXAR_SUCCESS; NEXAR_ERR_INVALID_ARGUMENT (an argument above, or
+ * an unusable bind_addr); NEXAR_ERR_INTERNAL (the address cannot be bound:
+ * the message says why). On failure *seed and addr are left unchanged.
+ * Thread-safety: safe from any thread. */
+nexar_result_t nexar_seed_start(const char* bind_addr, int world_size, const void* token,
+                                size_t token_len, nexar_seed_t* seed, char* addr,
+                                size_t addr_len);
+
+/* nexar_seed_close stops a seed and frees its address; the handle is
+ * invalid afterwards. Communicators formed through it are not affected.
+ * Result: NEXAR_SUCCESS or NEXAR_ERR_INVALID_HANDLE.
+ * Thread-safety: safe from any thread; closing one seed twice gives
+ * NEXAR_ERR_INVALID_HANDLE. */
+nexar_result_t nexar_seed_close(nexar_seed_t seed);
+
 /* ------------------------------------------------------------------------
  * Point-to-point
  *

@@ -251,6 +251,20 @@ PYBIND11_MODULE(_nexar, m) {
         py::arg("connect_timeout_ms") = 0, py::arg("heartbeat_interval_ms") = 0,
         py::arg("heartbeat_timeout_ms") = 0, py::arg("max_buffered_bytes") = 0);
     m.def("comm_destroy", [](handle_t c) { NX_CALL(nexar_comm_destroy(C(c))); });
+
+    // ---- seeds ---------------------------------------------------------
+    m.def(
+        "seed_start",
+        [](std::string bind_addr, int world_size, py::bytes token) {
+            std::string tok = token;
+            nexar_seed_t s = nullptr;
+            char addr[128] = {0};
+            NX_CALL(nexar_seed_start(bind_addr.c_str(), world_size, tok.data(), tok.size(), &s,
+                                     addr, sizeof addr));
+            return py::make_tuple(reinterpret_cast<handle_t>(s), std::string(addr));
+        },
+        py::arg("bind_addr"), py::arg("world_size"), py::arg("token"));
+    m.def("seed_close", [](handle_t s) { NX_CALL(nexar_seed_close(reinterpret_cast<nexar_seed_t>(s))); });
     m.def("comm_abort", [](handle_t c) { NX_CALL(nexar_comm_abort(C(c))); });
     m.def("comm_rank", [](handle_t c) {
         int r = -1;

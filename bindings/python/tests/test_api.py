@@ -173,3 +173,28 @@ def test_multiprocess_every_call(n):
     outs = run_ranks(n, ["workers/api_worker.py"], timeout=240)
     for r, o in enumerate(outs):
         assert f"rank {r}: ok" in o, o
+
+
+def test_start_seed_reports_the_port_it_got():
+    """nexar_seed_start on port 0 binds and reports the port, so the torch
+    rendezvous publishes an address nobody else can take in between."""
+    from nexar import _comm
+
+    seed = _comm.start_seed("127.0.0.1:0", 2, b"token")
+    assert seed is not None, "libnexar has no nexar_seed_start"
+    try:
+        host, port = seed.addr.rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0
+        import socket
+
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            with pytest.raises(OSError):
+                s.bind(("127.0.0.1", int(port)))  # the seed holds it
+        finally:
+            s.close()
+    finally:
+        seed.close()
+        seed.close()  # idempotent in Python; the C handle is closed once
+    with pytest.raises(nexar.InvalidArgumentError, match="world_size"):
+        _comm.start_seed("127.0.0.1:0", 0, b"token")

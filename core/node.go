@@ -133,13 +133,29 @@ func (n *node) monitor() {
 	}
 	t := time.NewTicker(tick)
 	defer t.Stop()
+	// A gap between ticks this long means this process was stopped
+	// (SIGSTOP, a paused VM) or starved: the peers' silence then says
+	// nothing about them, and a notice that they declared this rank
+	// unreachable may be waiting to be read. Count their silence afresh.
+	stall := max(n.cfg.HeartbeatTimeout/2, 4*tick)
+	prev := time.Now()
 	for {
 		select {
 		case <-n.done:
 			return
 		case <-t.C:
 		}
+		if n.hold.Load() != nil {
+			continue // frozen (tests): stopped like the rest of the process
+		}
 		now := time.Now()
+		if now.Sub(prev) > stall {
+			n.log.Warn("nexar: this process was stalled", "rank", n.rank, "for", now.Sub(prev).Round(time.Millisecond))
+			for p := range n.lastSeen {
+				n.lastSeen[p].Store(max(n.lastSeen[p].Load(), now.UnixNano()))
+			}
+		}
+		prev = now
 		for p := range n.lastSeen {
 			if p == n.rank {
 				continue
@@ -167,6 +183,42 @@ func (n *node) peerDown(p int, why string, cause error) {
 	n.log.Warn("nexar: peer unreachable", "rank", n.rank, "peer", p, "why", why)
 	for _, c := range n.comms {
 		c.peerDownLocked(p, n.down[p])
+	}
+	if n.ep != nil {
+		n.wg.Add(1)
+		go n.tellDeclaredDown(p, n.down[p].Error())
+	}
+}
+
+// tellDeclaredDown tells world rank p, best effort and bounded in time,
+// that this rank declared it unreachable, so that if p is alive after all
+// (stopped, then resumed) it reports that, not the silence of healthy
+// peers that stopped talking to it.
+func (n *node) tellDeclaredDown(p int, why string) {
+	defer n.wg.Done()
+	payload := []byte(truncate(why, 1024))
+	var th transport.Header
+	(&header{kind: kindControl, sub: ctlDeclaredDown, total: uint64(len(payload))}).encode(&th)
+	ctx, cancel := context.WithTimeout(context.Background(), min(byeTimeout, n.cfg.HeartbeatTimeout))
+	defer cancel()
+	stop := context.AfterFunc(ctxDone(n.done), cancel)
+	defer stop()
+	_ = n.ep.Send(ctx, p, transport.LaneControl, &th, payload)
+}
+
+// declaredDown handles world rank p's notice that it declared this rank
+// unreachable: p talks to this rank no more, and every communicator with
+// p fails saying so.
+func (n *node) declaredDown(p int, why string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed || n.down[p] != nil || n.left[p] != nil {
+		return
+	}
+	n.down[p] = fmt.Errorf("it declared this rank unreachable (%s)", why)
+	n.log.Warn("nexar: declared unreachable by a peer", "rank", n.rank, "peer", p, "why", why)
+	for _, c := range n.comms {
+		c.declaredDownLocked(p, why)
 	}
 }
 
@@ -237,6 +289,10 @@ func (n *node) handle(from int, lane transport.Lane, th *transport.Header, paylo
 	}
 	if h.total > 1<<62 || uint64(len(payload)) > h.total {
 		n.log.Warn("nexar: dropping message with bad length", "rank", n.rank, "from", from)
+		return
+	}
+	if h.kind == kindControl && h.sub == ctlDeclaredDown {
+		n.declaredDown(from, string(payload))
 		return
 	}
 	for {

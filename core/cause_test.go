@@ -142,3 +142,28 @@ func TestResumedRankLearnsItWasDeclaredDead(t *testing.T) {
 		})
 	}
 }
+
+// TestResumedRankLosesConnectionFirst: a rank resumed after a stop past the
+// heartbeat timeout may see a connection drop (e.g. QUIC's idle timer
+// firing at once) before it reads the notice that it was declared
+// unreachable; it must still not blame the healthy peer.
+func TestResumedRankLosesConnectionFirst(t *testing.T) {
+	cfg := testConfig()
+	cfg.HeartbeatInterval, cfg.HeartbeatTimeout = 100*time.Millisecond, time.Second
+	comms, err := NewLocal(4, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll(t, comms)
+	defer comms[2].n.thaw()
+	comms[2].n.freeze()
+	time.Sleep(cfg.HeartbeatTimeout + 500*time.Millisecond)
+	// On resume, before anything is read or the monitor runs.
+	comms[2].n.onDown(0, errors.New("quic: idle timeout"))
+	wantNamed(t, "resumed rank", comms[2].Err(), 2, "this rank (2) was stopped or stalled", "lost rank 0", "idle timeout")
+	comms[2].n.thaw()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	wantNamed(t, "resumed rank later", comms[2].Barrier(ctx), 2, "this rank (2) was stopped or stalled")
+	t.Logf("resumed rank: %v", comms[2].Err())
+}

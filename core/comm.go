@@ -299,6 +299,29 @@ func (c *Comm) peerDownLocked(w int, why error) {
 	c.fail(&Error{Code: CodePeerDown, Op: "comm", Rank: r, Msg: msg, Cause: why})
 }
 
+// lostWhileStalledLocked is peerDownLocked when this process had just been
+// stopped or starved for stalled, past the peers' heartbeat timeout: they
+// have probably declared this rank unreachable, which is the failure to
+// report, not the healthy peer it lost since.
+func (c *Comm) lostWhileStalledLocked(w int, stalled time.Duration, why error) {
+	r, ok := c.of[w]
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, left := c.gone[r]; left {
+		return
+	}
+	lost := fmt.Sprintf("rank %d", r)
+	if c.id != worldID && r != w {
+		lost = fmt.Sprintf("rank %d (world rank %d)", r, w)
+	}
+	c.failLocked(&Error{Code: CodePeerDown, Op: "comm", Rank: c.rank, Cause: why,
+		Msg: fmt.Sprintf("this rank (%d) was stopped or stalled for %v (heartbeat timeout %v), so the others have probably declared it unreachable; it then lost %s (%v)",
+			c.rank, stalled.Round(100*time.Millisecond), c.cfg.HeartbeatTimeout, lost, why)})
+}
+
 // broadcastAbort tells every other rank, best effort and bounded in time,
 // why c failed.
 func (c *Comm) broadcastAbort(e *Error) {

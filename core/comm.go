@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -58,13 +59,15 @@ type Comm struct {
 	sendTail   []chan struct{} // per peer: done when the previous p2p send finished
 	unfinished map[uint64]bool // collectives started here and not completed successfully
 	gone       map[int]departure
+	fwd        *Error     // the failure a member's goodbye reported, to report in ours
 	collLimit  uint64     // collectives from this seq on can never complete (a member left)
 	filled     *sync.Cond // on mu: broadcast when a placed chunk is written
 }
 
 // departure records that a member destroyed its communicator: every message
 // it sent on it has been delivered, and it completed every collective
-// before seq (and none from seq on).
+// before seq (and none from seq on). err is its departure, or the failure
+// its goodbye reported.
 type departure struct {
 	seq uint64
 	err *Error // Op is filled in per operation
@@ -215,6 +218,9 @@ func (c *Comm) Abort(err error) {
 // operations that need nothing more from this rank complete normally; those
 // that still need data from it or must send to it fail with CodePeerDown
 // ("rank r has destroyed its communicator"), without failing c for them.
+// If c had failed, the goodbye carries the failure, and the others' c fail
+// with it ("rank 2 is unreachable: ... (reported by rank 1, which then
+// destroyed its communicator)").
 func (c *Comm) Close() error {
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
@@ -222,11 +228,15 @@ func (c *Comm) Close() error {
 		for seq := range c.unfinished {
 			done = min(done, seq)
 		}
+		cause := c.fwd
+		if e := (*Error)(nil); cause == nil && errors.As(c.err, &e) && e.Code != CodeClosed && !isDeparture(c.err) {
+			cause = e
+		}
 		c.mu.Unlock()
 		c.fail(newError(CodeClosed, "close", c.rank, "communicator is closed"))
 		c.ops.Wait()
 		c.bg.Wait()
-		c.sayBye(done)
+		c.sayBye(done, cause)
 		c.mu.Lock()
 		var held int64
 		for _, m := range c.coll {
@@ -287,6 +297,29 @@ func (c *Comm) peerDownLocked(w int, why error) {
 		msg = fmt.Sprintf("rank %d (world rank %d) is unreachable: %v", r, w, why)
 	}
 	c.fail(&Error{Code: CodePeerDown, Op: "comm", Rank: r, Msg: msg, Cause: why})
+}
+
+// lostWhileStalledLocked is peerDownLocked when this process had just been
+// stopped or starved for stalled, past the peers' heartbeat timeout: they
+// have probably declared this rank unreachable, which is the failure to
+// report, not the healthy peer it lost since.
+func (c *Comm) lostWhileStalledLocked(w int, stalled time.Duration, why error) {
+	r, ok := c.of[w]
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, left := c.gone[r]; left {
+		return
+	}
+	lost := fmt.Sprintf("rank %d", r)
+	if c.id != worldID && r != w {
+		lost = fmt.Sprintf("rank %d (world rank %d)", r, w)
+	}
+	c.failLocked(&Error{Code: CodePeerDown, Op: "comm", Rank: c.rank, Cause: why,
+		Msg: fmt.Sprintf("this rank (%d) was stopped or stalled for %v (heartbeat timeout %v), so the others have probably declared it unreachable; it then lost %s (%v)",
+			c.rank, stalled.Round(100*time.Millisecond), c.cfg.HeartbeatTimeout, lost, why)})
 }
 
 // broadcastAbort tells every other rank, best effort and bounded in time,
@@ -364,8 +397,12 @@ func (c *Comm) control(src int, h header, payload []byte) {
 		c.checkSigLocked(src, h.seqOrTag, h.sig)
 		c.mu.Unlock()
 	case ctlBye:
+		orig, relayed := c.byeCause(src, payload)
 		c.mu.Lock()
-		c.departLocked(src, h.seqOrTag)
+		if relayed != nil && c.failLocked(relayed) {
+			c.fwd = orig
+		}
+		c.departLocked(src, h.seqOrTag, relayed)
 		c.mu.Unlock()
 	case ctlAbort:
 		if len(payload) < 1 {
@@ -434,13 +471,18 @@ func (c *Comm) mismatchBetweenLocked(a int, asig signature, b int, bsig signatur
 const byeTimeout = 2 * time.Second
 
 // sayBye tells every live member, best effort, that this rank leaves and
-// completed every collective before done.
-func (c *Comm) sayBye(done uint64) {
+// completed every collective before done, and why if c had failed (cause
+// not nil).
+func (c *Comm) sayBye(done uint64, cause *Error) {
 	if c.size == 1 {
 		return
 	}
+	var payload []byte
+	if cause != nil {
+		payload = encodeByeCause(cause)
+	}
 	var th transport.Header
-	(&header{kind: kindControl, sub: ctlBye, comm: c.id, seqOrTag: done}).encode(&th)
+	(&header{kind: kindControl, sub: ctlBye, comm: c.id, seqOrTag: done, total: uint64(len(payload))}).encode(&th)
 	ctx, cancel := context.WithTimeout(context.Background(), min(byeTimeout, c.cfg.HeartbeatTimeout))
 	defer cancel()
 	var wg sync.WaitGroup
@@ -448,9 +490,42 @@ func (c *Comm) sayBye(done uint64) {
 		if p == c.rank || c.peerIsDown(p) {
 			continue
 		}
-		wg.Go(func() { _ = c.n.ep.Send(ctx, c.world[p], transport.LaneData, &th, nil) })
+		wg.Go(func() { _ = c.n.ep.Send(ctx, c.world[p], transport.LaneData, &th, payload) })
 	}
 	wg.Wait()
+}
+
+// encodeByeCause is the payload of a goodbye from a failed communicator:
+// code byte, the rank the failure names (int32, comm rank, -1 = none) and a
+// UTF-8 message of at most 4096 bytes.
+func encodeByeCause(e *Error) []byte {
+	msg := truncate(e.Msg, 4096)
+	b := make([]byte, 5, 5+len(msg))
+	b[0] = byte(e.Code)
+	binary.LittleEndian.PutUint32(b[1:], uint32(int32(e.Rank)))
+	return append(b, msg...)
+}
+
+// byeCause decodes the failure a goodbye from comm rank src reports: as
+// sent (orig), and as this rank's failure (relayed); nil, nil for a clean
+// close.
+func (c *Comm) byeCause(src int, p []byte) (orig, relayed *Error) {
+	if len(p) < 5 {
+		return nil, nil
+	}
+	code := Code(p[0])
+	if code <= CodeOK || code >= numCodes {
+		code = CodeAborted
+	}
+	rank := int(int32(binary.LittleEndian.Uint32(p[1:])))
+	if rank < -1 || rank >= c.size {
+		rank = -1
+	}
+	msg := string(p[5:])
+	orig = &Error{Code: code, Op: "comm", Rank: rank, Msg: msg}
+	relayed = &Error{Code: code, Op: "comm", Rank: rank,
+		Msg: fmt.Sprintf("%s (reported by rank %d, which then destroyed its communicator)", msg, src)}
+	return orig, relayed
 }
 
 // errDeparted is the cause of the errors of operations that needed a member
@@ -471,13 +546,16 @@ func isDeparture(err error) bool { return errors.Is(err, transport.ErrPeerClosed
 
 // departLocked records that comm rank r left after completing every
 // collective before seq, and fails what can no longer complete: receives
-// from r, and the collectives from seq on. Called with c.mu held (and
-// possibly node.mu).
-func (c *Comm) departLocked(r int, seq uint64) {
+// from r, and the collectives from seq on, with cause when r reported a
+// failure, else as departed. Called with c.mu held (and possibly node.mu).
+func (c *Comm) departLocked(r int, seq uint64, cause *Error) {
 	if _, ok := c.gone[r]; ok || r == c.rank {
 		return
 	}
 	d := departure{seq: seq, err: c.departedError(r)}
+	if cause != nil {
+		d.err = cause
+	}
 	c.gone[r] = d
 	c.collLimit = min(c.collLimit, seq)
 	var release int64
@@ -577,5 +655,27 @@ func (c *Comm) leftLocked(w int) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.departLocked(r, 0)
+	c.departLocked(r, 0, nil)
+}
+
+// declaredDownLocked handles world rank w's notice that it declared this
+// rank unreachable (why: its reason); called with node.mu held. Whatever
+// this rank saw meanwhile (e.g. silence after being stopped), that is the
+// failure to report.
+func (c *Comm) declaredDownLocked(w int, why string) {
+	r, ok := c.of[w]
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, left := c.gone[r]; left {
+		return // it needs nothing more from this rank on c
+	}
+	by := fmt.Sprintf("rank %d", r)
+	if c.id != worldID && r != w {
+		by = fmt.Sprintf("rank %d (world rank %d)", r, w)
+	}
+	c.failLocked(&Error{Code: CodePeerDown, Op: "comm", Rank: c.rank,
+		Msg: fmt.Sprintf("this rank (%d) was declared unreachable by %s (%s)", c.rank, by, why)})
 }

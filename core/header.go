@@ -47,8 +47,12 @@ const (
 	ctlAbort    uint8 = 2 // payload: code byte + UTF-8 message; fail the comm
 	// ctlBye travels on LaneData, behind every data message of the sender:
 	// it destroyed the communicator; seqOrTag is the first collective
-	// sequence number it did not complete.
+	// sequence number it did not complete. Its payload is empty after a
+	// clean close, else the sender's failure (byeCause).
 	ctlBye uint8 = 3
+	// ctlDeclaredDown (node level, comm 0, LaneControl): the sender declared
+	// the receiver unreachable; payload: UTF-8 reason.
+	ctlDeclaredDown uint8 = 4
 )
 
 type header struct {

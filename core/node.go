@@ -37,9 +37,16 @@ type node struct {
 
 	freed atomic.Pointer[chan struct{}] // closed and replaced when buffered bytes are released
 
-	// hold, while set, stops heartbeats and blocks the handler (tests:
-	// a process that stops without closing its connections, like SIGSTOP).
+	// hold, while set, stops heartbeats, monitoring and the handler
+	// (tests: a process that stops without closing its connections, like
+	// SIGSTOP).
 	hold atomic.Pointer[chan struct{}]
+
+	// Stall detection (monitor): unix nanos of its last check (0 before
+	// start), and the end and length of the last stall it noticed.
+	tick     atomic.Int64
+	stallEnd atomic.Int64
+	stallLen atomic.Int64
 
 	// mu guards the following fields.
 	mu      sync.Mutex
@@ -84,6 +91,7 @@ func (n *node) start() {
 	for i := range n.lastSeen {
 		n.lastSeen[i].Store(now)
 	}
+	n.tick.Store(now)
 	if n.size == 1 {
 		return
 	}
@@ -133,13 +141,32 @@ func (n *node) monitor() {
 	}
 	t := time.NewTicker(tick)
 	defer t.Stop()
+	// A gap between ticks this long means this process was stopped
+	// (SIGSTOP, a paused VM) or starved: the peers' silence then says
+	// nothing about them, and a notice that they declared this rank
+	// unreachable may be waiting to be read. Count their silence afresh.
+	stall := n.stallGap()
+	prev := time.Now()
 	for {
 		select {
 		case <-n.done:
 			return
 		case <-t.C:
 		}
+		if n.hold.Load() != nil {
+			continue // frozen (tests): stopped like the rest of the process
+		}
 		now := time.Now()
+		if gap := now.Sub(prev); gap > stall {
+			n.log.Warn("nexar: this process was stalled", "rank", n.rank, "for", gap.Round(time.Millisecond))
+			n.stallLen.Store(int64(gap))
+			n.stallEnd.Store(now.UnixNano())
+			for p := range n.lastSeen {
+				n.lastSeen[p].Store(max(n.lastSeen[p].Load(), now.UnixNano()))
+			}
+		}
+		prev = now
+		n.tick.Store(now.UnixNano())
 		for p := range n.lastSeen {
 			if p == n.rank {
 				continue
@@ -152,8 +179,37 @@ func (n *node) monitor() {
 	}
 }
 
+// stallGap is the gap between monitor checks that counts as a stall.
+func (n *node) stallGap() time.Duration {
+	tick := min(n.cfg.HeartbeatInterval/2, 250*time.Millisecond)
+	return max(n.cfg.HeartbeatTimeout/2, 4*tick)
+}
+
+// stalledFor returns how long this process was stopped or starved, when
+// that was long enough for its peers to declare it unreachable and is
+// recent (the monitor has not run since, or noticed it lately), else 0.
+func (n *node) stalledFor(now time.Time) time.Duration {
+	last := n.tick.Load()
+	if last == 0 || n.size == 1 {
+		return 0 // not started
+	}
+	d := now.Sub(time.Unix(0, last))
+	if d <= n.stallGap() {
+		d = 0
+		if end := n.stallEnd.Load(); end != 0 && now.Sub(time.Unix(0, end)) < 2*n.cfg.HeartbeatTimeout {
+			d = time.Duration(n.stallLen.Load())
+		}
+	}
+	if d < n.cfg.HeartbeatTimeout-n.cfg.HeartbeatInterval {
+		return 0
+	}
+	return d
+}
+
 // peerDown fails, once, every communicator that contains world rank p.
 // A rank that left gracefully is not down: whatever it sent was delivered.
+// If this process was just stalled long enough for its peers to declare
+// it unreachable, that is the likelier story, and the error says so.
 func (n *node) peerDown(p int, why string, cause error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -165,8 +221,49 @@ func (n *node) peerDown(p int, why string, cause error) {
 		n.down[p] = fmt.Errorf("%s: %w", why, cause)
 	}
 	n.log.Warn("nexar: peer unreachable", "rank", n.rank, "peer", p, "why", why)
+	stalled := n.stalledFor(time.Now())
 	for _, c := range n.comms {
-		c.peerDownLocked(p, n.down[p])
+		if stalled > 0 {
+			c.lostWhileStalledLocked(p, stalled, n.down[p])
+		} else {
+			c.peerDownLocked(p, n.down[p])
+		}
+	}
+	if n.ep != nil {
+		n.wg.Add(1)
+		go n.tellDeclaredDown(p, n.down[p].Error())
+	}
+}
+
+// tellDeclaredDown tells world rank p, best effort and bounded in time,
+// that this rank declared it unreachable, so that if p is alive after all
+// (stopped, then resumed) it reports that, not the silence of healthy
+// peers that stopped talking to it.
+func (n *node) tellDeclaredDown(p int, why string) {
+	defer n.wg.Done()
+	payload := []byte(truncate(why, 1024))
+	var th transport.Header
+	(&header{kind: kindControl, sub: ctlDeclaredDown, total: uint64(len(payload))}).encode(&th)
+	ctx, cancel := context.WithTimeout(context.Background(), min(byeTimeout, n.cfg.HeartbeatTimeout))
+	defer cancel()
+	stop := context.AfterFunc(ctxDone(n.done), cancel)
+	defer stop()
+	_ = n.ep.Send(ctx, p, transport.LaneControl, &th, payload)
+}
+
+// declaredDown handles world rank p's notice that it declared this rank
+// unreachable: p talks to this rank no more, and every communicator with
+// p fails saying so.
+func (n *node) declaredDown(p int, why string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed || n.down[p] != nil || n.left[p] != nil {
+		return
+	}
+	n.down[p] = fmt.Errorf("it declared this rank unreachable (%s)", why)
+	n.log.Warn("nexar: declared unreachable by a peer", "rank", n.rank, "peer", p, "why", why)
+	for _, c := range n.comms {
+		c.declaredDownLocked(p, why)
 	}
 }
 
@@ -237,6 +334,10 @@ func (n *node) handle(from int, lane transport.Lane, th *transport.Header, paylo
 	}
 	if h.total > 1<<62 || uint64(len(payload)) > h.total {
 		n.log.Warn("nexar: dropping message with bad length", "rank", n.rank, "from", from)
+		return
+	}
+	if h.kind == kindControl && h.sub == ctlDeclaredDown {
+		n.declaredDown(from, string(payload))
 		return
 	}
 	for {

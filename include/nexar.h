@@ -252,7 +252,11 @@ nexar_result_t nexar_comm_init(const nexar_config_t* config, nexar_comm_t* comm)
 
 /* nexar_comm_destroy releases a communicator and everything it holds.
  * It is local (no communication with other ranks). Pending operations fail
- * with NEXAR_ERR_CLOSED; requests stay valid handles until freed. A new
+ * with NEXAR_ERR_CLOSED; requests stay valid handles until freed. If comm
+ * had failed (say NEXAR_ERR_PEER_DOWN naming rank 2), the other ranks are
+ * told why along with its departure, and their communicators fail with the
+ * same code and rank ("... reported by rank 1, which then destroyed its
+ * communicator"), not with rank 1's departure. A new
  * world may then be created with the same configuration (nexar_comm_init).
  * Destroying a handle twice gives NEXAR_ERR_INVALID_HANDLE. In a child made
  * by fork() without exec() it returns NEXAR_ERR_FORKED and releases
@@ -297,7 +301,10 @@ nexar_result_t nexar_comm_split(nexar_comm_t comm, int color, int key, nexar_com
 
 /* nexar_comm_get_error stores the communicator's sticky failure:
  * NEXAR_SUCCESS while healthy, else the code that broke it (for example
- * NEXAR_ERR_PEER_DOWN found by the background failure detector).
+ * NEXAR_ERR_PEER_DOWN found by the background failure detector, or
+ * reported by a rank that destroyed its communicator after it failed; a
+ * rank that was stopped past the heartbeat timeout and resumed gets
+ * NEXAR_ERR_PEER_DOWN saying the others declared it unreachable).
  * Args: comm; error: out, non-NULL.
  * Result: NEXAR_SUCCESS (the call itself worked), NEXAR_ERR_INVALID_HANDLE,
  * NEXAR_ERR_INVALID_ARGUMENT. Thread-safety: safe from any thread. */

@@ -29,6 +29,7 @@ type node struct {
 	spinWait       time.Duration  // resolved Config.SpinWait (resolveSpinWait)
 	oversubscribed bool           // more ranks on this host than cores
 	lastSeen       []atomic.Int64 // unix nanos of the last message from each world rank
+	downSig        []downSignal   // per world rank: declared down (ends sends to it)
 	buffered       atomic.Int64   // payload bytes held for unmatched messages
 
 	done    chan struct{} // closed by close
@@ -67,6 +68,10 @@ func newNode(cfg Config, rank, size int) *node {
 		pending:  make(map[uint64][]pendingMsg),
 		down:     make([]error, size),
 		left:     make([]error, size),
+		downSig:  make([]downSignal, size),
+	}
+	for i := range n.downSig {
+		n.downSig[i].ctx, n.downSig[i].cancel = context.WithCancel(context.Background())
 	}
 	ch := make(chan struct{})
 	n.freed.Store(&ch)
@@ -156,17 +161,32 @@ func (n *node) monitor() {
 // A rank that left gracefully is not down: whatever it sent was delivered.
 func (n *node) peerDown(p int, why string, cause error) {
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	if n.closed || n.down[p] != nil || n.left[p] != nil {
+		n.mu.Unlock()
 		return
 	}
 	n.down[p] = fmt.Errorf("%s", why)
 	if cause != nil {
 		n.down[p] = fmt.Errorf("%s: %w", why, cause)
 	}
+	err := n.down[p]
 	n.log.Warn("nexar: peer unreachable", "rank", n.rank, "peer", p, "why", why)
 	for _, c := range n.comms {
-		c.peerDownLocked(p, n.down[p])
+		c.peerDownLocked(p, err)
+	}
+	// Then end every send to p and every receive from p that the
+	// transport holds (a ring, TCP or QUIC stream mid-frame): a dead peer
+	// never unblocks them, and the transport would only notice at its own
+	// timeout. The communicators are failed first, so an operation that
+	// ends this way reports their failure.
+	s := &n.downSig[p]
+	s.err = &sendDownError{&transport.PeerDownError{Peer: p, Cause: err}}
+	s.is.Store(true)
+	s.cancel()
+	n.mu.Unlock()
+	// Outside n.mu: the endpoint tells onDown, which takes it.
+	if a, ok := n.ep.(interface{ Abandon(int, error) }); ok {
+		a.Abandon(p, err)
 	}
 }
 

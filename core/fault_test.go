@@ -360,7 +360,10 @@ func TestFrozenRankLargeSend(t *testing.T) {
 			start := time.Now()
 			err = comms[0].Allreduce(context.Background(), nil, make([]byte, 64<<20), collective.Float32, collective.Sum)
 			took := time.Since(start)
-			expectAll(t, []error{err}, CodePeerDown, "rank 1", "no heartbeat")
+			// The frozen rank's own detector, which still runs, may
+			// give up on rank 0 first and close the ring: either way
+			// rank 1 is named.
+			expectAll(t, []error{err}, CodePeerDown, "rank 1")
 			if took > cfg.HeartbeatTimeout+2*time.Second {
 				t.Errorf("the sender failed after %v with a %v heartbeat timeout", took, cfg.HeartbeatTimeout)
 			}

@@ -194,7 +194,7 @@ func TestKillRankDetectedLargeSend(t *testing.T) {
 // killLooping runs n ranks of `testprog loop loopArgs...` with env, sends
 // sig (SIGKILL or SIGSTOP) to rank victim once every rank loops, and checks
 // that each survivor's pending allreduce fails within bound of the signal,
-// naming the victim. A stopped victim is killed once every survivor failed.
+// naming the victim. A stopped victim is resumed once every survivor failed.
 func killLooping(t *testing.T, n, victim int, sig syscall.Signal, env, loopArgs []string, bound time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -253,8 +253,8 @@ func killLooping(t *testing.T, n, victim int, sig syscall.Signal, env, loopArgs 
 			pend, _ := strconv.ParseInt(m[4], 10, 64)
 			ns, _ := strconv.ParseInt(m[5], 10, 64)
 			faults[r] = fault{dead, m[3], pend, time.Unix(0, ns), m[6]}
-			if sig != syscall.SIGKILL && len(faults) == n-1 {
-				syscall.Kill(pids[victim], syscall.SIGKILL)
+			if _, ok := faults[victim]; sig == syscall.SIGSTOP && !ok && len(faults) == n-1 {
+				syscall.Kill(pids[victim], syscall.SIGCONT)
 			}
 		}
 	}
@@ -273,6 +273,9 @@ func killLooping(t *testing.T, n, victim int, sig syscall.Signal, env, loopArgs 
 	}
 	for r := range n {
 		if r == victim {
+			if f, ok := faults[r]; ok {
+				t.Logf("rank %d, resumed, was told: %s", r, f.msg)
+			}
 			continue
 		}
 		f, ok := faults[r]

@@ -183,9 +183,10 @@ func (n *node) peerDown(p int, why string, cause error) {
 	s.err = &sendDownError{&transport.PeerDownError{Peer: p, Cause: err}}
 	s.is.Store(true)
 	s.cancel()
+	ep := n.ep
 	n.mu.Unlock()
 	// Outside n.mu: the endpoint tells onDown, which takes it.
-	if a, ok := n.ep.(interface{ Abandon(int, error) }); ok {
+	if a, ok := ep.(interface{ Abandon(int, error) }); ok {
 		a.Abandon(p, err)
 	}
 }

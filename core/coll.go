@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sort"
+	"sync"
 	"sync/atomic"
 
 	"github.com/nexar-go/nexar/collective"
@@ -22,7 +23,7 @@ type link struct {
 	// checked: the ring successor has (or is being sent) this call's
 	// signature, by a data message or a ctlSigCheck.
 	checked atomic.Bool
-	sendCtx context.Context // bounds transport sends (see startColl)
+	cc      *collCall // owns the transport send contexts (sendCtx)
 }
 
 // ringCheck tells the ring successor what this rank called, unless it
@@ -38,7 +39,7 @@ func (l *link) ringCheck() {
 	(&header{kind: kindControl, sub: ctlSigCheck, comm: c.id, seqOrTag: l.seq, sig: l.sig}).encode(&th)
 	// On the data lane: on the fast path (shared memory) it costs a few
 	// hundred ns, where the control lane is a QUIC stream.
-	_ = c.n.ep.Send(l.sendCtx, c.world[(c.rank+1)%c.size], transport.LaneData, &th, nil)
+	_ = c.n.ep.Send(l.sendCtx((c.rank+1)%c.size), c.world[(c.rank+1)%c.size], transport.LaneData, &th, nil)
 }
 
 func (l *link) successor() int { return (l.c.rank + 1) % l.c.size }
@@ -149,9 +150,9 @@ func (l *link) send(ctx context.Context, peer int, step uint32, data []byte, pro
 		// it progresses the receive of an exchange.
 		var th transport.Header
 		h.encode(&th)
-		err = l.c.n.ep.(progressSender).SendProgress(l.sendCtx, l.c.world[peer], &th, data, progress)
+		err = l.c.n.ep.(progressSender).SendProgress(l.sendCtx(peer), l.c.world[peer], &th, data, progress)
 	} else {
-		err = l.c.sendChunked(l.sendCtx, peer, h, data)
+		err = l.c.sendChunked(l.sendCtx(peer), peer, h, data)
 	}
 	if err != nil && isDeparture(err) {
 		if skip, _ := l.c.collSendSkip(peer, l.seq, op); skip {
@@ -205,7 +206,7 @@ func (c *Comm) startColl(ctx context.Context, sig signature, body func(ctx conte
 	}
 	c.ops.Add(1)
 	c.mu.Unlock()
-	cc.l = link{c: c, seq: seq, sig: sig}
+	cc.l = link{c: c, seq: seq, sig: sig, cc: cc}
 	req.coll = cc
 	return req
 }
@@ -217,9 +218,58 @@ type collCall struct {
 	req  Request
 	l    link
 	op   opCtx
-	send deadlineCtx
 	ctx  context.Context
 	body func(ctx context.Context, l *link) error
+
+	smu   sync.Mutex     // guards the send contexts
+	sends [2]deadlineCtx // the first destinations' (most calls have one or two)
+	nsend int            // sends in use
+	more  []*deadlineCtx // further destinations'
+}
+
+// sendCtx returns the context that bounds transport sends to comm rank
+// peer in this call: the call's deadline, and the detector declaring peer
+// down. Not the call's own context: an algorithm cancels its sends when a
+// receive fails, and a frame cut short would break the connection to a peer
+// that may be healthy (e.g. when another member left); the peer drains what
+// it gets. A dead peer drains nothing, so its sends end when it is declared
+// down, not at the transport's own timeout. Safe for concurrent use.
+func (l *link) sendCtx(peer int) context.Context {
+	cc, w := l.cc, l.c.world[peer]
+	cc.smu.Lock()
+	defer cc.smu.Unlock()
+	for i := range cc.nsend {
+		if cc.sends[i].peer == w {
+			return &cc.sends[i]
+		}
+	}
+	for _, s := range cc.more {
+		if s.peer == w {
+			return s
+		}
+	}
+	var s *deadlineCtx
+	if cc.nsend < len(cc.sends) {
+		s = &cc.sends[cc.nsend]
+		cc.nsend++
+	} else {
+		s = new(deadlineCtx)
+		cc.more = append(cc.more, s)
+	}
+	s.d, s.peer, s.down = cc.op.d, w, &l.c.n.downSig[w]
+	return s
+}
+
+// releaseSends releases the send contexts once the call's sends are over.
+func (cc *collCall) releaseSends() {
+	cc.smu.Lock()
+	defer cc.smu.Unlock()
+	for i := range cc.nsend {
+		cc.sends[i].release()
+	}
+	for _, s := range cc.more {
+		s.release()
+	}
 }
 
 // run performs the call (once: see Request.run) and finishes its request.
@@ -230,13 +280,7 @@ func (cc *collCall) run() {
 	cc.op.init(c, cc.ctx)
 	defer cc.op.release()
 	ctx := context.Context(&cc.op)
-	// Transport sends get a context that only the deadline ends: an
-	// algorithm cancels its sends when a receive fails, and a frame cut
-	// short would break the connection to a peer that may be healthy
-	// (e.g. when another member left). The peer drains what it gets.
-	cc.send.d = cc.op.d
-	defer cc.send.release()
-	l.sendCtx = &cc.send
+	defer cc.releaseSends() // transport sends have their own (link.sendCtx)
 	err := cc.body(ctx, l)
 	if err == nil {
 		l.ringCheck() // a call that only sent, never to its successor

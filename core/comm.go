@@ -168,7 +168,9 @@ func worldComm(nd *node, ep transport.Endpoint) *Comm {
 	for i := range world {
 		world[i] = i
 	}
+	nd.mu.Lock() // a transport goroutine may be in peerDown already
 	nd.ep = ep
+	nd.mu.Unlock()
 	c := newComm(nd, worldID, nd.rank, world)
 	_ = nd.register(c) // a fresh node is never closed
 	return c

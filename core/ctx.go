@@ -3,20 +3,28 @@ package core
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/nexar-go/nexar/transport"
 )
 
-// deadlineCtx is a context that ends at a deadline and is cancelled by
-// nothing else. Its timer and channel are made only when Done is first
-// called: most sends on a fast path never wait, and a timer per operation
-// costs more than the operation.
+// deadlineCtx is a context that ends at a deadline and, when down is set,
+// when the detector declares the destination of the sends it bounds down;
+// nothing else cancels it. Its timer and channel are made only when Done is
+// first called: most sends on a fast path never wait, and a timer per
+// operation costs more than the operation.
 type deadlineCtx struct {
 	d    time.Time
+	down *downSignal // nil: the deadline only
+	peer int         // the world rank down is for
 	once sync.Once
 	ch   chan struct{}
 	t    *time.Timer
 	mu   sync.Mutex
 	stop bool
+	shut bool        // ch closed
+	cut  func() bool // stops the watch on down
 }
 
 func newDeadlineCtx(d time.Time) *deadlineCtx { return &deadlineCtx{d: d} }
@@ -32,19 +40,37 @@ func (c *deadlineCtx) Done() <-chan struct{} {
 		if c.stop {
 			return // released: never fires
 		}
-		c.t = time.AfterFunc(time.Until(c.d), func() { close(c.ch) })
+		c.t = time.AfterFunc(time.Until(c.d), c.close)
+		if c.down != nil {
+			// The node's signal is a cancelCtx: AfterFunc registers
+			// with it, no goroutine.
+			c.cut = context.AfterFunc(c.down.ctx, c.close)
+		}
 	})
 	return c.ch
 }
 
+func (c *deadlineCtx) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.shut {
+		c.shut = true
+		close(c.ch)
+	}
+}
+
 func (c *deadlineCtx) Err() error {
+	if c.down != nil && c.down.is.Load() {
+		return c.down.err
+	}
 	if !time.Now().Before(c.d) {
 		return context.DeadlineExceeded
 	}
 	return nil
 }
 
-// release stops the timer, if any; the context must not be used after.
+// release stops the timer and the watch, if any; the context must not be
+// used after.
 func (c *deadlineCtx) release() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -52,7 +78,27 @@ func (c *deadlineCtx) release() {
 	if c.t != nil {
 		c.t.Stop()
 	}
+	if c.cut != nil {
+		c.cut()
+	}
 }
+
+// downSignal tells, for one world rank, that the detector declared it down
+// (node.peerDown; not a graceful departure). Safe for concurrent use.
+type downSignal struct {
+	ctx    context.Context // cancelled when declared down
+	cancel context.CancelFunc
+	is     atomic.Bool
+	err    error // set before is: a *sendDownError
+}
+
+// sendDownError ends a transport send to a world rank declared down. It is
+// a *transport.PeerDownError naming the rank and a context.Canceled, so
+// that a transport treats it as a cancelled send.
+type sendDownError struct{ pd *transport.PeerDownError }
+
+func (e *sendDownError) Error() string   { return e.pd.Error() }
+func (e *sendDownError) Unwrap() []error { return []error{e.pd, context.Canceled} }
 
 // opCtx bounds one operation: by the caller's context, by a deadline, and
 // by the communicator's failure or close. Like deadlineCtx it makes its

@@ -337,3 +337,37 @@ func TestFrozenRank(t *testing.T) {
 	}
 	t.Logf("frozen rank detected after %v", took)
 }
+
+// TestFrozenRankLargeSend: a rank that sends a large message into a frozen
+// rank (its handler blocked, so the transport's send blocks for room) must
+// fail once the detector declares that rank down, naming it, not when the
+// call's own deadline (here 20 s) or a transport timeout ends the send.
+func TestFrozenRankLargeSend(t *testing.T) {
+	for _, tr := range []struct {
+		name string
+		new  func(int, Config) ([]*Comm, error)
+	}{{"mem", NewLocal}, {"quic+bulk", NewLocalQUIC}} {
+		t.Run(tr.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.HeartbeatInterval, cfg.HeartbeatTimeout = 100*time.Millisecond, time.Second
+			comms, err := tr.new(2, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer closeAll(t, comms)
+			comms[1].n.freeze()
+			defer comms[1].n.thaw()
+			start := time.Now()
+			err = comms[0].Allreduce(context.Background(), nil, make([]byte, 64<<20), collective.Float32, collective.Sum)
+			took := time.Since(start)
+			// The frozen rank's own detector, which still runs, may
+			// give up on rank 0 first and close the ring: either way
+			// rank 1 is named.
+			expectAll(t, []error{err}, CodePeerDown, "rank 1")
+			if took > cfg.HeartbeatTimeout+2*time.Second {
+				t.Errorf("the sender failed after %v with a %v heartbeat timeout", took, cfg.HeartbeatTimeout)
+			}
+			t.Logf("the sender failed %v after it started", took)
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +30,7 @@ type node struct {
 	spinWait       time.Duration  // resolved Config.SpinWait (resolveSpinWait)
 	oversubscribed bool           // more ranks on this host than cores
 	lastSeen       []atomic.Int64 // unix nanos of the last message from each world rank
+	downSig        []downSignal   // per world rank: declared down (ends sends to it)
 	buffered       atomic.Int64   // payload bytes held for unmatched messages
 
 	done    chan struct{} // closed by close
@@ -74,6 +76,10 @@ func newNode(cfg Config, rank, size int) *node {
 		pending:  make(map[uint64][]pendingMsg),
 		down:     make([]error, size),
 		left:     make([]error, size),
+		downSig:  make([]downSignal, size),
+	}
+	for i := range n.downSig {
+		n.downSig[i].ctx, n.downSig[i].cancel = context.WithCancel(context.Background())
 	}
 	ch := make(chan struct{})
 	n.freed.Store(&ch)
@@ -212,26 +218,46 @@ func (n *node) stalledFor(now time.Time) time.Duration {
 // it unreachable, that is the likelier story, and the error says so.
 func (n *node) peerDown(p int, why string, cause error) {
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	if n.closed || n.down[p] != nil || n.left[p] != nil {
+		n.mu.Unlock()
 		return
 	}
 	n.down[p] = fmt.Errorf("%s", why)
 	if cause != nil {
 		n.down[p] = fmt.Errorf("%s: %w", why, cause)
 	}
+	err := n.down[p]
 	n.log.Warn("nexar: peer unreachable", "rank", n.rank, "peer", p, "why", why)
 	stalled := n.stalledFor(time.Now())
 	for _, c := range n.comms {
 		if stalled > 0 {
-			c.lostWhileStalledLocked(p, stalled, n.down[p])
+			c.lostWhileStalledLocked(p, stalled, err)
 		} else {
-			c.peerDownLocked(p, n.down[p])
+			c.peerDownLocked(p, err)
 		}
 	}
-	if n.ep != nil {
+	// Then end every send to p and every receive from p that the
+	// transport holds (a ring, TCP or QUIC stream mid-frame): a dead peer
+	// never unblocks them, and the transport would only notice at its own
+	// timeout. The communicators are failed first, so an operation that
+	// ends this way reports their failure.
+	s := &n.downSig[p]
+	s.err = &sendDownError{&transport.PeerDownError{Peer: p, Cause: err}}
+	s.is.Store(true)
+	s.cancel()
+	ep := n.ep
+	if ep != nil {
+		// Tell p, should it be alive after all (stopped, then resumed),
+		// that it was declared unreachable. Best effort: Abandon below
+		// may close the connection first, and then the close's reason
+		// (transport.ErrDeclaredDown) tells it instead.
 		n.wg.Add(1)
-		go n.tellDeclaredDown(p, n.down[p].Error())
+		go n.tellDeclaredDown(p, err.Error())
+	}
+	n.mu.Unlock()
+	// Outside n.mu: the endpoint tells onDown, which takes it.
+	if a, ok := ep.(interface{ Abandon(int, error) }); ok {
+		a.Abandon(p, err)
 	}
 }
 
@@ -291,6 +317,17 @@ func (n *node) onDown(peer int, err error) {
 	}
 	if errors.Is(err, transport.ErrPeerClosed) {
 		n.peerLeft(peer, err)
+		return
+	}
+	if errors.Is(err, transport.ErrDeclaredDown) {
+		// The peer gave up on this rank and closed the connection (its
+		// notice may have been lost with it): say that, not "lost".
+		var pd *transport.PeerDownError
+		why := err.Error()
+		if errors.As(err, &pd) && pd.Cause != nil {
+			why = strings.TrimSuffix(pd.Cause.Error(), ": "+transport.ErrDeclaredDown.Error())
+		}
+		n.declaredDown(peer, why)
 		return
 	}
 	n.peerDown(peer, "connection lost", err)

@@ -92,6 +92,13 @@ var ErrClosed = errors.New("transport: endpoint closed")
 // peer fail with a *PeerDownError carrying the same cause.
 var ErrPeerClosed = errors.New("transport: peer closed its endpoint")
 
+// ErrDeclaredDown is the Cause (under a *PeerDownError) when the peer
+// closed the connection because its layer above declared this rank down
+// (Abandon): this rank was stopped or cut off long enough to be given up
+// on, and the peer talks to it no more. The error's text carries the
+// peer's reason.
+var ErrDeclaredDown = errors.New("transport: the peer declared this rank down")
+
 // PeerDownError says that a peer's connection failed or was closed.
 type PeerDownError struct {
 	Peer  int

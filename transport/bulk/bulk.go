@@ -641,6 +641,21 @@ func (e *Endpoint) report(peer int, err error) {
 	}
 }
 
+// Abandon gives up on peer, which the layer above declared down (cause
+// says why): its bulk channels and, where the inner endpoint can, its inner
+// connection are closed, so that a send or a receive blocked on a dead peer
+// ends at once instead of at a transport timeout. The DownHandler is told,
+// once, as for any loss. Safe for concurrent use.
+func (e *Endpoint) Abandon(peer int, cause error) {
+	if peer < 0 || peer >= e.size || peer == e.self {
+		return
+	}
+	e.report(peer, &transport.PeerDownError{Peer: peer, Cause: cause})
+	if a, ok := e.inner.(interface{ Abandon(int, error) }); ok {
+		a.Abandon(peer, cause)
+	}
+}
+
 func (e *Endpoint) cause(peer int) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -28,6 +28,7 @@ const (
 	codeSendAbort quic.ApplicationErrorCode = 3  // a Send was cancelled mid-frame
 	codeDrained   quic.ApplicationErrorCode = 4  // every goodbye of a closing peer was read
 	codeStripe    quic.ApplicationErrorCode = 5  // one of the pair's data connections was lost
+	codeAbandon   quic.ApplicationErrorCode = 6  // the layer above declared the peer down (Abandon)
 	loopbackDepth                           = 16 // messages per loopback lane
 	inlineMax                               = 16 << 10
 	readBuffer                              = 64 << 10
@@ -367,6 +368,8 @@ func (e *endpoint) monitor(pc *peerConn) {
 	var ae *quic.ApplicationError
 	if errors.As(cause, &ae) && ae.Remote && ae.ErrorCode == codeClosed {
 		cause = fmt.Errorf("quic: rank %d closed its endpoint before it was drained", pc.rank)
+	} else if errors.As(cause, &ae) && ae.Remote && ae.ErrorCode == codeAbandon {
+		cause = fmt.Errorf("%s: %w", ae.ErrorMessage, transport.ErrDeclaredDown)
 	} else {
 		cause = fmt.Errorf("quic: connection to rank %d: %w", pc.rank, cause)
 	}
@@ -682,6 +685,23 @@ func (e *endpoint) sendErr(pc *peerConn, ctx context.Context, err error) error {
 // closes every connection, the socket and the Node, and waits for every
 // goroutine (handlers included) to return. Inbound messages are still
 // delivered while it drains. It is idempotent.
+// Abandon closes the connection to peer, which the layer above declared
+// down (cause says why): a send or a receive blocked on it, which a dead
+// peer would leave blocked until the idle timeout, ends at once, and the
+// peer, should it come back, is told why. The DownHandler is told as for
+// any lost connection.
+func (e *endpoint) Abandon(peer int, cause error) {
+	if peer < 0 || peer >= len(e.peers) || peer == e.self {
+		return
+	}
+	e.mu.Lock()
+	pc := e.conns[peer]
+	e.mu.Unlock()
+	if pc != nil {
+		pc.conn.CloseWithError(codeAbandon, fmt.Sprintf("rank %d declared rank %d down: %v", e.self, peer, cause))
+	}
+}
+
 func (e *endpoint) Close() error {
 	e.once.Do(func() {
 		e.mu.Lock()

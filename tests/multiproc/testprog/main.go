@@ -4,7 +4,8 @@
 //
 //	check      every collective and point-to-point pattern, verified (default)
 //	fail R     rank R exits 1 once the job has formed; the others wait
-//	loop       allreduce until an operation fails; prints FAULT with timing
+//	loop [B]   allreduce B bytes (default 4096) until an operation fails;
+//	           prints FAULT with timing
 //	soak D     allreduce for duration D, then verify and exit
 //	auth       expect the seed to refuse this process's token
 //	leave R H  rank R leaves as soon as New returns (H: "close" destroys its
@@ -84,7 +85,7 @@ func run(mode string, args []string) error {
 	case "fail":
 		err = failRank(ctx, c, args)
 	case "loop":
-		err = loop(c)
+		err = loop(c, args)
 	case "soak":
 		err = soak(ctx, c, args)
 	case "hold":
@@ -182,8 +183,16 @@ func failRank(ctx context.Context, c *core.Comm, args []string) error {
 // loop runs allreduces until one fails (a peer was killed), then prints how
 // long the failing operation was pending and when it failed (Unix ns) so
 // the test can compare with the time of the kill.
-func loop(c *core.Comm) error {
-	buf := make([]byte, 4<<10)
+func loop(c *core.Comm, args []string) error {
+	size, warm := 4<<10, 10
+	if len(args) > 0 {
+		n, err := strconv.Atoi(args[0])
+		if err != nil || n <= 0 || n%4 != 0 {
+			return fmt.Errorf("loop: size %q: want a positive multiple of 4", args[0])
+		}
+		size, warm = n, 2
+	}
+	buf := make([]byte, size)
 	started := false
 	for i := 0; ; i++ {
 		t0 := time.Now()
@@ -199,9 +208,12 @@ func loop(c *core.Comm) error {
 			}
 			fmt.Printf("FAULT rank=%d dead=%d code=%q pending_ms=%d at_unix_ns=%d err=%v\n",
 				c.Rank(), dead, core.CodeOf(err).String(), now.Sub(t0).Milliseconds(), now.UnixNano(), err)
+			// Stay up a while: an exit now is a connection lost to the
+			// survivors still detecting, which they could blame instead.
+			time.Sleep(3 * time.Second)
 			os.Exit(3)
 		}
-		if !started && i >= 10 {
+		if !started && i >= warm {
 			started = true
 			fmt.Printf("LOOPING rank=%d\n", c.Rank())
 		}

@@ -306,22 +306,33 @@ func (c *Comm) peerDownLocked(w int, why error) {
 // have probably declared this rank unreachable, which is the failure to
 // report, not the healthy peer it lost since.
 func (c *Comm) lostWhileStalledLocked(w int, stalled time.Duration, why error) {
-	r, ok := c.of[w]
-	if !ok {
-		return
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, left := c.gone[r]; left {
+	lost, ok := c.liveMemberNameLocked(w)
+	if !ok {
 		return
-	}
-	lost := fmt.Sprintf("rank %d", r)
-	if c.id != worldID && r != w {
-		lost = fmt.Sprintf("rank %d (world rank %d)", r, w)
 	}
 	c.failLocked(&Error{Code: CodePeerDown, Op: "comm", Rank: c.rank, Cause: why,
 		Msg: fmt.Sprintf("this rank (%d) was stopped or stalled for %v (heartbeat timeout %v), so the others have probably declared it unreachable; it then lost %s (%v)",
 			c.rank, stalled.Round(100*time.Millisecond), c.cfg.HeartbeatTimeout, lost, why)})
+}
+
+// liveMemberNameLocked names world rank w as a rank of c ("rank 1", or
+// "rank 1 (world rank 3)" in a split communicator); ok is false when w is
+// not a member or has left c (it needs nothing more from this rank on c).
+// Called with c.mu held.
+func (c *Comm) liveMemberNameLocked(w int) (name string, ok bool) {
+	r, ok := c.of[w]
+	if !ok {
+		return "", false
+	}
+	if _, left := c.gone[r]; left {
+		return "", false
+	}
+	if c.id != worldID && r != w {
+		return fmt.Sprintf("rank %d (world rank %d)", r, w), true
+	}
+	return fmt.Sprintf("rank %d", r), true
 }
 
 // broadcastAbort tells every other rank, best effort and bounded in time,
@@ -665,18 +676,11 @@ func (c *Comm) leftLocked(w int) {
 // this rank saw meanwhile (e.g. silence after being stopped), that is the
 // failure to report.
 func (c *Comm) declaredDownLocked(w int, why string) {
-	r, ok := c.of[w]
-	if !ok {
-		return
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, left := c.gone[r]; left {
-		return // it needs nothing more from this rank on c
-	}
-	by := fmt.Sprintf("rank %d", r)
-	if c.id != worldID && r != w {
-		by = fmt.Sprintf("rank %d (world rank %d)", r, w)
+	by, ok := c.liveMemberNameLocked(w)
+	if !ok {
+		return
 	}
 	c.failLocked(&Error{Code: CodePeerDown, Op: "comm", Rank: c.rank,
 		Msg: fmt.Sprintf("this rank (%d) was declared unreachable by %s (%s)", c.rank, by, why)})

@@ -21,6 +21,7 @@ Design (see reference/torch-backend.md):
 from __future__ import annotations
 
 import time
+import weakref
 from datetime import timedelta
 from typing import List, Optional
 
@@ -33,6 +34,19 @@ from ._rendezvous import rendezvous
 from ._staging import (BYTE, Reduction, Staged, bytes_cat, copy_blocks, flat_cat, nbytes, offsets,
                        op_of, tag64)
 from ._work import NexarWork, WorkQueue, complete_in_thread
+
+
+def _close_at_exit(comm, queue, seed):
+    """Close what a group left open (weakref.finalize: at exit, or when the
+    group is collected undestroyed). The communicator first, so that a
+    worker blocked in a call returns (closed), then the worker, briefly."""
+    try:
+        comm.close()
+    except Exception:  # noqa: BLE001 - nothing to report to at exit
+        pass
+    queue.close(timeout=5)
+    if seed is not None:
+        seed.close()
 
 __all__ = ["ProcessGroupNexar", "NexarWork"]
 
@@ -69,6 +83,11 @@ class ProcessGroupNexar(dist.ProcessGroup):
         self._closed = False
         self._coalescing: Optional[list] = None
         self._queue = WorkQueue(f"nexar-pg-{group_id or 'x'}-r{rank}")
+        # A group the program never destroyed is closed at interpreter exit,
+        # before torch tears down: its peers see a goodbye at once instead
+        # of waiting out the heartbeat, and no worker thread of ours is
+        # still inside the library while the interpreter finalizes.
+        self._at_exit = weakref.finalize(self, _close_at_exit, self._comm, self._queue, self._seed)
 
     # ---- identity -------------------------------------------------------
     # torch keeps a group's name and description in its backends; a Python
@@ -120,6 +139,7 @@ class ProcessGroupNexar(dist.ProcessGroup):
         if self._closed:
             return
         self._closed = True
+        self._at_exit.detach()
         self._queue.close(timeout=60)
         try:
             self._comm.close()

@@ -138,13 +138,7 @@ class WorkQueue:
             item = q.get()
             if item is None:
                 return
-            fn, work = item
-            try:
-                fn()
-            except BaseException as e:  # noqa: BLE001 - delivered to whoever waits
-                work._complete(e)
-            else:
-                work._complete()
+            _run(*item)
 
 
 def complete_in_thread(name: str, fn: Callable[[], None], work: NexarWork):

@@ -68,6 +68,32 @@ func Build(dir string) (nexar, testprog string, err error) {
 
 // cleanEnv is this process's environment without the variables that
 // would tell a rank where it belongs, so each test states them itself.
+// startRun starts `nexar run ARGS` with cleanEnv(env...) and returns the
+// command, its stderr so far, and its stdout line by line (closed at EOF).
+func startRun(t *testing.T, ctx context.Context, args []string, env ...string) (*exec.Cmd, *bytes.Buffer, <-chan string) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, nexarBin, args...)
+	cmd.Env = cleanEnv(env...)
+	errOut := new(bytes.Buffer)
+	cmd.Stderr = errOut
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 256)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	return cmd, errOut, lines
+}
+
 func cleanEnv(extra ...string) []string {
 	drop := regexp.MustCompile(`^(NEXAR_|RANK=|LOCAL_RANK=|WORLD_SIZE=|LOCAL_WORLD_SIZE=|MASTER_ADDR=|MASTER_PORT=|SLURM_|OMPI_COMM_WORLD_)`)
 	var env []string
@@ -201,25 +227,7 @@ func killLooping(t *testing.T, n, victim int, sig syscall.Signal, env, loopArgs 
 	defer cancel()
 	// A long grace: the survivors ignore SIGTERM to measure their own detection.
 	args := append([]string{"run", "-n", strconv.Itoa(n), "--grace", "20s", "--", testprogBin, "loop"}, loopArgs...)
-	cmd := exec.CommandContext(ctx, nexarBin, args...)
-	cmd.Env = cleanEnv(env...)
-	var errOut bytes.Buffer
-	cmd.Stderr = &errOut
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	lines := make(chan string, 256)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-	}()
+	cmd, errOut, lines := startRun(t, ctx, args, env...)
 	pids := map[int]int{}
 	looping := 0
 	var killedAt time.Time
@@ -258,7 +266,7 @@ func killLooping(t *testing.T, n, victim int, sig syscall.Signal, env, loopArgs 
 			}
 		}
 	}
-	err = cmd.Wait()
+	err := cmd.Wait()
 	if ctx.Err() != nil {
 		t.Fatalf("job did not end\nstdout:\n%s\nstderr:\n%s", strings.Join(all, "\n"), errOut.String())
 	}

@@ -1,11 +1,8 @@
 package multiproc
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
-	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -28,25 +25,7 @@ func stopAndResume(t *testing.T, stopFor time.Duration) {
 	const n, victim = 4, 2
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, nexarBin, "run", "-n", strconv.Itoa(n), "--grace", "30s", "--", testprogBin, "loop")
-	cmd.Env = cleanEnv()
-	var errOut bytes.Buffer
-	cmd.Stderr = &errOut
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	lines := make(chan string, 256)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-	}()
+	cmd, errOut, lines := startRun(t, ctx, []string{"run", "-n", strconv.Itoa(n), "--grace", "30s", "--", testprogBin, "loop"})
 	pids := map[int]int{}
 	looping, survivors := 0, 0
 	var stoppedAt, resumedAt time.Time

@@ -167,3 +167,36 @@ func TestResumedRankLosesConnectionFirst(t *testing.T) {
 	wantNamed(t, "resumed rank later", comms[2].Barrier(ctx), 2, "this rank (2) was stopped or stalled")
 	t.Logf("resumed rank: %v", comms[2].Err())
 }
+
+// TestAbortBlamesNamedRank: rank 2 fails because rank 3 died and tells the
+// others; they must blame rank 3, the rank its failure names, not the
+// messenger (a CI failure: "rank 0 blames rank 2, want rank 3"). An abort
+// naming no rank, and a mismatch, blame the sender.
+func TestAbortBlamesNamedRank(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		cause    *Error
+		wantRank int
+		wantMsg  string
+	}{
+		{"names dead rank", &Error{Code: CodePeerDown, Rank: 3, Msg: "rank 3 is unreachable"}, 3, "rank 2 failed: rank 3 is unreachable"},
+		{"names none", &Error{Code: CodeTimeout, Rank: -1, Msg: "deadline"}, 2, "rank 2 failed: deadline"},
+		{"mismatch", &Error{Code: CodeMismatch, Rank: 1, Msg: "rank 2 called x but rank 1 called y"}, 2, "rank 2 called x but rank 1 called y"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			comms, err := NewLocal(4, Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer closeAll(t, comms)
+			comms[0].control(2, header{kind: kindControl, sub: ctlAbort, comm: comms[0].id}, encodeCause(tc.cause))
+			var e *Error
+			if !errors.As(comms[0].Err(), &e) {
+				t.Fatalf("Err() = %v, want a *Error", comms[0].Err())
+			}
+			if e.Code != tc.cause.Code || e.Rank != tc.wantRank || !strings.Contains(e.Msg, tc.wantMsg) {
+				t.Errorf("got code %v rank %d %q, want code %v rank %d containing %q", e.Code, e.Rank, e.Msg, tc.cause.Code, tc.wantRank, tc.wantMsg)
+			}
+		})
+	}
+}

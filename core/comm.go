@@ -341,7 +341,7 @@ func (c *Comm) broadcastAbort(e *Error) {
 	if c.size == 1 {
 		return
 	}
-	payload := append([]byte{byte(e.Code)}, []byte(truncate(e.Msg, 4096))...)
+	payload := encodeCause(e)
 	var th transport.Header
 	(&header{kind: kindControl, sub: ctlAbort, comm: c.id, total: uint64(len(payload))}).encode(&th)
 	for p := 0; p < c.size; p++ {
@@ -418,18 +418,20 @@ func (c *Comm) control(src int, h header, payload []byte) {
 		c.departLocked(src, h.seqOrTag, relayed)
 		c.mu.Unlock()
 	case ctlAbort:
-		if len(payload) < 1 {
+		e := c.decodeCause(payload)
+		if e == nil {
 			return
 		}
-		code := Code(payload[0])
-		if code <= CodeOK || code >= numCodes {
-			code = CodeAborted
+		// Blame the rank the sender's failure names (the dead rank behind
+		// "rank 2 failed: rank 3 is unreachable"), else the sender. A
+		// mismatch names the pair in its message; the sender is its witness.
+		if e.Code == CodeMismatch || e.Rank < 0 {
+			e.Rank = src
 		}
-		msg := string(payload[1:])
-		if code != CodeMismatch {
-			msg = fmt.Sprintf("rank %d failed: %s", src, msg)
+		if e.Code != CodeMismatch {
+			e.Msg = fmt.Sprintf("rank %d failed: %s", src, e.Msg)
 		}
-		c.fail(&Error{Code: code, Op: "comm", Rank: src, Msg: msg})
+		c.fail(e)
 	}
 }
 
@@ -492,7 +494,7 @@ func (c *Comm) sayBye(done uint64, cause *Error) {
 	}
 	var payload []byte
 	if cause != nil {
-		payload = encodeByeCause(cause)
+		payload = encodeCause(cause)
 	}
 	var th transport.Header
 	(&header{kind: kindControl, sub: ctlBye, comm: c.id, seqOrTag: done, total: uint64(len(payload))}).encode(&th)
@@ -508,10 +510,10 @@ func (c *Comm) sayBye(done uint64, cause *Error) {
 	wg.Wait()
 }
 
-// encodeByeCause is the payload of a goodbye from a failed communicator:
-// code byte, the rank the failure names (int32, comm rank, -1 = none) and a
-// UTF-8 message of at most 4096 bytes.
-func encodeByeCause(e *Error) []byte {
+// encodeCause is the payload of an abort, and of a goodbye from a failed
+// communicator: code byte, the rank the failure names (int32, comm rank,
+// -1 = none) and a UTF-8 message of at most 4096 bytes.
+func encodeCause(e *Error) []byte {
 	msg := truncate(e.Msg, 4096)
 	b := make([]byte, 5, 5+len(msg))
 	b[0] = byte(e.Code)
@@ -523,8 +525,20 @@ func encodeByeCause(e *Error) []byte {
 // sent (orig), and as this rank's failure (relayed); nil, nil for a clean
 // close.
 func (c *Comm) byeCause(src int, p []byte) (orig, relayed *Error) {
-	if len(p) < 5 {
+	orig = c.decodeCause(p)
+	if orig == nil {
 		return nil, nil
+	}
+	relayed = &Error{Code: orig.Code, Op: "comm", Rank: orig.Rank,
+		Msg: fmt.Sprintf("%s (reported by rank %d, which then destroyed its communicator)", orig.Msg, src)}
+	return orig, relayed
+}
+
+// decodeCause decodes an encodeCause payload; nil when p is too short. An
+// unknown code reads as CodeAborted, a rank outside c as -1.
+func (c *Comm) decodeCause(p []byte) *Error {
+	if len(p) < 5 {
+		return nil
 	}
 	code := Code(p[0])
 	if code <= CodeOK || code >= numCodes {
@@ -534,11 +548,7 @@ func (c *Comm) byeCause(src int, p []byte) (orig, relayed *Error) {
 	if rank < -1 || rank >= c.size {
 		rank = -1
 	}
-	msg := string(p[5:])
-	orig = &Error{Code: code, Op: "comm", Rank: rank, Msg: msg}
-	relayed = &Error{Code: code, Op: "comm", Rank: rank,
-		Msg: fmt.Sprintf("%s (reported by rank %d, which then destroyed its communicator)", msg, src)}
-	return orig, relayed
+	return &Error{Code: code, Op: "comm", Rank: rank, Msg: string(p[5:])}
 }
 
 // errDeparted is the cause of the errors of operations that needed a member

@@ -44,7 +44,7 @@ const (
 // Control subtypes.
 const (
 	ctlSigCheck uint8 = 1 // the sender's signature for seq, to its ring successor
-	ctlAbort    uint8 = 2 // payload: code byte + UTF-8 message; fail the comm
+	ctlAbort    uint8 = 2 // payload: encodeCause of the failure; fail the comm
 	// ctlBye travels on LaneData, behind every data message of the sender:
 	// it destroyed the communicator; seqOrTag is the first collective
 	// sequence number it did not complete. Its payload is empty after a

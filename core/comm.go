@@ -500,12 +500,20 @@ func (c *Comm) sayBye(done uint64, cause *Error) {
 	(&header{kind: kindControl, sub: ctlBye, comm: c.id, seqOrTag: done, total: uint64(len(payload))}).encode(&th)
 	ctx, cancel := context.WithTimeout(context.Background(), min(byeTimeout, c.cfg.HeartbeatTimeout))
 	defer cancel()
+	unused, _ := c.n.ep.(interface{ DataUnused(peer int) bool })
 	var wg sync.WaitGroup
 	for p := 0; p < c.size; p++ {
 		if p == c.rank || c.peerIsDown(p) {
 			continue
 		}
-		wg.Go(func() { _ = c.n.ep.Send(ctx, c.world[p], transport.LaneData, &th, payload) })
+		// Behind every data message of c to p; where none ever went (a
+		// shared-memory ring not made yet), the control lane keeps that
+		// order without making a ring just to say goodbye.
+		lane := transport.LaneData
+		if unused != nil && unused.DataUnused(c.world[p]) {
+			lane = transport.LaneControl
+		}
+		wg.Go(func() { _ = c.n.ep.Send(ctx, c.world[p], lane, &th, payload) })
 	}
 	wg.Wait()
 }

@@ -45,8 +45,9 @@ const (
 const (
 	ctlSigCheck uint8 = 1 // the sender's signature for seq, to its ring successor
 	ctlAbort    uint8 = 2 // payload: encodeCause of the failure; fail the comm
-	// ctlBye travels on LaneData, behind every data message of the sender:
-	// it destroyed the communicator; seqOrTag is the first collective
+	// ctlBye travels on LaneData, behind every data message of the sender
+	// (on LaneControl to a peer no data ever went to, see sayBye): it
+	// destroyed the communicator; seqOrTag is the first collective
 	// sequence number it did not complete. Its payload is empty after a
 	// clean close, else the sender's failure (byeCause).
 	ctlBye uint8 = 3

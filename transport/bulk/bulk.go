@@ -455,6 +455,21 @@ func (e *Endpoint) Oversubscribed() bool {
 	return e.oversubscribed
 }
 
+// DataUnused reports whether no LaneData message was ever sent, or is
+// being sent, to peer: a local peer whose ring (made on first use) nobody
+// asked for yet. A message for which only the order behind LaneData
+// matters may then take another lane, instead of making a ring for it (a
+// goodbye to every member at Close would otherwise make one for every
+// pair). Safe for concurrent use.
+func (e *Endpoint) DataUnused(peer int) bool {
+	if peer < 0 || peer >= e.size {
+		return false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.lazy[peer].Load() && e.waits[peer] == nil
+}
+
 // LocalPeers is the number of peers whose data comes over shared-memory
 // rings, made or to be made on first use: the other ranks on this host.
 func (e *Endpoint) LocalPeers() int {

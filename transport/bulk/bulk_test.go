@@ -396,6 +396,11 @@ func TestRingBudget(t *testing.T) {
 		if made {
 			t.Fatalf("rank %d made rings before any message", i)
 		}
+		for r := range n {
+			if r != i && !e.DataUnused(r) {
+				t.Fatalf("rank %d: DataUnused(%d) is false before any message", i, r)
+			}
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -424,5 +429,14 @@ func TestRingBudget(t *testing.T) {
 	}
 	if p := eps[1].Paths()[2]; p != "shm ring on first use" {
 		t.Fatalf("rank 1's unused path to rank 2 is %q", p)
+	}
+	// Used (by a ring, or by QUIC once the budget was spent) or not.
+	for _, c := range []struct {
+		from, to int
+		unused   bool
+	}{{1, 0, false}, {2, 0, false}, {1, 2, true}, {2, 1, true}, {1, 1, false}, {1, -1, false}} {
+		if got := eps[c.from].DataUnused(c.to); got != c.unused {
+			t.Errorf("rank %d: DataUnused(%d) = %v, want %v", c.from, c.to, got, c.unused)
+		}
 	}
 }

@@ -186,15 +186,31 @@ func TestManyLocalRanks(t *testing.T) {
 	for _, p := range ps {
 		p.stdin.Close()
 	}
+	// Keep reading the ranks' output while they finish (a full pipe would
+	// stall a rank), and show it if one fails.
+	exitBy := time.After(time.Minute)
+	var failed []string
 	for i, p := range ps {
-		select {
-		case <-p.done:
-			if p.err != nil {
-				t.Errorf("rank %d: %v", i, p.err)
+	wait:
+		for {
+			select {
+			case l := <-lines:
+				all = append(all, l)
+			case <-p.done:
+				if p.err != nil {
+					failed = append(failed, fmt.Sprintf("rank %d: %v", i, p.err))
+				}
+				break wait
+			case <-exitBy:
+				t.Fatalf("rank %d did not exit within a minute of its stdin closing\n%s", i, strings.Join(all, "\n"))
 			}
-		case <-time.After(time.Minute):
-			t.Fatalf("rank %d did not exit\n%s", i, strings.Join(all, "\n"))
 		}
+	}
+	if len(failed) > 0 {
+		for len(lines) > 0 {
+			all = append(all, <-lines)
+		}
+		t.Errorf("%s\n%s", strings.Join(failed, "\n"), strings.Join(all, "\n"))
 	}
 	if left := ringFilesOf(pids); len(left) > 0 {
 		t.Errorf("ring files left after the job: %v", left)

@@ -295,8 +295,8 @@ func benchSweep(comms []*core.Comm, o *benchOpts, stdout io.Writer) error {
 	}
 	failed := false
 	for _, op := range o.ops {
-		say("#\n# %s\n# %12s %12s %9s %6s %5s %11s %11s %9s %9s %7s\n",
-			op.name, "size(B)", "count", "type", "redop", "root", "time(us)", "mean(us)", "algbw", "busbw", "#wrong")
+		say("#\n# %s\n# %12s %12s %9s %6s %5s %11s %11s %11s %9s %9s %7s\n",
+			op.name, "size(B)", "count", "type", "redop", "root", "time(us)", "p99(us)", "mean(us)", "algbw", "busbw", "#wrong")
 		for _, size := range o.sizes {
 			res := make([]benchResult, len(comms))
 			errs := make([]error, len(comms))
@@ -320,7 +320,7 @@ func benchSweep(comms []*core.Comm, o *benchOpts, stdout io.Writer) error {
 			if o.json {
 				line, _ := json.Marshal(map[string]any{
 					"system": "nexar", "op": op.name, "bytes": r.used, "ranks": n,
-					"dtype": o.dt.String(), "time_us": round2(med * 1e6), "mean_us": round2(r.mean.Seconds() * 1e6),
+					"dtype": o.dt.String(), "time_us": round2(med * 1e6), "p99_us": round2(r.p99.Seconds() * 1e6), "mean_us": round2(r.mean.Seconds() * 1e6),
 					"algbw_gbs": round4(alg), "busbw_gbs": round4(alg * op.factor(n)),
 					"iters": r.iters, "wrong": r.wrong, "path": lead.Paths()[min(1, n-1)],
 				})
@@ -334,11 +334,11 @@ func benchSweep(comms []*core.Comm, o *benchOpts, stdout io.Writer) error {
 			if op.name == "broadcast" {
 				root = "0"
 			}
-			say("  %12d %12d %9s %6s %5s %11.1f %11.1f %9.3f %9.3f %7d\n",
-				r.used, r.used/o.dt.Size(), o.dt, redop, root, med*1e6, r.mean.Seconds()*1e6, alg, alg*op.factor(n), r.wrong)
+			say("  %12d %12d %9s %6s %5s %11.1f %11.1f %11.1f %9.3f %9.3f %7d\n",
+				r.used, r.used/o.dt.Size(), o.dt, redop, root, med*1e6, r.p99.Seconds()*1e6, r.mean.Seconds()*1e6, alg, alg*op.factor(n), r.wrong)
 		}
 	}
-	say("# time: median of the timed iterations on rank 0, each started after a barrier; mean alongside\n")
+	say("# time: median of the timed iterations on rank 0, each started after a barrier; their 99th percentile and mean alongside\n")
 	say("# algbw, busbw in GB/s (1e9 B/s), busbw factors as in nccl-tests; #wrong: elements that differ from the expected result, all ranks\n")
 	if failed {
 		return &exitError{code: 1, msg: "bench: some results were wrong (#wrong column)"}
@@ -356,6 +356,7 @@ func itersDesc(o *benchOpts) string {
 type benchResult struct {
 	used         int
 	median, mean time.Duration
+	p99          time.Duration // nearest rank: the ceil(0.99 n)-th smallest
 	iters        int
 	wrong        int64 // over all ranks
 }
@@ -424,7 +425,7 @@ func benchOne(ctx context.Context, c *core.Comm, op benchOp, size int, o *benchO
 		sum += t
 	}
 	sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
-	return benchResult{used: used, median: times[len(times)/2], mean: sum / time.Duration(iters),
+	return benchResult{used: used, median: times[len(times)/2], p99: times[(99*len(times)+99)/100-1], mean: sum / time.Duration(iters),
 		iters: iters, wrong: int64(binary.LittleEndian.Uint64(w))}, nil
 }
 

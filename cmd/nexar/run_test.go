@@ -213,7 +213,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-var benchRow = regexp.MustCompile(`(?m)^\s+\d+\s+\d+\s+\w+\s+\w+\s+-?\d+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+0$`)
+var benchRow = regexp.MustCompile(`(?m)^\s+\d+\s+\d+\s+\w+\s+\w+\s+-?\d+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+0$`)
 
 func TestBench(t *testing.T) {
 	t.Setenv("NEXAR_TEST_AS_MAIN", "1") // for the ranks, not this process

@@ -2,9 +2,14 @@
 // knows nothing of collectives: a message is a fixed-size opaque header plus
 // a payload, delivered in order per (peer, lane).
 //
-// Implementations: transport/mem (in-process, for tests) and transport/quic
-// (quic-go, TLS 1.3 with mutual authentication and pinned certificates).
-// Both pass the conformance suite in transport/transporttest.
+// Endpoint is what every transport provides; DataPath is the contract core
+// drives (Endpoint plus polling, progress sends and the path's declared
+// Caps). Implementations: transport/mem (in-process, for tests; a
+// DataPath), transport/quic (quic-go, TLS 1.3 with mutual authentication
+// and pinned certificates; an Endpoint) and transport/bulk (a DataPath that
+// carries LaneData over shared-memory rings or TCP and the rest over a
+// wrapped Endpoint). All pass the conformance suite in
+// transport/transporttest, the DataPaths its RunDataPath too.
 package transport
 
 import (
@@ -38,12 +43,22 @@ func (l Lane) String() string {
 	return "lane?"
 }
 
-// HeaderSize is the size of the opaque per-message header that the layer
-// above (core) uses for matching; the transport carries it verbatim.
+// HeaderSize is the size of the per-message header that the layer above
+// (core) uses for matching; the transport carries it verbatim.
 const HeaderSize = 48
 
-// Header is opaque to the transport.
+// Header is opaque to the transport but for its first byte, the owner: a
+// transport may send messages of its own through the endpoint it wraps
+// (transport/bulk negotiates its paths over the QUIC mesh's LaneControl)
+// and marks them with an owner byte at or above OwnerTransport; the layer
+// above keeps byte 0 below it (core writes its wire version there). A
+// wrapping transport consumes the messages it marked and passes the rest
+// up unchanged.
 type Header [HeaderSize]byte
+
+// OwnerTransport is the lowest owner byte (Header[0]) of a message that a
+// transport sends for itself; values below it belong to the layer above.
+const OwnerTransport = 0x80
 
 // MaxPayload bounds one message's payload; larger transfers are chunked by
 // the layer above. Receivers reject larger lengths before allocating.
@@ -79,6 +94,70 @@ type Endpoint interface {
 	Send(ctx context.Context, peer int, lane Lane, h *Header, payload []byte) error
 	// Close tears down every connection and goroutine; idempotent.
 	Close() error
+}
+
+// Caps is what a DataPath declares that it can do; the layer above
+// branches on the declaration, never on the endpoint's type.
+type Caps struct {
+	// Poll: StartPolling can return a poll function for a peer whose
+	// LaneData arrives over a channel the waiting goroutine may progress
+	// itself (a shared-memory ring), and Waiting changes how that
+	// channel wakes its reader.
+	Poll bool
+	// ProgressSend: SendProgress runs its progress function while a
+	// LaneData send waits for room; without it SendProgress is Send.
+	ProgressSend bool
+	// LazyData: LaneData paths to some peers are made on their first
+	// message, so DataUnused may report true.
+	LazyData bool
+}
+
+// DataPath is the contract between core and the path that carries its
+// messages: an Endpoint plus what core needs to drive a data path well.
+// Every implementation (transport/mem, and transport/bulk over the QUIC
+// mesh with shared-memory rings or TCP) implements all of it, doing
+// nothing where its Caps says it cannot, and transporttest.RunDataPath
+// checks that each does what it declares. Core consumes nothing else of an
+// endpoint. All methods are safe for concurrent use.
+type DataPath interface {
+	Endpoint
+	// Caps declares the optional behaviours; constant for the endpoint's
+	// life.
+	Caps() Caps
+	// SendProgress is Send on LaneData that runs progress (a poll
+	// function from StartPolling) while it waits for room, so that one
+	// goroutine keeps both directions of an exchange moving; with
+	// !Caps().ProgressSend it is Send.
+	SendProgress(ctx context.Context, peer int, h *Header, payload []byte, progress func() bool) error
+	// StartPolling lets the calling goroutine, about to wait for data
+	// from peer, consume what arrived itself: poll delivers the frames it
+	// completes and reports whether it consumed anything; stop ends the
+	// polling (call it once). Both are nil when peer's data cannot be
+	// polled (always, with !Caps().Poll).
+	StartPolling(peer int) (poll func() bool, stop func())
+	// Waiting tells the path that the caller is about to block until
+	// data from peer is delivered; call done when the wait ends. A no-op
+	// where it changes nothing.
+	Waiting(peer int) (done func())
+	// SharedMemory reports whether LaneData to peer goes over shared
+	// memory (where polling and spinning pay off).
+	SharedMemory(peer int) bool
+	// Paths names the path that carries LaneData to each peer, for
+	// diagnostics ("shm 8 MiB ring", "tcp x2 tls", "quic", "mem").
+	Paths() map[int]string
+	// Oversubscribed reports whether this host runs more ranks than it
+	// has cores, so that waiters should yield the core while they spin.
+	Oversubscribed() bool
+	// DataUnused reports whether no LaneData message was ever sent, or is
+	// being sent, to peer; a message that must only stay behind LaneData
+	// may then take another lane. Never true without Caps().LazyData.
+	DataUnused(peer int) bool
+	// Abandon gives up on peer, which the layer above declared down
+	// (cause says why): the DownHandler is told once, as for any loss, and
+	// where the path holds connections to peer they are closed, so that a
+	// send or receive blocked on it ends at once and peer, if alive,
+	// learns it was declared down (ErrDeclaredDown).
+	Abandon(peer int, cause error)
 }
 
 // ErrClosed is returned by Send after Close.

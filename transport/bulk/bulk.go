@@ -19,7 +19,8 @@
 //     QUIC control lane; large messages are striped across them;
 //   - else the inner endpoint.
 //
-// The negotiation travels on LaneControl with header byte 0 = 0xB5 and is
+// The negotiation travels on LaneControl with owner byte (header byte 0)
+// 0xB5, a transport-owned value (transport.OwnerTransport), and is
 // consumed here; docs/bulk-path.md and docs/wire-format.md describe it.
 package bulk
 
@@ -94,8 +95,11 @@ const (
 	// system call and the wait for the receiver's acknowledgement.
 	DefaultRemoteMin = 256 << 10
 	maxRing          = 1 << 30
-	ctlMagic         = 0xB5
-	ctlMax           = 4096
+	// ctlMagic is the owner byte (header byte 0) of bulk's own messages
+	// on the inner endpoint: at or above transport.OwnerTransport, which
+	// the layer above never writes there.
+	ctlMagic = transport.OwnerTransport | 0x35
+	ctlMax   = 4096
 )
 
 // Options configures an Endpoint. Zero values select the defaults.
@@ -430,6 +434,16 @@ func (e *Endpoint) send(ctx context.Context, peer int, lane transport.Lane, h *t
 		}
 	}
 	return e.inner.Send(ctx, peer, lane, h, payload)
+}
+
+var _ transport.DataPath = (*Endpoint)(nil)
+
+// Caps declares what the endpoint can do (transport.DataPath): rings can
+// be polled by a waiting goroutine and progressed while a send waits for
+// room, and are made on first use, where the mode allows shared memory.
+func (e *Endpoint) Caps() transport.Caps {
+	shm := e.opt.Mode.shm()
+	return transport.Caps{Poll: shm, ProgressSend: shm, LazyData: shm}
 }
 
 // SharedMemory reports whether this rank's data to peer goes over a

@@ -162,6 +162,26 @@ func TestConformance(t *testing.T) {
 	}
 }
 
+func TestDataPath(t *testing.T) {
+	all := append(modes[:len(modes):len(modes)], struct {
+		name string
+		opt  Options
+		path string
+	}{"off", Options{Mode: ModeOff}, "quic"})
+	for _, m := range all {
+		t.Run(m.name, func(t *testing.T) {
+			transporttest.RunDataPath(t, func(t *testing.T, n int, h []transport.Handler, down []transport.DownHandler) []transport.DataPath {
+				eps := mesh(t, n, m.opt, h, down)
+				out := make([]transport.DataPath, n)
+				for i, e := range eps {
+					out[i] = e
+				}
+				return out
+			})
+		})
+	}
+}
+
 // TestLarge streams 256 MiB (32 MiB under -short or -race) through each
 // path in MaxPayload messages and checks every byte.
 func TestLarge(t *testing.T) {

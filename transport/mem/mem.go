@@ -50,9 +50,11 @@ type Endpoint struct {
 	lanesOut []int  // per peer: lanes still draining after its Close
 }
 
+var _ transport.DataPath = (*Endpoint)(nil)
+
 // NewMesh connects n endpoints; h[i] and down[i] serve rank i (either may be
 // nil or shorter than n).
-func NewMesh(n int, h []transport.Handler, down []transport.DownHandler) []transport.Endpoint {
+func NewMesh(n int, h []transport.Handler, down []transport.DownHandler) []transport.DataPath {
 	m := &mesh{eps: make([]*Endpoint, n)}
 	for i := range m.eps {
 		e := &Endpoint{m: m, rank: i, done: make(chan struct{}), peerDown: make([]bool, n), lanesOut: make([]int, n)}
@@ -70,7 +72,7 @@ func NewMesh(n int, h []transport.Handler, down []transport.DownHandler) []trans
 		}
 		m.eps[i] = e
 	}
-	out := make([]transport.Endpoint, n)
+	out := make([]transport.DataPath, n)
 	for i, e := range m.eps {
 		out[i] = e
 	}
@@ -233,4 +235,56 @@ func (e *Endpoint) notifyDown(peer int, cause error) {
 		defer e.wg.Done()
 		e.down(peer, &transport.PeerDownError{Peer: peer, Cause: cause})
 	}()
+}
+
+// The rest of transport.DataPath: an in-memory mesh has no shared-memory
+// rings to poll, sends never wait for ring room, and every path exists
+// from the start.
+
+// Caps declares none of the optional behaviours.
+func (e *Endpoint) Caps() transport.Caps { return transport.Caps{} }
+
+// SendProgress is Send on LaneData; progress is not run.
+func (e *Endpoint) SendProgress(ctx context.Context, peer int, h *transport.Header, payload []byte, _ func() bool) error {
+	return e.Send(ctx, peer, transport.LaneData, h, payload)
+}
+
+// StartPolling returns nil, nil: nothing here can be polled.
+func (e *Endpoint) StartPolling(int) (poll func() bool, stop func()) { return nil, nil }
+
+// Waiting returns a no-op.
+func (e *Endpoint) Waiting(int) (done func()) { return func() {} }
+
+// SharedMemory reports false: messages are handed over in process.
+func (e *Endpoint) SharedMemory(int) bool { return false }
+
+// Paths names every other rank's path "mem".
+func (e *Endpoint) Paths() map[int]string {
+	m := make(map[int]string, len(e.m.eps))
+	for r := range e.m.eps {
+		if r != e.rank {
+			m[r] = "mem"
+		}
+	}
+	return m
+}
+
+// Oversubscribed reports false: the ranks are goroutines of one process.
+func (e *Endpoint) Oversubscribed() bool { return false }
+
+// DataUnused reports false: every path exists from the start.
+func (e *Endpoint) DataUnused(int) bool { return false }
+
+// Abandon tells e's DownHandler, once, that peer is down (cause). An
+// in-memory pair has no connection to close: the layer above ends its own
+// sends to a peer it declared down, and tells that peer itself. Safe for
+// concurrent use.
+func (e *Endpoint) Abandon(peer int, cause error) {
+	if peer < 0 || peer >= len(e.m.eps) || peer == e.rank {
+		return
+	}
+	if cause == nil {
+		cause = errors.New("mem: abandoned")
+	}
+	e.notifyDown(peer, cause)
 }

@@ -13,6 +13,16 @@ import (
 
 func TestConformance(t *testing.T) {
 	transporttest.Run(t, func(t *testing.T, n int, h []transport.Handler, down []transport.DownHandler) []transport.Endpoint {
+		eps := make([]transport.Endpoint, n)
+		for i, e := range mem.NewMesh(n, h, down) {
+			eps[i] = e
+		}
+		return eps
+	})
+}
+
+func TestDataPath(t *testing.T) {
+	transporttest.RunDataPath(t, func(t *testing.T, n int, h []transport.Handler, down []transport.DownHandler) []transport.DataPath {
 		return mem.NewMesh(n, h, down)
 	})
 }

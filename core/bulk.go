@@ -54,10 +54,7 @@ func newBulk(cfg Config, rank int, adv string, id *nquic.Identity, peers []nquic
 // comm rank: e.g. "shm 8 MiB ring", "tcp x2 tls", "quic", "mem" (NewLocal)
 // or "loopback" for c's own rank.
 func (c *Comm) Paths() map[int]string {
-	var wp map[int]string
-	if p, ok := c.n.ep.(interface{ Paths() map[int]string }); ok {
-		wp = p.Paths()
-	}
+	wp := c.n.ep.Paths()
 	m := make(map[int]string, len(c.world))
 	for r, w := range c.world {
 		switch {

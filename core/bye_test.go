@@ -13,10 +13,16 @@ import (
 // peers in unused as never used (as transport/bulk does for a local peer
 // whose ring is made on first use) and records the lane of every goodbye.
 type laneRecorder struct {
-	transport.Endpoint
+	transport.DataPath
 	unused map[int]bool
 	mu     sync.Mutex
 	byes   map[int]transport.Lane
+}
+
+func (l *laneRecorder) Caps() transport.Caps {
+	c := l.DataPath.Caps()
+	c.LazyData = true
+	return c
 }
 
 func (l *laneRecorder) DataUnused(peer int) bool { return l.unused[peer] }
@@ -27,7 +33,7 @@ func (l *laneRecorder) Send(ctx context.Context, peer int, lane transport.Lane, 
 		l.byes[peer] = lane
 		l.mu.Unlock()
 	}
-	return l.Endpoint.Send(ctx, peer, lane, th, p)
+	return l.DataPath.Send(ctx, peer, lane, th, p)
 }
 
 // TestByeSkipsUnusedDataPath: a goodbye goes behind the data on LaneData,
@@ -47,7 +53,7 @@ func TestByeSkipsUnusedDataPath(t *testing.T) {
 		ds[i] = nodes[i].onDown
 	}
 	eps := mem.NewMesh(n, hs, ds)
-	rec := &laneRecorder{Endpoint: eps[0], unused: map[int]bool{2: true}, byes: map[int]transport.Lane{}}
+	rec := &laneRecorder{DataPath: eps[0], unused: map[int]bool{2: true}, byes: map[int]transport.Lane{}}
 	comms := []*Comm{worldComm(nodes[0], rec), worldComm(nodes[1], eps[1]), worldComm(nodes[2], eps[2])}
 	for _, nd := range nodes {
 		nd.start()

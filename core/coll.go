@@ -94,8 +94,8 @@ func (l *link) Exchange(ctx context.Context, to int, sbase uint32, data []byte, 
 	}
 	var progress func() bool
 	stop := func() {}
-	if p, ok := c.n.ep.(poller); ok && len(ps) > 0 && l.sharedMemory(to) {
-		if poll, end := p.StartPolling(c.world[from]); poll != nil {
+	if len(ps) > 0 && l.sharedMemory(to) {
+		if poll, end := c.n.ep.StartPolling(c.world[from]); poll != nil {
 			progress, stop = poll, end
 		}
 	}
@@ -124,9 +124,8 @@ func (l *link) Exchange(ctx context.Context, to int, sbase uint32, data []byte, 
 // sharedMemory reports whether this rank's data to comm rank peer goes
 // over a shared-memory ring (where a send can progress a receive).
 func (l *link) sharedMemory(peer int) bool {
-	s, ok := l.c.n.ep.(interface{ SharedMemory(peer int) bool })
-	_, ps := l.c.n.ep.(progressSender)
-	return ok && ps && s.SharedMemory(l.c.world[peer])
+	caps := l.c.n.caps
+	return caps.Poll && caps.ProgressSend && l.c.n.ep.SharedMemory(l.c.world[peer])
 }
 
 func (l *link) send(ctx context.Context, peer int, step uint32, data []byte, progress func() bool) error {
@@ -150,7 +149,7 @@ func (l *link) send(ctx context.Context, peer int, step uint32, data []byte, pro
 		// it progresses the receive of an exchange.
 		var th transport.Header
 		h.encode(&th)
-		err = l.c.n.ep.(progressSender).SendProgress(l.sendCtx(peer), l.c.world[peer], &th, data, progress)
+		err = l.c.n.ep.SendProgress(l.sendCtx(peer), l.c.world[peer], &th, data, progress)
 	} else {
 		err = l.c.sendChunked(l.sendCtx(peer), peer, h, data)
 	}

@@ -163,13 +163,13 @@ func NewLocal(n int, cfg Config) ([]*Comm, error) {
 
 // worldComm attaches ep to nd and creates its world communicator; the
 // caller starts nd once every node of the process is attached.
-func worldComm(nd *node, ep transport.Endpoint) *Comm {
+func worldComm(nd *node, ep transport.DataPath) *Comm {
 	world := make([]int, nd.size)
 	for i := range world {
 		world[i] = i
 	}
 	nd.mu.Lock() // a transport goroutine may be in peerDown already
-	nd.ep = ep
+	nd.ep, nd.caps = ep, ep.Caps()
 	nd.mu.Unlock()
 	c := newComm(nd, worldID, nd.rank, world)
 	_ = nd.register(c) // a fresh node is never closed
@@ -500,7 +500,6 @@ func (c *Comm) sayBye(done uint64, cause *Error) {
 	(&header{kind: kindControl, sub: ctlBye, comm: c.id, seqOrTag: done, total: uint64(len(payload))}).encode(&th)
 	ctx, cancel := context.WithTimeout(context.Background(), min(byeTimeout, c.cfg.HeartbeatTimeout))
 	defer cancel()
-	unused, _ := c.n.ep.(interface{ DataUnused(peer int) bool })
 	var wg sync.WaitGroup
 	for p := 0; p < c.size; p++ {
 		if p == c.rank || c.peerIsDown(p) {
@@ -510,7 +509,7 @@ func (c *Comm) sayBye(done uint64, cause *Error) {
 		// shared-memory ring not made yet), the control lane keeps that
 		// order without making a ring just to say goodbye.
 		lane := transport.LaneData
-		if unused != nil && unused.DataUnused(c.world[p]) {
+		if c.n.caps.LazyData && c.n.ep.DataUnused(c.world[p]) {
 			lane = transport.LaneControl
 		}
 		wg.Go(func() { _ = c.n.ep.Send(ctx, c.world[p], lane, &th, payload) })

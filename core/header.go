@@ -32,6 +32,11 @@ import (
 // each chunk from the bytes it has already received for that message.
 const wireVersion = 1
 
+// Byte 0 of a header belongs to the layer above only below
+// transport.OwnerTransport (transports mark their own messages there):
+// this fails to compile should the version ever reach it.
+const _ = uint8(transport.OwnerTransport - 1 - wireVersion)
+
 type msgKind uint8
 
 const (

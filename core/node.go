@@ -23,9 +23,10 @@ import (
 type node struct {
 	cfg  Config
 	log  *slog.Logger
-	rank int // world rank
-	size int // world size
-	ep   transport.Endpoint
+	rank int                // world rank
+	size int                // world size
+	ep   transport.DataPath // set once, before start (worldComm)
+	caps transport.Caps     // ep's declaration, read on every hot path
 
 	spinWait       time.Duration  // resolved Config.SpinWait (resolveSpinWait)
 	oversubscribed bool           // more ranks on this host than cores
@@ -256,8 +257,8 @@ func (n *node) peerDown(p int, why string, cause error) {
 	}
 	n.mu.Unlock()
 	// Outside n.mu: the endpoint tells onDown, which takes it.
-	if a, ok := ep.(interface{ Abandon(int, error) }); ok {
-		a.Abandon(p, err)
+	if ep != nil {
+		ep.Abandon(p, err)
 	}
 }
 

@@ -1,7 +1,6 @@
 package core
 
 import (
-	"context"
 	"time"
 
 	"github.com/nexar-go/nexar/transport"
@@ -130,12 +129,10 @@ func (c *Comm) waitFilledLocked(m *inMsg) {
 // endpoint says whether this host runs more ranks than it has cores) and
 // how long they spin (Config.SpinWait, else by that answer).
 func (n *node) resolveSpinWait() {
-	if o, ok := n.ep.(interface{ Oversubscribed() bool }); ok {
-		// Spin yielding the core (sched_yield), so that the rank being
-		// waited for gets it: a sleep and wake-up through the kernel
-		// costs more than the yields.
-		n.oversubscribed = o.Oversubscribed()
-	}
+	// Spin yielding the core (sched_yield), so that the rank being waited
+	// for gets it: a sleep and wake-up through the kernel costs more than
+	// the yields.
+	n.oversubscribed = n.ep != nil && n.ep.Oversubscribed()
 	n.spinWait = n.cfg.SpinWait
 	if n.spinWait == 0 {
 		n.spinWait = spinWaitDedicated
@@ -145,34 +142,20 @@ func (n *node) resolveSpinWait() {
 	}
 }
 
-// poller is implemented by endpoints whose inbound data a waiting goroutine
-// can progress itself (transport/bulk's shared-memory rings).
-type poller interface {
-	StartPolling(peer int) (poll func() bool, stop func())
-}
-
-// blockNotifier is implemented by endpoints that want to know when a
-// goroutine blocks until data from a peer arrives (transport/bulk: its
-// rings then wake their reader for every write).
-type blockNotifier interface {
-	Waiting(peer int) (done func())
-}
-
 // blocking tells the endpoint that the caller is about to block until data
 // from comm rank src (AnySource: any rank) is delivered; call the result
 // when the wait ends.
 func (c *Comm) blocking(src int) func() {
-	b, ok := c.n.ep.(blockNotifier)
-	if !ok {
+	if !c.n.caps.Poll {
 		return func() {}
 	}
 	if src != AnySource {
-		return b.Waiting(c.world[src])
+		return c.n.ep.Waiting(c.world[src])
 	}
 	dones := make([]func(), 0, c.size)
 	for r, w := range c.world {
 		if r != c.rank {
-			dones = append(dones, b.Waiting(w))
+			dones = append(dones, c.n.ep.Waiting(w))
 		}
 	}
 	return func() {
@@ -182,20 +165,15 @@ func (c *Comm) blocking(src int) func() {
 	}
 }
 
-// progressSender is implemented by endpoints that can run a poll function
-// while a LaneData send waits for room (transport/bulk).
-type progressSender interface {
-	SendProgress(ctx context.Context, peer int, h *transport.Header, payload []byte, progress func() bool) error
-}
-
 // pollOnce consumes what has arrived from comm rank src, if that channel
 // can be polled.
 func (c *Comm) pollOnce(src int) {
-	if p, ok := c.n.ep.(poller); ok {
-		if poll, stop := p.StartPolling(c.world[src]); poll != nil {
-			poll()
-			stop()
-		}
+	if !c.n.caps.Poll {
+		return
+	}
+	if poll, stop := c.n.ep.StartPolling(c.world[src]); poll != nil {
+		poll()
+		stop()
 	}
 }
 
@@ -204,14 +182,10 @@ func (c *Comm) pollOnce(src int) {
 // returns false at once when that channel cannot be polled.
 func (c *Comm) spin(src int, done <-chan struct{}) bool {
 	spinFor := c.n.spinWait
-	if spinFor <= 0 || src < 0 {
+	if spinFor <= 0 || src < 0 || !c.n.caps.Poll {
 		return false
 	}
-	p, ok := c.n.ep.(poller)
-	if !ok {
-		return false
-	}
-	poll, stop := p.StartPolling(c.world[src])
+	poll, stop := c.n.ep.StartPolling(c.world[src])
 	if poll == nil {
 		return false
 	}

@@ -1,6 +1,8 @@
-"""Gloo through torch.distributed. One process per rank, started by
-compare.py with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; rank 0
-prints JSON lines. Runs under the project venv (torch)."""
+"""torch.distributed collectives through a backend: Gloo (system "gloo"),
+or nexar (`--backend nexar --name nexar-torch`: what a torch user of the
+nexar backend gets). One process per rank, started by compare.py with RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; rank 0 prints JSON lines. Runs
+under the project venv (torch)."""
 
 import os
 import sys
@@ -13,8 +15,17 @@ import torch.distributed as dist  # noqa: E402
 
 
 def main():
-    ops, sizes = common.parse_args(sys.argv[1:])
-    dist.init_process_group("gloo")
+    argv, backend, name = sys.argv[1:], "gloo", "gloo"
+    while argv and argv[0] in ("--backend", "--name"):
+        if argv[0] == "--backend":
+            backend = argv[1]
+        else:
+            name = argv[1]
+        argv = argv[2:]
+    ops, sizes = common.parse_args(argv)
+    if backend == "nexar":
+        import nexar.torch  # noqa: F401  registers the backend
+    dist.init_process_group(backend)
     rank, n = dist.get_rank(), dist.get_world_size()
     for op in ops:
         for size in sizes:
@@ -49,7 +60,7 @@ def main():
                 call()
                 times.append(time.perf_counter() - t)
             if rank == 0:
-                common.report("gloo", op, S, n, times)
+                common.report(name, op, S, n, times)
     dist.destroy_process_group()
 
 

@@ -45,13 +45,22 @@ def iterations(size):
     return max(5, min(1000, (256 << 20) // max(size, 1)))
 
 
+def p99(times):
+    """The 99th percentile (nearest rank: the ceil(0.99 n)-th smallest), as
+    `nexar bench` computes it."""
+    s = sorted(times)
+    return s[(99 * len(s) + 99) // 100 - 1]
+
+
 def report(system, op, size, n, times):
-    """Print one JSON line from rank 0's per-iteration times (seconds)."""
+    """Print one JSON line from rank 0's per-iteration times (seconds):
+    median (time_us), 99th percentile and mean."""
     t = statistics.median(times)
     alg = size / t / 1e9
     print(json.dumps({
         "system": system, "op": op, "bytes": size, "ranks": n,
-        "time_us": round(t * 1e6, 2), "algbw_gbs": round(alg, 4),
+        "time_us": round(t * 1e6, 2), "p99_us": round(p99(times) * 1e6, 2),
+        "mean_us": round(statistics.fmean(times) * 1e6, 2), "algbw_gbs": round(alg, 4),
         "busbw_gbs": round(alg * busbw_factor(op, n), 4), "iters": len(times),
     }), flush=True)
 

@@ -10,6 +10,8 @@ plus a PNG plot of busbw against size, one line per system.
 
 Systems:
   gloo     adapter_gloo.py under the project venv, one process per rank
+  nexar-torch  the same adapter through the "nexar" torch backend: the path
+           torch users take
   mpi      adapter_mpi.py under mpirun, Open MPI's default transports
            (shared memory on one host)
   mpi-tcp  the same with --mca btl tcp,self
@@ -49,7 +51,7 @@ import common  # noqa: E402
 VENV_PY = os.path.join(ROOT, ".venv", "bin", "python")
 SYS_PY = "/usr/bin/python3"
 NEXAR = os.path.join(ROOT, "build", "nexar")
-SYSTEMS = ("gloo", "mpi", "mpi-tcp", "nexar", "nexar-py", "nexar-plain")
+SYSTEMS = ("gloo", "mpi", "mpi-tcp", "nexar", "nexar-py", "nexar-torch", "nexar-plain")
 
 SWEEPS = {
     "quick": [8, 4096, 65536, 1 << 20, 16 << 20],
@@ -134,11 +136,17 @@ def have_gloo():
     return None if r.returncode == 0 else f"{VENV_PY}: torch with Gloo not importable"
 
 
+def have_nexar_torch():
+    r = subprocess.run([VENV_PY, "-c", "import nexar.torch"], capture_output=True, text=True)
+    return None if r.returncode == 0 else "the nexar Python package is not installed in the venv (make python): " + \
+        r.stderr.strip()[-200:]
+
+
 def adapter_args(ops, sizes):
     return ["--ops", ",".join(ops), "--sizes", ",".join(map(str, sizes))]
 
 
-def gloo_procs(n, ops, sizes, wrap=None, addrs=None, ifname=None):
+def gloo_procs(n, ops, sizes, wrap=None, addrs=None, ifname=None, backend="gloo"):
     port = free_port()
     procs = []
     for r in range(n):
@@ -146,7 +154,10 @@ def gloo_procs(n, ops, sizes, wrap=None, addrs=None, ifname=None):
                    MASTER_ADDR=addrs[0] if addrs else "127.0.0.1", OMP_NUM_THREADS="1")
         if ifname:
             env["GLOO_SOCKET_IFNAME"] = ifname
-        argv = [VENV_PY, os.path.join(HERE, "adapter_gloo.py")] + adapter_args(ops, sizes)
+        argv = [VENV_PY, os.path.join(HERE, "adapter_gloo.py")]
+        if backend != "gloo":
+            argv += ["--backend", backend, "--name", f"{backend}-torch"]
+        argv += adapter_args(ops, sizes)
         procs.append(((wrap(r) if wrap else []) + argv, env))
     return procs
 
@@ -371,7 +382,7 @@ def human(b):
     return f"{b} B"
 
 
-NEXARS = ("nexar", "nexar-py", "nexar-plain")
+NEXARS = ("nexar", "nexar-py", "nexar-torch", "nexar-plain")
 OTHERS = ("gloo", "mpi", "mpi-tcp")
 
 
@@ -401,13 +412,15 @@ def write_table(results, path, meta):
                     row = [op, str(n), human(b)]
                     for s in systems:
                         r = idx.get((s, op, n, b))
-                        row += [f"{r['time_us']:.1f}", f"{r['busbw_gbs']:.3f}"] if r else ["–", "–"]
+                        p99 = f" ({r['p99_us']:.1f})" if r and "p99_us" in r else ""
+                        row += [f"{r['time_us']:.1f}{p99}", f"{r['busbw_gbs']:.3f}"] if r else ["–", "–"]
                     for f, o in ratios:
                         rf, ro = idx.get((f, op, n, b)), idx.get((o, op, n, b))
                         row.append(f"{ro['time_us'] / rf['time_us']:.2f}×" if rf and ro else "–")
                     lines.append("| " + " | ".join(row) + " |")
         lines.append("")
-    lines.append("Times are medians over iterations on rank 0, each iteration started after a barrier; "
+    lines.append("Times are medians over iterations on rank 0, each iteration started after a barrier, "
+                 "with the 99th percentile in parentheses; "
                  "busbw in GB/s as nccl-tests; \"A vs B\" is B's time divided by A's (above 1: A is faster). "
                  "nexar is the Go `nexar bench`; nexar-py the Python package (numpy), like mpi4py and torch.")
     with open(path, "w") as f:
@@ -480,6 +493,9 @@ def main():
                 procs, why = nexar_procs(n, ops, sizes, args.timeout)
             elif s == "nexar-py":
                 procs, why = nexar_py_procs(n, ops, sizes)
+            elif s == "nexar-torch":
+                why = have_gloo() or have_nexar_torch()
+                procs = None if why else gloo_procs(n, ops, sizes, backend="nexar")
             else:
                 continue  # nexar-plain: only across namespaces
             if why:

@@ -220,6 +220,8 @@ type collCall struct {
 	ctx  context.Context
 	body func(ctx context.Context, l *link) error
 
+	claimed atomic.Bool // run begun, by start's goroutine or by Wait (runOnce)
+
 	smu   sync.Mutex     // guards the send contexts
 	sends [2]deadlineCtx // the first destinations' (most calls have one or two)
 	nsend int            // sends in use
@@ -269,6 +271,16 @@ func (cc *collCall) releaseSends() {
 	for _, s := range cc.more {
 		s.release()
 	}
+}
+
+// runOnce runs the call unless another goroutine has begun it; it reports
+// whether it ran it.
+func (cc *collCall) runOnce() bool {
+	if !cc.claimed.CompareAndSwap(false, true) {
+		return false
+	}
+	cc.run()
+	return true
 }
 
 // run performs the call (once: see Request.run) and finishes its request.

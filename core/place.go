@@ -210,3 +210,29 @@ func (c *Comm) spin(src int, done <-chan struct{}) bool {
 		}
 	}
 }
+
+// spinDone waits for done for at most the node's spinWait without
+// blocking, yielding the core between checks where the host is
+// oversubscribed (the goroutine that closes done may need it); it reports
+// whether done was closed.
+func (c *Comm) spinDone(done <-chan struct{}) bool {
+	spinFor := c.n.spinWait
+	if spinFor <= 0 {
+		return false
+	}
+	start := time.Now()
+	for i := 1; ; i++ {
+		select {
+		case <-done:
+			return true
+		default:
+		}
+		// The goroutine that closes done runs on another thread: give
+		// it the core (sched_yield; runtime.Gosched would hand this
+		// thread off through the kernel, see spin).
+		osYield()
+		if i%16 == 0 && time.Since(start) > spinFor {
+			return false
+		}
+	}
+}

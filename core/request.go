@@ -22,7 +22,11 @@ type Request struct {
 	// wait, and runs exactly once.
 	run  func()
 	coll *collCall // a collective not yet started: run by start or wait like run
-	src  int       // a receive's source (AnySource allowed), else noSource
+	// started is the collective that start handed to a goroutine: Wait
+	// runs it itself if that goroutine has not begun (runOnce), as a
+	// blocking call would. Set before the request is shared.
+	started *collCall
+	src     int // a receive's source (AnySource allowed), else noSource
 }
 
 // noSource marks requests that are not receives.
@@ -78,6 +82,15 @@ func (r *Request) Wait(ctx context.Context) error {
 		if r.src == AnySource || !r.c.spin(r.src, r.done) {
 			defer r.c.blocking(r.src)()
 		}
+	} else if r.worker && r.c != nil {
+		// A collective whose goroutine has not begun it is run here: a
+		// new goroutine waits for a thread to be woken for it, which
+		// costs more than a small collective. One running elsewhere
+		// often ends within a short spin, and waking this goroutine (an
+		// OS thread that called in from C) after it blocked costs more.
+		if cc := r.started; cc == nil || !cc.runOnce() {
+			r.c.spinDone(r.done)
+		}
 	}
 	select {
 	case <-r.done:
@@ -103,7 +116,8 @@ func (r *Request) start() *Request {
 	}
 	if cc := r.coll; cc != nil {
 		r.coll = nil
-		go cc.run()
+		r.started = cc
+		go cc.runOnce()
 	}
 	return r
 }

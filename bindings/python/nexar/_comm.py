@@ -662,6 +662,32 @@ class RawComm:
         q = _lib.irecv(buf, count, int(dtype), source, tag, self._comm._check())
         return Request(self._comm, q, [keep], recv_buf=keep)
 
+    # Collectives started in the library, returning the raw request handle:
+    # the caller keeps the memory valid until the request completes, then
+    # frees the handle (wait_raw/test_raw, free_raw). For callers that
+    # manage their own completion objects (the torch backend's Work).
+
+    def iallreduce_raw(self, send: int, recv: int, count: int, dtype: int, op: int) -> int:
+        return _lib.iallreduce(send, recv, count, dtype, op, self._comm._check())
+
+    def ibroadcast_raw(self, buf: int, count: int, dtype: int, root: int) -> int:
+        return _lib.ibroadcast(buf, count, dtype, root, self._comm._check())
+
+    @staticmethod
+    def wait_raw(h: int) -> None:
+        """Wait (GIL released, the communicator's timeout applies) for a raw
+        request; raises its nexar.Error."""
+        _lib.wait(h)
+
+    @staticmethod
+    def test_raw(h: int) -> bool:
+        """True once the raw request completed (raises its error then)."""
+        return _lib.test(h)
+
+    @staticmethod
+    def free_raw(h: int) -> None:
+        _lib.request_free(h)
+
 
 def _dt(s: Buffer, r: Buffer):
     return s.raw()[1] if s.dtype is not None else Datatype.UINT8

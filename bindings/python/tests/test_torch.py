@@ -225,3 +225,10 @@ def test_raw_entry_points_and_staging():
         c.check()
     with pytest.raises(nexar.ClosedError):
         raw.barrier()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_fast_paths(n):
+    outs = run_ranks(n, ["workers/fastpath_worker.py"], timeout=300, torchrun_env=True)
+    for r, o in enumerate(outs):
+        assert f"rank {r}: fastpath ok" in o, o

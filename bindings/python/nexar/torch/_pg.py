@@ -5,10 +5,16 @@ Design (see reference/torch-backend.md):
 - Rendezvous (_rendezvous.py) goes through the Store torch hands the
   creator; each group is one nexar.Comm, called through its raw-pointer
   entry points (Comm.raw) with tensors staged by _staging.py.
-- Collectives run in issue order on one worker thread per group (_work.py
-  WorkQueue), calling the blocking C ABI with the GIL released, so every
-  rank issues them in the same order and the caller overlaps compute with
-  communication (DDP).
+- The common case (one contiguous CPU tensor of a dtype and op libnexar
+  takes as it is: all_reduce, broadcast) starts in the library from the
+  caller's thread with the non-blocking C ABI (the Go runtime is the
+  worker) and returns a StartedWork: wait() waits in C with the GIL
+  released, and no Python thread is involved unless get_future() is asked
+  for (one Completer thread per group completes those futures).
+- Every other collective runs in issue order on one worker thread per
+  group (_work.py WorkQueue), calling the blocking C ABI with the GIL
+  released. A collective takes the fast path only while that queue is
+  idle, so every rank issues collectives in the same order.
 - Point-to-point operations are posted at once in the caller's thread with
   the non-blocking C ABI (so (source, tag) order is the program's order) and
   are waited for on a helper thread each.
@@ -29,24 +35,41 @@ import torch
 import torch.distributed as dist
 
 from .. import _comm, _errors
-from .._types import SUM, Datatype
+from .._types import AVG, BAND, BOR, BXOR, SUM, Datatype
 from ._rendezvous import rendezvous
 from ._staging import (BYTE, Reduction, Staged, bytes_cat, copy_blocks, flat_cat, nbytes, offsets,
                        op_of, tag64)
-from ._work import NexarWork, WorkQueue, complete_in_thread
+from ._work import Completer, DoneWork, NexarWork, StartedWork, WorkQueue, complete_in_thread
 
 
-def _close_at_exit(comm, queue, seed):
+def _close_at_exit(comm, queue, completer, seed):
     """Close what a group left open (weakref.finalize: at exit, or when the
     group is collected undestroyed). The communicator first, so that a
-    worker blocked in a call returns (closed), then the worker, briefly."""
+    worker blocked in a call returns (closed), then the workers, briefly."""
     try:
         comm.close()
     except Exception:  # noqa: BLE001 - nothing to report to at exit
         pass
     queue.close(timeout=5)
+    completer.close(timeout=5)
     if seed is not None:
         seed.close()
+
+
+# Tensors libnexar reduces as they are (no staging): dtype -> nexar dtype.
+_FAST_DT = {
+    torch.float32: int(Datatype.FLOAT32), torch.float64: int(Datatype.FLOAT64),
+    torch.float16: int(Datatype.FLOAT16), torch.bfloat16: int(Datatype.BFLOAT16),
+    torch.int8: int(Datatype.INT8), torch.uint8: int(Datatype.UINT8),
+    torch.int32: int(Datatype.INT32), torch.int64: int(Datatype.INT64),
+}
+_FLOAT_DT = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
+
+
+def _plain(t) -> bool:
+    """A dense, contiguous CPU tensor that libnexar can use in place."""
+    return (t.layout == torch.strided and t.device.type == "cpu" and t.is_contiguous()
+            and not t.is_conj() and not t.is_neg())
 
 __all__ = ["ProcessGroupNexar", "NexarWork"]
 
@@ -83,11 +106,12 @@ class ProcessGroupNexar(dist.ProcessGroup):
         self._closed = False
         self._coalescing: Optional[list] = None
         self._queue = WorkQueue(f"nexar-pg-{group_id or 'x'}-r{rank}")
+        self._completer = Completer(f"nexar-pg-{group_id or 'x'}-r{rank}-futures")
         # A group the program never destroyed is closed at interpreter exit,
         # before torch tears down: its peers see a goodbye at once instead
         # of waiting out the heartbeat, and no worker thread of ours is
         # still inside the library while the interpreter finalizes.
-        self._at_exit = weakref.finalize(self, _close_at_exit, self._comm, self._queue, self._seed)
+        self._at_exit = weakref.finalize(self, _close_at_exit, self._comm, self._queue, self._completer, self._seed)
 
     # ---- identity -------------------------------------------------------
     # torch keeps a group's name and description in its backends; a Python
@@ -145,6 +169,7 @@ class ProcessGroupNexar(dist.ProcessGroup):
             self._comm.close()
         except _errors.Error:
             pass
+        self._completer.close(timeout=60)  # its waits ended with the communicator
         if self._seed is not None:
             self._seed.close()
 
@@ -176,6 +201,35 @@ class ProcessGroupNexar(dist.ProcessGroup):
             self._coalescing.append(w)
         return w
 
+    def _fast(self) -> bool:
+        """Whether a collective may start in the caller's thread now: no
+        queued one is still to run (issue order) and no batch is being
+        coalesced."""
+        return not self._closed and self._coalescing is None and self._queue.idle()
+
+    def _now(self, name: str, result, call) -> NexarWork:
+        """A synchronous call (opts.asyncOp false: torch waits at once) run
+        here, in the caller's thread, with the GIL released in C: no thread
+        hand-off and no request."""
+        self._comm.check()
+        try:
+            call()
+        except _errors.Error as e:
+            return DoneWork(result, name, e)
+        return DoneWork(result, name, None)
+
+    def _started(self, name: str, result, start, keep, finish=None) -> NexarWork:
+        """A Work for an operation start() begins in the library (it returns
+        the raw request handle); an error in starting it is the Work's."""
+        self._comm.check()
+        try:
+            h = start()
+        except _errors.Error as e:
+            w = NexarWork(result, name)
+            w._complete(e)
+            return w
+        return StartedWork(result, name, self._raw, h, keep, self._completer, finish)
+
     def _root(self, opts) -> int:
         return opts.rootRank if opts is not None else 0
 
@@ -183,6 +237,15 @@ class ProcessGroupNexar(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         op, factor = op_of(opts)
         raw = self._raw
+        if len(tensors) == 1 and factor is None and self._fast():
+            t = tensors[0]
+            dt = _FAST_DT.get(t.dtype)
+            if (dt is not None and _plain(t) and (op != AVG or t.dtype in _FLOAT_DT)
+                    and (op not in (BAND, BOR, BXOR) or t.dtype not in _FLOAT_DT)):
+                a, n, o = t.data_ptr(), t.numel(), int(op)
+                if not getattr(opts, "asyncOp", True):
+                    return self._now("allreduce", tensors, lambda: raw.allreduce(a, a, n, dt, o))
+                return self._started("allreduce", tensors, lambda: raw.iallreduce_raw(a, a, n, dt, o), t)
 
         def fn():
             for t in tensors:
@@ -237,6 +300,12 @@ class ProcessGroupNexar(dist.ProcessGroup):
         root = self._root(opts)
         raw = self._raw
         me = self._rank_
+        if len(tensors) == 1 and self._fast() and _plain(tensors[0]):
+            t = tensors[0]
+            a, n = t.data_ptr(), t.numel() * t.element_size()
+            if not getattr(opts, "asyncOp", True):
+                return self._now("broadcast", tensors, lambda: raw.broadcast(a, n, BYTE, root))
+            return self._started("broadcast", tensors, lambda: raw.ibroadcast_raw(a, n, BYTE, root), t)
 
         def fn():
             for t in tensors:
@@ -438,6 +507,8 @@ class ProcessGroupNexar(dist.ProcessGroup):
 
     # ---- barrier ------------------------------------------------------------------
     def barrier(self, opts=None):
+        if not getattr(opts, "asyncOp", True) and self._fast():
+            return self._now("barrier", [], self._raw.barrier)
         return self._enqueue("barrier", [], self._raw.barrier)
 
     # ---- monitored barrier ------------------------------------------------------

@@ -1,15 +1,21 @@
 """Work objects of the "nexar" backend and the threads that complete them.
 
-NexarWork is what every ProcessGroupNexar method returns. WorkQueue runs a
-group's collectives in issue order on one thread; complete_in_thread
-completes a Work from a helper thread of its own (point-to-point, coalesced
-batches).
+NexarWork is what every ProcessGroupNexar method returns. DoneWork is a
+synchronous collective already run in the caller's thread (torch waits on
+it at once). StartedWork is an asynchronous one started in the library
+from the caller's thread (no thread hop; wait() waits in C); a group's
+Completer completes the futures of those whose get_future() was asked
+for, one thread for all.
+WorkQueue runs a group's other collectives in issue order on one thread;
+complete_in_thread completes a Work from a helper thread of its own
+(point-to-point, coalesced batches).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 import warnings
 from datetime import timedelta
 from typing import Callable, Optional
@@ -17,7 +23,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-__all__ = ["NexarWork", "WorkQueue", "complete_in_thread"]
+__all__ = ["NexarWork", "DoneWork", "StartedWork", "Completer", "WorkQueue", "complete_in_thread"]
 
 
 class NexarWork(dist.Work):
@@ -110,18 +116,228 @@ def _run(fn: Callable[[], None], work: NexarWork):
         work._complete()
 
 
+class StartedWork(NexarWork):
+    """A collective started in the library (a raw request handle) from the
+    caller's thread. wait() waits in C with the GIL released; keep holds
+    the memory the operation uses until it completes; on success finish()
+    runs (a write-back), then the Work completes. The torch Future is made
+    only when get_future() asks for it, and completed by the group's
+    Completer if the operation is still running. Safe from any thread.
+    """
+
+    def __init__(self, result, op_name: str, raw, handle: int, keep, completer: "Completer",
+                 finish: Optional[Callable[[], None]] = None):
+        dist.Work.__init__(self)
+        self._result = result
+        self._op_name = op_name
+        self._raw = raw
+        self._h = handle
+        self._keep = keep
+        self._finish = finish
+        self._completer = completer
+        self._event = threading.Event()
+        self._exc: Optional[BaseException] = None
+        self._source = -1
+        self._src = None
+        self._fut = None
+        self._wlock = threading.Lock()  # one thread in C (wait or test) on the request
+        self._lock = threading.Lock()  # completion state and the future
+
+    def _settle(self, exc: Optional[BaseException]):
+        # Once, with self._wlock held (the request is no one else's now):
+        # free the request, write back, then complete under self._lock.
+        h, self._h = self._h, 0
+        try:
+            self._raw.free_raw(h)
+        except Exception:  # noqa: BLE001 - a freed or forked handle: nothing to release
+            pass
+        if exc is None and self._finish is not None:
+            try:
+                self._finish()
+            except BaseException as e:  # noqa: BLE001 - reported as the outcome
+                exc = e
+        self._keep = self._finish = None
+        with self._lock:
+            self._exc = exc
+            self._event.set()
+            src = self._src
+        if src is not None:
+            self._resolve(src)
+
+    def _resolve(self, src):
+        try:
+            src.set_result((self._exc, self._result))
+        except Exception as e:  # a raising then() callback must not kill the waiter
+            warnings.warn(f"nexar: a callback of {self._op_name} raised: {e!r}", RuntimeWarning)
+
+    def _wait_c(self):
+        """Wait in C until the operation completes (the communicator's
+        timeout bounds it), then settle."""
+        with self._wlock:
+            if self._event.is_set():
+                return
+            try:
+                self._raw.wait_raw(self._h)
+            except BaseException as e:  # noqa: BLE001 - delivered to whoever waits
+                self._settle(e)
+            else:
+                self._settle(None)
+
+    def _poll(self) -> bool:
+        """Complete the work if the operation has; True once it has."""
+        if self._event.is_set():
+            return True
+        if not self._wlock.acquire(blocking=False):
+            return False  # another thread is waiting on it in C
+        try:
+            if self._event.is_set():
+                return True
+            try:
+                done = self._raw.test_raw(self._h)
+            except BaseException as e:  # noqa: BLE001 - delivered to whoever waits
+                self._settle(e)
+                return True
+            if done:
+                self._settle(None)
+            return done
+        finally:
+            self._wlock.release()
+
+    def wait(self, timeout=None):
+        secs = None
+        if timeout is not None:
+            secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+            if secs <= 0:  # c10d's kNoTimeout
+                secs = None
+        if secs is None:
+            self._wait_c()
+            self._event.wait()  # another thread may be settling it
+        else:
+            deadline = time.monotonic() + secs
+            pause = 20e-6
+            while not self._poll():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError(f"nexar: {self._op_name} did not complete within {timeout}")
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, 5e-3)
+            self._event.wait()
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def is_completed(self):
+        return self._poll()
+
+    def is_success(self):
+        return self._poll() and self._exc is None
+
+    def get_future(self):
+        # Made under the lock that completion takes, so the outcome reaches
+        # the future exactly once whichever comes first.
+        with self._lock:
+            if self._fut is None:
+                self._src = torch.futures.Future()
+                self._fut = self._src.then(_outcome)
+                fresh = True
+            else:
+                fresh = False
+            done, fut, src = self._event.is_set(), self._fut, self._src
+        if fresh and done:
+            self._resolve(src)
+        elif fresh:
+            self._completer.add(self)
+        return fut
+
+
+class DoneWork(NexarWork):
+    """A Work whose operation already ran, in the caller's thread (a
+    synchronous call: torch waits on it at once): exc is its error, or
+    None. The future is made only if asked for. Safe from any thread."""
+
+    def __init__(self, result, op_name: str, exc: Optional[BaseException]):
+        dist.Work.__init__(self)
+        self._result = result
+        self._op_name = op_name
+        self._exc = exc
+        self._source = -1
+        self._fut = None
+        self._event = _SET
+
+    def wait(self, timeout=None):
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def get_future(self):
+        if self._fut is None:
+            src = torch.futures.Future()
+            fut = src.then(_outcome)
+            src.set_result((self._exc, self._result))
+            self._fut = fut
+        return self._fut
+
+
+_SET = threading.Event()
+_SET.set()
+
+
+class Completer:
+    """One thread per group that waits, in issue order, for the started
+    works whose futures were asked for, and completes them (collectives
+    complete in issue order, so waiting in that order loses nothing).
+    Started on first use. add() and close() are safe from any thread."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._q: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._thread: Optional[threading.Thread] = None
+        self._mu = threading.Lock()
+
+    def add(self, work: StartedWork):
+        with self._mu:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+        self._q.put(work)
+
+    def close(self, timeout: float = 60):
+        with self._mu:
+            t = self._thread
+        if t is not None:
+            self._q.put(None)
+            t.join(timeout=timeout)
+
+    def _loop(self):
+        while True:
+            w = self._q.get()
+            if w is None:
+                return
+            w._wait_c()
+
+
 class WorkQueue:
     """One thread running submitted (fn, work) pairs in submission order;
     each work is completed with fn's outcome. submit() and close() are safe
-    from any thread."""
+    from any thread; idle() says whether nothing submitted is still to
+    run."""
 
     def __init__(self, name: str):
         self._q: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._mu = threading.Lock()
+        self._pending = 0
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, fn: Callable[[], None], work: NexarWork):
+        with self._mu:
+            self._pending += 1
         self._q.put((fn, work))
+
+    def idle(self) -> bool:
+        """True when every submitted fn has returned: an operation started
+        now elsewhere is issued after all of them."""
+        return self._pending == 0
 
     def stop(self):
         """Let the thread end after what was submitted; do not wait for it."""
@@ -138,7 +354,11 @@ class WorkQueue:
             item = q.get()
             if item is None:
                 return
-            _run(*item)
+            try:
+                _run(*item)
+            finally:
+                with self._mu:
+                    self._pending -= 1
 
 
 def complete_in_thread(name: str, fn: Callable[[], None], work: NexarWork):

@@ -348,3 +348,69 @@ func TestNewBindsNoWildcard(t *testing.T) {
 		t.Logf("not every path is shared memory (%v): TCP listener not checked", comms[0].Paths())
 	}
 }
+
+// TestRankLostBetweenJoinAndMesh: a rank that joined the seed and then died
+// before it connected to anyone (killed, or its process crashed) ends the
+// others' formation once the seed notices (its connection closed, or silent
+// for rdvIdle), with an error naming it; before, they waited for the
+// connect timeout (60 s here, 30 min under torch).
+func TestRankLostBetweenJoinAndMesh(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		die   func(l *seedLink)
+		bound time.Duration
+	}{
+		{"crashed", func(l *seedLink) { l.conn.CloseWithError(1, "crashed") }, 3 * time.Second},
+		{"silent", func(l *seedLink) { l.sock.udp.Close() }, rdvIdle + 5*time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			token := randomToken(t)
+			seed, err := StartSeed("127.0.0.1:0", 3, token)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer seed.Close()
+			addr := seed.Addr().String()
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			type res struct {
+				c   *Comm
+				err error
+				at  time.Time
+			}
+			out := make(chan res, 2)
+			for r := range 2 {
+				go func() {
+					cfg := testConfig()
+					cfg.Rank, cfg.WorldSize, cfg.Seed, cfg.Token = r, 3, addr, token
+					cfg.ConnectTimeout = 60 * time.Second
+					c, err := New(ctx, cfg)
+					out <- res{c, err, time.Now()}
+				}()
+			}
+			_, _, l, err := joinWatched(ctx, addr, token, 2, "127.0.0.1:1", [32]byte{9})
+			if err != nil {
+				t.Fatal(err)
+			}
+			died := time.Now()
+			tc.die(l)
+			for range 2 {
+				r := <-out
+				if r.c != nil {
+					r.c.Close()
+					t.Fatal("formation succeeded without rank 2")
+				}
+				took := r.at.Sub(died)
+				t.Logf("failed %v after rank 2 died: %v", took.Round(time.Millisecond), r.err)
+				var e *Error
+				if !errors.As(r.err, &e) || e.Code != CodePeerDown || e.Rank != 2 || !strings.Contains(e.Msg, "rank 2") {
+					t.Errorf("got %v, want a CodePeerDown error naming rank 2", r.err)
+				}
+				if took > tc.bound {
+					t.Errorf("formation failed %v after rank 2 died, want < %v", took, tc.bound)
+				}
+			}
+			l.sock.close()
+		})
+	}
+}

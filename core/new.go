@@ -99,20 +99,28 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 		cleanup()
 		return nil, err
 	}
-	rank, peers, err := join(ctx, cfg.Seed, cfg.Token, cfg.Rank, adv, id.Fingerprint)
+	rank, peers, sl, err := joinWatched(ctx, cfg.Seed, cfg.Token, cfg.Rank, adv, id.Fingerprint)
 	if err != nil {
 		cleanup()
 		return nil, err
 	}
+	formedOK := false
+	defer func() { sl.finish(formedOK) }()
 	nd := newNode(cfg, rank, cfg.WorldSize)
 	// A peer lost while the mesh and the data path form ends formation at
-	// once: nothing it has not sent yet will come.
+	// once: nothing it has not sent yet will come. The transport tells of
+	// peers it was connected to; the seed of those lost before that.
 	fctx, lost := context.WithCancelCause(ctx)
 	defer lost(nil)
 	down := func(peer int, err error) {
 		lost(&peerLostError{peer: peer, err: err})
 		nd.onDown(peer, err)
 	}
+	sl.watch(func(peer int, why string) {
+		if peer >= 0 && peer < cfg.WorldSize && peer != rank {
+			lost(&peerLostError{peer: peer, err: fmt.Errorf("the seed lost it: %s", why)})
+		}
+	})
 	bk, err := newBulk(cfg, rank, adv, id, peers, nd, down)
 	if err != nil {
 		cleanup()
@@ -142,11 +150,14 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 		return nil, &Error{Code: CodePeerDown, Op: "new", Rank: -1, Msg: err.Error(), Cause: err}
 	}
 	if seed != nil {
-		// Every rank has its peer table (each accepted our dial), so the
-		// seed has served its one formation: free its address now for the
-		// next job on it, e.g. a re-initialisation after Close.
-		seed.Close()
+		// The seed has served its one formation once every rank reported
+		// its mesh formed (or was lost): then it frees its address for the
+		// next job on it. Closing this communicator closes it too, e.g.
+		// for a re-initialisation after Close.
+		seed.CloseWhenSettled(cfg.ConnectTimeout)
+		closers = append(closers, seed.Close)
 	}
+	formedOK = true
 	nd.closers = closers
 	c := worldComm(nd, bk)
 	nd.start()

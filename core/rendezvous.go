@@ -21,14 +21,18 @@ import (
 
 // Rendezvous protocol (docs/wire-format.md): over QUIC with ALPN rdvALPN,
 // the joiner opens one bidirectional stream and sends a joinMsg, the seed
-// answers with one welcomeMsg once every rank has joined. Frames are a
+// answers with one welcomeMsg once every rank has joined. The joiner then
+// keeps the connection while it forms the mesh and ends it with a
+// reportMsg; a member whose connection ends without one was lost during
+// formation, and the seed tells every member still forming (noticeMsg), so
+// that they stop waiting for it. Frames are a
 // 4-byte big-endian length and a CBOR body. Both sides prove the token
 // bound to this TLS session: HMAC-SHA256(token, exporter(label)), label
 // "nexar-join" for the joiner and "nexar-seed" for the seed, so neither a
 // stranger nor a fake seed (nor a relay between the two) gets through.
 const (
 	rdvALPN      = "nexar-rdv/1"
-	rdvVersion   = 1
+	rdvVersion   = 2
 	maxJoinFrame = 4 << 10
 	maxWelcome   = 16 << 20
 	labelJoin    = "nexar-join"
@@ -62,6 +66,27 @@ type welcomeMsg struct {
 	Peers  []peerMsg `cbor:"peers"`
 	Proof  []byte    `cbor:"proof"`
 }
+
+// reportMsg ends a member's formation: OK false when it failed (it then
+// reports its own error to its caller; the others learn of it on the mesh).
+type reportMsg struct {
+	OK bool `cbor:"ok"`
+}
+
+// noticeMsg tells a member still forming that rank Lost was lost during
+// formation, and why.
+type noticeMsg struct {
+	Lost int    `cbor:"lost"`
+	Why  string `cbor:"why"`
+}
+
+// rdvIdle bounds how long a silent rendezvous connection is kept: it is how
+// long the seed takes to notice a member that died (a process that is
+// killed closes nothing) while the others form the mesh.
+const (
+	rdvIdle      = 5 * time.Second
+	rdvKeepAlive = time.Second
+)
 
 var rdvDec = func() cbor.DecMode {
 	dm, err := cbor.DecOptions{
@@ -132,9 +157,11 @@ type Seed struct {
 	wg        sync.WaitGroup
 
 	// mu guards the following fields.
-	mu      sync.Mutex
-	members []*member // in join order
-	table   []peerMsg // by rank, set when formed
+	mu         sync.Mutex
+	members    []*member     // in join order
+	table      []peerMsg     // by rank, set when formed
+	settled    int           // members that reported or were lost
+	allSettled chan struct{} // closed when settled reaches size
 }
 
 type member struct {
@@ -143,6 +170,11 @@ type member struct {
 	addr string
 	fp   []byte
 	gone chan struct{}
+
+	// After the welcome, until it reports: st carries notices to it.
+	wmu     sync.Mutex
+	st      *quic.Stream
+	settled bool // reported, or lost (guarded by Seed.mu)
 }
 
 // StartSeed listens on addr (UDP host:port) for worldSize joiners holding
@@ -173,14 +205,14 @@ func StartSeed(addr string, worldSize int, token []byte) (*Seed, error) {
 		return nil, &Error{Code: CodeInternal, Op: "seed", Rank: -1, Msg: fmt.Sprintf("listen on %s: %v", addr, err), Cause: err}
 	}
 	tr := &quic.Transport{Conn: udp}
-	ln, err := tr.Listen(tc, &quic.Config{HandshakeIdleTimeout: 10 * time.Second, MaxIdleTimeout: 30 * time.Second, KeepAlivePeriod: 5 * time.Second})
+	ln, err := tr.Listen(tc, &quic.Config{HandshakeIdleTimeout: 10 * time.Second, MaxIdleTimeout: rdvIdle, KeepAlivePeriod: rdvKeepAlive})
 	if err != nil {
 		tr.Close()
 		udp.Close()
 		return nil, &Error{Code: CodeInternal, Op: "seed", Rank: -1, Msg: fmt.Sprintf("listen on %s: %v", addr, err), Cause: err}
 	}
 	s := &Seed{ln: ln, tr: tr, udp: udp, size: worldSize, token: append([]byte(nil), token...), log: slog.Default(),
-		formed: make(chan struct{}), done: make(chan struct{})}
+		formed: make(chan struct{}), done: make(chan struct{}), allSettled: make(chan struct{})}
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s, nil
@@ -191,6 +223,25 @@ func (s *Seed) Addr() net.Addr { return s.ln.Addr() }
 
 // Formed is closed once every rank has joined.
 func (s *Seed) Formed() <-chan struct{} { return s.formed }
+
+// Settled is closed once every rank has reported the end of its mesh
+// formation or was lost during it: the seed has nothing more to do.
+func (s *Seed) Settled() <-chan struct{} { return s.allSettled }
+
+// CloseWhenSettled closes the seed once it is Settled, or after at most d.
+// It returns at once.
+func (s *Seed) CloseWhenSettled(d time.Duration) {
+	go func() {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-s.allSettled:
+		case <-t.C:
+		case <-s.done:
+		}
+		s.Close()
+	}()
+}
 
 // Close stops the seed and releases its socket and goroutines; the address
 // is free again when it returns.
@@ -290,12 +341,82 @@ func (s *Seed) serve(conn *quic.Conn) {
 	if err != nil {
 		return
 	}
+	m.wmu.Lock()
 	st.SetWriteDeadline(time.Now().Add(10 * time.Second))
-	if err := writeFrame(st, w); err != nil {
+	err = writeFrame(st, w)
+	if err == nil {
+		m.st = st
+	}
+	m.wmu.Unlock()
+	if err != nil {
+		s.lost(m, fmt.Sprintf("its connection to the seed failed: %v", err))
 		return
 	}
+	s.watch(conn, st, m)
+}
+
+// watch waits for m's report of its mesh formation; a connection that ends
+// first means m was lost while the others formed the mesh.
+func (s *Seed) watch(conn *quic.Conn, st *quic.Stream, m *member) {
+	stop := context.AfterFunc(ctxDone(s.done), func() { conn.CloseWithError(0, "seed closed") })
+	defer stop()
+	st.SetReadDeadline(time.Time{}) // the connection's idle timeout bounds it
+	var rep reportMsg
+	if err := readFrame(st, maxJoinFrame, &rep); err != nil {
+		select {
+		case <-s.done:
+			return
+		default:
+		}
+		why := "its connection to the seed ended"
+		if isTimeout(err) {
+			why = fmt.Sprintf("it was silent for %v", rdvIdle)
+		}
+		s.lost(m, fmt.Sprintf("%s before it reported the mesh formed: %v", why, err))
+		return
+	}
+	s.settle(m)
 	st.Close()
 	s.linger(conn)
+}
+
+// settle records that m reported or was lost; false if it had already.
+func (s *Seed) settle(m *member) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m.settled {
+		return false
+	}
+	m.settled = true
+	s.settled++
+	if s.settled == s.size {
+		close(s.allSettled)
+	}
+	return true
+}
+
+// lost tells every member still forming that m was lost, and why.
+func (s *Seed) lost(m *member, why string) {
+	if !s.settle(m) {
+		return
+	}
+	s.log.Warn("nexar seed: rank lost during formation", "rank", m.rank, "why", why)
+	s.mu.Lock()
+	var tell []*member
+	for _, o := range s.members {
+		if o != m && !o.settled {
+			tell = append(tell, o)
+		}
+	}
+	s.mu.Unlock()
+	for _, o := range tell {
+		o.wmu.Lock()
+		if o.st != nil {
+			o.st.SetWriteDeadline(time.Now().Add(2 * time.Second))
+			_ = writeFrame(o.st, noticeMsg{Lost: m.rank, Why: why})
+		}
+		o.wmu.Unlock()
+	}
 }
 
 // linger gives the peer a moment to read what was written before the
@@ -370,9 +491,60 @@ func (s *Seed) remove(m *member) {
 // while the seed there is an earlier job's that has already formed (this
 // rank is early for the next job on the same address).
 func join(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte) (int, []nquic.Peer, error) {
+	r, peers, sl, err := joinWatched(ctx, addr, token, rank, advertise, fp)
+	if sl != nil {
+		sl.finish(true)
+	}
+	return r, peers, err
+}
+
+// seedLink is a joiner's connection to the seed after the welcome, kept
+// while it forms the mesh: watch reports members the seed lost meanwhile,
+// finish reports the outcome and lets the connection go.
+type seedLink struct {
+	conn *quic.Conn
+	st   *quic.Stream
+	sock *dialSocket
+	once sync.Once
+}
+
+// watch calls lost (from a goroutine of its own, at most once) if the seed
+// reports a member lost during formation. It ends with finish.
+func (l *seedLink) watch(lost func(rank int, why string)) {
+	go func() {
+		var n noticeMsg
+		if err := readFrame(l.st, maxJoinFrame, &n); err == nil {
+			lost(n.Lost, n.Why)
+		}
+	}()
+}
+
+// finish reports the end of this rank's formation to the seed and closes
+// the connection in the background, once the seed had a moment to read it
+// (at most 2 s). Safe to call more than once.
+func (l *seedLink) finish(ok bool) {
+	l.once.Do(func() {
+		l.st.SetWriteDeadline(time.Now().Add(2 * time.Second))
+		_ = writeFrame(l.st, reportMsg{OK: ok})
+		l.st.Close()
+		go func() {
+			t := time.NewTimer(2 * time.Second)
+			defer t.Stop()
+			select {
+			case <-l.conn.Context().Done():
+			case <-t.C:
+			}
+			l.conn.CloseWithError(0, "")
+			l.sock.close()
+		}()
+	})
+}
+
+// joinWatched is join that keeps the connection to the seed (see seedLink).
+func joinWatched(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte) (int, []nquic.Peer, *seedLink, error) {
 	id, err := nquic.NewIdentity()
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	tc := nquic.ClientTLSConfig(id, func([32]byte) error { return nil }) // the seed proves the token instead
 	tc.NextProtos = []string{rdvALPN}
@@ -388,25 +560,36 @@ func join(ctx context.Context, addr string, token []byte, rank int, advertise st
 	}
 	for {
 		var conn *quic.Conn
+		var sock *dialSocket
 		for {
 			actx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			conn, err = quic.DialAddr(actx, addr, tc, &quic.Config{HandshakeIdleTimeout: 3 * time.Second, MaxIdleTimeout: 30 * time.Second, KeepAlivePeriod: 5 * time.Second})
+			sock, err = newDialSocket(addr)
+			if err == nil {
+				conn, err = sock.tr.Dial(actx, sock.raddr, tc, &quic.Config{HandshakeIdleTimeout: 3 * time.Second, MaxIdleTimeout: rdvIdle, KeepAlivePeriod: rdvKeepAlive})
+				if err != nil {
+					sock.close()
+				}
+			}
 			cancel()
 			if err == nil {
 				break
 			}
 			if !wait() {
-				return 0, nil, &Error{Code: CodeTimeout, Op: "rendezvous", Rank: -1,
+				return 0, nil, nil, &Error{Code: CodeTimeout, Op: "rendezvous", Rank: -1,
 					Msg: fmt.Sprintf("cannot reach the seed at %s: %v", addr, err), Cause: err}
 			}
 		}
-		r, peers, formed, err := joinOnce(ctx, conn, addr, token, rank, advertise, fp)
+		r, peers, st, formed, err := joinOnce(ctx, conn, addr, token, rank, advertise, fp)
+		if err == nil {
+			return r, peers, &seedLink{conn: conn, st: st, sock: sock}, nil
+		}
 		conn.CloseWithError(0, "")
+		sock.close()
 		if !formed {
-			return r, peers, err
+			return r, peers, nil, err
 		}
 		if !wait() {
-			return 0, nil, &Error{Code: CodeTimeout, Op: "rendezvous", Rank: -1,
+			return 0, nil, nil, &Error{Code: CodeTimeout, Op: "rendezvous", Rank: -1,
 				Msg: fmt.Sprintf("the seed at %s serves a job that had already formed, and no new one started there in time "+
 					"(an earlier job on this address still runs, or this process is one rank too many): %v", addr, err), Cause: err}
 		}
@@ -414,10 +597,11 @@ func join(ctx context.Context, addr string, token []byte, rank int, advertise st
 }
 
 // joinOnce is one attempt of join on conn; formed reports that the seed
-// refused because its job has already formed.
-func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, rank int, advertise string, fp [32]byte) (int, []nquic.Peer, bool, error) {
-	fail := func(code Code, format string, args ...any) (int, []nquic.Peer, bool, error) {
-		return 0, nil, false, &Error{Code: code, Op: "rendezvous", Rank: -1, Msg: fmt.Sprintf(format, args...)}
+// refused because its job has already formed. On success it returns the
+// stream, which the seed keeps until this rank reports (seedLink).
+func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, rank int, advertise string, fp [32]byte) (int, []nquic.Peer, *quic.Stream, bool, error) {
+	fail := func(code Code, format string, args ...any) (int, []nquic.Peer, *quic.Stream, bool, error) {
+		return 0, nil, nil, false, &Error{Code: code, Op: "rendezvous", Rank: -1, Msg: fmt.Sprintf(format, args...)}
 	}
 	st, err := conn.OpenStreamSync(ctx)
 	if err != nil {
@@ -449,8 +633,8 @@ func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, r
 		if code <= CodeOK || code >= numCodes {
 			code = CodeInternal
 		}
-		r, peers, _, err := fail(code, "seed %s refused: %s", addr, truncate(w.Err, 512))
-		return r, peers, w.Formed, err
+		r, peers, _, _, err := fail(code, "seed %s refused: %s", addr, truncate(w.Err, 512))
+		return r, peers, nil, w.Formed, err
 	}
 	want, err := proof(token, tls.ExportKeyingMaterial, labelSeed)
 	if err != nil || !hmac.Equal(want, w.Proof) {
@@ -467,7 +651,40 @@ func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, r
 		peers[i] = nquic.Peer{Rank: i, Addr: pm.Addr}
 		copy(peers[i].Fingerprint[:], pm.FP)
 	}
-	return w.Rank, peers, false, nil
+	st.SetReadDeadline(time.Time{})
+	return w.Rank, peers, st, false, nil
+}
+
+// dialSocket is the UDP socket a joiner reaches the seed from: bound to the
+// address that routes to the seed, not to every interface, and closed with
+// the connection (the connection outlives the welcome: seedLink).
+type dialSocket struct {
+	udp   *net.UDPConn
+	tr    *quic.Transport
+	raddr *net.UDPAddr
+}
+
+func newDialSocket(seed string) (*dialSocket, error) {
+	raddr, err := net.ResolveUDPAddr("udp", seed)
+	if err != nil {
+		return nil, err
+	}
+	laddr := &net.UDPAddr{}
+	if ip, err := routeTo(seed); err == nil {
+		laddr.IP = ip
+	}
+	udp, err := net.ListenUDP("udp", laddr)
+	if err != nil {
+		return nil, err
+	}
+	return &dialSocket{udp: udp, tr: &quic.Transport{Conn: udp}, raddr: raddr}, nil
+}
+
+func (d *dialSocket) close() {
+	if d != nil {
+		d.tr.Close()
+		d.udp.Close()
+	}
 }
 
 func isTimeout(err error) bool {

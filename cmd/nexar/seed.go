@@ -17,9 +17,10 @@ import (
 
 const seedSynopsis = "seed --listen ADDR --world-size N [--token-file F] [--persist]"
 
-// seedLinger is how long a stand-alone seed stays up after the job formed,
-// so every joiner reads its peer table before the seed's socket closes.
-const seedLinger = 5 * time.Second
+// seedLinger bounds how long a stand-alone seed stays up after the job
+// formed: until every rank reported its mesh formed (so that a rank lost
+// meanwhile is reported to the others), at most this long.
+const seedLinger = 60 * time.Second
 
 func cmdSeed(args []string, stderr io.Writer) error {
 	fs := newFlagSet("seed", seedSynopsis, stderr)
@@ -53,7 +54,10 @@ func cmdSeed(args []string, stderr io.Writer) error {
 		select {
 		case <-s.Formed():
 			log.Info("nexar seed: job formed", "world_size", *size)
+			// Stay until every rank reported its mesh formed (or was
+			// lost: the seed tells the others), at most seedLinger.
 			select {
+			case <-s.Settled():
 			case <-time.After(seedLinger):
 			case <-sigs:
 				s.Close()

@@ -127,6 +127,34 @@ func nxgo_exscan(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, 
 	return result(fn, x.c.Exscan(bg, x.send, x.recv, x.dt, x.op))
 }
 
+//export nxgo_iscan
+func nxgo_iscan(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
+	const fn = "nexar_iscan"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	x := prepElementwise(&a, sendbuf, recvbuf, count, dt, op, 0, false, comm)
+	a.out("req", unsafe.Pointer(req))
+	if !a.ok() {
+		return a.fail()
+	}
+	*req = newRequest(&request{r: x.c.IScan(x.send, x.recv, x.dt, x.op)})
+	return resSuccess
+}
+
+//export nxgo_iexscan
+func nxgo_iexscan(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
+	const fn = "nexar_iexscan"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	x := prepElementwise(&a, sendbuf, recvbuf, count, dt, op, 0, false, comm)
+	a.out("req", unsafe.Pointer(req))
+	if !a.ok() {
+		return a.fail()
+	}
+	*req = newRequest(&request{r: x.c.IExscan(x.send, x.recv, x.dt, x.op)})
+	return resSuccess
+}
+
 func prepBroadcast(a *args, buf unsafe.Pointer, count C.size_t, dt, root C.int, comm C.uintptr_t) (*core.Comm, []byte, collective.DType, int) {
 	c := a.comm(comm)
 	t := a.dtype(dt)
@@ -296,31 +324,86 @@ func nxgo_ireduce_scatter(sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, d
 	return resSuccess
 }
 
+// vArgs are the arguments of gather, scatter and the v-forms, as core
+// takes them (counts and displs copied into Go memory: the caller may free
+// its arrays once the call returns, even for a non-blocking one).
+type vArgs struct {
+	c                *core.Comm
+	send, recv       []byte
+	counts, displs   []int // gatherv/scatterv/allgatherv: root's (or everyone's)
+	rcounts, rdispls []int // alltoallv: the receive side
+	dt               collective.DType
+	root             int
+}
+
+// prepGather: root's recvbuf holds size*sendcount elements; in place when
+// root passes sendbuf == recvbuf.
+func prepGather(a *args, sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, dt, root C.int, comm C.uintptr_t) vArgs {
+	var x vArgs
+	x.c = a.comm(comm)
+	x.dt = a.dtype(dt)
+	if !a.ok() {
+		return x
+	}
+	x.root = a.rank("root", root, x.c.Size(), false)
+	ns := a.bytes("sendcount", sendcount, 1, x.dt)
+	if x.c.Rank() == x.root {
+		x.recv = a.buf("recvbuf", recvbuf, a.bytes("sendcount", sendcount, x.c.Size(), x.dt))
+		if !same(sendbuf, recvbuf) {
+			x.send = a.buf("sendbuf", sendbuf, ns)
+		}
+	} else {
+		x.send = a.buf("sendbuf", sendbuf, ns)
+	}
+	return x
+}
+
 //export nxgo_gather
 func nxgo_gather(sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, dt, root C.int, comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_gather"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
-	c := a.comm(comm)
-	t := a.dtype(dt)
+	x := prepGather(&a, sendbuf, recvbuf, sendcount, dt, root, comm)
 	if !a.ok() {
 		return a.fail()
 	}
-	rt := a.rank("root", root, c.Size(), false)
-	ns := a.bytes("sendcount", sendcount, 1, t)
-	var send, recv []byte
-	if c.Rank() == rt {
-		recv = a.buf("recvbuf", recvbuf, a.bytes("sendcount", sendcount, c.Size(), t))
+	return result(fn, x.c.Gather(bg, x.send, x.recv, x.dt, x.root))
+}
+
+//export nxgo_igather
+func nxgo_igather(sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, dt, root C.int, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
+	const fn = "nexar_igather"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	x := prepGather(&a, sendbuf, recvbuf, sendcount, dt, root, comm)
+	a.out("req", unsafe.Pointer(req))
+	if !a.ok() {
+		return a.fail()
+	}
+	*req = newRequest(&request{r: x.c.IGather(x.send, x.recv, x.dt, x.root)})
+	return resSuccess
+}
+
+// prepScatter: root's sendbuf holds size*recvcount elements; in place when
+// root passes sendbuf == recvbuf.
+func prepScatter(a *args, sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, dt, root C.int, comm C.uintptr_t) vArgs {
+	var x vArgs
+	x.c = a.comm(comm)
+	x.dt = a.dtype(dt)
+	if !a.ok() {
+		return x
+	}
+	x.root = a.rank("root", root, x.c.Size(), false)
+	nr := a.bytes("recvcount", recvcount, 1, x.dt)
+	if x.c.Rank() == x.root {
+		x.send = a.buf("sendbuf", sendbuf, a.bytes("recvcount", recvcount, x.c.Size(), x.dt))
 		if !same(sendbuf, recvbuf) {
-			send = a.buf("sendbuf", sendbuf, ns)
+			x.recv = a.buf("recvbuf", recvbuf, nr)
 		}
 	} else {
-		send = a.buf("sendbuf", sendbuf, ns)
+		x.recv = a.buf("recvbuf", recvbuf, nr)
 	}
-	if !a.ok() {
-		return a.fail()
-	}
-	return result(fn, c.Gather(bg, send, recv, t, rt))
+	return x
 }
 
 //export nxgo_scatter
@@ -328,26 +411,44 @@ func nxgo_scatter(sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, dt, root 
 	const fn = "nexar_scatter"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
-	c := a.comm(comm)
-	t := a.dtype(dt)
+	x := prepScatter(&a, sendbuf, recvbuf, recvcount, dt, root, comm)
 	if !a.ok() {
 		return a.fail()
 	}
-	rt := a.rank("root", root, c.Size(), false)
-	nr := a.bytes("recvcount", recvcount, 1, t)
-	var send, recv []byte
-	if c.Rank() == rt {
-		send = a.buf("sendbuf", sendbuf, a.bytes("recvcount", recvcount, c.Size(), t))
-		if !same(sendbuf, recvbuf) {
-			recv = a.buf("recvbuf", recvbuf, nr)
-		}
-	} else {
-		recv = a.buf("recvbuf", recvbuf, nr)
-	}
+	return result(fn, x.c.Scatter(bg, x.send, x.recv, x.dt, x.root))
+}
+
+//export nxgo_iscatter
+func nxgo_iscatter(sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, dt, root C.int, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
+	const fn = "nexar_iscatter"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	x := prepScatter(&a, sendbuf, recvbuf, recvcount, dt, root, comm)
+	a.out("req", unsafe.Pointer(req))
 	if !a.ok() {
 		return a.fail()
 	}
-	return result(fn, c.Scatter(bg, send, recv, t, rt))
+	*req = newRequest(&request{r: x.c.IScatter(x.send, x.recv, x.dt, x.root)})
+	return resSuccess
+}
+
+func prepAllgatherv(a *args, sendbuf unsafe.Pointer, sendcount C.size_t, recvbuf unsafe.Pointer, recvcounts, displs *C.size_t, dt C.int, comm C.uintptr_t) vArgs {
+	var x vArgs
+	x.c = a.comm(comm)
+	x.dt = a.dtype(dt)
+	if !a.ok() {
+		return x
+	}
+	x.counts = a.counts("recvcounts", recvcounts, x.c.Size())
+	x.displs = a.counts("displs", displs, x.c.Size())
+	x.recv = a.buf("recvbuf", recvbuf, a.extent("recvcounts/displs", x.counts, x.displs, x.dt))
+	if a.ok() && uint64(sendcount) != uint64(x.counts[x.c.Rank()]) {
+		a.failf(resInvalidArgument, "sendcount %d differs from recvcounts[%d] = %d", uint64(sendcount), x.c.Rank(), x.counts[x.c.Rank()])
+	}
+	if !same(sendbuf, recvbuf) {
+		x.send = a.buf("sendbuf", sendbuf, a.bytes("sendcount", sendcount, 1, x.dt))
+	}
+	return x
 }
 
 //export nxgo_allgatherv
@@ -355,25 +456,49 @@ func nxgo_allgatherv(sendbuf unsafe.Pointer, sendcount C.size_t, recvbuf unsafe.
 	const fn = "nexar_allgatherv"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
-	c := a.comm(comm)
-	t := a.dtype(dt)
+	x := prepAllgatherv(&a, sendbuf, sendcount, recvbuf, recvcounts, displs, dt, comm)
 	if !a.ok() {
 		return a.fail()
 	}
-	counts := a.counts("recvcounts", recvcounts, c.Size())
-	disp := a.counts("displs", displs, c.Size())
-	recv := a.buf("recvbuf", recvbuf, a.extent("recvcounts/displs", counts, disp, t))
-	var send []byte
-	if a.ok() && uint64(sendcount) != uint64(counts[c.Rank()]) {
-		a.failf(resInvalidArgument, "sendcount %d differs from recvcounts[%d] = %d", uint64(sendcount), c.Rank(), counts[c.Rank()])
-	}
-	if !same(sendbuf, recvbuf) {
-		send = a.buf("sendbuf", sendbuf, a.bytes("sendcount", sendcount, 1, t))
-	}
+	return result(fn, x.c.Allgatherv(bg, x.send, x.recv, x.counts, x.displs, x.dt))
+}
+
+//export nxgo_iallgatherv
+func nxgo_iallgatherv(sendbuf unsafe.Pointer, sendcount C.size_t, recvbuf unsafe.Pointer, recvcounts, displs *C.size_t, dt C.int, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
+	const fn = "nexar_iallgatherv"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	x := prepAllgatherv(&a, sendbuf, sendcount, recvbuf, recvcounts, displs, dt, comm)
+	a.out("req", unsafe.Pointer(req))
 	if !a.ok() {
 		return a.fail()
 	}
-	return result(fn, c.Allgatherv(bg, send, recv, counts, disp, t))
+	*req = newRequest(&request{r: x.c.IAllgatherv(x.send, x.recv, x.counts, x.displs, x.dt)})
+	return resSuccess
+}
+
+func prepGatherv(a *args, sendbuf unsafe.Pointer, sendcount C.size_t, recvbuf unsafe.Pointer, recvcounts, displs *C.size_t, dt, root C.int, comm C.uintptr_t) vArgs {
+	var x vArgs
+	x.c = a.comm(comm)
+	x.dt = a.dtype(dt)
+	if !a.ok() {
+		return x
+	}
+	x.root = a.rank("root", root, x.c.Size(), false)
+	inPlace := false
+	if x.c.Rank() == x.root {
+		x.counts = a.counts("recvcounts", recvcounts, x.c.Size())
+		x.displs = a.counts("displs", displs, x.c.Size())
+		x.recv = a.buf("recvbuf", recvbuf, a.extent("recvcounts/displs", x.counts, x.displs, x.dt))
+		if a.ok() && uint64(sendcount) != uint64(x.counts[x.root]) {
+			a.failf(resInvalidArgument, "sendcount %d differs from recvcounts[%d] = %d", uint64(sendcount), x.root, x.counts[x.root])
+		}
+		inPlace = same(sendbuf, recvbuf)
+	}
+	if !inPlace {
+		x.send = a.buf("sendbuf", sendbuf, a.bytes("sendcount", sendcount, 1, x.dt))
+	}
+	return x
 }
 
 //export nxgo_gatherv
@@ -381,31 +506,49 @@ func nxgo_gatherv(sendbuf unsafe.Pointer, sendcount C.size_t, recvbuf unsafe.Poi
 	const fn = "nexar_gatherv"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
-	c := a.comm(comm)
-	t := a.dtype(dt)
+	x := prepGatherv(&a, sendbuf, sendcount, recvbuf, recvcounts, displs, dt, root, comm)
 	if !a.ok() {
 		return a.fail()
 	}
-	rt := a.rank("root", root, c.Size(), false)
-	var send, recv []byte
-	var counts, disp []int
+	return result(fn, x.c.Gatherv(bg, x.send, x.recv, x.counts, x.displs, x.dt, x.root))
+}
+
+//export nxgo_igatherv
+func nxgo_igatherv(sendbuf unsafe.Pointer, sendcount C.size_t, recvbuf unsafe.Pointer, recvcounts, displs *C.size_t, dt, root C.int, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
+	const fn = "nexar_igatherv"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	x := prepGatherv(&a, sendbuf, sendcount, recvbuf, recvcounts, displs, dt, root, comm)
+	a.out("req", unsafe.Pointer(req))
+	if !a.ok() {
+		return a.fail()
+	}
+	*req = newRequest(&request{r: x.c.IGatherv(x.send, x.recv, x.counts, x.displs, x.dt, x.root)})
+	return resSuccess
+}
+
+func prepScatterv(a *args, sendbuf unsafe.Pointer, sendcounts, displs *C.size_t, recvbuf unsafe.Pointer, recvcount C.size_t, dt, root C.int, comm C.uintptr_t) vArgs {
+	var x vArgs
+	x.c = a.comm(comm)
+	x.dt = a.dtype(dt)
+	if !a.ok() {
+		return x
+	}
+	x.root = a.rank("root", root, x.c.Size(), false)
 	inPlace := false
-	if c.Rank() == rt {
-		counts = a.counts("recvcounts", recvcounts, c.Size())
-		disp = a.counts("displs", displs, c.Size())
-		recv = a.buf("recvbuf", recvbuf, a.extent("recvcounts/displs", counts, disp, t))
-		if a.ok() && uint64(sendcount) != uint64(counts[rt]) {
-			a.failf(resInvalidArgument, "sendcount %d differs from recvcounts[%d] = %d", uint64(sendcount), rt, counts[rt])
+	if x.c.Rank() == x.root {
+		x.counts = a.counts("sendcounts", sendcounts, x.c.Size())
+		x.displs = a.counts("displs", displs, x.c.Size())
+		x.send = a.buf("sendbuf", sendbuf, a.extent("sendcounts/displs", x.counts, x.displs, x.dt))
+		if a.ok() && uint64(recvcount) != uint64(x.counts[x.root]) {
+			a.failf(resInvalidArgument, "recvcount %d differs from sendcounts[%d] = %d", uint64(recvcount), x.root, x.counts[x.root])
 		}
 		inPlace = same(sendbuf, recvbuf)
 	}
 	if !inPlace {
-		send = a.buf("sendbuf", sendbuf, a.bytes("sendcount", sendcount, 1, t))
+		x.recv = a.buf("recvbuf", recvbuf, a.bytes("recvcount", recvcount, 1, x.dt))
 	}
-	if !a.ok() {
-		return a.fail()
-	}
-	return result(fn, c.Gatherv(bg, send, recv, counts, disp, t, rt))
+	return x
 }
 
 //export nxgo_scatterv
@@ -413,31 +556,44 @@ func nxgo_scatterv(sendbuf unsafe.Pointer, sendcounts, displs *C.size_t, recvbuf
 	const fn = "nexar_scatterv"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
-	c := a.comm(comm)
-	t := a.dtype(dt)
+	x := prepScatterv(&a, sendbuf, sendcounts, displs, recvbuf, recvcount, dt, root, comm)
 	if !a.ok() {
 		return a.fail()
 	}
-	rt := a.rank("root", root, c.Size(), false)
-	var send, recv []byte
-	var counts, disp []int
-	inPlace := false
-	if c.Rank() == rt {
-		counts = a.counts("sendcounts", sendcounts, c.Size())
-		disp = a.counts("displs", displs, c.Size())
-		send = a.buf("sendbuf", sendbuf, a.extent("sendcounts/displs", counts, disp, t))
-		if a.ok() && uint64(recvcount) != uint64(counts[rt]) {
-			a.failf(resInvalidArgument, "recvcount %d differs from sendcounts[%d] = %d", uint64(recvcount), rt, counts[rt])
-		}
-		inPlace = same(sendbuf, recvbuf)
-	}
-	if !inPlace {
-		recv = a.buf("recvbuf", recvbuf, a.bytes("recvcount", recvcount, 1, t))
-	}
+	return result(fn, x.c.Scatterv(bg, x.send, x.counts, x.displs, x.recv, x.dt, x.root))
+}
+
+//export nxgo_iscatterv
+func nxgo_iscatterv(sendbuf unsafe.Pointer, sendcounts, displs *C.size_t, recvbuf unsafe.Pointer, recvcount C.size_t, dt, root C.int, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
+	const fn = "nexar_iscatterv"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	x := prepScatterv(&a, sendbuf, sendcounts, displs, recvbuf, recvcount, dt, root, comm)
+	a.out("req", unsafe.Pointer(req))
 	if !a.ok() {
 		return a.fail()
 	}
-	return result(fn, c.Scatterv(bg, send, counts, disp, recv, t, rt))
+	*req = newRequest(&request{r: x.c.IScatterv(x.send, x.counts, x.displs, x.recv, x.dt, x.root)})
+	return resSuccess
+}
+
+func prepAlltoallv(a *args, sendbuf unsafe.Pointer, sendcounts, sdispls *C.size_t, recvbuf unsafe.Pointer, recvcounts, rdispls *C.size_t, dt C.int, comm C.uintptr_t) vArgs {
+	var x vArgs
+	x.c = a.comm(comm)
+	x.dt = a.dtype(dt)
+	if !a.ok() {
+		return x
+	}
+	x.counts = a.counts("sendcounts", sendcounts, x.c.Size())
+	x.displs = a.counts("sdispls", sdispls, x.c.Size())
+	x.rcounts = a.counts("recvcounts", recvcounts, x.c.Size())
+	x.rdispls = a.counts("rdispls", rdispls, x.c.Size())
+	x.send = a.buf("sendbuf", sendbuf, a.extent("sendcounts/sdispls", x.counts, x.displs, x.dt))
+	x.recv = a.buf("recvbuf", recvbuf, a.extent("recvcounts/rdispls", x.rcounts, x.rdispls, x.dt))
+	if a.ok() && same(sendbuf, recvbuf) && len(x.recv) > 0 {
+		a.failf(resInvalidArgument, "sendbuf == recvbuf: alltoallv has no in-place form")
+	}
+	return x
 }
 
 //export nxgo_alltoallv
@@ -445,24 +601,25 @@ func nxgo_alltoallv(sendbuf unsafe.Pointer, sendcounts, sdispls *C.size_t, recvb
 	const fn = "nexar_alltoallv"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
-	c := a.comm(comm)
-	t := a.dtype(dt)
+	x := prepAlltoallv(&a, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dt, comm)
 	if !a.ok() {
 		return a.fail()
 	}
-	sc := a.counts("sendcounts", sendcounts, c.Size())
-	sd := a.counts("sdispls", sdispls, c.Size())
-	rc := a.counts("recvcounts", recvcounts, c.Size())
-	rd := a.counts("rdispls", rdispls, c.Size())
-	send := a.buf("sendbuf", sendbuf, a.extent("sendcounts/sdispls", sc, sd, t))
-	recv := a.buf("recvbuf", recvbuf, a.extent("recvcounts/rdispls", rc, rd, t))
-	if a.ok() && same(sendbuf, recvbuf) && len(recv) > 0 {
-		a.failf(resInvalidArgument, "sendbuf == recvbuf: alltoallv has no in-place form")
-	}
+	return result(fn, x.c.Alltoallv(bg, x.send, x.counts, x.displs, x.recv, x.rcounts, x.rdispls, x.dt))
+}
+
+//export nxgo_ialltoallv
+func nxgo_ialltoallv(sendbuf unsafe.Pointer, sendcounts, sdispls *C.size_t, recvbuf unsafe.Pointer, recvcounts, rdispls *C.size_t, dt C.int, comm C.uintptr_t, req *C.uintptr_t) (r C.int) {
+	const fn = "nexar_ialltoallv"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	x := prepAlltoallv(&a, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dt, comm)
+	a.out("req", unsafe.Pointer(req))
 	if !a.ok() {
 		return a.fail()
 	}
-	return result(fn, c.Alltoallv(bg, send, sc, sd, recv, rc, rd, t))
+	*req = newRequest(&request{r: x.c.IAlltoallv(x.send, x.counts, x.displs, x.recv, x.rcounts, x.rdispls, x.dt)})
+	return resSuccess
 }
 
 //export nxgo_barrier

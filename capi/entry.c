@@ -299,6 +299,80 @@ nexar_result_t nexar_ibarrier(nexar_comm_t comm, nexar_request_t* req) {
     return (nexar_result_t)nxgo_ibarrier((uintptr_t)comm, (uintptr_t*)req);
 }
 
+nexar_result_t nexar_iallgatherv(const void* sendbuf, size_t sendcount, void* recvbuf,
+                                 const size_t* recvcounts, const size_t* displs,
+                                 nexar_datatype_t dt, nexar_comm_t comm, nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_iallgatherv((void*)sendbuf, sendcount, recvbuf, (size_t*)recvcounts,
+        (size_t*)displs, dt, (uintptr_t)comm, (uintptr_t*)req);
+}
+
+nexar_result_t nexar_ialltoallv(const void* sendbuf, const size_t* sendcounts,
+                                const size_t* sdispls, void* recvbuf, const size_t* recvcounts,
+                                const size_t* rdispls, nexar_datatype_t dt, nexar_comm_t comm,
+                                nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_ialltoallv((void*)sendbuf, (size_t*)sendcounts, (size_t*)sdispls,
+        recvbuf, (size_t*)recvcounts, (size_t*)rdispls, dt, (uintptr_t)comm, (uintptr_t*)req);
+}
+
+nexar_result_t nexar_igather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                             nexar_datatype_t dt, int root, nexar_comm_t comm,
+                             nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_igather((void*)sendbuf, recvbuf, sendcount, dt, root,
+        (uintptr_t)comm, (uintptr_t*)req);
+}
+
+nexar_result_t nexar_igatherv(const void* sendbuf, size_t sendcount, void* recvbuf,
+                              const size_t* recvcounts, const size_t* displs, nexar_datatype_t dt,
+                              int root, nexar_comm_t comm, nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_igatherv((void*)sendbuf, sendcount, recvbuf, (size_t*)recvcounts,
+        (size_t*)displs, dt, root, (uintptr_t)comm, (uintptr_t*)req);
+}
+
+nexar_result_t nexar_iscatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                              nexar_datatype_t dt, int root, nexar_comm_t comm,
+                              nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_iscatter((void*)sendbuf, recvbuf, recvcount, dt, root,
+        (uintptr_t)comm, (uintptr_t*)req);
+}
+
+nexar_result_t nexar_iscatterv(const void* sendbuf, const size_t* sendcounts,
+                               const size_t* displs, void* recvbuf, size_t recvcount,
+                               nexar_datatype_t dt, int root, nexar_comm_t comm,
+                               nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_iscatterv((void*)sendbuf, (size_t*)sendcounts, (size_t*)displs,
+        recvbuf, recvcount, dt, root, (uintptr_t)comm, (uintptr_t*)req);
+}
+
+nexar_result_t nexar_iscan(const void* sendbuf, void* recvbuf, size_t count, nexar_datatype_t dt,
+                           nexar_op_t op, nexar_comm_t comm, nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_iscan((void*)sendbuf, recvbuf, count, dt, op, (uintptr_t)comm,
+        (uintptr_t*)req);
+}
+
+nexar_result_t nexar_iexscan(const void* sendbuf, void* recvbuf, size_t count, nexar_datatype_t dt,
+                             nexar_op_t op, nexar_comm_t comm, nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_iexscan((void*)sendbuf, recvbuf, count, dt, op, (uintptr_t)comm,
+        (uintptr_t*)req);
+}
+
+nexar_result_t nexar_waitall(size_t count, nexar_request_t* reqs, nexar_result_t* results) {
+    GUARD("request");
+    return (nexar_result_t)nxgo_waitall(count, (uintptr_t*)reqs, (int*)results);
+}
+
+nexar_result_t nexar_testany(size_t count, nexar_request_t* reqs, size_t* index, int* done) {
+    GUARD("request");
+    return (nexar_result_t)nxgo_testany(count, (uintptr_t*)reqs, index, done);
+}
+
 nexar_result_t nexar_wait(nexar_request_t req) {
     GUARD("request");
     return (nexar_result_t)nxgo_wait((uintptr_t)req);

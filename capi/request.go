@@ -85,3 +85,102 @@ func nxgo_request_free(req C.uintptr_t) (r C.int) {
 	}
 	return resSuccess
 }
+
+// requestsOf reads count handles from reqs: nil entries for
+// NEXAR_REQUEST_NULL (skipped, as MPI_REQUEST_NULL), a failure naming the
+// first handle that is not a request.
+func (a *args) requestsOf(count C.size_t, reqs *C.uintptr_t) []*request {
+	if !a.ok() || count == 0 {
+		return nil
+	}
+	if reqs == nil {
+		a.failf(resInvalidArgument, "reqs is NULL with count %d", uint64(count))
+		return nil
+	}
+	if uint64(count) > 1<<24 {
+		a.failf(resInvalidArgument, "count %d is too large", uint64(count))
+		return nil
+	}
+	hs := unsafe.Slice(reqs, int(count))
+	out := make([]*request, len(hs))
+	for i, h := range hs {
+		if h == 0 {
+			continue
+		}
+		q, ok := requests.get(uintptr(h))
+		if !ok {
+			a.failf(resInvalidHandle, "reqs[%d] = %#x is not a valid request (never created, or freed)", i, uintptr(h))
+			return nil
+		}
+		out[i] = q
+	}
+	return out
+}
+
+//export nxgo_waitall
+func nxgo_waitall(count C.size_t, reqs *C.uintptr_t, results *C.int) (r C.int) {
+	const fn = "nexar_waitall"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	qs := a.requestsOf(count, reqs)
+	if !a.ok() {
+		return a.fail()
+	}
+	var res []C.int
+	if results != nil {
+		res = unsafe.Slice(results, len(qs))
+	}
+	first, firstErr := -1, error(nil)
+	for i, q := range qs {
+		var err error
+		if q != nil {
+			err = q.r.Wait(bg)
+		}
+		if res != nil {
+			res[i] = resultOf(err)
+			if err == nil {
+				res[i] = resSuccess
+			}
+		}
+		if err != nil && first < 0 {
+			first, firstErr = i, err
+		}
+	}
+	if first < 0 {
+		return resSuccess
+	}
+	return fail(fn, resultOf(firstErr), "reqs[%d]: %v", first, firstErr)
+}
+
+//export nxgo_testany
+func nxgo_testany(count C.size_t, reqs *C.uintptr_t, index *C.size_t, done *C.int) (r C.int) {
+	const fn = "nexar_testany"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	a.out("index", unsafe.Pointer(index))
+	a.out("done", unsafe.Pointer(done))
+	qs := a.requestsOf(count, reqs)
+	if !a.ok() {
+		return a.fail()
+	}
+	live := false
+	for i, q := range qs {
+		if q == nil {
+			continue
+		}
+		live = true
+		if ok, err := q.r.Test(); ok {
+			*index, *done = C.size_t(i), 1
+			if err != nil {
+				return fail(fn, resultOf(err), "reqs[%d]: %v", i, err)
+			}
+			return resSuccess
+		}
+	}
+	*index = count
+	*done = 0
+	if !live {
+		*done = 1 // nothing to wait for: MPI_Testany's flag with MPI_UNDEFINED
+	}
+	return resSuccess
+}

@@ -485,8 +485,11 @@ nexar_result_t nexar_barrier(nexar_comm_t comm);
  * reported at once, errors of the operation by nexar_wait/nexar_test.
  * Several operations may be in flight on one communicator and complete in
  * any order; collectives are ordered by the order of the calls that start
- * them. Buffers must stay valid and untouched until the request completes.
- * Every request must be released with nexar_request_free.
+ * them. Buffers must stay valid and untouched until the request completes;
+ * counts and displacement arrays are copied by the call and may be freed
+ * once it returns. Every request must be released with nexar_request_free.
+ * Every collective has a non-blocking form.
+ * Thread-safety: as the blocking forms.
  * --------------------------------------------------------------------- */
 
 nexar_result_t nexar_isend(const void* buf, size_t count, nexar_datatype_t dt, int peer,
@@ -509,6 +512,30 @@ nexar_result_t nexar_ireduce_scatter(const void* sendbuf, void* recvbuf, size_t 
 nexar_result_t nexar_ialltoall(const void* sendbuf, void* recvbuf, size_t count_per_peer,
                                nexar_datatype_t dt, nexar_comm_t comm, nexar_request_t* req);
 nexar_result_t nexar_ibarrier(nexar_comm_t comm, nexar_request_t* req);
+nexar_result_t nexar_iallgatherv(const void* sendbuf, size_t sendcount, void* recvbuf,
+                                 const size_t* recvcounts, const size_t* displs,
+                                 nexar_datatype_t dt, nexar_comm_t comm, nexar_request_t* req);
+nexar_result_t nexar_ialltoallv(const void* sendbuf, const size_t* sendcounts,
+                                const size_t* sdispls, void* recvbuf, const size_t* recvcounts,
+                                const size_t* rdispls, nexar_datatype_t dt, nexar_comm_t comm,
+                                nexar_request_t* req);
+nexar_result_t nexar_igather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                             nexar_datatype_t dt, int root, nexar_comm_t comm,
+                             nexar_request_t* req);
+nexar_result_t nexar_igatherv(const void* sendbuf, size_t sendcount, void* recvbuf,
+                              const size_t* recvcounts, const size_t* displs, nexar_datatype_t dt,
+                              int root, nexar_comm_t comm, nexar_request_t* req);
+nexar_result_t nexar_iscatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                              nexar_datatype_t dt, int root, nexar_comm_t comm,
+                              nexar_request_t* req);
+nexar_result_t nexar_iscatterv(const void* sendbuf, const size_t* sendcounts,
+                               const size_t* displs, void* recvbuf, size_t recvcount,
+                               nexar_datatype_t dt, int root, nexar_comm_t comm,
+                               nexar_request_t* req);
+nexar_result_t nexar_iscan(const void* sendbuf, void* recvbuf, size_t count, nexar_datatype_t dt,
+                           nexar_op_t op, nexar_comm_t comm, nexar_request_t* req);
+nexar_result_t nexar_iexscan(const void* sendbuf, void* recvbuf, size_t count, nexar_datatype_t dt,
+                             nexar_op_t op, nexar_comm_t comm, nexar_request_t* req);
 
 /* nexar_wait blocks until req completes and returns the operation's result
  * (the comm's timeout applies). Waiting again returns the same result.
@@ -526,6 +553,31 @@ nexar_result_t nexar_wait(nexar_request_t req);
  * error once done; NEXAR_ERR_INVALID_HANDLE; NEXAR_ERR_INVALID_ARGUMENT.
  * Thread-safety: as nexar_wait. */
 nexar_result_t nexar_test(nexar_request_t req, int* done);
+
+/* nexar_waitall waits for each of the count requests in reqs (as
+ * nexar_wait, in order, each under its communicator's timeout), also after
+ * one has failed. NEXAR_REQUEST_NULL entries are skipped. If results is
+ * not NULL, results[i] receives request i's result (NEXAR_SUCCESS for a
+ * skipped one). The requests stay valid until nexar_request_free.
+ * Result: NEXAR_SUCCESS if every request succeeded, else the result of the
+ * first (lowest index) that failed, whose message nexar_last_error names
+ * ("reqs[i]: ..."); NEXAR_ERR_INVALID_HANDLE (an entry that is not a
+ * request: nothing is waited for) or NEXAR_ERR_INVALID_ARGUMENT (reqs
+ * NULL with count > 0); NEXAR_ERR_FORKED.
+ * Thread-safety: as nexar_wait. */
+nexar_result_t nexar_waitall(size_t count, nexar_request_t* reqs, nexar_result_t* results);
+
+/* nexar_testany checks, without blocking and in index order, whether one
+ * of the count requests has completed: if so *index receives the lowest
+ * such index and *done 1, and the call returns that request's result.
+ * Otherwise *done is 0 and *index is count. NEXAR_REQUEST_NULL entries are
+ * skipped; when every entry is, *done is 1 and *index is count (nothing to
+ * wait for, as MPI_Testany). Requests stay valid until nexar_request_free.
+ * Args: index, done: out, non-NULL.
+ * Result: NEXAR_SUCCESS, or the completed request's error;
+ * NEXAR_ERR_INVALID_HANDLE; NEXAR_ERR_INVALID_ARGUMENT; NEXAR_ERR_FORKED.
+ * Thread-safety: as nexar_test. */
+nexar_result_t nexar_testany(size_t count, nexar_request_t* reqs, size_t* index, int* done);
 
 /* nexar_request_status stores the status of a completed receive request
  * (nexar_irecv) in *status. For other requests it stores zeros.

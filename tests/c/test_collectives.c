@@ -235,6 +235,120 @@ static void test_nonblocking(nexar_comm_t c, int r, int n) {
     free(ag), free(rsin), free(a2a), free(a2b);
 }
 
+/* The non-blocking forms of gather, scatter, scan, exscan and the v-forms,
+ * all in flight at once, against their blocking forms; then waitall and
+ * testany, with NULL entries and one failing request. */
+static void test_nonblocking_rest(nexar_comm_t c, int r, int n) {
+    enum { K = 8 };
+    size_t un = (size_t)n;
+    int root = n - 1;
+    int64_t gs[2] = {r, 100 + r}, sc1[1], scn[1], ex1[1] = {-7}, exn[1] = {-7};
+    int64_t *g1 = calloc(un * 2, 8), *gn = calloc(un * 2, 8), *ss = calloc(un * 2, 8);
+    int64_t s1[2] = {-1, -1}, sn[2] = {-1, -1};
+    for (int k = 0; k < n * 2; k++) ss[k] = 1000 + k;
+    /* v-forms: rank j contributes j+1 elements */
+    size_t *cnt = calloc(un, sizeof *cnt), *dsp = calloc(un, sizeof *dsp), tot = 0;
+    for (int j = 0; j < n; j++) cnt[j] = (size_t)j + 1, dsp[j] = tot, tot += cnt[j];
+    int64_t *vsend = calloc(tot, 8), *av1 = calloc(tot, 8), *avn = calloc(tot, 8);
+    int64_t *gv1 = calloc(tot, 8), *gvn = calloc(tot, 8), *svsrc = calloc(tot, 8);
+    int64_t sv1[64], svn[64];
+    for (size_t i = 0; i < tot; i++) svsrc[i] = 5000 + (int64_t)i;
+    for (int i = 0; i <= r; i++) vsend[i] = r * 100 + i;
+    /* alltoallv: i sends i+j+1 elements to j */
+    size_t *sc = calloc(un, sizeof *sc), *sd = calloc(un, sizeof *sd), *rc = calloc(un, sizeof *rc),
+           *rdd = calloc(un, sizeof *rdd), st = 0, rt = 0;
+    for (int j = 0; j < n; j++) {
+        sc[j] = (size_t)(r + j + 1), sd[j] = st, st += sc[j];
+        rc[j] = (size_t)(j + r + 1), rdd[j] = rt, rt += rc[j];
+    }
+    int64_t *a2s = calloc(st, 8), *a2b1 = calloc(rt, 8), *a2bn = calloc(rt, 8);
+    for (size_t i = 0; i < st; i++) a2s[i] = r * 1000 + (int64_t)i;
+
+    CK(nexar_gather(gs, g1, 2, NEXAR_INT64, root, c));
+    CK(nexar_scatter(ss, s1, 2, NEXAR_INT64, root, c));
+    CK(nexar_scan(gs, sc1, 1, NEXAR_INT64, NEXAR_SUM, c));
+    CK(nexar_exscan(gs, ex1, 1, NEXAR_INT64, NEXAR_SUM, c));
+    CK(nexar_allgatherv(vsend, cnt[r], av1, cnt, dsp, NEXAR_INT64, c));
+    CK(nexar_gatherv(vsend, cnt[r], gv1, cnt, dsp, NEXAR_INT64, root, c));
+    CK(nexar_scatterv(svsrc, cnt, dsp, sv1, cnt[r], NEXAR_INT64, root, c));
+    CK(nexar_alltoallv(a2s, sc, sd, a2b1, rc, rdd, NEXAR_INT64, c));
+
+    nexar_request_t q[K + 2];
+    int nq = 0;
+    q[nq++] = NEXAR_REQUEST_NULL;
+    CK(nexar_igather(gs, gn, 2, NEXAR_INT64, root, c, &q[nq++]));
+    CK(nexar_iscatter(ss, sn, 2, NEXAR_INT64, root, c, &q[nq++]));
+    CK(nexar_iscan(gs, scn, 1, NEXAR_INT64, NEXAR_SUM, c, &q[nq++]));
+    CK(nexar_iexscan(gs, exn, 1, NEXAR_INT64, NEXAR_SUM, c, &q[nq++]));
+    /* the arrays are copied by the call: scribbling on them after it is fine */
+    size_t *cnt2 = malloc(un * sizeof *cnt2), *dsp2 = malloc(un * sizeof *dsp2);
+    memcpy(cnt2, cnt, un * sizeof *cnt2), memcpy(dsp2, dsp, un * sizeof *dsp2);
+    CK(nexar_iallgatherv(vsend, cnt[r], avn, cnt2, dsp2, NEXAR_INT64, c, &q[nq++]));
+    memset(cnt2, 0xff, un * sizeof *cnt2), memset(dsp2, 0xff, un * sizeof *dsp2);
+    free(cnt2), free(dsp2);
+    CK(nexar_igatherv(vsend, cnt[r], gvn, cnt, dsp, NEXAR_INT64, root, c, &q[nq++]));
+    CK(nexar_iscatterv(svsrc, cnt, dsp, svn, cnt[r], NEXAR_INT64, root, c, &q[nq++]));
+    CK(nexar_ialltoallv(a2s, sc, sd, a2bn, rc, rdd, NEXAR_INT64, c, &q[nq++]));
+    q[nq++] = NEXAR_REQUEST_NULL;
+    EXPECT(nq == K + 2, "nq %d", nq);
+    /* testany sees some request done eventually (none is the NULL ones) */
+    size_t idx = 99;
+    int done = 0;
+    for (long spins = 0; !done; spins++) {
+        CK(nexar_testany((size_t)nq, q, &idx, &done));
+        EXPECT(spins < 100000000L, "testany never sees a completion");
+    }
+    EXPECT(idx >= 1 && idx <= K, "testany index %zu", idx);
+    nexar_result_t res[K + 2];
+    for (int k = 0; k < nq; k++) res[k] = (nexar_result_t)-1;
+    CK(nexar_waitall((size_t)nq, q, res));
+    for (int k = 0; k < nq; k++) EXPECT(res[k] == NEXAR_SUCCESS, "waitall res[%d]=%d", k, res[k]);
+    CK(nexar_waitall((size_t)nq, q, NULL)); /* again: the same results */
+    for (int k = 1; k <= K; k++) CK(nexar_request_free(q[k]));
+
+    if (r == root) {
+        EXPECT(memcmp(g1, gn, un * 16) == 0, "igather differs from gather");
+        EXPECT(memcmp(gv1, gvn, tot * 8) == 0, "igatherv differs from gatherv");
+    }
+    EXPECT(memcmp(s1, sn, 16) == 0 && sn[0] == 1000 + 2 * r, "iscatter");
+    EXPECT(sc1[0] == scn[0] && scn[0] == tri(r + 1), "iscan %lld", (long long)scn[0]);
+    EXPECT(ex1[0] == exn[0], "iexscan %lld vs %lld", (long long)exn[0], (long long)ex1[0]);
+    EXPECT(memcmp(av1, avn, tot * 8) == 0, "iallgatherv differs from allgatherv");
+    EXPECT(memcmp(sv1, svn, cnt[r] * 8) == 0 && svn[0] == 5000 + (int64_t)dsp[r], "iscatterv");
+    EXPECT(memcmp(a2b1, a2bn, rt * 8) == 0, "ialltoallv differs from alltoallv");
+
+    /* testany with only NULL entries: nothing to wait for */
+    nexar_request_t nulls[2] = {NEXAR_REQUEST_NULL, NEXAR_REQUEST_NULL};
+    CK(nexar_testany(2, nulls, &idx, &done));
+    EXPECT(done == 1 && idx == 2, "testany of NULLs: done %d index %zu", done, idx);
+    CK(nexar_waitall(0, NULL, NULL));
+
+    /* waitall with one failing request: a receive too small for its
+     * message (to itself). Every request is still waited for. */
+    int64_t two[2] = {7, 8}, small[1] = {0}, ok_in[2] = {0, 0};
+    nexar_request_t w[4];
+    CK(nexar_isend(two, 2, NEXAR_INT64, r, 41, c, &w[0]));
+    CK(nexar_irecv(small, 1, NEXAR_INT64, r, 41, c, &w[1]));
+    CK(nexar_isend(two, 2, NEXAR_INT64, r, 42, c, &w[2]));
+    CK(nexar_irecv(ok_in, 2, NEXAR_INT64, r, 42, c, &w[3]));
+    nexar_result_t wr[4];
+    nexar_result_t got = nexar_waitall(4, w, wr);
+    EXPECT(got == NEXAR_ERR_TRUNCATED && wr[1] == NEXAR_ERR_TRUNCATED, "waitall: %d, res[1]=%d", got, wr[1]);
+    EXPECT(wr[0] == NEXAR_SUCCESS && wr[2] == NEXAR_SUCCESS && wr[3] == NEXAR_SUCCESS,
+           "waitall res %d %d %d", wr[0], wr[2], wr[3]);
+    EXPECT(strstr(nexar_last_error(), "reqs[1]") != NULL, "waitall error names reqs[1]: %s", nexar_last_error());
+    EXPECT(ok_in[0] == 7 && ok_in[1] == 8, "the good receive completed");
+    for (int k = 0; k < 4; k++) CK(nexar_request_free(w[k]));
+    /* an entry that is not a request: nothing waited for, the index named */
+    nexar_request_t bogus[2] = {NEXAR_REQUEST_NULL, (nexar_request_t)(uintptr_t)UINTPTR_MAX};
+    EXPECT(nexar_waitall(2, bogus, NULL) == NEXAR_ERR_INVALID_HANDLE, "waitall bogus");
+    EXPECT(strstr(nexar_last_error(), "reqs[1]") != NULL, "names reqs[1]: %s", nexar_last_error());
+    EXPECT(nexar_testany(2, bogus, &idx, NULL) == NEXAR_ERR_INVALID_ARGUMENT, "testany NULL done");
+    free(g1), free(gn), free(ss), free(cnt), free(dsp), free(vsend), free(av1), free(avn);
+    free(gv1), free(gvn), free(svsrc), free(sc), free(sd), free(rc), free(rdd);
+    free(a2s), free(a2b1), free(a2bn);
+}
+
 static void run_suite(nexar_comm_t c) {
     int r, n;
     CK(nexar_comm_rank(c, &r));
@@ -246,6 +360,7 @@ static void run_suite(nexar_comm_t c) {
     test_scatter_reduce(c, r, n);
     test_p2p(c, r, n);
     test_nonblocking(c, r, n);
+    test_nonblocking_rest(c, r, n);
 }
 
 int main(void) {

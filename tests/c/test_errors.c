@@ -34,6 +34,7 @@ int main(void) {
     g_rank = rank;
     float f[4] = {1, 2, 3, 4}, g[64];
     nexar_request_t req;
+    int done_flag = 0;
     const size_t huge = SIZE_MAX / 2;
     size_t counts[64] = {0}, displs[64] = {0};
 
@@ -73,6 +74,16 @@ int main(void) {
     BAD(nexar_comm_init_from_env(NULL), ARG, "nexar_comm_init_from_env", "comm");
     BAD(nexar_ibarrier(c, NULL), ARG, "nexar_ibarrier", "req");
     BAD(nexar_iallreduce(f, g, 4, NEXAR_FLOAT32, NEXAR_SUM, c, NULL), ARG, "nexar_iallreduce", "req");
+    BAD(nexar_igather(f, g, 1, NEXAR_FLOAT32, 0, c, NULL), ARG, "nexar_igather", "req");
+    BAD(nexar_iscatter(f, g, 1, NEXAR_FLOAT32, 99, c, &req), ARG, "nexar_iscatter", "root");
+    BAD(nexar_iscan(NULL, g, 2, NEXAR_FLOAT32, NEXAR_SUM, c, &req), ARG, "nexar_iscan", "sendbuf");
+    BAD(nexar_iexscan(f, g, 2, NEXAR_FLOAT32, NEXAR_SUM, c, NULL), ARG, "nexar_iexscan", "req");
+    BAD(nexar_iallgatherv(f, 1, g, NULL, displs, NEXAR_FLOAT32, c, &req), ARG, "nexar_iallgatherv", "recvcounts");
+    BAD(nexar_igatherv(f, 1, g, counts, displs, NEXAR_FLOAT32, -2, c, &req), ARG, "nexar_igatherv", "root");
+    BAD(nexar_iscatterv(f, counts, displs, g, 0, NEXAR_FLOAT32, 0, c, NULL), ARG, "nexar_iscatterv", "req");
+    BAD(nexar_ialltoallv(f, counts, displs, g, counts, displs, NEXAR_FLOAT32, c, NULL), ARG, "nexar_ialltoallv", "req");
+    BAD(nexar_waitall(2, NULL, NULL), ARG, "nexar_waitall", "reqs");
+    BAD(nexar_testany(1, &req, NULL, &done_flag), ARG, "nexar_testany", "index");
 
     /* bad config */
     nexar_config_t cfg = NEXAR_CONFIG_INIT;

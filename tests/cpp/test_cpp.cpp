@@ -48,6 +48,35 @@ int main() {
     q1.wait();
     EXPECT(g[7] == 1.0f);
 
+    // The other non-blocking collectives, against what they must give, and
+    // test_any / wait_all over a vector of requests.
+    {
+        const int root = n - 1;
+        std::vector<std::int64_t> mine(2, r), gat(static_cast<std::size_t>(2 * n)), sca(2),
+            scn(1), src(static_cast<std::size_t>(2 * n));
+        for (std::size_t k = 0; k < src.size(); k++) src[k] = static_cast<std::int64_t>(k);
+        std::vector<std::size_t> cnt(static_cast<std::size_t>(n), 1), dsp(static_cast<std::size_t>(n));
+        for (std::size_t k = 0; k < dsp.size(); k++) dsp[k] = k;
+        std::vector<std::int64_t> agv(static_cast<std::size_t>(n));
+        std::vector<nexar::Request> reqs;
+        reqs.push_back(world.igather(mine.data(), gat.data(), 2, root));
+        reqs.push_back(world.iscatter(src.data(), sca.data(), 2, root));
+        reqs.push_back(world.iscan(mine.data(), scn.data(), 1, nexar::Op::sum));
+        reqs.push_back(world.iallgatherv(mine.data(), 1, agv.data(), cnt.data(), dsp.data()));
+        std::size_t first = reqs.size();
+        for (int spins = 0; first == reqs.size(); spins++) {
+            first = nexar::test_any(reqs);
+            EXPECT(spins < 100000000);
+        }
+        EXPECT(first < reqs.size());
+        nexar::wait_all(reqs);
+        if (r == root)
+            for (int k = 0; k < n; k++) EXPECT(gat[2 * static_cast<std::size_t>(k)] == k);
+        EXPECT(sca[0] == 2 * r && sca[1] == 2 * r + 1);
+        EXPECT(scn[0] == static_cast<std::int64_t>(r) * (r + 1) / 2);
+        for (int k = 0; k < n; k++) EXPECT(agv[static_cast<std::size_t>(k)] == k);
+    }
+
     nexar::Comm half = world.split(r % 2, r);
     EXPECT(half && half.size() == (n + 1 - r % 2) / 2);
     std::vector<std::int64_t> s(1, 1), t(1);

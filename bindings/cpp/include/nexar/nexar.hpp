@@ -185,6 +185,21 @@ private:
     nexar_request_t h_ = NEXAR_REQUEST_NULL;
 };
 
+// test_any returns the index of a request that has completed (throwing
+// its error), or reqs.size() when none has yet. Empty (moved-from or
+// released) requests are skipped.
+inline std::size_t test_any(std::vector<Request>& reqs) {
+    std::vector<nexar_request_t> hs;
+    hs.reserve(reqs.size());
+    for (const Request& r : reqs) {
+        hs.push_back(r.handle());
+    }
+    std::size_t index = reqs.size();
+    int done = 0;
+    detail::check(nexar_testany(hs.size(), hs.data(), &index, &done));
+    return done ? index : reqs.size();
+}
+
 // wait_all waits for every request, then throws the first error seen.
 inline void wait_all(std::vector<Request>& reqs) {
     std::exception_ptr first;
@@ -508,6 +523,67 @@ public:
     [[nodiscard]] Request ibarrier() {
         nexar_request_t r = NEXAR_REQUEST_NULL;
         detail::check(nexar_ibarrier(h_, &r));
+        return Request(r);
+    }
+    // The non-blocking forms of the rest take the blocking form's
+    // arguments; counts/displs arrays are copied by the call.
+    template <class T>
+    [[nodiscard]] Request iallgatherv(const T* send, std::size_t sendcount, T* recv,
+                                      const std::size_t* recvcounts, const std::size_t* displs) {
+        nexar_request_t r = NEXAR_REQUEST_NULL;
+        detail::check(nexar_iallgatherv(send, sendcount, recv, recvcounts, displs, datatype_v<T>,
+                                        h_, &r));
+        return Request(r);
+    }
+    template <class T>
+    [[nodiscard]] Request ialltoallv(const T* send, const std::size_t* sendcounts,
+                                     const std::size_t* sdispls, T* recv,
+                                     const std::size_t* recvcounts, const std::size_t* rdispls) {
+        nexar_request_t r = NEXAR_REQUEST_NULL;
+        detail::check(nexar_ialltoallv(send, sendcounts, sdispls, recv, recvcounts, rdispls,
+                                       datatype_v<T>, h_, &r));
+        return Request(r);
+    }
+    template <class T>
+    [[nodiscard]] Request igather(const T* send, T* recv, std::size_t sendcount, int root) {
+        nexar_request_t r = NEXAR_REQUEST_NULL;
+        detail::check(nexar_igather(send, recv, sendcount, datatype_v<T>, root, h_, &r));
+        return Request(r);
+    }
+    template <class T>
+    [[nodiscard]] Request igatherv(const T* send, std::size_t sendcount, T* recv,
+                                   const std::size_t* recvcounts, const std::size_t* displs,
+                                   int root) {
+        nexar_request_t r = NEXAR_REQUEST_NULL;
+        detail::check(nexar_igatherv(send, sendcount, recv, recvcounts, displs, datatype_v<T>,
+                                     root, h_, &r));
+        return Request(r);
+    }
+    template <class T>
+    [[nodiscard]] Request iscatter(const T* send, T* recv, std::size_t recvcount, int root) {
+        nexar_request_t r = NEXAR_REQUEST_NULL;
+        detail::check(nexar_iscatter(send, recv, recvcount, datatype_v<T>, root, h_, &r));
+        return Request(r);
+    }
+    template <class T>
+    [[nodiscard]] Request iscatterv(const T* send, const std::size_t* sendcounts,
+                                    const std::size_t* displs, T* recv, std::size_t recvcount,
+                                    int root) {
+        nexar_request_t r = NEXAR_REQUEST_NULL;
+        detail::check(nexar_iscatterv(send, sendcounts, displs, recv, recvcount, datatype_v<T>,
+                                      root, h_, &r));
+        return Request(r);
+    }
+    template <class T>
+    [[nodiscard]] Request iscan(const T* send, T* recv, std::size_t count, Op op) {
+        nexar_request_t r = NEXAR_REQUEST_NULL;
+        detail::check(nexar_iscan(send, recv, count, datatype_v<T>, detail::op(op), h_, &r));
+        return Request(r);
+    }
+    template <class T>
+    [[nodiscard]] Request iexscan(const T* send, T* recv, std::size_t count, Op op) {
+        nexar_request_t r = NEXAR_REQUEST_NULL;
+        detail::check(nexar_iexscan(send, recv, count, datatype_v<T>, detail::op(op), h_, &r));
         return Request(r);
     }
 

@@ -129,7 +129,38 @@ class Request:
 
     @staticmethod
     def waitall(requests: Sequence["Request"]) -> List[Optional[Status]]:
-        return [r.wait() for r in requests]
+        """Wait for every request (also after one failed), then raise the
+        first error; else the Statuses, in order."""
+        out: List[Optional[Status]] = []
+        first = None
+        for r in requests:
+            try:
+                out.append(r.wait())
+            except _errors.Error as e:
+                out.append(None)
+                first = first or e
+        if first is not None:
+            raise first
+        return out
+
+    @staticmethod
+    def testany(requests: Sequence["Request"]) -> Optional[int]:
+        """The index of a request that has completed (raising its error),
+        or None when none has yet. Completed requests are skipped only if
+        they were completed before (their handle is released)."""
+        for i, r in enumerate(requests):
+            if r.done:
+                return i
+        live = [r for r in requests if not r.done]
+        if not live:
+            return None
+        with_h = [r._h for r in live]
+        done, idx = _lib.testany(with_h)
+        if not done or idx >= len(live):
+            return None
+        q = live[idx]
+        q.test()  # completes it (frees the handle, writes back) and raises its error
+        return requests.index(q)
 
 
 class Comm:
@@ -589,6 +620,108 @@ class Comm:
     def exscan(self, sendbuf, recvbuf=None, op=Op.SUM):
         """Exclusive prefix reduction over ranks 0..rank-1; rank 0's recvbuf is left unchanged."""
         return self._reduction("exscan", _lib.exscan, sendbuf, recvbuf, op)
+
+    # ---- non-blocking forms of the rest ---------------------------------------
+    # Same arguments as the blocking calls; each returns a Request that keeps
+    # the buffers until it completes and writes the results back on success.
+
+    def _ireduction(self, name, fn, sendbuf, recvbuf, op) -> Request:
+        h = self._check()
+        s = self._in(sendbuf) if recvbuf is not None else self._out(sendbuf)
+        r = self._out(recvbuf) if recvbuf is not None else s
+        n, dt = s.typed(name)
+        if r is not s:
+            self._same(name, s, r)
+        return Request(self, fn(s.addr, r.addr, n, int(dt), self._op(op), h), [s, r] if r is not s else [s])
+
+    def iscan(self, sendbuf, recvbuf=None, op=Op.SUM) -> Request:
+        return self._ireduction("iscan", _lib.iscan, sendbuf, recvbuf, op)
+
+    def iexscan(self, sendbuf, recvbuf=None, op=Op.SUM) -> Request:
+        return self._ireduction("iexscan", _lib.iexscan, sendbuf, recvbuf, op)
+
+    def igather(self, sendbuf, recvbuf=None, root: int = 0) -> Request:
+        h = self._check()
+        if self._rank == root:
+            r = self._out(recvbuf)
+            if sendbuf is None:
+                n, dt = r.raw()
+                return Request(self, _lib.igather(r.addr, r.addr, n // self._size, int(dt), int(root), h), [r])
+            s = self._in(sendbuf)
+            self._same("igather", s, r, self._size)
+            n, dt = s.raw()
+            return Request(self, _lib.igather(s.addr, r.addr, n, int(dt), int(root), h), [s, r])
+        s = self._in(sendbuf)
+        n, dt = s.raw()
+        return Request(self, _lib.igather(s.addr, 0, n, int(dt), int(root), h), [s])
+
+    def iscatter(self, sendbuf, recvbuf, root: int = 0) -> Request:
+        h = self._check()
+        if self._rank == root:
+            if recvbuf is None:
+                s = self._out(sendbuf)
+                n, dt = s.raw()
+                return Request(self, _lib.iscatter(s.addr, s.addr, n // self._size, int(dt), int(root), h), [s])
+            s, r = self._in(sendbuf), self._out(recvbuf)
+            self._same("iscatter", r, s, self._size)
+            n, dt = r.raw()
+            return Request(self, _lib.iscatter(s.addr, r.addr, n, int(dt), int(root), h), [s, r])
+        r = self._out(recvbuf)
+        n, dt = r.raw()
+        return Request(self, _lib.iscatter(0, r.addr, n, int(dt), int(root), h), [r])
+
+    def iallgatherv(self, sendbuf, recvbuf, counts: Sequence[int], displs: Optional[Sequence[int]] = None) -> Request:
+        h = self._check()
+        r = self._out(recvbuf)
+        counts, displs = _counts_displs(counts, displs, self._size, "iallgatherv")
+        if sendbuf is None:
+            s, scount = r, counts[self._rank]
+        else:
+            s = self._in(sendbuf)
+            self._same("iallgatherv", s, r, exact=False)
+            scount = s.count
+        dt = _dt(s, r)
+        f = r.itemsize if r.dtype is None else 1
+        q = _lib.iallgatherv(s.addr, scount * f, r.addr, [c * f for c in counts], [d * f for d in displs], int(dt), h)
+        return Request(self, q, [s, r] if s is not r else [r])
+
+    def igatherv(self, sendbuf, recvbuf=None, counts=None, displs=None, root: int = 0) -> Request:
+        h = self._check()
+        s = self._in(sendbuf)
+        f = s.itemsize if s.dtype is None else 1
+        n, dt = s.raw()
+        if self._rank == root:
+            r = self._out(recvbuf)
+            self._same("igatherv", s, r, exact=False)
+            c, d = _counts_displs(counts, displs, self._size, "igatherv")
+            q = _lib.igatherv(s.addr, n, r.addr, [x * f for x in c], [x * f for x in d], int(dt), int(root), h)
+            return Request(self, q, [s, r])
+        return Request(self, _lib.igatherv(s.addr, n, 0, [], [], int(dt), int(root), h), [s])
+
+    def iscatterv(self, sendbuf, counts, displs, recvbuf, root: int = 0) -> Request:
+        h = self._check()
+        r = self._out(recvbuf)
+        n, dt = r.raw()
+        f = r.itemsize if r.dtype is None else 1
+        if self._rank == root:
+            s = self._in(sendbuf)
+            self._same("iscatterv", r, s, exact=False)
+            c, d = _counts_displs(counts, displs, self._size, "iscatterv")
+            q = _lib.iscatterv(s.addr, [x * f for x in c], [x * f for x in d], r.addr, n, int(dt), int(root), h)
+            return Request(self, q, [s, r])
+        return Request(self, _lib.iscatterv(0, [], [], r.addr, n, int(dt), int(root), h), [r])
+
+    def ialltoallv(self, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls) -> Request:
+        h = self._check()
+        s, r = self._in(sendbuf), self._out(recvbuf)
+        self._same("ialltoallv", s, r, exact=False)
+        sc, sd = _counts_displs(sendcounts, sdispls, self._size, "ialltoallv")
+        rc, rd = _counts_displs(recvcounts, rdispls, self._size, "ialltoallv")
+        dt = _dt(s, r)
+        f = s.itemsize if s.dtype is None else 1
+        q = _lib.ialltoallv(s.addr, [c * f for c in sc], [d * f for d in sd], r.addr,
+                            [c * f for c in rc], [d * f for d in rd], int(dt), h)
+        return Request(self, q, [s, r])
 
 
 class RawComm:

@@ -429,9 +429,49 @@ PYBIND11_MODULE(_nexar, m) {
         NX_START(nexar_ialltoall(P(s), P(r), n, D(dt), C(c), &q));
     });
     m.def("ibarrier", [](handle_t c) { NX_START(nexar_ibarrier(C(c), &q)); });
+    // The rest of the non-blocking collectives; libnexar copies the counts
+    // and displacements, so the vectors may go when the call returns.
+    m.def("igather", [](addr_t s, addr_t r, size_t n, int dt, int root, handle_t c) {
+        NX_START(nexar_igather(P(s), P(r), n, D(dt), root, C(c), &q));
+    });
+    m.def("iscatter", [](addr_t s, addr_t r, size_t n, int dt, int root, handle_t c) {
+        NX_START(nexar_iscatter(P(s), P(r), n, D(dt), root, C(c), &q));
+    });
+    m.def("iscan", [](addr_t s, addr_t r, size_t n, int dt, int op, handle_t c) {
+        NX_START(nexar_iscan(P(s), P(r), n, D(dt), O(op), C(c), &q));
+    });
+    m.def("iexscan", [](addr_t s, addr_t r, size_t n, int dt, int op, handle_t c) {
+        NX_START(nexar_iexscan(P(s), P(r), n, D(dt), O(op), C(c), &q));
+    });
+    m.def("iallgatherv", [](addr_t s, size_t n, addr_t r, std::vector<size_t> counts,
+                            std::vector<size_t> displs, int dt, handle_t c) {
+        NX_START(nexar_iallgatherv(P(s), n, P(r), counts.data(), displs.data(), D(dt), C(c), &q));
+    });
+    m.def("igatherv", [](addr_t s, size_t n, addr_t r, std::vector<size_t> counts,
+                         std::vector<size_t> displs, int dt, int root, handle_t c) {
+        NX_START(nexar_igatherv(P(s), n, P(r), counts.data(), displs.data(), D(dt), root, C(c), &q));
+    });
+    m.def("iscatterv", [](addr_t s, std::vector<size_t> counts, std::vector<size_t> displs, addr_t r,
+                          size_t n, int dt, int root, handle_t c) {
+        NX_START(nexar_iscatterv(P(s), counts.data(), displs.data(), P(r), n, D(dt), root, C(c), &q));
+    });
+    m.def("ialltoallv", [](addr_t s, std::vector<size_t> sc, std::vector<size_t> sd, addr_t r,
+                           std::vector<size_t> rc, std::vector<size_t> rd, int dt, handle_t c) {
+        NX_START(nexar_ialltoallv(P(s), sc.data(), sd.data(), P(r), rc.data(), rd.data(), D(dt),
+                                  C(c), &q));
+    });
 #undef NX_START
 
     m.def("wait", [](handle_t q) { NX_CALL(nexar_wait(R(q))); });
+    m.def("testany", [](std::vector<handle_t> qs) {
+        std::vector<nexar_request_t> hs;
+        hs.reserve(qs.size());
+        for (handle_t q : qs) hs.push_back(R(q));
+        size_t index = 0;
+        int done = 0;
+        NX_CALL(nexar_testany(hs.size(), hs.data(), &index, &done));
+        return py::make_tuple(done != 0, index);
+    });
     m.def("test", [](handle_t q) {
         int done = 0;
         NX_CALL(nexar_test(R(q), &done));

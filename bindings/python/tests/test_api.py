@@ -198,3 +198,10 @@ def test_start_seed_reports_the_port_it_got():
         seed.close()  # idempotent in Python; the C handle is closed once
     with pytest.raises(nexar.InvalidArgumentError, match="world_size"):
         _comm.start_seed("127.0.0.1:0", 0, b"token")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_nonblocking_every_collective(n):
+    outs = run_ranks(n, ["workers/nonblocking_worker.py"], timeout=120)
+    for r, o in enumerate(outs):
+        assert f"rank {r}: nonblocking ok" in o, o

@@ -315,16 +315,20 @@ class Comm:
             return op.value
         return int(Op(op))
 
-    def _reduction(self, name, fn, sendbuf, recvbuf, op, *extra):
+    def _reduce_start(self, name, fn, sendbuf, recvbuf, op, *extra):
+        """fn (a reduction, blocking or not) on sendbuf into recvbuf (in place
+        when None): (what fn returned, the buffers, the result object)."""
         h = self._check()
         s = self._in(sendbuf) if recvbuf is not None else self._out(sendbuf)
         r = self._out(recvbuf) if recvbuf is not None else s
         n, dt = s.typed(name)
         if r is not s:
             self._same(name, s, r)
-        fn(s.addr, r.addr, n, int(dt), self._op(op), *extra, h)
-        r.finish()
-        return r.obj
+        q = fn(s.addr, r.addr, n, int(dt), self._op(op), *extra, h)
+        return q, ([s, r] if r is not s else [s]), r.obj
+
+    def _reduction(self, name, fn, sendbuf, recvbuf, op, *extra):
+        return _finish(*self._reduce_start(name, fn, sendbuf, recvbuf, op, *extra)[1:])
 
     # ---- point-to-point -----------------------------------------------------
     def send(self, buf, dest: int, tag: int = 0):
@@ -455,22 +459,7 @@ class Comm:
     def allgatherv(self, sendbuf, recvbuf, counts: Sequence[int], displs: Optional[Sequence[int]] = None):
         """recvbuf gets counts[r] elements from rank r at element offset displs[r]
         (packed when displs is None). sendbuf None: in place."""
-        h = self._check()
-        r = self._out(recvbuf)
-        counts, displs = _counts_displs(counts, displs, self._size, "allgatherv")
-        if sendbuf is None:
-            s = r
-            scount = counts[self._rank]
-        else:
-            s = self._in(sendbuf)
-            self._same("allgatherv", s, r, exact=False)
-            scount = s.count
-        dt = _dt(s, r)
-        factor = r.itemsize if r.dtype is None else 1
-        _lib.allgatherv(s.addr, scount * factor, r.addr, [c * factor for c in counts],
-                        [d * factor for d in displs], int(dt), h)
-        r.finish()
-        return r.obj
+        return _finish(*self._allgatherv(_lib.allgatherv, sendbuf, recvbuf, counts, displs)[1:])
 
     def reduce_scatter(self, sendbuf, recvbuf=None, op=Op.SUM):
         """sendbuf holds size blocks; block r reduced over ranks goes to rank r's recvbuf.
@@ -527,91 +516,26 @@ class Comm:
     def alltoallv(self, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls):
         """sendcounts[j] elements at sdispls[j] go to rank j; recvcounts[i] elements
         from rank i land at rdispls[i]. displs None: packed."""
-        h = self._check()
-        s, r = self._in(sendbuf), self._out(recvbuf)
-        self._same("alltoallv", s, r, exact=False)
-        sc, sd = _counts_displs(sendcounts, sdispls, self._size, "alltoallv")
-        rc, rd = _counts_displs(recvcounts, rdispls, self._size, "alltoallv")
-        dt = _dt(s, r)
-        f = s.itemsize if s.dtype is None else 1
-        _lib.alltoallv(s.addr, [c * f for c in sc], [d * f for d in sd], r.addr,
-                       [c * f for c in rc], [d * f for d in rd], int(dt), h)
-        r.finish()
-        return r.obj
+        return _finish(*self._alltoallv(_lib.alltoallv, sendbuf, sendcounts, sdispls, recvbuf, recvcounts,
+                                        rdispls)[1:])
 
     def gather(self, sendbuf, recvbuf=None, root: int = 0):
         """root's recvbuf (size x sendbuf) gets every rank's sendbuf.
         On root, sendbuf None: in place (root's block already in recvbuf)."""
-        h = self._check()
-        if self._rank == root:
-            r = self._out(recvbuf)
-            if sendbuf is None:
-                n, dt = r.raw()
-                _lib.gather(r.addr, r.addr, n // self._size, int(dt), int(root), h)
-            else:
-                s = self._in(sendbuf)
-                self._same("gather", s, r, self._size)
-                n, dt = s.raw()
-                _lib.gather(s.addr, r.addr, n, int(dt), int(root), h)
-            r.finish()
-            return r.obj
-        s = self._in(sendbuf)
-        n, dt = s.raw()
-        _lib.gather(s.addr, 0, n, int(dt), int(root), h)
-        return None
+        return _finish(*self._gather(_lib.gather, sendbuf, recvbuf, root)[1:])
 
     def gatherv(self, sendbuf, recvbuf=None, counts=None, displs=None, root: int = 0):
         """root's recvbuf gets counts[r] elements from rank r at displs[r] (packed when None)."""
-        h = self._check()
-        s = self._in(sendbuf)
-        f = s.itemsize if s.dtype is None else 1
-        n, dt = s.raw()
-        if self._rank == root:
-            r = self._out(recvbuf)
-            self._same("gatherv", s, r, exact=False)
-            c, d = _counts_displs(counts, displs, self._size, "gatherv")
-            _lib.gatherv(s.addr, n, r.addr, [x * f for x in c], [x * f for x in d], int(dt), int(root), h)
-            r.finish()
-            return r.obj
-        _lib.gatherv(s.addr, n, 0, [], [], int(dt), int(root), h)
-        return None
+        return _finish(*self._gatherv(_lib.gatherv, sendbuf, recvbuf, counts, displs, root)[1:])
 
     def scatter(self, sendbuf, recvbuf, root: int = 0):
         """Block r of root's sendbuf (size x recvbuf) goes to rank r's recvbuf.
         On root, recvbuf None: in place (root's block stays in sendbuf)."""
-        h = self._check()
-        if self._rank == root:
-            s = self._in(sendbuf) if recvbuf is not None else self._out(sendbuf)
-            if recvbuf is None:
-                n, dt = s.raw()
-                _lib.scatter(s.addr, s.addr, n // self._size, int(dt), int(root), h)
-                return s.obj
-            r = self._out(recvbuf)
-            self._same("scatter", r, s, self._size)
-            n, dt = r.raw()
-            _lib.scatter(s.addr, r.addr, n, int(dt), int(root), h)
-        else:
-            r = self._out(recvbuf)
-            n, dt = r.raw()
-            _lib.scatter(0, r.addr, n, int(dt), int(root), h)
-        r.finish()
-        return r.obj
+        return _finish(*self._scatter(_lib.scatter, sendbuf, recvbuf, root)[1:])
 
     def scatterv(self, sendbuf, counts, displs, recvbuf, root: int = 0):
         """counts[r] elements at displs[r] of root's sendbuf go to rank r's recvbuf."""
-        h = self._check()
-        r = self._out(recvbuf)
-        n, dt = r.raw()
-        f = r.itemsize if r.dtype is None else 1
-        if self._rank == root:
-            s = self._in(sendbuf)
-            self._same("scatterv", r, s, exact=False)
-            c, d = _counts_displs(counts, displs, self._size, "scatterv")
-            _lib.scatterv(s.addr, [x * f for x in c], [x * f for x in d], r.addr, n, int(dt), int(root), h)
-        else:
-            _lib.scatterv(0, [], [], r.addr, n, int(dt), int(root), h)
-        r.finish()
-        return r.obj
+        return _finish(*self._scatterv(_lib.scatterv, sendbuf, counts, displs, recvbuf, root)[1:])
 
     def scan(self, sendbuf, recvbuf=None, op=Op.SUM):
         """Inclusive prefix reduction over ranks 0..rank (in place when recvbuf is None)."""
@@ -625,104 +549,119 @@ class Comm:
     # Same arguments as the blocking calls; each returns a Request that keeps
     # the buffers until it completes and writes the results back on success.
 
-    def _ireduction(self, name, fn, sendbuf, recvbuf, op) -> Request:
-        h = self._check()
-        s = self._in(sendbuf) if recvbuf is not None else self._out(sendbuf)
-        r = self._out(recvbuf) if recvbuf is not None else s
-        n, dt = s.typed(name)
-        if r is not s:
-            self._same(name, s, r)
-        return Request(self, fn(s.addr, r.addr, n, int(dt), self._op(op), h), [s, r] if r is not s else [s])
-
     def iscan(self, sendbuf, recvbuf=None, op=Op.SUM) -> Request:
-        return self._ireduction("iscan", _lib.iscan, sendbuf, recvbuf, op)
+        return Request(self, *self._reduce_start("iscan", _lib.iscan, sendbuf, recvbuf, op)[:2])
 
     def iexscan(self, sendbuf, recvbuf=None, op=Op.SUM) -> Request:
-        return self._ireduction("iexscan", _lib.iexscan, sendbuf, recvbuf, op)
+        return Request(self, *self._reduce_start("iexscan", _lib.iexscan, sendbuf, recvbuf, op)[:2])
 
     def igather(self, sendbuf, recvbuf=None, root: int = 0) -> Request:
+        return Request(self, *self._gather(_lib.igather, sendbuf, recvbuf, root)[:2])
+
+    def iscatter(self, sendbuf, recvbuf, root: int = 0) -> Request:
+        return Request(self, *self._scatter(_lib.iscatter, sendbuf, recvbuf, root)[:2])
+
+    def iallgatherv(self, sendbuf, recvbuf, counts: Sequence[int], displs: Optional[Sequence[int]] = None) -> Request:
+        return Request(self, *self._allgatherv(_lib.iallgatherv, sendbuf, recvbuf, counts, displs)[:2])
+
+    def igatherv(self, sendbuf, recvbuf=None, counts=None, displs=None, root: int = 0) -> Request:
+        return Request(self, *self._gatherv(_lib.igatherv, sendbuf, recvbuf, counts, displs, root)[:2])
+
+    def iscatterv(self, sendbuf, counts, displs, recvbuf, root: int = 0) -> Request:
+        return Request(self, *self._scatterv(_lib.iscatterv, sendbuf, counts, displs, recvbuf, root)[:2])
+
+    def ialltoallv(self, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls) -> Request:
+        return Request(self, *self._alltoallv(_lib.ialltoallv, sendbuf, sendcounts, sdispls, recvbuf, recvcounts,
+                                              rdispls)[:2])
+
+    # Each _X prepares collective X and calls fn, the blocking libnexar call
+    # or its non-blocking form (the two take the same arguments), and returns
+    # (what fn returned, the buffers the call uses, the object the blocking
+    # call returns). The blocking call then finishes the buffers (_finish);
+    # the non-blocking one hands them to its Request.
+
+    def _gather(self, fn, sendbuf, recvbuf, root):
         h = self._check()
         if self._rank == root:
             r = self._out(recvbuf)
             if sendbuf is None:
                 n, dt = r.raw()
-                return Request(self, _lib.igather(r.addr, r.addr, n // self._size, int(dt), int(root), h), [r])
+                return fn(r.addr, r.addr, n // self._size, int(dt), int(root), h), [r], r.obj
             s = self._in(sendbuf)
-            self._same("igather", s, r, self._size)
+            self._same("gather", s, r, self._size)
             n, dt = s.raw()
-            return Request(self, _lib.igather(s.addr, r.addr, n, int(dt), int(root), h), [s, r])
+            return fn(s.addr, r.addr, n, int(dt), int(root), h), [s, r], r.obj
         s = self._in(sendbuf)
         n, dt = s.raw()
-        return Request(self, _lib.igather(s.addr, 0, n, int(dt), int(root), h), [s])
+        return fn(s.addr, 0, n, int(dt), int(root), h), [s], None
 
-    def iscatter(self, sendbuf, recvbuf, root: int = 0) -> Request:
+    def _scatter(self, fn, sendbuf, recvbuf, root):
         h = self._check()
         if self._rank == root:
             if recvbuf is None:
                 s = self._out(sendbuf)
                 n, dt = s.raw()
-                return Request(self, _lib.iscatter(s.addr, s.addr, n // self._size, int(dt), int(root), h), [s])
+                return fn(s.addr, s.addr, n // self._size, int(dt), int(root), h), [s], s.obj
             s, r = self._in(sendbuf), self._out(recvbuf)
-            self._same("iscatter", r, s, self._size)
+            self._same("scatter", r, s, self._size)
             n, dt = r.raw()
-            return Request(self, _lib.iscatter(s.addr, r.addr, n, int(dt), int(root), h), [s, r])
+            return fn(s.addr, r.addr, n, int(dt), int(root), h), [s, r], r.obj
         r = self._out(recvbuf)
         n, dt = r.raw()
-        return Request(self, _lib.iscatter(0, r.addr, n, int(dt), int(root), h), [r])
+        return fn(0, r.addr, n, int(dt), int(root), h), [r], r.obj
 
-    def iallgatherv(self, sendbuf, recvbuf, counts: Sequence[int], displs: Optional[Sequence[int]] = None) -> Request:
+    def _allgatherv(self, fn, sendbuf, recvbuf, counts, displs):
         h = self._check()
         r = self._out(recvbuf)
-        counts, displs = _counts_displs(counts, displs, self._size, "iallgatherv")
+        counts, displs = _counts_displs(counts, displs, self._size, "allgatherv")
         if sendbuf is None:
             s, scount = r, counts[self._rank]
         else:
             s = self._in(sendbuf)
-            self._same("iallgatherv", s, r, exact=False)
+            self._same("allgatherv", s, r, exact=False)
             scount = s.count
         dt = _dt(s, r)
         f = r.itemsize if r.dtype is None else 1
-        q = _lib.iallgatherv(s.addr, scount * f, r.addr, [c * f for c in counts], [d * f for d in displs], int(dt), h)
-        return Request(self, q, [s, r] if s is not r else [r])
+        q = fn(s.addr, scount * f, r.addr, [c * f for c in counts], [d * f for d in displs], int(dt), h)
+        return q, ([s, r] if s is not r else [r]), r.obj
 
-    def igatherv(self, sendbuf, recvbuf=None, counts=None, displs=None, root: int = 0) -> Request:
+    def _gatherv(self, fn, sendbuf, recvbuf, counts, displs, root):
         h = self._check()
         s = self._in(sendbuf)
         f = s.itemsize if s.dtype is None else 1
         n, dt = s.raw()
         if self._rank == root:
             r = self._out(recvbuf)
-            self._same("igatherv", s, r, exact=False)
-            c, d = _counts_displs(counts, displs, self._size, "igatherv")
-            q = _lib.igatherv(s.addr, n, r.addr, [x * f for x in c], [x * f for x in d], int(dt), int(root), h)
-            return Request(self, q, [s, r])
-        return Request(self, _lib.igatherv(s.addr, n, 0, [], [], int(dt), int(root), h), [s])
+            self._same("gatherv", s, r, exact=False)
+            c, d = _counts_displs(counts, displs, self._size, "gatherv")
+            q = fn(s.addr, n, r.addr, [x * f for x in c], [x * f for x in d], int(dt), int(root), h)
+            return q, [s, r], r.obj
+        return fn(s.addr, n, 0, [], [], int(dt), int(root), h), [s], None
 
-    def iscatterv(self, sendbuf, counts, displs, recvbuf, root: int = 0) -> Request:
+    def _scatterv(self, fn, sendbuf, counts, displs, recvbuf, root):
         h = self._check()
         r = self._out(recvbuf)
         n, dt = r.raw()
         f = r.itemsize if r.dtype is None else 1
         if self._rank == root:
             s = self._in(sendbuf)
-            self._same("iscatterv", r, s, exact=False)
-            c, d = _counts_displs(counts, displs, self._size, "iscatterv")
-            q = _lib.iscatterv(s.addr, [x * f for x in c], [x * f for x in d], r.addr, n, int(dt), int(root), h)
-            return Request(self, q, [s, r])
-        return Request(self, _lib.iscatterv(0, [], [], r.addr, n, int(dt), int(root), h), [r])
+            self._same("scatterv", r, s, exact=False)
+            c, d = _counts_displs(counts, displs, self._size, "scatterv")
+            q = fn(s.addr, [x * f for x in c], [x * f for x in d], r.addr, n, int(dt), int(root), h)
+            return q, [s, r], r.obj
+        return fn(0, [], [], r.addr, n, int(dt), int(root), h), [r], r.obj
 
-    def ialltoallv(self, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls) -> Request:
+    def _alltoallv(self, fn, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls):
         h = self._check()
         s, r = self._in(sendbuf), self._out(recvbuf)
-        self._same("ialltoallv", s, r, exact=False)
-        sc, sd = _counts_displs(sendcounts, sdispls, self._size, "ialltoallv")
-        rc, rd = _counts_displs(recvcounts, rdispls, self._size, "ialltoallv")
+        self._same("alltoallv", s, r, exact=False)
+        sc, sd = _counts_displs(sendcounts, sdispls, self._size, "alltoallv")
+        rc, rd = _counts_displs(recvcounts, rdispls, self._size, "alltoallv")
         dt = _dt(s, r)
         f = s.itemsize if s.dtype is None else 1
-        q = _lib.ialltoallv(s.addr, [c * f for c in sc], [d * f for d in sd], r.addr,
-                            [c * f for c in rc], [d * f for d in rd], int(dt), h)
-        return Request(self, q, [s, r])
-
+        q = fn(s.addr, [c * f for c in sc], [d * f for d in sd], r.addr, [c * f for c in rc], [d * f for d in rd],
+               int(dt), h)
+        return q, [s, r], r.obj
 
 class RawComm:
     """Raw-pointer entry points of a Comm, for bindings that prepare their
@@ -820,6 +759,13 @@ class RawComm:
     @staticmethod
     def free_raw(h: int) -> None:
         _lib.request_free(h)
+
+
+def _finish(bufs: Sequence[Buffer], out):
+    """Write back what a blocking call produced; return its result object."""
+    for b in bufs:
+        b.finish()
+    return out
 
 
 def _dt(s: Buffer, r: Buffer):

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/nexar-go/nexar/transport"
-	"github.com/nexar-go/nexar/transport/mem"
 )
 
 // laneRecorder is a mem endpoint that declares the LaneData path to the
@@ -42,21 +41,16 @@ func (l *laneRecorder) Send(ctx context.Context, peer int, lane transport.Lane, 
 // every pair at Close, and the CPU it took starved heartbeats into false
 // "no heartbeat" failures of the ranks still closing.
 func TestByeSkipsUnusedDataPath(t *testing.T) {
-	const n = 3
-	cfg := Config{}.withDefaults()
-	nodes := make([]*node, n)
-	hs := make([]transport.Handler, n)
-	ds := make([]transport.DownHandler, n)
-	for i := range nodes {
-		nodes[i] = newNode(cfg, i, n)
-		hs[i] = nodes[i].handle
-		ds[i] = nodes[i].onDown
-	}
-	eps := mem.NewMesh(n, hs, ds)
-	rec := &laneRecorder{DataPath: eps[0], unused: map[int]bool{2: true}, byes: map[int]transport.Lane{}}
-	comms := []*Comm{worldComm(nodes[0], rec), worldComm(nodes[1], eps[1]), worldComm(nodes[2], eps[2])}
-	for _, nd := range nodes {
-		nd.start()
+	rec := &laneRecorder{unused: map[int]bool{2: true}, byes: map[int]transport.Lane{}}
+	comms, err := newLocalWrapped(3, Config{}, func(i int, ep transport.DataPath) transport.DataPath {
+		if i != 0 {
+			return ep
+		}
+		rec.DataPath = ep
+		return rec
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	mustAll(t, each(comms, func(c *Comm) error { return c.Barrier(context.Background()) }))
 	closeAll(t, comms)

@@ -135,6 +135,12 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 // in-memory transport; element i is rank i. cfg's Rank, WorldSize, Seed and
 // Token are ignored.
 func NewLocal(n int, cfg Config) ([]*Comm, error) {
+	return newLocalWrapped(n, cfg, nil)
+}
+
+// newLocalWrapped is NewLocal whose rank i drives wrap(i, its endpoint) when wrap
+// is not nil (tests put a recording or failing path there).
+func newLocalWrapped(n int, cfg Config, wrap func(int, transport.DataPath) transport.DataPath) ([]*Comm, error) {
 	if n < 1 {
 		return nil, invalidArg("new", "world size %d must be >= 1", n)
 	}
@@ -153,7 +159,11 @@ func NewLocal(n int, cfg Config) ([]*Comm, error) {
 	eps := mem.NewMesh(n, hs, ds)
 	comms := make([]*Comm, n)
 	for i, nd := range nodes {
-		comms[i] = worldComm(nd, eps[i])
+		ep := eps[i]
+		if wrap != nil {
+			ep = wrap(i, ep)
+		}
+		comms[i] = worldComm(nd, ep)
 	}
 	for _, nd := range nodes {
 		nd.start()

@@ -59,11 +59,7 @@ class NexarWork(dist.Work):
             self._event.set()
 
     def wait(self, timeout=None):
-        secs = None
-        if timeout is not None:
-            secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-            if secs <= 0:  # c10d's kNoTimeout
-                secs = None
+        secs = _seconds(timeout)
         if not self._event.wait(secs):
             raise RuntimeError(f"nexar: {self._op_name} did not complete within {timeout}")
         if self._exc is not None:
@@ -94,6 +90,15 @@ class NexarWork(dist.Work):
 
     def synchronize(self):
         self.wait()
+
+
+def _seconds(timeout) -> Optional[float]:
+    """A Work.wait timeout (timedelta or seconds) in seconds; None for none
+    (also c10d's kNoTimeout, which is zero)."""
+    if timeout is None:
+        return None
+    secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    return secs if secs > 0 else None
 
 
 def _outcome(src):
@@ -204,11 +209,7 @@ class StartedWork(NexarWork):
             self._wlock.release()
 
     def wait(self, timeout=None):
-        secs = None
-        if timeout is not None:
-            secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-            if secs <= 0:  # c10d's kNoTimeout
-                secs = None
+        secs = _seconds(timeout)
         if secs is None:
             self._wait_c()
             self._event.wait()  # another thread may be settling it

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/nexar-go/nexar/transport"
 	nquic "github.com/nexar-go/nexar/transport/quic"
@@ -116,9 +117,12 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 		lost(&peerLostError{peer: peer, err: err})
 		nd.onDown(peer, err)
 	}
+	seedLost := make(chan *peerLostError, 1)
 	sl.watch(func(peer int, why string) {
 		if peer >= 0 && peer < cfg.WorldSize && peer != rank {
-			lost(&peerLostError{peer: peer, err: fmt.Errorf("the seed lost it: %s", why)})
+			pl := &peerLostError{peer: peer, err: fmt.Errorf("the seed lost it: %s", why)}
+			seedLost <- pl
+			lost(pl)
 		}
 	})
 	bk, err := newBulk(cfg, rank, adv, id, peers, nd, down)
@@ -140,6 +144,19 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 		// Also when Start got every answer before the loss: the peer
 		// is gone before the job could be used.
 		err = pl
+		if errors.Is(pl.err, transport.ErrPeerClosed) {
+			// A peer that left on purpose while the job formed most
+			// likely heard from the seed that another was lost; the
+			// same notice is on its way here: name that rank.
+			t := time.NewTimer(formationNoticeGrace)
+			select {
+			case first := <-seedLost:
+				err = first
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+		}
 	}
 	if err != nil {
 		bk.Close()
@@ -163,6 +180,10 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 	nd.start()
 	return c, nil
 }
+
+// formationNoticeGrace bounds how long a rank whose formation ended because
+// a peer closed waits for the seed's notice of the loss that made it leave.
+const formationNoticeGrace = time.Second
 
 // peerLostError is why formation ended early: a peer closed or was lost.
 type peerLostError struct {

@@ -142,3 +142,29 @@ func TestNonBlocking(t *testing.T) {
 		return bar.Wait(context.Background())
 	}))
 }
+
+// TestWaitDeadlineOnCollective: a non-blocking collective waited on with a
+// caller's deadline must end the wait at that deadline (CodeTimeout, the
+// operation still pending), not run the operation in the waiter until the
+// communicator's timeout; waited on again later, it completes.
+func TestWaitDeadlineOnCollective(t *testing.T) {
+	comms := newLocal(t, 2)
+	buf := make([]byte, 8)
+	req := comms[0].IAllreduce(nil, buf, collective.Int64, collective.Sum)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := req.Wait(ctx)
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("Wait with a 200 ms deadline returned after %v", took)
+	}
+	if CodeOf(err) != CodeTimeout {
+		t.Fatalf("Wait: %v, want CodeTimeout", err)
+	}
+	if err := comms[1].Allreduce(context.Background(), nil, make([]byte, 8), collective.Int64, collective.Sum); err != nil {
+		t.Fatal(err)
+	}
+	if err := req.Wait(context.Background()); err != nil {
+		t.Fatalf("the pending allreduce then: %v", err)
+	}
+}

@@ -72,6 +72,10 @@ func (r *Request) Wait(ctx context.Context) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	// Only a wait that nothing but the communicator's timeout bounds may
+	// run the operation itself (which the same timeout bounds): a caller's
+	// deadline or cancellation must end the wait, not the operation.
+	mayRun := ctx.Done() == nil
 	if _, ok := ctx.Deadline(); !ok && r.c != nil {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, r.c.cfg.Timeout)
@@ -88,7 +92,7 @@ func (r *Request) Wait(ctx context.Context) error {
 		// costs more than a small collective. One running elsewhere
 		// often ends within a short spin, and waking this goroutine (an
 		// OS thread that called in from C) after it blocked costs more.
-		if cc := r.started; cc == nil || !cc.runOnce() {
+		if cc := r.started; cc == nil || !mayRun || !cc.runOnce() {
 			r.c.spinDone(r.done)
 		}
 	}

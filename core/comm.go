@@ -322,9 +322,14 @@ func (c *Comm) lostWhileStalledLocked(w int, stalled time.Duration, why error) {
 	if !ok {
 		return
 	}
-	c.failLocked(&Error{Code: CodePeerDown, Op: "comm", Rank: c.rank, Cause: why,
-		Msg: fmt.Sprintf("this rank (%d) was stopped or stalled for %v (heartbeat timeout %v), so the others have probably declared it unreachable; it then lost %s (%v)",
-			c.rank, stalled.Round(100*time.Millisecond), c.cfg.HeartbeatTimeout, lost, why)})
+	c.failLocked(&Error{Code: CodePeerDown, Op: "comm", Rank: c.rank, Cause: why, Msg: c.stalledMsg(stalled, lost, why)})
+}
+
+// stalledMsg says that this rank was stopped or stalled for stalled, and
+// then lost member lost (why).
+func (c *Comm) stalledMsg(stalled time.Duration, lost string, why error) string {
+	return fmt.Sprintf("this rank (%d) was stopped or stalled for %v (heartbeat timeout %v), so the others have probably declared it unreachable; it then lost %s (%v)",
+		c.rank, stalled.Round(100*time.Millisecond), c.cfg.HeartbeatTimeout, lost, why)
 }
 
 // liveMemberNameLocked names world rank w as a rank of c ("rank 1", or

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nexar-go/nexar/transport"
 )
@@ -33,6 +34,17 @@ func (c *Comm) opError(op string, ctx context.Context, err error) error {
 			e := withOp(c.departedError(r), op).(*Error)
 			e.Cause = err
 			return e
+		}
+		if stalled := c.n.stalledFor(time.Now()); stalled > 0 {
+			// The transport's error can beat the detector here: after a
+			// stop, the peers closed this rank's connections.
+			c.mu.Lock()
+			lost, ok := c.liveMemberNameLocked(pd.Peer)
+			c.mu.Unlock()
+			if !ok {
+				lost = fmt.Sprintf("rank %d", r)
+			}
+			return &Error{Code: CodePeerDown, Op: op, Rank: c.rank, Cause: err, Msg: c.stalledMsg(stalled, lost, pd.Cause)}
 		}
 		return &Error{Code: CodePeerDown, Op: op, Rank: r, Msg: fmt.Sprintf("rank %d is unreachable: %v", r, pd.Cause), Cause: err}
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded):

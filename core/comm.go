@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nexar-go/nexar/core/internal/match"
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/mem"
 )
@@ -52,12 +53,9 @@ type Comm struct {
 	nextSeq    uint64
 	mySig      map[uint64]signature // own calls not completed yet
 	remoteSig  map[uint64]remoteSig // signatures seen for calls not made here yet
-	coll       map[collKey]*inMsg
-	posted     []*p2pRecv
-	unexpected []*inMsg
-	cur        []*inMsg        // p2p message in progress per source
-	sendTail   []chan struct{} // per peer: done when the previous p2p send finished
-	unfinished map[uint64]bool // collectives started here and not completed successfully
+	match      *match.Engine        // matching of inbound messages and receives; settleLocked acts on its completions
+	sendTail   []chan struct{}      // per peer: done when the previous p2p send finished
+	unfinished map[uint64]bool      // collectives started here and not completed successfully
 	gone       map[int]departure
 	fwd        *Error     // the failure a member's goodbye reported, to report in ours
 	collLimit  uint64     // collectives from this seq on can never complete (a member left)
@@ -78,37 +76,6 @@ type remoteSig struct {
 	from int
 }
 
-type collKey struct {
-	src  int
-	seq  uint64
-	step uint32
-}
-
-// inMsg is one inbound message (collective or p2p), buffered or matched.
-type inMsg struct {
-	src      int
-	tag      uint64
-	total    int
-	got      int
-	chunks   [][]byte      // held while unmatched
-	held     int64         // bytes of chunks accounted in node.buffered
-	buf      []byte        // matched destination (collective)
-	recv     *p2pRecv      // matched destination (p2p)
-	done     chan struct{} // collective: closed when a matched message is complete
-	err      error
-	complete bool // p2p: all chunks arrived
-	filling  bool // the transport is writing a placed chunk into buf
-}
-
-type p2pRecv struct {
-	src    int
-	tag    uint64
-	buf    []byte
-	req    *Request
-	msg    *inMsg
-	cancel bool
-}
-
 func newComm(n *node, id uint64, rank int, world []int) *Comm {
 	c := &Comm{
 		n: n, id: id, rank: rank, size: len(world), world: world,
@@ -116,8 +83,7 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 		failed:     make(chan struct{}),
 		mySig:      make(map[uint64]signature),
 		remoteSig:  make(map[uint64]remoteSig),
-		coll:       make(map[collKey]*inMsg),
-		cur:        make([]*inMsg, len(world)),
+		match:      match.New(len(world)),
 		sendTail:   make([]chan struct{}, len(world)),
 		unfinished: make(map[uint64]bool),
 		gone:       make(map[int]departure),
@@ -250,20 +216,7 @@ func (c *Comm) Close() error {
 		c.bg.Wait()
 		c.sayBye(done, cause)
 		c.mu.Lock()
-		var held int64
-		for _, m := range c.coll {
-			held += m.held
-		}
-		for _, m := range c.unexpected {
-			held += m.held
-		}
-		for _, m := range c.cur {
-			if m != nil && m.recv == nil {
-				held += m.held
-			}
-		}
-		c.coll, c.unexpected, c.posted = nil, nil, nil
-		c.cur = make([]*inMsg, c.size)
+		held := c.match.Drop()
 		c.mu.Unlock()
 		c.n.release(held)
 		c.n.unregister(c)
@@ -603,48 +556,8 @@ func (c *Comm) departLocked(r int, seq uint64, cause *Error) {
 	}
 	c.gone[r] = d
 	c.collLimit = min(c.collLimit, seq)
-	var release int64
-	for key, m := range c.coll {
-		if key.src != r && key.seq < c.collLimit {
-			continue
-		}
-		switch {
-		case m.buf != nil: // a receive waits for it
-			if m.done != nil {
-				m.err = d.err
-				close(m.done)
-			}
-			delete(c.coll, key)
-		case key.seq >= c.collLimit || m.got < m.total:
-			// Held for a collective that fails everywhere, or cut short.
-			release += m.held
-			delete(c.coll, key)
-		}
-	}
-	kept := c.posted[:0]
-	for _, p := range c.posted {
-		if p.src == r {
-			p.req.finish(Status{}, withOp(d.err, "recv"))
-		} else {
-			kept = append(kept, p)
-		}
-	}
-	clear(c.posted[len(kept):])
-	c.posted = kept
-	if m := c.cur[r]; m != nil { // cut short: it can never complete
-		c.cur[r] = nil
-		if m.recv != nil {
-			m.recv.req.finish(Status{}, withOp(d.err, "recv"))
-		} else {
-			for i, u := range c.unexpected {
-				if u == m {
-					c.unexpected = append(c.unexpected[:i], c.unexpected[i+1:]...)
-					break
-				}
-			}
-			release += m.held
-		}
-	}
+	release := c.match.Depart(r, c.collLimit, d.err)
+	c.settleLocked()
 	if release > 0 {
 		c.n.release(release)
 	}

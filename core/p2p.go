@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nexar-go/nexar/core/internal/match"
 	"github.com/nexar-go/nexar/transport"
 )
 
@@ -164,14 +165,7 @@ func (c *Comm) Recv(ctx context.Context, buf []byte, peer int, tag uint64) (Stat
 	case <-req.failedCh():
 	case <-ctx.Done():
 		c.mu.Lock()
-		for i, p := range c.posted {
-			if p == r {
-				c.posted = append(c.posted[:i], c.posted[i+1:]...)
-				break
-			}
-		}
-		r.cancel = true
-		c.waitFilledLocked(r.msg)
+		c.waitFilledLocked(c.match.Cancel(r))
 		c.mu.Unlock()
 		req.finish(Status{}, c.opError("recv", ctx, ctx.Err()))
 	}
@@ -179,38 +173,23 @@ func (c *Comm) Recv(ctx context.Context, buf []byte, peer int, tag uint64) (Stat
 	return req.Status(), err
 }
 
-func (c *Comm) irecv(buf []byte, peer int, tag uint64) (*Request, *p2pRecv) {
+func (c *Comm) irecv(buf []byte, peer int, tag uint64) (*Request, *match.Recv) {
 	if peer != AnySource && (peer < 0 || peer >= c.size) {
 		return doneRequest(c, "recv", invalidArg("recv", "peer %d is out of range [0, %d) and not AnySource", peer, c.size)), nil
 	}
 	req := newRequest(c, "recv", false)
 	req.src = peer
-	r := &p2pRecv{src: peer, tag: tag, buf: buf, req: req}
+	r := &match.Recv{Src: peer, Tag: tag, Buf: buf, Owner: req}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.err != nil {
 		req.finish(Status{}, withOp(c.err, "recv"))
 		return req, nil
 	}
-	for i, m := range c.unexpected {
-		if (peer == AnySource || peer == m.src) && tag == m.tag {
-			c.unexpected = append(c.unexpected[:i], c.unexpected[i+1:]...)
-			m.recv, r.msg = r, m
-			off := 0
-			for _, ch := range m.chunks {
-				if off < len(buf) {
-					copy(buf[off:], ch)
-				}
-				off += len(ch)
-			}
-			held := m.held
-			m.chunks, m.held = nil, 0
-			c.n.release(held)
-			if m.complete {
-				c.completeRecvLocked(m)
-			}
-			return req, r
-		}
+	if matched, held := c.match.TakeUnexpected(r); matched {
+		c.n.release(held)
+		c.settleLocked()
+		return req, r
 	}
 	if peer != AnySource {
 		if err := c.departedLocked("recv", peer); err != nil {
@@ -218,242 +197,6 @@ func (c *Comm) irecv(buf []byte, peer int, tag uint64) (*Request, *p2pRecv) {
 			return req, nil
 		}
 	}
-	c.posted = append(c.posted, r)
+	c.match.Post(r)
 	return req, r
-}
-
-func (c *Comm) completeRecvLocked(m *inMsg) {
-	r := m.recv
-	if r.cancel {
-		return
-	}
-	st := Status{Source: m.src, Tag: m.tag, Count: min(m.total, len(r.buf))}
-	var err error
-	if m.total > len(r.buf) {
-		err = &Error{Code: CodeTruncated, Op: "recv", Rank: m.src,
-			Msg: fmt.Sprintf("message of %d bytes from rank %d (tag %d) does not fit the %d-byte buffer", m.total, m.src, m.tag, len(r.buf))}
-	}
-	r.req.finish(st, err)
-}
-
-// deliverP2P takes one chunk of a point-to-point message from src.
-func (c *Comm) deliverP2P(src int, h header, payload []byte, pre bool) {
-	n := int64(len(payload))
-	for {
-		freed := c.n.freedCh()
-		c.mu.Lock()
-		if c.err != nil {
-			c.mu.Unlock()
-			if pre {
-				c.n.release(n)
-			}
-			return
-		}
-		m := c.cur[src]
-		if m == nil {
-			m = &inMsg{src: src, tag: h.seqOrTag, total: int(h.total)}
-			for i, r := range c.posted {
-				if (r.src == AnySource || r.src == src) && r.tag == m.tag {
-					c.posted = append(c.posted[:i], c.posted[i+1:]...)
-					m.recv, r.msg = r, m
-					break
-				}
-			}
-			if m.recv == nil {
-				c.unexpected = append(c.unexpected, m)
-			}
-			c.cur[src] = m
-		}
-		if m.recv != nil {
-			if !m.recv.cancel && m.got < len(m.recv.buf) {
-				copy(m.recv.buf[m.got:], payload)
-			}
-			if pre {
-				c.n.release(n)
-			}
-		} else {
-			if !pre && !c.n.tryAcquire(n) {
-				c.mu.Unlock()
-				select {
-				case <-freed:
-				case <-c.failed:
-				case <-c.n.done:
-				}
-				continue
-			}
-			m.chunks = append(m.chunks, payload)
-			m.held += n
-		}
-		m.got += len(payload)
-		if m.got >= m.total {
-			c.cur[src] = nil
-			if m.recv != nil {
-				c.completeRecvLocked(m)
-			} else {
-				m.complete = true
-			}
-		}
-		c.mu.Unlock()
-		return
-	}
-}
-
-// deliverColl takes one chunk of a collective message from src.
-func (c *Comm) deliverColl(src int, h header, payload []byte, pre bool) {
-	n := int64(len(payload))
-	key := collKey{src: src, seq: h.seqOrTag, step: h.step}
-	for {
-		freed := c.n.freedCh()
-		c.mu.Lock()
-		c.checkSigLocked(src, h.seqOrTag, h.sig)
-		if c.err != nil || h.seqOrTag >= c.collLimit { // no receive will come
-			c.mu.Unlock()
-			if pre {
-				c.n.release(n)
-			}
-			return
-		}
-		m := c.coll[key]
-		if m != nil && m.buf != nil {
-			if m.total < 0 {
-				m.total = int(h.total)
-				if m.total != len(m.buf) {
-					c.failAndTellLocked(&Error{Code: CodeMismatch, Op: "comm", Rank: src,
-						Msg: fmt.Sprintf("rank %d sent %d bytes for step %d of call %d but rank %d expected %d",
-							src, m.total, h.step, h.seqOrTag, c.rank, len(m.buf))})
-					c.mu.Unlock()
-					if pre {
-						c.n.release(n)
-					}
-					return
-				}
-			}
-			copy(m.buf[m.got:], payload)
-			m.got += len(payload)
-			if m.got >= m.total {
-				delete(c.coll, key)
-				close(m.done)
-			}
-			c.mu.Unlock()
-			if pre {
-				c.n.release(n)
-			}
-			return
-		}
-		if !pre && !c.n.tryAcquire(n) {
-			c.mu.Unlock()
-			select {
-			case <-freed:
-			case <-c.failed:
-			case <-c.n.done:
-			}
-			continue
-		}
-		if m == nil {
-			m = &inMsg{src: src, total: int(h.total)}
-			c.coll[key] = m
-		}
-		m.chunks = append(m.chunks, payload)
-		m.held += n
-		m.got += len(payload)
-		c.mu.Unlock()
-		return
-	}
-}
-
-// recvColl receives the collective message (src, seq, step) into buf.
-func (c *Comm) recvColl(ctx context.Context, src int, seq uint64, step uint32, buf []byte) error {
-	key := collKey{src: src, seq: seq, step: step}
-	m, err := c.postColl(key, buf)
-	if err != nil || m == nil {
-		return err
-	}
-	return c.waitColl(ctx, key, m)
-}
-
-// postColl makes buf the destination of collective message key. It returns
-// the message to wait for, or nil when it had already arrived whole (and
-// is now in buf).
-func (c *Comm) postColl(key collKey, buf []byte) (*inMsg, error) {
-	if buf == nil {
-		// A posted receive is one whose buf is not nil (deliverColl,
-		// placeColl): an empty one must still count as posted.
-		buf = []byte{}
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.err != nil {
-		return nil, c.err
-	}
-	m := c.coll[key]
-	if m == nil {
-		err := c.departedLocked("comm", key.src)
-		if err == nil {
-			err = c.collDepartedLocked("comm", key.seq)
-		}
-		if err != nil {
-			return nil, err
-		}
-		m = &inMsg{src: key.src, total: -1, buf: buf, done: make(chan struct{})}
-		c.coll[key] = m
-		return m, nil
-	}
-	if m.total != len(buf) {
-		e := &Error{Code: CodeMismatch, Op: "comm", Rank: key.src,
-			Msg: fmt.Sprintf("rank %d sent %d bytes for step %d of call %d but rank %d expected %d",
-				key.src, m.total, key.step, key.seq, c.rank, len(buf))}
-		c.failAndTellLocked(e)
-		return nil, e
-	}
-	off := 0
-	for _, ch := range m.chunks {
-		copy(buf[off:], ch)
-		off += len(ch)
-	}
-	held := m.held
-	m.chunks, m.held, m.buf = nil, 0, buf
-	m.done = make(chan struct{})
-	c.n.release(held)
-	if m.got >= m.total {
-		delete(c.coll, key)
-		return nil, nil
-	}
-	return m, nil
-}
-
-// waitColl waits for the posted message m (key) to complete. When it gives
-// up (ctx, failure) it withdraws the receive, so that buf is not written
-// after it returns.
-func (c *Comm) waitColl(ctx context.Context, key collKey, m *inMsg) error {
-	if c.spin(key.src, m.done) {
-		return m.err
-	}
-	defer c.blocking(key.src)()
-	select {
-	case <-m.done:
-		return m.err
-	case <-c.failed:
-	case <-ctx.Done():
-	}
-	c.unpostColl(key, m)
-	select {
-	case <-m.done:
-		return m.err
-	default:
-	}
-	if err := c.Err(); err != nil {
-		return err
-	}
-	return ctx.Err()
-}
-
-// unpostColl withdraws a posted receive, waiting for a placed chunk in
-// flight to land first.
-func (c *Comm) unpostColl(key collKey, m *inMsg) {
-	c.mu.Lock()
-	c.waitFilledLocked(m)
-	if c.coll[key] == m {
-		delete(c.coll, key)
-	}
-	c.mu.Unlock()
 }

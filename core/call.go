@@ -1,0 +1,197 @@
+package core
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/nexar-go/nexar/collective"
+)
+
+// This file is the lifecycle of a collective call: its sequence number,
+// signature, request and contexts (startColl, collCall), and the signature
+// agreement that ends calls whose data flow need not reach every rank.
+
+// startColl assigns the next sequence number now, in the caller's
+// goroutine, and returns a request that runs body when started: in the
+// caller's goroutine by wait (blocking calls), or in a goroutine of its own
+// by start (non-blocking calls).
+func (c *Comm) startColl(ctx context.Context, sig signature, body func(ctx context.Context, l *link) error) *Request {
+	op := sig.kind.String()
+	sig.tuning = c.tuningDigest
+	cc := &collCall{body: body, ctx: ctx}
+	req := &cc.req
+	req.init(c, op, true)
+	c.mu.Lock()
+	if c.err != nil {
+		err := withOp(c.err, op)
+		c.mu.Unlock()
+		req.finish(Status{}, err)
+		return req
+	}
+	seq := c.nextSeq
+	c.nextSeq++
+	if err := c.collDepartedLocked(op, seq); err != nil {
+		delete(c.remoteSig, seq)
+		c.mu.Unlock()
+		req.finish(Status{}, err)
+		return req
+	}
+	c.unfinished[seq] = true
+	if c.size > 1 {
+		rs, seen := c.remoteSig[seq]
+		delete(c.remoteSig, seq)
+		c.mySig[seq] = sig
+		if seen && !rs.sig.matches(sig) {
+			c.mismatchLocked(sig, rs.from, rs.sig)
+		}
+	}
+	c.ops.Add(1)
+	c.mu.Unlock()
+	cc.l = link{c: c, seq: seq, sig: sig, cc: cc}
+	req.coll = cc
+	return req
+}
+
+// collCall is one collective call: its request, link and contexts in one
+// allocation (a small collective costs about a microsecond, and each
+// allocation a few percent of it).
+type collCall struct {
+	req  Request
+	l    link
+	op   opCtx
+	ctx  context.Context
+	body func(ctx context.Context, l *link) error
+
+	claimed atomic.Bool // run begun, by start's goroutine or by Wait (runOnce)
+
+	smu   sync.Mutex     // guards the send contexts
+	sends [2]deadlineCtx // the first destinations' (most calls have one or two)
+	nsend int            // sends in use
+	more  []*deadlineCtx // further destinations'
+}
+
+// releaseSends releases the send contexts once the call's sends are over.
+func (cc *collCall) releaseSends() {
+	cc.smu.Lock()
+	defer cc.smu.Unlock()
+	for i := range cc.nsend {
+		cc.sends[i].release()
+	}
+	for _, s := range cc.more {
+		s.release()
+	}
+}
+
+// runOnce runs the call unless another goroutine has begun it; it reports
+// whether it ran it.
+func (cc *collCall) runOnce() bool {
+	if !cc.claimed.CompareAndSwap(false, true) {
+		return false
+	}
+	cc.run()
+	return true
+}
+
+// run performs the call (once: see Request.run) and finishes its request.
+func (cc *collCall) run() {
+	req, l := &cc.req, &cc.l
+	c, op, seq := l.c, req.op, l.seq
+	defer c.ops.Done()
+	cc.op.init(c, cc.ctx)
+	defer cc.op.release()
+	ctx := context.Context(&cc.op)
+	defer cc.releaseSends() // transport sends have their own (link.sendCtx)
+	err := cc.body(ctx, l)
+	if err == nil {
+		l.ringCheck() // a call that only sent, never to its successor
+	}
+	if err != nil {
+		err = c.opError(op, ctx, err)
+	}
+	c.mu.Lock()
+	delete(c.mySig, seq)
+	if err == nil {
+		delete(c.unfinished, seq)
+	} else if e, ok := err.(*Error); ok && CodeOf(err) != CodeClosed && !isDeparture(err) {
+		// A member's departure fails the collectives it did not
+		// complete on every rank alike: not a failure of c.
+		c.failAndTellLocked(e)
+	}
+	c.mu.Unlock()
+	req.finish(Status{}, err)
+}
+
+// exchangeSignatures is the body of collectives that move no bytes: an
+// allgather of signatures, so every rank sees every call before finishing.
+func exchangeSignatures(ctx context.Context, l *link) error {
+	c := l.c
+	if c.size == 1 {
+		return nil
+	}
+	send := make([]byte, sigBytes)
+	l.sig.put(send)
+	recv := make([]byte, sigBytes*c.size)
+	if err := collective.Allgather(ctx, l, send, recv); err != nil {
+		return err
+	}
+	for r := 0; r < c.size; r++ {
+		if s := getSignature(recv[r*sigBytes:]); !s.matches(l.sig) {
+			c.mu.Lock()
+			c.mismatchLocked(l.sig, r, s)
+			c.mu.Unlock()
+			return c.Err()
+		}
+	}
+	return nil
+}
+
+// run starts a collective whose count may be zero, in which case only the
+// signatures are exchanged.
+func (c *Comm) run(ctx context.Context, sig signature, body func(ctx context.Context, l *link) error) *Request {
+	if sig.count == 0 {
+		return c.startColl(ctx, sig, exchangeSignatures)
+	}
+	return c.startColl(ctx, sig, body)
+}
+
+// runAgreed is run for collectives in which a rank's result need not depend
+// on every other rank (rooted ones, scans): their body is followed by
+// agreeSignatures. Zero-count calls exchange every signature already.
+func (c *Comm) runAgreed(ctx context.Context, sig signature, body func(ctx context.Context, l *link) error) *Request {
+	return c.run(ctx, sig, agreed(body))
+}
+
+// agreed runs body, then agreeSignatures.
+func agreed(body func(ctx context.Context, l *link) error) func(ctx context.Context, l *link) error {
+	return func(ctx context.Context, l *link) error {
+		if err := body(ctx, l); err != nil {
+			return err
+		}
+		return agreeSignatures(ctx, l)
+	}
+}
+
+// agreeStepBase numbers agreeSignatures' messages, far above any step a
+// schedule takes (their counters start at 0 for every call).
+const agreeStepBase = 1 << 31
+
+// agreeSignatures ends a collective whose data flow need not reach every
+// rank from every other: a root that only sends, a leaf of a broadcast,
+// rank 0 of a scan. Such a rank could return success while ranks whose part
+// of the schedule never met it fail as mismatched (different roots or
+// counts). This is a dissemination round of empty messages, ceil(log2 n)
+// steps; each message carries the sender's signature in its header, which
+// the receiver checks on arrival, and a rank sends in step k only after its
+// step k-1 message matched. Every rank hears, through such checked hops,
+// from every other, so none completes while any made a different call:
+// all fail as mismatched (DESIGN §2.2), each naming both calls.
+func agreeSignatures(ctx context.Context, l *link) error {
+	n, r := l.c.size, l.c.rank
+	for k, step := 1, uint32(agreeStepBase); k < n; k, step = k<<1, step+1 {
+		if err := l.Exchange(ctx, (r+k)%n, step, nil, (r-k+n)%n, step, nil, 1); err != nil {
+			return err
+		}
+	}
+	return nil
+}

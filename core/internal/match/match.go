@@ -1,0 +1,467 @@
+// Package match is the matching engine of one communicator: it pairs
+// inbound messages (collective steps and point-to-point sends, whole or in
+// chunks) with the receives posted for them, buffers what arrives first,
+// and reports completed receives.
+//
+// It does no IO and starts no goroutines, in the manner of etcd raft's
+// RawNode: the driver (core.Comm) feeds it events (Post*, Deliver*,
+// Place*/Filled*, Cancel, Unpost, Depart, Drop) and acts on what it
+// reports: the outcome of each call, and the completions collected since
+// the last call to Ready, which the driver settles (closes a waiter's
+// channel, finishes a request) before its next call. Buffered bytes are
+// accounted by the driver through the room function it passes in; the
+// engine reports the bytes it stops holding.
+//
+// An Engine is not safe for concurrent use: the driver serialises every
+// call (core holds Comm.mu), including the Filled* calls of the transport
+// goroutine that wrote a placed chunk.
+package match
+
+// Key names one collective message: the step of a call (by sequence
+// number) from a source rank.
+type Key struct {
+	Src  int
+	Seq  uint64
+	Step uint32
+}
+
+// Msg is one inbound message, buffered until a receive is posted or
+// matched with one.
+type Msg struct {
+	// Done is the driver's: for a posted collective receive, the channel
+	// it closes when a completion names this message. The engine never
+	// touches it.
+	Done chan struct{}
+	// Err is the error a Depart completed this collective receive with.
+	Err error
+
+	src      int
+	tag      uint64
+	total    int // bytes; -1 while a posted collective receive has seen none
+	got      int
+	chunks   [][]byte // held while unmatched
+	held     int64    // bytes of chunks (accounted by the driver)
+	buf      []byte   // a posted collective receive's destination
+	posted   bool     // collective: a receive is posted (buf is its destination)
+	recv     *Recv    // point-to-point: the matched receive
+	complete bool     // point-to-point, unmatched: every chunk arrived
+	filling  bool     // a placed chunk is being written into the destination
+}
+
+// Filling reports whether the transport is writing a placed chunk into
+// m's destination (see Filled*): the driver waits for that to end before
+// it lets a withdrawn receive's buffer go.
+func (m *Msg) Filling() bool { return m != nil && m.filling }
+
+// AnySource as a Recv's Src matches a message from any rank.
+const AnySource = -1
+
+// Recv is a posted point-to-point receive.
+type Recv struct {
+	Src   int // a rank, or AnySource
+	Tag   uint64
+	Buf   []byte
+	Owner any // the driver's (core: its *Request); the engine never touches it
+
+	msg    *Msg
+	cancel bool
+}
+
+// Msg is the message matched with r, or nil.
+func (r *Recv) Msg() *Msg { return r.msg }
+
+// Completion is a receive that completed: a posted collective receive
+// (Coll) or a point-to-point one (Recv). Err is set when Depart failed
+// it; otherwise, for Recv, Source and Tag name the message, Total is its
+// length and Count the bytes written (Total > len(Recv.Buf): truncated).
+type Completion struct {
+	Coll   *Msg
+	Recv   *Recv
+	Err    error
+	Source int
+	Tag    uint64
+	Count  int
+	Total  int
+}
+
+// Mismatch reports a collective message whose length differs from the
+// receive posted for it: the ranks disagree about the call.
+type Mismatch struct {
+	Key
+	Sent, Want int
+}
+
+// Outcome is what a Deliver call did with a chunk.
+type Outcome uint8
+
+const (
+	// Copied: written into a posted receive (or dropped for a cancelled
+	// one); the payload is free again.
+	Copied Outcome = iota + 1
+	// Buffered: held until a receive is posted; the driver accounted its
+	// bytes (room returned true).
+	Buffered
+	// NoRoom: it must be held but room returned false; nothing changed
+	// but the message's registration, and the driver calls again when
+	// there is room.
+	NoRoom
+	// Mismatched: a posted collective receive of another length; the
+	// Mismatch says which.
+	Mismatched
+)
+
+// Engine holds the matching state of one communicator of size ranks.
+type Engine struct {
+	coll       map[Key]*Msg
+	posted     []*Recv // point-to-point receives, in posting order
+	unexpected []*Msg  // point-to-point messages not matched, in arrival order
+	cur        []*Msg  // per source: the point-to-point message in progress
+	ready      []Completion
+	spare      []Completion
+}
+
+// New returns an empty engine for a communicator of size ranks.
+func New(size int) *Engine {
+	return &Engine{coll: make(map[Key]*Msg), cur: make([]*Msg, size)}
+}
+
+// Ready returns the completions since the previous call; the slice is
+// valid until the next call to Ready.
+func (e *Engine) Ready() []Completion {
+	r := e.ready
+	e.ready, e.spare = e.spare[:0], r
+	return r
+}
+
+// Arrived reports whether collective message k has arrived (whole or in
+// part) with no receive posted for it.
+func (e *Engine) Arrived(k Key) bool {
+	m := e.coll[k]
+	return m != nil && !m.posted
+}
+
+// PostColl makes buf the destination of collective message k. It returns
+// the message to wait for (the driver sets its Done), or nil when the
+// message had arrived whole and is now in buf; released is the bytes the
+// engine held for it. A message that arrived with another length is a
+// Mismatch, and nothing is posted.
+func (e *Engine) PostColl(k Key, buf []byte) (m *Msg, released int64, mm *Mismatch) {
+	m = e.coll[k]
+	if m == nil {
+		m = &Msg{src: k.Src, total: -1, buf: buf, posted: true}
+		e.coll[k] = m
+		return m, 0, nil
+	}
+	if m.total != len(buf) {
+		return nil, 0, &Mismatch{Key: k, Sent: m.total, Want: len(buf)}
+	}
+	off := 0
+	for _, ch := range m.chunks {
+		copy(buf[off:], ch)
+		off += len(ch)
+	}
+	released = m.held
+	m.chunks, m.held, m.buf, m.posted = nil, 0, buf, true
+	if m.got >= m.total {
+		delete(e.coll, k)
+		return nil, released, nil
+	}
+	return m, released, nil
+}
+
+// UnpostColl withdraws the receive m posted for k, if it is still
+// pending. The driver first waits while m is Filling.
+func (e *Engine) UnpostColl(k Key, m *Msg) {
+	if e.coll[k] == m {
+		delete(e.coll, k)
+	}
+}
+
+// DeliverColl takes one chunk of collective message k, whose sender says
+// it is total bytes long. A chunk that must be held calls room(its
+// length) first and is held only when room says so.
+func (e *Engine) DeliverColl(k Key, total int, payload []byte, room func(int64) bool) (Outcome, *Mismatch) {
+	m := e.coll[k]
+	if m != nil && m.posted {
+		if m.total < 0 {
+			if total != len(m.buf) {
+				return Mismatched, &Mismatch{Key: k, Sent: total, Want: len(m.buf)}
+			}
+			m.total = total
+		}
+		copy(m.buf[m.got:], payload)
+		m.got += len(payload)
+		if m.got >= m.total {
+			delete(e.coll, k)
+			e.ready = append(e.ready, Completion{Coll: m})
+		}
+		return Copied, nil
+	}
+	n := int64(len(payload))
+	if !room(n) {
+		return NoRoom, nil
+	}
+	if m == nil {
+		m = &Msg{src: k.Src, total: total}
+		e.coll[k] = m
+	}
+	m.chunks = append(m.chunks, payload)
+	m.held += n
+	m.got += len(payload)
+	return Buffered, nil
+}
+
+// PlaceColl returns the destination of the next size bytes of
+// collective message k (total bytes long) when a receive is posted for it
+// and can take them, else nil (the chunk then goes through DeliverColl).
+// The message is Filling until the driver calls FilledColl.
+func (e *Engine) PlaceColl(k Key, total, size int) (*Msg, []byte) {
+	m := e.coll[k]
+	if m == nil || !m.posted || m.filling || (m.total < 0 && total != len(m.buf)) || m.got+size > len(m.buf) {
+		return nil, nil
+	}
+	m.total = total
+	m.filling = true
+	return m, m.buf[m.got : m.got+size]
+}
+
+// FilledColl ends the write PlaceColl started: ok when the size bytes
+// were written (else the transport failed and the driver fails the
+// communicator).
+func (e *Engine) FilledColl(k Key, m *Msg, size int, ok bool) {
+	m.filling = false
+	if !ok {
+		return
+	}
+	m.got += size
+	if m.got >= m.total && e.coll[k] == m {
+		delete(e.coll, k)
+		e.ready = append(e.ready, Completion{Coll: m})
+	}
+}
+
+func matches(r *Recv, src int, tag uint64) bool {
+	return (r.Src == AnySource || r.Src == src) && r.Tag == tag
+}
+
+// TakeUnexpected matches r with the first unexpected message it takes,
+// in arrival order, copying what has arrived into r.Buf; released is the
+// bytes the engine held for it. When the message is complete, r completes.
+func (e *Engine) TakeUnexpected(r *Recv) (matched bool, released int64) {
+	for i, m := range e.unexpected {
+		if !matches(r, m.src, m.tag) {
+			continue
+		}
+		e.unexpected = append(e.unexpected[:i], e.unexpected[i+1:]...)
+		m.recv, r.msg = r, m
+		off := 0
+		for _, ch := range m.chunks {
+			if off < len(r.Buf) {
+				copy(r.Buf[off:], ch)
+			}
+			off += len(ch)
+		}
+		released = m.held
+		m.chunks, m.held = nil, 0
+		if m.complete {
+			e.completeRecv(m)
+		}
+		return true, released
+	}
+	return false, 0
+}
+
+// Post queues r for a message not arrived yet (after TakeUnexpected found
+// none).
+func (e *Engine) Post(r *Recv) { e.posted = append(e.posted, r) }
+
+// Cancel withdraws r: it will not complete, and no more is written into
+// its buffer once the message being written into it (returned; the
+// driver waits while it is Filling) is done.
+func (e *Engine) Cancel(r *Recv) *Msg {
+	for i, p := range e.posted {
+		if p == r {
+			e.posted = append(e.posted[:i], e.posted[i+1:]...)
+			break
+		}
+	}
+	r.cancel = true
+	return r.msg
+}
+
+// startP2P returns the point-to-point message in progress from src,
+// starting it (matched with the first posted receive that takes it, else
+// unexpected) when none is.
+func (e *Engine) startP2P(src int, tag uint64, total int) *Msg {
+	if m := e.cur[src]; m != nil {
+		return m
+	}
+	m := &Msg{src: src, tag: tag, total: total}
+	for i, r := range e.posted {
+		if matches(r, src, tag) {
+			e.posted = append(e.posted[:i], e.posted[i+1:]...)
+			m.recv, r.msg = r, m
+			break
+		}
+	}
+	if m.recv == nil {
+		e.unexpected = append(e.unexpected, m)
+	}
+	e.cur[src] = m
+	return m
+}
+
+// DeliverP2P takes one chunk of a point-to-point message from src with
+// tag, total bytes long; chunks of one message arrive in order, one
+// message per source at a time. A chunk that must be held calls room(its
+// length) first and is held only when room says so.
+func (e *Engine) DeliverP2P(src int, tag uint64, total int, payload []byte, room func(int64) bool) Outcome {
+	m := e.startP2P(src, tag, total)
+	out := Copied
+	if m.recv != nil {
+		if !m.recv.cancel && m.got < len(m.recv.Buf) {
+			copy(m.recv.Buf[m.got:], payload)
+		}
+	} else {
+		n := int64(len(payload))
+		if !room(n) {
+			return NoRoom
+		}
+		m.chunks = append(m.chunks, payload)
+		m.held += n
+		out = Buffered
+	}
+	m.got += len(payload)
+	if m.got >= m.total {
+		e.cur[src] = nil
+		if m.recv != nil {
+			e.completeRecv(m)
+		} else {
+			m.complete = true
+		}
+	}
+	return out
+}
+
+// PlaceP2P returns the destination of the next size bytes of the
+// point-to-point message from src (tag, total bytes long) when it is, or
+// as its first chunk can be, matched with a receive whose buffer holds it
+// whole; else nil (the chunk then goes through DeliverP2P). The message is
+// Filling until the driver calls FilledP2P.
+func (e *Engine) PlaceP2P(src int, tag uint64, total, size int) (*Msg, []byte) {
+	m := e.cur[src]
+	if m == nil {
+		ri := -1
+		for i, p := range e.posted {
+			if matches(p, src, tag) {
+				ri = i
+				break
+			}
+		}
+		if ri < 0 || total > len(e.posted[ri].Buf) {
+			return nil, nil // unexpected, or truncated: DeliverP2P's path
+		}
+		r := e.posted[ri]
+		e.posted = append(e.posted[:ri], e.posted[ri+1:]...)
+		m = &Msg{src: src, tag: tag, total: total, recv: r}
+		r.msg = m
+		e.cur[src] = m
+	}
+	if m.recv == nil || m.recv.cancel || m.filling || m.got+size > len(m.recv.Buf) {
+		return nil, nil
+	}
+	m.filling = true
+	return m, m.recv.Buf[m.got : m.got+size]
+}
+
+// FilledP2P ends the write PlaceP2P started (see FilledColl).
+func (e *Engine) FilledP2P(src int, m *Msg, size int, ok bool) {
+	m.filling = false
+	if !ok {
+		return
+	}
+	m.got += size
+	if m.got >= m.total {
+		if e.cur[src] == m {
+			e.cur[src] = nil
+		}
+		e.completeRecv(m)
+	}
+}
+
+func (e *Engine) completeRecv(m *Msg) {
+	r := m.recv
+	if r.cancel {
+		return
+	}
+	e.ready = append(e.ready, Completion{Recv: r, Source: m.src, Tag: m.tag,
+		Count: min(m.total, len(r.Buf)), Total: m.total})
+}
+
+// Depart records that rank src left after completing every collective
+// before limit: posted collective receives from src, or of a call from
+// limit on, complete with err; so do the receives posted for src and the
+// one its message in progress was matched with. Messages held for such
+// calls, or cut short, are dropped; released is their bytes.
+func (e *Engine) Depart(src int, limit uint64, err error) (released int64) {
+	for k, m := range e.coll {
+		if k.Src != src && k.Seq < limit {
+			continue
+		}
+		switch {
+		case m.posted:
+			m.Err = err
+			delete(e.coll, k)
+			e.ready = append(e.ready, Completion{Coll: m, Err: err})
+		case k.Seq >= limit || m.got < m.total:
+			released += m.held
+			delete(e.coll, k)
+		}
+	}
+	kept := e.posted[:0]
+	for _, p := range e.posted {
+		if p.Src == src {
+			e.ready = append(e.ready, Completion{Recv: p, Err: err})
+		} else {
+			kept = append(kept, p)
+		}
+	}
+	clear(e.posted[len(kept):])
+	e.posted = kept
+	if m := e.cur[src]; m != nil { // cut short: it can never complete
+		e.cur[src] = nil
+		if m.recv != nil {
+			if !m.recv.cancel {
+				e.ready = append(e.ready, Completion{Recv: m.recv, Err: err})
+			}
+		} else {
+			e.dropUnexpected(m)
+			released += m.held
+		}
+	}
+	return released
+}
+
+func (e *Engine) dropUnexpected(m *Msg) {
+	for i, u := range e.unexpected {
+		if u == m {
+			e.unexpected = append(e.unexpected[:i], e.unexpected[i+1:]...)
+			return
+		}
+	}
+}
+
+// Drop empties the engine (the communicator is destroyed): nothing
+// pending completes. It returns the bytes it held.
+func (e *Engine) Drop() (held int64) {
+	for _, m := range e.coll {
+		held += m.held
+	}
+	for _, m := range e.unexpected { // a partial one is also in cur
+		held += m.held
+	}
+	clear(e.coll)
+	e.posted, e.unexpected, e.ready = nil, nil, e.ready[:0]
+	clear(e.cur)
+	return held
+}

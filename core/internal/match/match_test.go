@@ -1,0 +1,409 @@
+package match
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+)
+
+func yes(int64) bool { return true }
+func no(int64) bool  { return false }
+
+// collEv is one event of a collective script: post a receive of n bytes,
+// deliver or place a chunk of a message total bytes long, unpost.
+type collEv struct {
+	do    string // "post", "deliver", "deliver-full" (room refused), "place", "unpost"
+	total int    // deliver/place: the sender's message length
+	data  string // deliver/place: the chunk
+	n     int    // post: buffer length
+
+	want     Outcome // deliver
+	pending  bool    // post: a message to wait for is returned
+	mismatch bool    // post/deliver: reports a Mismatch
+	released int64   // post: bytes the engine stopped holding
+	done     bool    // a completion is reported by this event
+}
+
+func TestCollScripts(t *testing.T) {
+	k := Key{Src: 1, Seq: 7, Step: 2}
+	for _, tc := range []struct {
+		name   string
+		evs    []collEv
+		result string // the posted buffer at the end
+	}{
+		{"posted then delivered in chunks", []collEv{
+			{do: "post", n: 6, pending: true},
+			{do: "deliver", total: 6, data: "abc", want: Copied},
+			{do: "deliver", total: 6, data: "def", want: Copied, done: true},
+		}, "abcdef"},
+		{"delivered whole then posted", []collEv{
+			{do: "deliver", total: 6, data: "abc", want: Buffered},
+			{do: "deliver", total: 6, data: "def", want: Buffered},
+			{do: "post", n: 6, released: 6},
+		}, "abcdef"},
+		{"half delivered, posted, rest delivered", []collEv{
+			{do: "deliver", total: 6, data: "ab", want: Buffered},
+			{do: "post", n: 6, pending: true, released: 2},
+			{do: "deliver", total: 6, data: "cdef", want: Copied, done: true},
+		}, "abcdef"},
+		{"no room then room", []collEv{
+			{do: "deliver-full", total: 3, data: "xyz", want: NoRoom},
+			{do: "deliver", total: 3, data: "xyz", want: Buffered},
+			{do: "post", n: 3, released: 3},
+		}, "xyz"},
+		{"placed chunks", []collEv{
+			{do: "post", n: 4, pending: true},
+			{do: "place", total: 4, data: "ab"},
+			{do: "place", total: 4, data: "cd", done: true},
+		}, "abcd"},
+		{"placed then delivered", []collEv{
+			{do: "post", n: 4, pending: true},
+			{do: "place", total: 4, data: "ab"},
+			{do: "deliver", total: 4, data: "cd", want: Copied, done: true},
+		}, "abcd"},
+		{"sender longer than the posted receive", []collEv{
+			{do: "post", n: 4, pending: true},
+			{do: "deliver", total: 8, data: "abcd", want: Mismatched, mismatch: true},
+		}, "\x00\x00\x00\x00"},
+		{"arrived longer than the receive posted after", []collEv{
+			{do: "deliver", total: 8, data: "abcdefgh", want: Buffered},
+			{do: "post", n: 4, mismatch: true},
+		}, "\x00\x00\x00\x00"},
+		{"withdrawn receive: later chunks are held, not written", []collEv{
+			{do: "post", n: 2, pending: true},
+			{do: "unpost"},
+			{do: "deliver", total: 2, data: "zz", want: Buffered},
+		}, "\x00\x00"},
+		{"empty message", []collEv{
+			{do: "post", n: 0, pending: true},
+			{do: "deliver", total: 0, data: "", want: Copied, done: true},
+		}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := New(4)
+			var buf []byte
+			var m *Msg
+			for i, ev := range tc.evs {
+				var out Outcome
+				var mm *Mismatch
+				switch ev.do {
+				case "post":
+					buf = make([]byte, ev.n)
+					var rel int64
+					m, rel, mm = e.PostColl(k, buf)
+					if (m != nil) != ev.pending || rel != ev.released {
+						t.Fatalf("event %d: post: pending %v released %d, want %v %d", i, m != nil, rel, ev.pending, ev.released)
+					}
+				case "deliver", "deliver-full":
+					room := yes
+					if ev.do == "deliver-full" {
+						room = no
+					}
+					out, mm = e.DeliverColl(k, ev.total, []byte(ev.data), room)
+					if out != ev.want {
+						t.Fatalf("event %d: deliver: %v, want %v", i, out, ev.want)
+					}
+				case "place":
+					pm, dst := e.PlaceColl(k, ev.total, len(ev.data))
+					if pm == nil {
+						t.Fatalf("event %d: place refused", i)
+					}
+					if again, _ := e.PlaceColl(k, ev.total, 1); again != nil {
+						t.Fatalf("event %d: a second place while filling was accepted", i)
+					}
+					copy(dst, ev.data)
+					e.FilledColl(k, pm, len(ev.data), true)
+				case "unpost":
+					e.UnpostColl(k, m)
+				}
+				if (mm != nil) != ev.mismatch {
+					t.Fatalf("event %d: mismatch %+v, want %v", i, mm, ev.mismatch)
+				}
+				ready := e.Ready()
+				if (len(ready) == 1) != ev.done || len(ready) > 1 {
+					t.Fatalf("event %d: completions %+v, want done=%v", i, ready, ev.done)
+				}
+				if ev.done && (ready[0].Coll != m || ready[0].Err != nil) {
+					t.Fatalf("event %d: completion %+v names another message", i, ready[0])
+				}
+			}
+			if string(buf) != tc.result {
+				t.Fatalf("buffer %q, want %q", buf, tc.result)
+			}
+		})
+	}
+}
+
+func TestCollMismatchNamesTheCall(t *testing.T) {
+	e := New(2)
+	k := Key{Src: 1, Seq: 3, Step: 9}
+	e.PostColl(k, make([]byte, 4))
+	_, mm := e.DeliverColl(k, 12, make([]byte, 12), yes)
+	if mm == nil || *mm != (Mismatch{Key: k, Sent: 12, Want: 4}) {
+		t.Fatalf("mismatch %+v", mm)
+	}
+}
+
+func TestPlaceRefusals(t *testing.T) {
+	k := Key{Src: 0, Seq: 1}
+	e := New(2)
+	if m, _ := e.PlaceColl(k, 4, 4); m != nil {
+		t.Fatal("placed a message with no receive posted")
+	}
+	e.PostColl(k, make([]byte, 4))
+	if m, _ := e.PlaceColl(k, 8, 4); m != nil {
+		t.Fatal("placed into a receive of another length")
+	}
+	if m, _ := e.PlaceColl(k, 4, 5); m != nil {
+		t.Fatal("placed past the end of the buffer")
+	}
+	m, _ := e.PlaceColl(k, 4, 4)
+	e.FilledColl(k, m, 4, false) // the transport failed mid-write
+	if len(e.Ready()) != 0 || m.Filling() {
+		t.Fatal("a failed write completed the receive or left it filling")
+	}
+}
+
+// p2pEv is one event of a point-to-point script.
+type p2pEv struct {
+	do    string // "recv" (post a receive), "deliver", "place", "cancel"
+	src   int
+	tag   uint64
+	total int
+	data  string
+	n     int // recv: buffer length
+	id    int // recv/cancel: which receive
+
+	done []int // receives completed by this event, in order
+}
+
+func TestP2PScripts(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		evs  []p2pEv
+		bufs map[int]string // the receives' buffers at the end
+		cnt  map[int]int    // Count of completed receives
+		tot  map[int]int    // Total of completed receives
+	}{
+		{"posted then delivered", []p2pEv{
+			{do: "recv", id: 1, src: 2, tag: 5, n: 4},
+			{do: "deliver", src: 2, tag: 5, total: 4, data: "ab"},
+			{do: "deliver", src: 2, tag: 5, total: 4, data: "cd", done: []int{1}},
+		}, map[int]string{1: "abcd"}, map[int]int{1: 4}, map[int]int{1: 4}},
+		{"unexpected then received", []p2pEv{
+			{do: "deliver", src: 2, tag: 5, total: 3, data: "xyz"},
+			{do: "recv", id: 1, src: 2, tag: 5, n: 8, done: []int{1}},
+		}, map[int]string{1: "xyz\x00\x00\x00\x00\x00"}, map[int]int{1: 3}, map[int]int{1: 3}},
+		{"half arrived, received, rest arrives", []p2pEv{
+			{do: "deliver", src: 0, tag: 1, total: 4, data: "ab"},
+			{do: "recv", id: 1, src: AnySource, tag: 1, n: 4},
+			{do: "deliver", src: 0, tag: 1, total: 4, data: "cd", done: []int{1}},
+		}, map[int]string{1: "abcd"}, map[int]int{1: 4}, map[int]int{1: 4}},
+		{"tags select, order per tag is kept", []p2pEv{
+			{do: "deliver", src: 1, tag: 9, total: 1, data: "a"},
+			{do: "deliver", src: 1, tag: 8, total: 1, data: "b"},
+			{do: "deliver", src: 1, tag: 9, total: 1, data: "c"},
+			{do: "recv", id: 1, src: 1, tag: 8, n: 1, done: []int{1}},
+			{do: "recv", id: 2, src: 1, tag: 9, n: 1, done: []int{2}},
+			{do: "recv", id: 3, src: 1, tag: 9, n: 1, done: []int{3}},
+		}, map[int]string{1: "b", 2: "a", 3: "c"}, nil, nil},
+		{"posted receives match in posting order", []p2pEv{
+			{do: "recv", id: 1, src: AnySource, tag: 4, n: 1},
+			{do: "recv", id: 2, src: 3, tag: 4, n: 1},
+			{do: "deliver", src: 3, tag: 4, total: 1, data: "p", done: []int{1}},
+			{do: "deliver", src: 3, tag: 4, total: 1, data: "q", done: []int{2}},
+		}, map[int]string{1: "p", 2: "q"}, nil, nil},
+		{"truncated", []p2pEv{
+			{do: "recv", id: 1, src: 0, tag: 0, n: 2},
+			{do: "deliver", src: 0, tag: 0, total: 5, data: "hello", done: []int{1}},
+		}, map[int]string{1: "he"}, map[int]int{1: 2}, map[int]int{1: 5}},
+		{"cancelled receive neither completes nor is written", []p2pEv{
+			{do: "recv", id: 1, src: 0, tag: 0, n: 4},
+			{do: "deliver", src: 0, tag: 0, total: 4, data: "ab"},
+			{do: "cancel", id: 1},
+			{do: "deliver", src: 0, tag: 0, total: 4, data: "cd"},
+		}, map[int]string{1: "ab\x00\x00"}, nil, nil},
+		{"cancelled before anything arrived: the message is unexpected", []p2pEv{
+			{do: "recv", id: 1, src: 0, tag: 0, n: 1},
+			{do: "cancel", id: 1},
+			{do: "deliver", src: 0, tag: 0, total: 1, data: "z"},
+			{do: "recv", id: 2, src: 0, tag: 0, n: 1, done: []int{2}},
+		}, map[int]string{1: "\x00", 2: "z"}, nil, nil},
+		{"placed whole", []p2pEv{
+			{do: "recv", id: 1, src: 1, tag: 2, n: 4},
+			{do: "place", src: 1, tag: 2, total: 4, data: "ab"},
+			{do: "place", src: 1, tag: 2, total: 4, data: "cd", done: []int{1}},
+		}, map[int]string{1: "abcd"}, map[int]int{1: 4}, map[int]int{1: 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := New(4)
+			recvs := map[int]*Recv{}
+			for i, ev := range tc.evs {
+				switch ev.do {
+				case "recv":
+					r := &Recv{Src: ev.src, Tag: ev.tag, Buf: make([]byte, ev.n), Owner: ev.id}
+					recvs[ev.id] = r
+					if ok, _ := e.TakeUnexpected(r); !ok {
+						e.Post(r)
+					}
+				case "deliver":
+					if out := e.DeliverP2P(ev.src, ev.tag, ev.total, []byte(ev.data), yes); out == NoRoom || out == Mismatched {
+						t.Fatalf("event %d: %v", i, out)
+					}
+				case "place":
+					m, dst := e.PlaceP2P(ev.src, ev.tag, ev.total, len(ev.data))
+					if m == nil {
+						t.Fatalf("event %d: place refused", i)
+					}
+					copy(dst, ev.data)
+					e.FilledP2P(ev.src, m, len(ev.data), true)
+				case "cancel":
+					e.Cancel(recvs[ev.id])
+				}
+				var got []int
+				for _, d := range e.Ready() {
+					if d.Err != nil {
+						t.Fatalf("event %d: completion with error %v", i, d.Err)
+					}
+					id := d.Recv.Owner.(int)
+					got = append(got, id)
+					if want, ok := tc.cnt[id]; ok && d.Count != want {
+						t.Fatalf("receive %d: Count %d, want %d", id, d.Count, want)
+					}
+					if want, ok := tc.tot[id]; ok && d.Total != want {
+						t.Fatalf("receive %d: Total %d, want %d", id, d.Total, want)
+					}
+				}
+				if !equalInts(got, ev.done) {
+					t.Fatalf("event %d (%s): completed %v, want %v", i, ev.do, got, ev.done)
+				}
+			}
+			for id, want := range tc.bufs {
+				if !bytes.Equal(recvs[id].Buf, []byte(want)) {
+					t.Fatalf("receive %d holds %q, want %q", id, recvs[id].Buf, want)
+				}
+			}
+		})
+	}
+}
+
+func equalInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestPlaceP2PLeavesTruncationToDeliver(t *testing.T) {
+	e := New(2)
+	r := &Recv{Src: 1, Buf: make([]byte, 2)}
+	e.Post(r)
+	if m, _ := e.PlaceP2P(1, 0, 8, 2); m != nil {
+		t.Fatal("placed a message longer than the receive's buffer")
+	}
+	if m, _ := e.PlaceP2P(0, 0, 2, 2); m != nil {
+		t.Fatal("placed a message from another source")
+	}
+}
+
+func TestNoRoomHoldsNothing(t *testing.T) {
+	e := New(2)
+	if out := e.DeliverP2P(1, 0, 4, []byte("ab"), no); out != NoRoom {
+		t.Fatalf("%v, want NoRoom", out)
+	}
+	if held := e.Drop(); held != 0 {
+		t.Fatalf("Drop released %d bytes never accounted", held)
+	}
+}
+
+func TestDepart(t *testing.T) {
+	gone := errors.New("rank 1 left")
+	e := New(3)
+	// Rank 1 left having completed every collective before seq 5.
+	whole := Key{Src: 1, Seq: 4, Step: 0}    // arrived whole: still receivable
+	partial := Key{Src: 1, Seq: 4, Step: 1}  // cut short: dropped
+	later := Key{Src: 2, Seq: 5, Step: 0}    // rank 2's, of a call that fails everywhere: dropped
+	waiting := Key{Src: 1, Seq: 3, Step: 0}  // posted: fails
+	waiting2 := Key{Src: 2, Seq: 6, Step: 0} // posted, from rank 2 but of a failed call: fails
+	kept := Key{Src: 2, Seq: 4, Step: 0}     // posted, rank 2, an earlier call: stays
+	e.DeliverColl(whole, 2, []byte("ok"), yes)
+	e.DeliverColl(partial, 4, []byte("ha"), yes)
+	e.DeliverColl(later, 3, []byte("xyz"), yes)
+	mw, _, _ := e.PostColl(waiting, make([]byte, 1))
+	mw2, _, _ := e.PostColl(waiting2, make([]byte, 1))
+	mk, _, _ := e.PostColl(kept, make([]byte, 1))
+	// Point-to-point: a receive for rank 1, one for any source, a message
+	// in progress from rank 1 matched with a receive, one from rank 1 not
+	// matched (after the first completes).
+	rFor1 := &Recv{Src: 1, Tag: 1, Buf: make([]byte, 1), Owner: "for1"}
+	rAny := &Recv{Src: AnySource, Tag: 1, Buf: make([]byte, 1), Owner: "any"}
+	rCut := &Recv{Src: 1, Tag: 2, Buf: make([]byte, 4), Owner: "cut"}
+	e.Post(rCut)
+	e.DeliverP2P(1, 2, 4, []byte("ab"), yes) // in progress, matched with rCut
+	e.Post(rFor1)
+	e.Post(rAny)
+	if len(e.Ready()) != 0 {
+		t.Fatal("completions before the departure")
+	}
+	released := e.Depart(1, 5, gone)
+	if released != 2+3 {
+		t.Fatalf("released %d bytes, want 5 (the cut-short and the failed call's)", released)
+	}
+	failed := map[any]bool{}
+	for _, d := range e.Ready() {
+		if d.Err != gone {
+			t.Fatalf("completion %+v without the departure's error", d)
+		}
+		if d.Coll != nil {
+			failed[d.Coll] = true
+		} else {
+			failed[d.Recv.Owner] = true
+		}
+	}
+	for what, want := range map[any]bool{mw: true, mw2: true, mk: false, "for1": true, "cut": true, "any": false} {
+		if failed[what] != want {
+			t.Errorf("%v failed: %v, want %v", what, failed[what], want)
+		}
+	}
+	if mw.Err != gone {
+		t.Error("the failed collective receive's Err is not the departure's")
+	}
+	buf := make([]byte, 2)
+	if m, rel, mm := e.PostColl(whole, buf); m != nil || mm != nil || rel != 2 || string(buf) != "ok" {
+		t.Fatalf("the message that arrived whole before the departure: %v %v %d %q", m, mm, rel, buf)
+	}
+	if e.Arrived(partial) || e.Arrived(later) {
+		t.Fatal("a dropped message is still held")
+	}
+}
+
+func TestDepartDropsUnmatchedMessageInProgress(t *testing.T) {
+	e := New(2)
+	e.DeliverP2P(1, 0, 10, []byte("abcd"), yes)
+	if released := e.Depart(1, 0, errors.New("left")); released != 4 {
+		t.Fatalf("released %d, want 4", released)
+	}
+	if held := e.Drop(); held != 0 {
+		t.Fatalf("Drop after Depart released %d more bytes", held)
+	}
+}
+
+// A partial unmatched message is both unexpected and in progress; Drop
+// must count its bytes once (the code before the engine counted twice).
+func TestDropCountsEachHeldByteOnce(t *testing.T) {
+	e := New(3)
+	e.DeliverP2P(1, 0, 10, []byte("abcd"), yes)             // partial, unexpected
+	e.DeliverP2P(2, 0, 2, []byte("xy"), yes)                // whole, unexpected
+	e.DeliverColl(Key{Src: 1, Seq: 1}, 3, []byte("q"), yes) // partial collective
+	if held := e.Drop(); held != 4+2+1 {
+		t.Fatalf("Drop released %d bytes, want 7", held)
+	}
+	if held := e.Drop(); held != 0 {
+		t.Fatalf("second Drop released %d", held)
+	}
+}

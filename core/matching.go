@@ -1,0 +1,243 @@
+package core
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/nexar-go/nexar/core/internal/match"
+)
+
+// This file drives the communicator's matching engine (core/internal/match)
+// from the places events happen: inbound chunks from the transport's
+// handler (deliver*) or placed by it straight into a posted buffer
+// (place*), receives posted and withdrawn by operations, and the
+// completions the engine reports, settled under c.mu (settleLocked).
+
+// settleLocked acts on the engine's completions: it wakes the waiter of a
+// collective receive and finishes a point-to-point receive's request.
+// Called with c.mu held after every engine call that can complete one.
+func (c *Comm) settleLocked() {
+	for _, d := range c.match.Ready() {
+		if d.Coll != nil {
+			close(d.Coll.Done)
+			continue
+		}
+		req := d.Recv.Owner.(*Request)
+		if d.Err != nil {
+			req.finish(Status{}, withOp(d.Err, "recv"))
+			continue
+		}
+		var err error
+		if d.Total > len(d.Recv.Buf) {
+			err = &Error{Code: CodeTruncated, Op: "recv", Rank: d.Source,
+				Msg: fmt.Sprintf("message of %d bytes from rank %d (tag %d) does not fit the %d-byte buffer", d.Total, d.Source, d.Tag, len(d.Recv.Buf))}
+		}
+		req.finish(Status{Source: d.Source, Tag: d.Tag, Count: d.Count}, err)
+	}
+}
+
+// collMismatch is the failure of a collective message whose length
+// differs from the receive posted for it.
+func (c *Comm) collMismatch(mm *match.Mismatch) *Error {
+	return &Error{Code: CodeMismatch, Op: "comm", Rank: mm.Src,
+		Msg: fmt.Sprintf("rank %d sent %d bytes for step %d of call %d but rank %d expected %d",
+			mm.Src, mm.Sent, mm.Step, mm.Seq, c.rank, mm.Want)}
+}
+
+// deliverChunk hands one inbound chunk to the engine, waiting for room in the
+// node's buffer budget when it must be held (pre: its bytes are already
+// accounted). check, when not nil, runs first under c.mu (the signature
+// check of a collective message, which may fail c).
+func (c *Comm) deliverChunk(h header, payload []byte, pre bool, step func() (match.Outcome, *match.Mismatch), check func()) {
+	n := int64(len(payload))
+	for {
+		freed := c.n.freedCh()
+		c.mu.Lock()
+		if check != nil {
+			check()
+		}
+		if c.err != nil || (h.kind == kindColl && h.seqOrTag >= c.collLimit) { // no receive will come
+			c.mu.Unlock()
+			if pre {
+				c.n.release(n)
+			}
+			return
+		}
+		out, mm := step()
+		c.settleLocked()
+		if mm != nil {
+			c.failAndTellLocked(c.collMismatch(mm))
+		}
+		c.mu.Unlock()
+		switch out {
+		case match.NoRoom:
+			select {
+			case <-freed:
+			case <-c.failed:
+			case <-c.n.done:
+			}
+			continue
+		case match.Copied, match.Mismatched:
+			if pre {
+				c.n.release(n)
+			}
+		}
+		return
+	}
+}
+
+// deliverP2P takes one chunk of a point-to-point message from src.
+func (c *Comm) deliverP2P(src int, h header, payload []byte, pre bool) {
+	room := c.roomFunc(pre)
+	c.deliverChunk(h, payload, pre, func() (match.Outcome, *match.Mismatch) {
+		return c.match.DeliverP2P(src, h.seqOrTag, int(h.total), payload, room), nil
+	}, nil)
+}
+
+// deliverColl takes one chunk of a collective message from src.
+func (c *Comm) deliverColl(src int, h header, payload []byte, pre bool) {
+	key := match.Key{Src: src, Seq: h.seqOrTag, Step: h.step}
+	room := c.roomFunc(pre)
+	c.deliverChunk(h, payload, pre, func() (match.Outcome, *match.Mismatch) {
+		return c.match.DeliverColl(key, int(h.total), payload, room)
+	}, func() { c.checkSigLocked(src, h.seqOrTag, h.sig) })
+}
+
+// roomFunc is the engine's room for a chunk to hold: already accounted
+// (pre), or taken from the node's budget.
+func (c *Comm) roomFunc(pre bool) func(int64) bool {
+	if pre {
+		return func(int64) bool { return true }
+	}
+	return c.n.tryAcquire
+}
+
+// recvColl receives the collective message (src, seq, step) into buf.
+func (c *Comm) recvColl(ctx context.Context, src int, seq uint64, step uint32, buf []byte) error {
+	key := match.Key{Src: src, Seq: seq, Step: step}
+	m, err := c.postColl(key, buf)
+	if err != nil || m == nil {
+		return err
+	}
+	return c.waitColl(ctx, key, m)
+}
+
+// postColl makes buf the destination of collective message key. It returns
+// the message to wait for, or nil when it had already arrived whole (and
+// is now in buf).
+func (c *Comm) postColl(key match.Key, buf []byte) (*match.Msg, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return nil, c.err
+	}
+	if !c.match.Arrived(key) {
+		err := c.departedLocked("comm", key.Src)
+		if err == nil {
+			err = c.collDepartedLocked("comm", key.Seq)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	m, held, mm := c.match.PostColl(key, buf)
+	if mm != nil {
+		e := c.collMismatch(mm)
+		c.failAndTellLocked(e)
+		return nil, e
+	}
+	c.n.release(held)
+	if m != nil {
+		m.Done = make(chan struct{})
+	}
+	return m, nil
+}
+
+// waitColl waits for the posted message m (key) to complete. When it gives
+// up (ctx, failure) it withdraws the receive, so that buf is not written
+// after it returns.
+func (c *Comm) waitColl(ctx context.Context, key match.Key, m *match.Msg) error {
+	if c.spin(key.Src, m.Done) {
+		return m.Err
+	}
+	defer c.blocking(key.Src)()
+	select {
+	case <-m.Done:
+		return m.Err
+	case <-c.failed:
+	case <-ctx.Done():
+	}
+	c.unpostColl(key, m)
+	select {
+	case <-m.Done:
+		return m.Err
+	default:
+	}
+	if err := c.Err(); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// unpostColl withdraws a posted receive, waiting for a placed chunk in
+// flight to land first.
+func (c *Comm) unpostColl(key match.Key, m *match.Msg) {
+	c.mu.Lock()
+	c.waitFilledLocked(m)
+	c.match.UnpostColl(key, m)
+	c.mu.Unlock()
+}
+
+// placeColl places a chunk of collective message (src, seq, step) whose
+// receive is posted. Anything unusual (a size mismatch to report, a failed
+// communicator) takes the Handler's path.
+func (c *Comm) placeColl(src int, h header, size int) ([]byte, func(error)) {
+	key := match.Key{Src: src, Seq: h.seqOrTag, Step: h.step}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.checkSigLocked(src, h.seqOrTag, h.sig)
+	if c.err != nil || h.seqOrTag >= c.collLimit {
+		return nil, nil
+	}
+	m, dst := c.match.PlaceColl(key, int(h.total), size)
+	if m == nil {
+		return nil, nil
+	}
+	return dst, func(err error) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.match.FilledColl(key, m, size, err == nil) // on error the transport reports the peer down: c fails
+		c.settleLocked()
+		c.filled.Broadcast()
+	}
+}
+
+// placeP2P places a chunk of a point-to-point message from src when a
+// matching receive is posted (or the message already matched one).
+func (c *Comm) placeP2P(src int, h header, size int) ([]byte, func(error)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return nil, nil
+	}
+	m, dst := c.match.PlaceP2P(src, h.seqOrTag, int(h.total), size)
+	if m == nil {
+		return nil, nil
+	}
+	return dst, func(err error) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.match.FilledP2P(src, m, size, err == nil)
+		c.settleLocked()
+		c.filled.Broadcast()
+	}
+}
+
+// waitFilledLocked waits, with c.mu held, until the transport has finished
+// writing into m's buffer, so that a receive given up on no longer has its
+// buffer written behind the caller's back.
+func (c *Comm) waitFilledLocked(m *match.Msg) {
+	for m.Filling() {
+		c.filled.Wait()
+	}
+}

@@ -66,11 +66,9 @@ func (a *args) dtypeOp(dt, op C.int) (collective.DType, collective.Op) {
 		a.failf(resInvalidArgument, "op %d is not a nexar_op_t", int(op))
 		return 0, 0
 	}
-	o := collective.Op(op)
-	if err := collective.Check(t, o); err != nil {
-		a.failf(resInvalidArgument, "op %s is not defined for dt %s", o, t)
-	}
-	return t, o
+	// Whether op is defined for dt is core's to check (core/validate.go):
+	// arguments are validated once, there; capi only converts.
+	return t, collective.Op(op)
 }
 
 // bytes returns count*mult elements of dt in bytes, failing on overflow.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nexar-go/nexar/collective"
+	"github.com/nexar-go/nexar/membership"
 	nquic "github.com/nexar-go/nexar/transport/quic"
 )
 
@@ -66,7 +67,7 @@ func TestNewFailsFastWhenPeerLeavesDuringFormation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rank, peers, err := join(ctx, seed, token, 1, qn.Addr().String(), id.Fingerprint)
+	rank, peers, err := joinSeed(ctx, seed, token, 1, qn.Addr().String(), id.Fingerprint)
 	if err != nil || rank != 1 {
 		qn.Close()
 		t.Fatalf("join: rank %d, %v", rank, err)
@@ -168,12 +169,12 @@ func TestJoinWaitsPastAFormedSeed(t *testing.T) {
 	defer old.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if _, _, err := join(ctx, addr, token, 0, "127.0.0.1:1", [32]byte{1}); err != nil {
+	if _, _, err := joinSeed(ctx, addr, token, 0, "127.0.0.1:1", [32]byte{1}); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() {
-		_, peers, err := join(ctx, addr, token, 0, "127.0.0.1:2", [32]byte{2})
+		_, peers, err := joinSeed(ctx, addr, token, 0, "127.0.0.1:2", [32]byte{2})
 		if err == nil && (len(peers) != 1 || peers[0].Addr != "127.0.0.1:2") {
 			err = fmt.Errorf("peer table %+v is not the new job's", peers)
 		}
@@ -199,7 +200,7 @@ func TestJoinWaitsPastAFormedSeed(t *testing.T) {
 	// that says what it found.
 	sctx, scancel := context.WithTimeout(context.Background(), time.Second)
 	defer scancel()
-	_, _, err = join(sctx, addr, token, 0, "127.0.0.1:3", [32]byte{3})
+	_, _, err = joinSeed(sctx, addr, token, 0, "127.0.0.1:3", [32]byte{3})
 	if CodeOf(err) != CodeTimeout || !strings.Contains(err.Error(), "already formed") {
 		t.Fatalf("got %v, want CodeTimeout saying the job had already formed", err)
 	}
@@ -357,11 +358,11 @@ func TestNewBindsNoWildcard(t *testing.T) {
 func TestRankLostBetweenJoinAndMesh(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		die   func(l *seedLink)
+		die   func(l *membership.SeedLink)
 		bound time.Duration
 	}{
-		{"crashed", func(l *seedLink) { l.conn.CloseWithError(1, "crashed") }, 3 * time.Second},
-		{"silent", func(l *seedLink) { l.sock.udp.Close() }, rdvIdle + 5*time.Second},
+		{"crashed", (*membership.SeedLink).SimulateCrash, 3 * time.Second},
+		{"silent", (*membership.SeedLink).SimulateSilence, membership.IdleTimeout + 5*time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			token := randomToken(t)
@@ -388,7 +389,7 @@ func TestRankLostBetweenJoinAndMesh(t *testing.T) {
 					out <- res{c, err, time.Now()}
 				}()
 			}
-			_, _, l, err := joinWatched(ctx, addr, token, 2, "127.0.0.1:1", [32]byte{9})
+			_, _, l, err := membership.JoinWatched(ctx, addr, token, 2, "127.0.0.1:1", [32]byte{9})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -410,7 +411,13 @@ func TestRankLostBetweenJoinAndMesh(t *testing.T) {
 					t.Errorf("formation failed %v after rank 2 died, want < %v", took, tc.bound)
 				}
 			}
-			l.sock.close()
+			l.CloseSocket()
 		})
 	}
+}
+
+// joinSeed is membership.Join with core's errors, as New sees them.
+func joinSeed(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte) (int, []nquic.Peer, error) {
+	r, peers, err := membership.Join(ctx, addr, token, rank, advertise, fp)
+	return r, peers, fromMembership(err)
 }

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nexar-go/nexar/membership"
 	"github.com/nexar-go/nexar/transport"
 	nquic "github.com/nexar-go/nexar/transport/quic"
 )
@@ -67,10 +68,9 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 	}
 	if embed && cfg.Rank == 0 && isLocalAddr(ctx, cfg.Seed) {
 		var err error
-		seed, err = StartSeed(seedBindAddr(ctx, cfg.Seed), cfg.WorldSize, cfg.Token)
+		seed, err = startSeed(seedBindAddr(ctx, cfg.Seed), cfg.WorldSize, cfg.Token, cfg.Logger)
 		switch {
 		case err == nil:
-			seed.log = cfg.Logger
 		case errors.Is(err, syscall.EADDRINUSE):
 			// Something on this host holds the seed's port already: a
 			// stand-alone `nexar seed`. Rank 0 joins it like any rank;
@@ -100,13 +100,13 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 		cleanup()
 		return nil, err
 	}
-	rank, peers, sl, err := joinWatched(ctx, cfg.Seed, cfg.Token, cfg.Rank, adv, id.Fingerprint)
+	rank, peers, sl, err := membership.JoinWatched(ctx, cfg.Seed, cfg.Token, cfg.Rank, adv, id.Fingerprint)
 	if err != nil {
 		cleanup()
-		return nil, err
+		return nil, fromMembership(err)
 	}
 	formedOK := false
-	defer func() { sl.finish(formedOK) }()
+	defer func() { sl.Finish(formedOK) }()
 	nd := newNode(cfg, rank, cfg.WorldSize)
 	// A peer lost while the mesh and the data path form ends formation at
 	// once: nothing it has not sent yet will come. The transport tells of
@@ -118,7 +118,7 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 		nd.onDown(peer, err)
 	}
 	seedLost := make(chan *peerLostError, 1)
-	sl.watch(func(peer int, why string) {
+	sl.Watch(func(peer int, why string) {
 		if peer >= 0 && peer < cfg.WorldSize && peer != rank {
 			pl := &peerLostError{peer: peer, err: fmt.Errorf("the seed lost it: %s", why)}
 			seedLost <- pl
@@ -298,24 +298,12 @@ func bindAddr(cfg Config) (string, error) {
 			return net.JoinHostPort(ip.String(), "0"), nil
 		}
 	}
-	ip, err := routeTo(cfg.Seed)
+	ip, err := membership.RouteTo(cfg.Seed)
 	if err != nil {
 		return "", &Error{Code: CodeInvalidArgument, Op: "new", Rank: -1,
 			Msg: fmt.Sprintf("no route to the seed %s to pick an address to listen on (set NEXAR_BIND_ADDR): %v", cfg.Seed, err), Cause: err}
 	}
 	return net.JoinHostPort(ip.String(), "0"), nil
-}
-
-// routeTo is the IP of the interface this host would send from to reach
-// hostport. A UDP "connection" sends nothing; it only asks the kernel for a
-// route.
-func routeTo(hostport string) (net.IP, error) {
-	c, err := net.Dial("udp", hostport)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	return c.LocalAddr().(*net.UDPAddr).IP, nil
 }
 
 // seedBindAddr is where an embedded seed listens: the seed's own address
@@ -362,7 +350,7 @@ func advertiseAddr(cfg Config, bound net.Addr) (string, error) {
 	if !ua.IP.IsUnspecified() && ua.IP != nil {
 		return net.JoinHostPort(ua.IP.String(), port), nil
 	}
-	ip, err := routeTo(cfg.Seed)
+	ip, err := membership.RouteTo(cfg.Seed)
 	if err != nil {
 		return "", &Error{Code: CodeInvalidArgument, Op: "new", Rank: -1,
 			Msg: fmt.Sprintf("no route to the seed %s to pick an address to advertise (set NEXAR_ADVERTISE_ADDR): %v", cfg.Seed, err), Cause: err}

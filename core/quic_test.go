@@ -64,7 +64,7 @@ func TestSeedRefusesWrongToken(t *testing.T) {
 	defer seed.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, _, err = join(ctx, seed.Addr().String(), []byte("wrong token"), -1, "127.0.0.1:1", [32]byte{1})
+	_, _, err = joinSeed(ctx, seed.Addr().String(), []byte("wrong token"), -1, "127.0.0.1:1", [32]byte{1})
 	if CodeOf(err) != CodeAuth {
 		t.Fatalf("got %v, want CodeAuth", err)
 	}
@@ -85,7 +85,7 @@ func TestSeedRankRules(t *testing.T) {
 	defer seed.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, _, err := join(ctx, seed.Addr().String(), token, 5, "127.0.0.1:1", [32]byte{1}); CodeOf(err) != CodeInvalidArgument {
+	if _, _, err := joinSeed(ctx, seed.Addr().String(), token, 5, "127.0.0.1:1", [32]byte{1}); CodeOf(err) != CodeInvalidArgument {
 		t.Errorf("out of range rank: %v", err)
 	}
 	type res struct {
@@ -94,15 +94,15 @@ func TestSeedRankRules(t *testing.T) {
 	}
 	ch := make(chan res, 2)
 	go func() {
-		r, _, err := join(ctx, seed.Addr().String(), token, 1, "127.0.0.1:1", [32]byte{1})
+		r, _, err := joinSeed(ctx, seed.Addr().String(), token, 1, "127.0.0.1:1", [32]byte{1})
 		ch <- res{r, err}
 	}()
 	time.Sleep(100 * time.Millisecond)
-	if _, _, err := join(ctx, seed.Addr().String(), token, 1, "127.0.0.1:2", [32]byte{2}); CodeOf(err) != CodeInvalidArgument {
+	if _, _, err := joinSeed(ctx, seed.Addr().String(), token, 1, "127.0.0.1:2", [32]byte{2}); CodeOf(err) != CodeInvalidArgument {
 		t.Errorf("duplicate rank: %v", err)
 	}
 	go func() {
-		r, peers, err := join(ctx, seed.Addr().String(), token, -1, "127.0.0.1:3", [32]byte{3})
+		r, peers, err := joinSeed(ctx, seed.Addr().String(), token, -1, "127.0.0.1:3", [32]byte{3})
 		if err == nil && (len(peers) != 2 || peers[1].Addr != "127.0.0.1:1") {
 			err = fmt.Errorf("bad table %+v", peers)
 		}

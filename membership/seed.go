@@ -1,4 +1,4 @@
-package core
+package membership
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/fxamacker/cbor/v2"
 	"github.com/quic-go/quic-go"
 
+	"github.com/nexar-go/nexar/internal/abi"
 	nquic "github.com/nexar-go/nexar/transport/quic"
 )
 
@@ -80,11 +81,11 @@ type noticeMsg struct {
 	Why  string `cbor:"why"`
 }
 
-// rdvIdle bounds how long a silent rendezvous connection is kept: it is how
-// long the seed takes to notice a member that died (a process that is
+// IdleTimeout bounds how long a silent rendezvous connection is kept: it
+// is how long the seed takes to notice a member that died (a process that is
 // killed closes nothing) while the others form the mesh.
 const (
-	rdvIdle      = 5 * time.Second
+	IdleTimeout  = 5 * time.Second
 	rdvKeepAlive = time.Second
 )
 
@@ -153,6 +154,8 @@ type Seed struct {
 	log       *slog.Logger
 	formed    chan struct{}
 	done      chan struct{}
+	life      context.Context // cancelled by Close, with done closed
+	end       context.CancelFunc
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 
@@ -178,17 +181,21 @@ type member struct {
 }
 
 // StartSeed listens on addr (UDP host:port) for worldSize joiners holding
-// token. It serves one formation; later joiners are refused.
-func StartSeed(addr string, worldSize int, token []byte) (*Seed, error) {
+// token. It serves one formation; later joiners are refused. log (nil:
+// slog.Default()) receives its debug messages.
+func StartSeed(addr string, worldSize int, token []byte, log *slog.Logger) (*Seed, error) {
+	if log == nil {
+		log = slog.Default()
+	}
 	if worldSize < 1 {
-		return nil, invalidArg("seed", "world size %d must be >= 1", worldSize)
+		return nil, errorf(abi.ErrInvalidArgument, "seed", nil, "world size %d must be >= 1", worldSize)
 	}
 	if len(token) == 0 {
-		return nil, invalidArg("seed", "empty token")
+		return nil, errorf(abi.ErrInvalidArgument, "seed", nil, "empty token")
 	}
 	id, err := nquic.NewIdentity()
 	if err != nil {
-		return nil, &Error{Code: CodeInternal, Op: "seed", Rank: -1, Msg: err.Error(), Cause: err}
+		return nil, errorf(abi.ErrInternal, "seed", err, "%v", err)
 	}
 	tc := nquic.ServerTLSConfig(id, func([32]byte) error { return nil }) // joiners prove the token instead
 	tc.NextProtos = []string{rdvALPN}
@@ -198,21 +205,22 @@ func StartSeed(addr string, worldSize int, token []byte) (*Seed, error) {
 	// the same address must be able to bind it at once.
 	ua, err := net.ResolveUDPAddr("udp", addr)
 	if err != nil {
-		return nil, &Error{Code: CodeInvalidArgument, Op: "seed", Rank: -1, Msg: fmt.Sprintf("listen on %s: %v", addr, err), Cause: err}
+		return nil, errorf(abi.ErrInvalidArgument, "seed", err, "listen on %s: %v", addr, err)
 	}
 	udp, err := net.ListenUDP("udp", ua)
 	if err != nil {
-		return nil, &Error{Code: CodeInternal, Op: "seed", Rank: -1, Msg: fmt.Sprintf("listen on %s: %v", addr, err), Cause: err}
+		return nil, errorf(abi.ErrInternal, "seed", err, "listen on %s: %v", addr, err)
 	}
 	tr := &quic.Transport{Conn: udp}
-	ln, err := tr.Listen(tc, &quic.Config{HandshakeIdleTimeout: 10 * time.Second, MaxIdleTimeout: rdvIdle, KeepAlivePeriod: rdvKeepAlive})
+	ln, err := tr.Listen(tc, &quic.Config{HandshakeIdleTimeout: 10 * time.Second, MaxIdleTimeout: IdleTimeout, KeepAlivePeriod: rdvKeepAlive})
 	if err != nil {
 		tr.Close()
 		udp.Close()
-		return nil, &Error{Code: CodeInternal, Op: "seed", Rank: -1, Msg: fmt.Sprintf("listen on %s: %v", addr, err), Cause: err}
+		return nil, errorf(abi.ErrInternal, "seed", err, "listen on %s: %v", addr, err)
 	}
-	s := &Seed{ln: ln, tr: tr, udp: udp, size: worldSize, token: append([]byte(nil), token...), log: slog.Default(),
+	s := &Seed{ln: ln, tr: tr, udp: udp, size: worldSize, token: append([]byte(nil), token...), log: log,
 		formed: make(chan struct{}), done: make(chan struct{}), allSettled: make(chan struct{})}
+	s.life, s.end = context.WithCancel(context.Background())
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s, nil
@@ -248,6 +256,7 @@ func (s *Seed) CloseWhenSettled(d time.Duration) {
 func (s *Seed) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.done)
+		s.end()
 		s.ln.Close()
 		s.wg.Wait()
 		s.tr.Close()
@@ -278,7 +287,7 @@ func (s *Seed) serve(conn *quic.Conn) {
 	defer conn.CloseWithError(0, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	stop := context.AfterFunc(ctxDone(s.done), cancel)
+	stop := context.AfterFunc(s.life, cancel)
 	defer stop()
 	st, err := conn.AcceptStream(ctx)
 	if err != nil {
@@ -286,44 +295,44 @@ func (s *Seed) serve(conn *quic.Conn) {
 	}
 	st.SetReadDeadline(time.Now().Add(10 * time.Second))
 	var j joinMsg
-	refuse := func(code Code, format string, args ...any) {
+	refuse := func(code int, format string, args ...any) {
 		msg := fmt.Sprintf(format, args...)
 		s.log.Warn("nexar seed: refused joiner", "remote", conn.RemoteAddr().String(), "why", msg)
-		_ = writeFrame(st, welcomeMsg{V: rdvVersion, Code: int(code), Err: msg})
+		_ = writeFrame(st, welcomeMsg{V: rdvVersion, Code: code, Err: msg})
 		st.Close()
 		s.linger(conn)
 	}
 	if err := readFrame(st, maxJoinFrame, &j); err != nil {
-		refuse(CodeInvalidArgument, "bad join message: %v", err)
+		refuse(abi.ErrInvalidArgument, "bad join message: %v", err)
 		return
 	}
 	if j.V != rdvVersion {
-		refuse(CodeInvalidArgument, "unsupported rendezvous version %d (this seed speaks %d)", j.V, rdvVersion)
+		refuse(abi.ErrInvalidArgument, "unsupported rendezvous version %d (this seed speaks %d)", j.V, rdvVersion)
 		return
 	}
 	tls := conn.ConnectionState().TLS
 	want, err := proof(s.token, tls.ExportKeyingMaterial, labelJoin)
 	if err != nil || !hmac.Equal(want, j.Proof) {
-		refuse(CodeAuth, "wrong token")
+		refuse(abi.ErrAuth, "wrong token")
 		return
 	}
 	if len(j.FP) != 32 {
-		refuse(CodeInvalidArgument, "certificate fingerprint has %d bytes, want 32", len(j.FP))
+		refuse(abi.ErrInvalidArgument, "certificate fingerprint has %d bytes, want 32", len(j.FP))
 		return
 	}
 	if _, _, err := net.SplitHostPort(j.Addr); err != nil {
-		refuse(CodeInvalidArgument, "advertised address %q: %v", j.Addr, err)
+		refuse(abi.ErrInvalidArgument, "advertised address %q: %v", j.Addr, err)
 		return
 	}
 	m := &member{want: j.Rank, addr: j.Addr, fp: j.FP, gone: make(chan struct{})}
 	if err := s.add(m); errors.Is(err, errFormed) {
 		s.log.Debug("nexar seed: joiner came after formation", "remote", conn.RemoteAddr().String())
-		_ = writeFrame(st, welcomeMsg{V: rdvVersion, Code: int(CodeInvalidArgument), Err: err.Error(), Formed: true})
+		_ = writeFrame(st, welcomeMsg{V: rdvVersion, Code: abi.ErrInvalidArgument, Err: err.Error(), Formed: true})
 		st.Close()
 		s.linger(conn)
 		return
 	} else if err != nil {
-		refuse(CodeInvalidArgument, "%v", err)
+		refuse(abi.ErrInvalidArgument, "%v", err)
 		return
 	}
 	select {
@@ -358,7 +367,7 @@ func (s *Seed) serve(conn *quic.Conn) {
 // watch waits for m's report of its mesh formation; a connection that ends
 // first means m was lost while the others formed the mesh.
 func (s *Seed) watch(conn *quic.Conn, st *quic.Stream, m *member) {
-	stop := context.AfterFunc(ctxDone(s.done), func() { conn.CloseWithError(0, "seed closed") })
+	stop := context.AfterFunc(s.life, func() { conn.CloseWithError(0, "seed closed") })
 	defer stop()
 	st.SetReadDeadline(time.Time{}) // the connection's idle timeout bounds it
 	var rep reportMsg
@@ -370,7 +379,7 @@ func (s *Seed) watch(conn *quic.Conn, st *quic.Stream, m *member) {
 		}
 		why := "its connection to the seed ended"
 		if isTimeout(err) {
-			why = fmt.Sprintf("it was silent for %v", rdvIdle)
+			why = fmt.Sprintf("it was silent for %v", IdleTimeout)
 		}
 		s.lost(m, fmt.Sprintf("%s before it reported the mesh formed: %v", why, err))
 		return
@@ -486,31 +495,31 @@ func (s *Seed) remove(m *member) {
 	}
 }
 
-// join registers with the seed at addr and returns this rank's number and
+// Join registers with the seed at addr and returns this rank's number and
 // the peer table. It retries until ctx ends while the seed is not up yet, or
 // while the seed there is an earlier job's that has already formed (this
 // rank is early for the next job on the same address).
-func join(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte) (int, []nquic.Peer, error) {
-	r, peers, sl, err := joinWatched(ctx, addr, token, rank, advertise, fp)
+func Join(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte) (int, []nquic.Peer, error) {
+	r, peers, sl, err := JoinWatched(ctx, addr, token, rank, advertise, fp)
 	if sl != nil {
-		sl.finish(true)
+		sl.Finish(true)
 	}
 	return r, peers, err
 }
 
-// seedLink is a joiner's connection to the seed after the welcome, kept
-// while it forms the mesh: watch reports members the seed lost meanwhile,
-// finish reports the outcome and lets the connection go.
-type seedLink struct {
+// SeedLink is a joiner's connection to the seed after the welcome, kept
+// while it forms the mesh: Watch reports members the seed lost meanwhile,
+// Finish reports the outcome and lets the connection go.
+type SeedLink struct {
 	conn *quic.Conn
 	st   *quic.Stream
 	sock *dialSocket
 	once sync.Once
 }
 
-// watch calls lost (from a goroutine of its own, at most once) if the seed
-// reports a member lost during formation. It ends with finish.
-func (l *seedLink) watch(lost func(rank int, why string)) {
+// Watch calls lost (from a goroutine of its own, at most once) if the seed
+// reports a member lost during formation. It ends with Finish.
+func (l *SeedLink) Watch(lost func(rank int, why string)) {
 	go func() {
 		var n noticeMsg
 		if err := readFrame(l.st, maxJoinFrame, &n); err == nil {
@@ -519,10 +528,10 @@ func (l *seedLink) watch(lost func(rank int, why string)) {
 	}()
 }
 
-// finish reports the end of this rank's formation to the seed and closes
+// Finish reports the end of this rank's formation to the seed and closes
 // the connection in the background, once the seed had a moment to read it
 // (at most 2 s). Safe to call more than once.
-func (l *seedLink) finish(ok bool) {
+func (l *SeedLink) Finish(ok bool) {
 	l.once.Do(func() {
 		l.st.SetWriteDeadline(time.Now().Add(2 * time.Second))
 		_ = writeFrame(l.st, reportMsg{OK: ok})
@@ -540,8 +549,8 @@ func (l *seedLink) finish(ok bool) {
 	})
 }
 
-// joinWatched is join that keeps the connection to the seed (see seedLink).
-func joinWatched(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte) (int, []nquic.Peer, *seedLink, error) {
+// JoinWatched is Join that keeps the connection to the seed (see SeedLink).
+func JoinWatched(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte) (int, []nquic.Peer, *SeedLink, error) {
 	id, err := nquic.NewIdentity()
 	if err != nil {
 		return 0, nil, nil, err
@@ -565,7 +574,7 @@ func joinWatched(ctx context.Context, addr string, token []byte, rank int, adver
 			actx, cancel := context.WithTimeout(ctx, 3*time.Second)
 			sock, err = newDialSocket(addr)
 			if err == nil {
-				conn, err = sock.tr.Dial(actx, sock.raddr, tc, &quic.Config{HandshakeIdleTimeout: 3 * time.Second, MaxIdleTimeout: rdvIdle, KeepAlivePeriod: rdvKeepAlive})
+				conn, err = sock.tr.Dial(actx, sock.raddr, tc, &quic.Config{HandshakeIdleTimeout: 3 * time.Second, MaxIdleTimeout: IdleTimeout, KeepAlivePeriod: rdvKeepAlive})
 				if err != nil {
 					sock.close()
 				}
@@ -575,13 +584,12 @@ func joinWatched(ctx context.Context, addr string, token []byte, rank int, adver
 				break
 			}
 			if !wait() {
-				return 0, nil, nil, &Error{Code: CodeTimeout, Op: "rendezvous", Rank: -1,
-					Msg: fmt.Sprintf("cannot reach the seed at %s: %v", addr, err), Cause: err}
+				return 0, nil, nil, errorf(abi.ErrTimeout, "rendezvous", err, "cannot reach the seed at %s: %v", addr, err)
 			}
 		}
 		r, peers, st, formed, err := joinOnce(ctx, conn, addr, token, rank, advertise, fp)
 		if err == nil {
-			return r, peers, &seedLink{conn: conn, st: st, sock: sock}, nil
+			return r, peers, &SeedLink{conn: conn, st: st, sock: sock}, nil
 		}
 		conn.CloseWithError(0, "")
 		sock.close()
@@ -589,31 +597,30 @@ func joinWatched(ctx context.Context, addr string, token []byte, rank int, adver
 			return r, peers, nil, err
 		}
 		if !wait() {
-			return 0, nil, nil, &Error{Code: CodeTimeout, Op: "rendezvous", Rank: -1,
-				Msg: fmt.Sprintf("the seed at %s serves a job that had already formed, and no new one started there in time "+
-					"(an earlier job on this address still runs, or this process is one rank too many): %v", addr, err), Cause: err}
+			return 0, nil, nil, errorf(abi.ErrTimeout, "rendezvous", err, "the seed at %s serves a job that had already formed, and no new one started there in time "+
+				"(an earlier job on this address still runs, or this process is one rank too many): %v", addr, err)
 		}
 	}
 }
 
-// joinOnce is one attempt of join on conn; formed reports that the seed
+// joinOnce is one attempt of Join on conn; formed reports that the seed
 // refused because its job has already formed. On success it returns the
-// stream, which the seed keeps until this rank reports (seedLink).
+// stream, which the seed keeps until this rank reports (SeedLink).
 func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, rank int, advertise string, fp [32]byte) (int, []nquic.Peer, *quic.Stream, bool, error) {
-	fail := func(code Code, format string, args ...any) (int, []nquic.Peer, *quic.Stream, bool, error) {
-		return 0, nil, nil, false, &Error{Code: code, Op: "rendezvous", Rank: -1, Msg: fmt.Sprintf(format, args...)}
+	fail := func(code int, format string, args ...any) (int, []nquic.Peer, *quic.Stream, bool, error) {
+		return 0, nil, nil, false, errorf(code, "rendezvous", nil, format, args...)
 	}
 	st, err := conn.OpenStreamSync(ctx)
 	if err != nil {
-		return fail(CodeInternal, "seed %s: %v", addr, err)
+		return fail(abi.ErrInternal, "seed %s: %v", addr, err)
 	}
 	tls := conn.ConnectionState().TLS
 	p, err := proof(token, tls.ExportKeyingMaterial, labelJoin)
 	if err != nil {
-		return fail(CodeInternal, "%v", err)
+		return fail(abi.ErrInternal, "%v", err)
 	}
 	if err := writeFrame(st, joinMsg{V: rdvVersion, Rank: rank, Addr: advertise, FP: fp[:], Proof: p}); err != nil {
-		return fail(CodeInternal, "seed %s: %v", addr, err)
+		return fail(abi.ErrInternal, "seed %s: %v", addr, err)
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		st.SetReadDeadline(dl)
@@ -621,32 +628,32 @@ func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, r
 	var w welcomeMsg
 	if err := readFrame(st, maxWelcome, &w); err != nil {
 		if errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil || isTimeout(err) {
-			return fail(CodeTimeout, "seed %s: not every rank joined in time: %v", addr, err)
+			return fail(abi.ErrTimeout, "seed %s: not every rank joined in time: %v", addr, err)
 		}
-		return fail(CodeInternal, "seed %s: reading the peer table: %v", addr, err)
+		return fail(abi.ErrInternal, "seed %s: reading the peer table: %v", addr, err)
 	}
 	if w.V != rdvVersion {
-		return fail(CodeInvalidArgument, "seed %s speaks rendezvous version %d, want %d", addr, w.V, rdvVersion)
+		return fail(abi.ErrInvalidArgument, "seed %s speaks rendezvous version %d, want %d", addr, w.V, rdvVersion)
 	}
 	if w.Code != 0 {
-		code := Code(w.Code)
-		if code <= CodeOK || code >= numCodes {
-			code = CodeInternal
+		code := w.Code
+		if code <= abi.Success || code >= abi.NumResults {
+			code = abi.ErrInternal
 		}
-		r, peers, _, _, err := fail(code, "seed %s refused: %s", addr, truncate(w.Err, 512))
+		r, peers, _, _, err := fail(code, "seed %s refused: %s", addr, w.Err[:min(len(w.Err), 512)])
 		return r, peers, nil, w.Formed, err
 	}
 	want, err := proof(token, tls.ExportKeyingMaterial, labelSeed)
 	if err != nil || !hmac.Equal(want, w.Proof) {
-		return fail(CodeAuth, "seed %s did not prove the token: not our seed", addr)
+		return fail(abi.ErrAuth, "seed %s did not prove the token: not our seed", addr)
 	}
 	if w.Size < 1 || len(w.Peers) != w.Size || w.Rank < 0 || w.Rank >= w.Size {
-		return fail(CodeInternal, "seed %s sent an inconsistent peer table", addr)
+		return fail(abi.ErrInternal, "seed %s sent an inconsistent peer table", addr)
 	}
 	peers := make([]nquic.Peer, w.Size)
 	for i, pm := range w.Peers {
 		if pm.Rank != i || len(pm.FP) != 32 {
-			return fail(CodeInternal, "seed %s sent a bad peer table row %d", addr, i)
+			return fail(abi.ErrInternal, "seed %s sent a bad peer table row %d", addr, i)
 		}
 		peers[i] = nquic.Peer{Rank: i, Addr: pm.Addr}
 		copy(peers[i].Fingerprint[:], pm.FP)
@@ -657,7 +664,7 @@ func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, r
 
 // dialSocket is the UDP socket a joiner reaches the seed from: bound to the
 // address that routes to the seed, not to every interface, and closed with
-// the connection (the connection outlives the welcome: seedLink).
+// the connection (the connection outlives the welcome: SeedLink).
 type dialSocket struct {
 	udp   *net.UDPConn
 	tr    *quic.Transport
@@ -670,7 +677,7 @@ func newDialSocket(seed string) (*dialSocket, error) {
 		return nil, err
 	}
 	laddr := &net.UDPAddr{}
-	if ip, err := routeTo(seed); err == nil {
+	if ip, err := RouteTo(seed); err == nil {
 		laddr.IP = ip
 	}
 	udp, err := net.ListenUDP("udp", laddr)
@@ -690,4 +697,16 @@ func (d *dialSocket) close() {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// RouteTo is the IP of the interface this host would send from to reach
+// hostport. A UDP "connection" sends nothing; it only asks the kernel for a
+// route.
+func RouteTo(hostport string) (net.IP, error) {
+	c, err := net.Dial("udp", hostport)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).IP, nil
 }

@@ -1,0 +1,16 @@
+package membership
+
+// For tests of the layers above, which must see a joiner die between its
+// welcome and its report.
+
+// SimulateCrash ends l's connection as a crashed process's would end:
+// closed at once, with an error and no report.
+func (l *SeedLink) SimulateCrash() { l.conn.CloseWithError(1, "crashed") }
+
+// SimulateSilence makes l's process go silent, as one that was killed: its
+// socket is closed under the connection, which sends nothing more. Finish
+// or CloseSocket afterwards releases what is left.
+func (l *SeedLink) SimulateSilence() { l.sock.udp.Close() }
+
+// CloseSocket releases l's socket.
+func (l *SeedLink) CloseSocket() { l.sock.close() }

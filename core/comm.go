@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nexar-go/nexar/core/internal/match"
+	"github.com/nexar-go/nexar/membership"
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/mem"
 )
@@ -38,6 +39,9 @@ type Comm struct {
 	cfg   Config
 	// tuningDigest is cfg.Tuning.Digest(), put in every signature.
 	tuningDigest uint16
+	// gen is the membership generation c was created in: its messages
+	// carry it, and it takes only messages that carry it.
+	gen membership.Generation
 
 	ctx    context.Context // cancelled when the comm fails or closes
 	cancel context.CancelFunc
@@ -79,7 +83,7 @@ type remoteSig struct {
 func newComm(n *node, id uint64, rank int, world []int) *Comm {
 	c := &Comm{
 		n: n, id: id, rank: rank, size: len(world), world: world,
-		of: make(map[int]int, len(world)), cfg: n.cfg, tuningDigest: n.cfg.Tuning.Digest(),
+		of: make(map[int]int, len(world)), cfg: n.cfg, tuningDigest: n.cfg.Tuning.Digest(), gen: n.view.Gen,
 		failed:     make(chan struct{}),
 		mySig:      make(map[uint64]signature),
 		remoteSig:  make(map[uint64]remoteSig),
@@ -311,7 +315,7 @@ func (c *Comm) broadcastAbort(e *Error) {
 	}
 	payload := encodeCause(e)
 	var th transport.Header
-	(&header{kind: kindControl, sub: ctlAbort, comm: c.id, total: uint64(len(payload))}).encode(&th)
+	(&header{kind: kindControl, sub: ctlAbort, comm: c.id, total: uint64(len(payload))}).encode(&th, c.gen)
 	for p := 0; p < c.size; p++ {
 		if p == c.rank || c.peerIsDown(p) {
 			continue
@@ -465,7 +469,7 @@ func (c *Comm) sayBye(done uint64, cause *Error) {
 		payload = encodeCause(cause)
 	}
 	var th transport.Header
-	(&header{kind: kindControl, sub: ctlBye, comm: c.id, seqOrTag: done, total: uint64(len(payload))}).encode(&th)
+	(&header{kind: kindControl, sub: ctlBye, comm: c.id, seqOrTag: done, total: uint64(len(payload))}).encode(&th, c.gen)
 	ctx, cancel := context.WithTimeout(context.Background(), min(byeTimeout, c.cfg.HeartbeatTimeout))
 	defer cancel()
 	var wg sync.WaitGroup

@@ -8,6 +8,6 @@
 // forms a job (a seed that assigns ranks and hands out the peer table to
 // joiners that prove knowledge of the job's token).
 //
-// The wire layout of the 48-byte message header is described in
+// The wire layout of the 56-byte message header is described in
 // docs/wire-format.md and next to encodeHeader in header.go.
 package core

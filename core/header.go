@@ -6,10 +6,11 @@ import (
 	"strings"
 
 	"github.com/nexar-go/nexar/collective"
+	"github.com/nexar-go/nexar/membership"
 	"github.com/nexar-go/nexar/transport"
 )
 
-// Header layout (transport.Header, 48 bytes, little-endian; see
+// Header layout (transport.Header, 56 bytes, little-endian; see
 // docs/wire-format.md):
 //
 //	off len field
@@ -26,11 +27,13 @@ import (
 //	 28   4 signature: root (int32, -1 = none)
 //	 32   8 signature: count in elements (all ones = not compared)
 //	 40   8 total length of the message in bytes
+//	 48   4 membership generation of the sender's view (membership.Generation)
+//	 52   4 reserved, zero
 //
 // A message longer than transport.MaxPayload travels as consecutive chunks
 // with identical headers on the same lane; the receiver knows the offset of
 // each chunk from the bytes it has already received for that message.
-const wireVersion = 1
+const wireVersion = 2
 
 // Byte 0 of a header belongs to the layer above only below
 // transport.OwnerTransport (transports mark their own messages there):
@@ -69,9 +72,11 @@ type header struct {
 	step     uint32
 	sig      signature
 	total    uint64
+	gen      membership.Generation // set by encode's caller's view; decoded for the receiver's check
 }
 
-func (h *header) encode(dst *transport.Header) {
+// encode writes h into dst as sent in membership generation gen.
+func (h *header) encode(dst *transport.Header, gen membership.Generation) {
 	*dst = transport.Header{}
 	dst[0] = wireVersion
 	dst[1] = byte(h.kind)
@@ -86,6 +91,7 @@ func (h *header) encode(dst *transport.Header) {
 	binary.LittleEndian.PutUint32(dst[28:], uint32(int32(h.sig.root)))
 	binary.LittleEndian.PutUint64(dst[32:], h.sig.count)
 	binary.LittleEndian.PutUint64(dst[40:], h.total)
+	binary.LittleEndian.PutUint32(dst[48:], uint32(gen))
 }
 
 func decodeHeader(src *transport.Header) (header, error) {
@@ -108,6 +114,7 @@ func decodeHeader(src *transport.Header) (header, error) {
 	h.sig.root = int(int32(binary.LittleEndian.Uint32(src[28:])))
 	h.sig.count = binary.LittleEndian.Uint64(src[32:])
 	h.total = binary.LittleEndian.Uint64(src[40:])
+	h.gen = membership.Generation(binary.LittleEndian.Uint32(src[48:]))
 	return h, nil
 }
 

@@ -37,7 +37,7 @@ func (l *link) ringCheck() {
 		return
 	}
 	var th transport.Header
-	(&header{kind: kindControl, sub: ctlSigCheck, comm: c.id, seqOrTag: l.seq, sig: l.sig}).encode(&th)
+	(&header{kind: kindControl, sub: ctlSigCheck, comm: c.id, seqOrTag: l.seq, sig: l.sig}).encode(&th, c.gen)
 	// On the data lane: on the fast path (shared memory) it costs a few
 	// hundred ns, where the control lane is a QUIC stream.
 	_ = c.n.ep.Send(l.sendCtx((c.rank+1)%c.size), c.world[(c.rank+1)%c.size], transport.LaneData, &th, nil)
@@ -149,7 +149,7 @@ func (l *link) send(ctx context.Context, peer int, step uint32, data []byte, pro
 		// One chunk (<= transport.MaxPayload), sent by the caller while
 		// it progresses the receive of an exchange.
 		var th transport.Header
-		h.encode(&th)
+		h.encode(&th, l.c.gen)
 		err = l.c.n.ep.SendProgress(l.sendCtx(peer), l.c.world[peer], &th, data, progress)
 	} else {
 		err = l.c.sendChunked(l.sendCtx(peer), peer, h, data)

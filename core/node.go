@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nexar-go/nexar/membership"
 	"github.com/nexar-go/nexar/transport"
 )
 
@@ -27,6 +28,12 @@ type node struct {
 	size int                // world size
 	ep   transport.DataPath // set once, before start (worldComm)
 	caps transport.Caps     // ep's declaration, read on every hot path
+	// view is the membership this node's messages are sent in and
+	// accepted from (their header's generation). It is fixed for the
+	// node's life today; changing it (issue 10) will take node.mu.
+	view membership.View
+	// stale counts messages dropped because another generation sent them.
+	stale atomic.Int64
 
 	spinWait       time.Duration  // resolved Config.SpinWait (resolveSpinWait)
 	oversubscribed bool           // more ranks on this host than cores
@@ -70,7 +77,7 @@ type pendingMsg struct {
 
 func newNode(cfg Config, rank, size int) *node {
 	n := &node{
-		cfg: cfg, log: cfg.Logger, rank: rank, size: size,
+		cfg: cfg, log: cfg.Logger, rank: rank, size: size, view: membership.Initial(size),
 		lastSeen: make([]atomic.Int64, size),
 		done:     make(chan struct{}),
 		comms:    make(map[uint64]*Comm),
@@ -118,7 +125,7 @@ func (n *node) start() {
 func (n *node) heartbeatTo(peer int) {
 	defer n.wg.Done()
 	var th transport.Header
-	(&header{kind: kindHeartbeat}).encode(&th)
+	(&header{kind: kindHeartbeat}).encode(&th, n.view.Gen)
 	t := time.NewTicker(n.cfg.HeartbeatInterval)
 	defer t.Stop()
 	for {
@@ -270,7 +277,7 @@ func (n *node) tellDeclaredDown(p int, why string) {
 	defer n.wg.Done()
 	payload := []byte(truncate(why, 1024))
 	var th transport.Header
-	(&header{kind: kindControl, sub: ctlDeclaredDown, total: uint64(len(payload))}).encode(&th)
+	(&header{kind: kindControl, sub: ctlDeclaredDown, total: uint64(len(payload))}).encode(&th, n.view.Gen)
 	ctx, cancel := context.WithTimeout(context.Background(), min(byeTimeout, n.cfg.HeartbeatTimeout))
 	defer cancel()
 	stop := context.AfterFunc(ctxDone(n.done), cancel)
@@ -368,6 +375,14 @@ func (n *node) handle(from int, lane transport.Lane, th *transport.Header, paylo
 		return
 	}
 	if h.kind == kindHeartbeat {
+		return
+	}
+	if h.gen != n.view.Gen {
+		// Sent in another membership (a rank of an earlier or later view
+		// of this world): nothing here may take it.
+		n.stale.Add(1)
+		n.log.Debug("nexar: dropping message of another membership generation", "rank", n.rank, "from", from,
+			"generation", h.gen, "ours", n.view.Gen)
 		return
 	}
 	if h.total > 1<<62 || uint64(len(payload)) > h.total {

@@ -64,7 +64,7 @@ func (c *Comm) sendChunked(ctx context.Context, peer int, h header, data []byte)
 	h.comm = c.id
 	h.total = uint64(len(data))
 	var th transport.Header
-	h.encode(&th)
+	h.encode(&th, c.gen)
 	w := c.world[peer]
 	if len(data) == 0 {
 		return c.n.ep.Send(ctx, w, transport.LaneData, &th, nil)

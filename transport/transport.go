@@ -45,7 +45,7 @@ func (l Lane) String() string {
 
 // HeaderSize is the size of the per-message header that the layer above
 // (core) uses for matching; the transport carries it verbatim.
-const HeaderSize = 48
+const HeaderSize = 56
 
 // Header is opaque to the transport but for its first byte, the owner: a
 // transport may send messages of its own through the endpoint it wraps

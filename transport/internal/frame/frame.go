@@ -1,5 +1,5 @@
 // Package frame encodes and decodes the bulk wire frame shared by the stream
-// transports: a fixed little-endian prefix, the 48-byte opaque header and the
+// transports: a fixed little-endian prefix, the 56-byte opaque header and the
 // raw payload.
 //
 //	offset size field
@@ -7,8 +7,8 @@
 //	2      1    version (1)
 //	3      1    lane
 //	4      4    payload length, u32 LE, <= transport.MaxPayload
-//	8      48   header, opaque
-//	56     n    payload
+//	8      56   header, opaque
+//	64     n    payload
 //
 // A goodbye frame is the last frame on a stream: the lane byte carries
 // FlagGoodbye, the length is 0 and the header all zero. It tells the reader

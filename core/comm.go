@@ -64,6 +64,7 @@ type Comm struct {
 	fwd        *Error     // the failure a member's goodbye reported, to report in ours
 	collLimit  uint64     // collectives from this seq on can never complete (a member left)
 	filled     *sync.Cond // on mu: broadcast when a placed chunk is written
+	lost       failures   // members found failed (Failures, Failed)
 }
 
 // departure records that a member destroyed its communicator: every message
@@ -92,6 +93,7 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 		unfinished: make(map[uint64]bool),
 		gone:       make(map[int]departure),
 		collLimit:  math.MaxUint64,
+		lost:       newFailures(len(world)),
 	}
 	for r, w := range world {
 		c.of[w] = r
@@ -221,6 +223,7 @@ func (c *Comm) Close() error {
 		c.sayBye(done, cause)
 		c.mu.Lock()
 		held := c.match.Drop()
+		c.closeFailuresLocked()
 		c.mu.Unlock()
 		c.n.release(held)
 		c.n.unregister(c)
@@ -237,6 +240,7 @@ func (c *Comm) fail(err error) bool {
 }
 
 func (c *Comm) failLocked(err error) bool {
+	c.noteFailureLocked(err) // reported even when c had failed already
 	if c.err != nil {
 		return false
 	}

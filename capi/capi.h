@@ -9,4 +9,11 @@
  * the calling thread's last-error buffer. */
 void nxcapi_set_last_error(const char* msg, size_t n);
 
+/* nxcapi_call_failure calls the nexar_failure_fn fn, marking the calling
+ * thread as inside a failure handler meanwhile; nxcapi_in_failure_handler
+ * reports that mark (nexar_comm_destroy from a handler must not wait for
+ * the handler to return). */
+void nxcapi_call_failure(uintptr_t fn, uintptr_t comm, int rank, int code, const char* msg, void* user);
+int nxcapi_in_failure_handler(void);
+
 #endif

@@ -86,7 +86,12 @@ func nxgo_comm_destroy(comm C.uintptr_t) (r C.int) {
 	if !ok {
 		return fail(fn, resInvalidHandle, "comm %#x is not a valid communicator (never created, or already destroyed)", uintptr(comm))
 	}
+	w := watchers.remove(uintptr(comm))
+	if w != nil {
+		w.stop() // no handler call from here on, none running (unless this is one)
+	}
 	// Close is local and idempotent; its error (if any) is only reported.
+	// It closes the failure stream, which ends the watcher's goroutine.
 	return result(fn, c.Close())
 }
 

@@ -117,6 +117,16 @@ nexar_result_t nexar_comm_get_error(nexar_comm_t comm, nexar_result_t* error) {
     return (nexar_result_t)nxgo_comm_get_error((uintptr_t)comm, (int*)error);
 }
 
+nexar_result_t nexar_comm_get_failed(nexar_comm_t comm, int* ranks, size_t capacity, size_t* count) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_comm_get_failed((uintptr_t)comm, ranks, capacity, count);
+}
+
+nexar_result_t nexar_comm_set_failure_handler(nexar_comm_t comm, nexar_failure_fn fn, void* user) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_comm_set_failure_handler((uintptr_t)comm, (uintptr_t)fn, user);
+}
+
 nexar_result_t nexar_send(const void* buf, size_t count, nexar_datatype_t dt, int peer,
                           uint64_t tag, nexar_comm_t comm) {
     GUARD("communicator");

@@ -310,6 +310,42 @@ nexar_result_t nexar_comm_split(nexar_comm_t comm, int color, int key, nexar_com
  * NEXAR_ERR_INVALID_ARGUMENT. Thread-safety: safe from any thread. */
 nexar_result_t nexar_comm_get_error(nexar_comm_t comm, nexar_result_t* error);
 
+/* Failure notification. Besides failing pending and later calls, a
+ * communicator records each member found failed (dead or unreachable, as
+ * this rank's detector found or as another member reported), once per
+ * member, in the order this rank learned of it; later losses are recorded
+ * after the communicator has failed too. */
+
+/* nexar_comm_get_failed stores the ranks (in comm) of the members found
+ * failed so far, in the order learned: the first min(*count, capacity) of
+ * them into ranks, and their number into *count.
+ * Args: comm; ranks: out, capacity ints (NULL when capacity is 0);
+ * capacity; count: out, non-NULL.
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE, NEXAR_ERR_INVALID_ARGUMENT.
+ * Thread-safety: safe from any thread. */
+nexar_result_t nexar_comm_get_failed(nexar_comm_t comm, int* ranks, size_t capacity, size_t* count);
+
+/* nexar_failure_fn is a failure handler: rank is the failed member's rank
+ * in comm, code its nexar_result_t (NEXAR_ERR_PEER_DOWN), message a
+ * NUL-terminated description valid during the call, user the pointer given
+ * at registration. It runs on a thread of the library, one call at a time
+ * per communicator; it must not block for long (the next report waits) and
+ * may call any nexar function, including nexar_comm_destroy on comm. */
+typedef void (*nexar_failure_fn)(nexar_comm_t comm, int rank, nexar_result_t code,
+                                 const char* message, void* user);
+
+/* nexar_comm_set_failure_handler makes fn the failure handler of comm: it
+ * is called for every failure not reported to an earlier handler, those
+ * recorded before the registration first. fn NULL removes the handler
+ * (failures recorded meanwhile are then not reported by a call, but stay in
+ * nexar_comm_get_failed). After nexar_comm_destroy(comm) returns, the
+ * handler is not running (unless destroy was called from the handler
+ * itself) and is never called again, so user may be freed.
+ * Args: comm; fn: the handler or NULL; user: passed to fn.
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE.
+ * Thread-safety: safe from any thread. */
+nexar_result_t nexar_comm_set_failure_handler(nexar_comm_t comm, nexar_failure_fn fn, void* user);
+
 /* nexar_seed_t is a rendezvous seed started by nexar_seed_start. */
 typedef struct nexar_seed_s* nexar_seed_t;
 

@@ -2,12 +2,16 @@
  * declares it dead first and destroys its communicator at once. Rank 0
  * (long heartbeat timeout) must fail naming rank 2, as reported by rank 1,
  * and nexar_comm_get_error must report NEXAR_ERR_PEER_DOWN, not success.
+ * On both survivors the failure handler is called once, for rank 2, and
+ * nexar_comm_get_failed lists rank 2.
  * Reads its place from NEXAR_RANK, NEXAR_WORLD_SIZE, NEXAR_SEED and
  * NEXAR_TOKEN (as set by tests/c/launch.sh or nexar run). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "nexar.h"
@@ -17,6 +21,38 @@ static const char* env(const char* name) {
     const char* v = getenv(name);
     EXPECT(v != NULL && *v != '\0', "%s is not set", name);
     return v;
+}
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int calls, called_rank = -1;
+static nexar_result_t called_code;
+static nexar_comm_t called_comm;
+
+static void on_failure(nexar_comm_t comm, int rank, nexar_result_t code, const char* message,
+                       void* user) {
+    pthread_mutex_lock(&mu);
+    calls++;
+    called_rank = rank;
+    called_code = code;
+    called_comm = comm;
+    pthread_mutex_unlock(&mu);
+    EXPECT(user == (void*)&calls, "handler got user %p", user);
+    printf("test_cause: rank %d: handler: rank %d: %s\n", g_rank, rank, message);
+}
+
+/* wait_handler waits up to 10 s for the first handler call. */
+static int wait_handler(void) {
+    for (int i = 0; i < 1000; i++) {
+        pthread_mutex_lock(&mu);
+        int n = calls;
+        pthread_mutex_unlock(&mu);
+        if (n > 0) {
+            return n;
+        }
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
 }
 
 int main(void) {
@@ -38,6 +74,7 @@ int main(void) {
     cfg.heartbeat_timeout_ms = rank == 1 ? 1000 : 60000;
     nexar_comm_t c;
     CK(nexar_comm_init(&cfg, &c));
+    CK(nexar_comm_set_failure_handler(c, on_failure, &calls));
     CK(nexar_barrier(c));
     if (rank == 2) {
         _exit(0); /* dies: no goodbye */
@@ -55,6 +92,16 @@ int main(void) {
                nexar_result_string(health), msg);
         printf("test_cause: rank 0: %s\n", msg);
     }
+    EXPECT(wait_handler() == 1, "failure handler called %d times, want once", calls);
+    pthread_mutex_lock(&mu);
+    EXPECT(called_rank == 2 && called_code == NEXAR_ERR_PEER_DOWN && called_comm == c,
+           "handler called for rank %d with %s", called_rank, nexar_result_string(called_code));
+    pthread_mutex_unlock(&mu);
+    int failed[4] = {-1, -1, -1, -1};
+    size_t nfailed = 0;
+    CK(nexar_comm_get_failed(c, failed, 4, &nfailed));
+    EXPECT(nfailed == 1 && failed[0] == 2 && failed[1] == -1, "get_failed: %zu ranks, first %d",
+           nfailed, failed[0]);
     CK(nexar_comm_destroy(c));
     return 0;
 }

@@ -27,6 +27,7 @@ static void expect(int line, nexar_result_t got, nexar_result_t code, const char
 
 int main(void) {
     nexar_comm_t c, dead;
+    size_t nfailed = 99;
     CK(nexar_comm_init_from_env(&c));
     int rank, n;
     CK(nexar_comm_rank(c, &rank));
@@ -70,6 +71,8 @@ int main(void) {
     BAD(nexar_comm_size(c, NULL), ARG, "nexar_comm_size", "size");
     BAD(nexar_comm_split(c, 0, 0, NULL), ARG, "nexar_comm_split", "newcomm");
     BAD(nexar_comm_get_error(c, NULL), ARG, "nexar_comm_get_error", "error");
+    BAD(nexar_comm_get_failed(c, NULL, 0, NULL), ARG, "nexar_comm_get_failed", "count");
+    BAD(nexar_comm_get_failed(c, NULL, 4, &nfailed), ARG, "nexar_comm_get_failed", "ranks");
     BAD(nexar_comm_init(NULL, &dead), ARG, "nexar_comm_init", "config");
     BAD(nexar_comm_init_from_env(NULL), ARG, "nexar_comm_init_from_env", "comm");
     BAD(nexar_ibarrier(c, NULL), ARG, "nexar_ibarrier", "req");
@@ -157,6 +160,8 @@ int main(void) {
     BAD(nexar_allreduce(f, g, 4, NEXAR_FLOAT32, NEXAR_SUM, dead), HANDLE, "nexar_allreduce", "comm");
     BAD(nexar_comm_rank(dead, &done), HANDLE, "nexar_comm_rank", "comm");
     BAD(nexar_comm_abort(dead), HANDLE, "nexar_comm_abort", "comm");
+    BAD(nexar_comm_get_failed(dead, NULL, 0, &nfailed), HANDLE, "nexar_comm_get_failed", "comm");
+    BAD(nexar_comm_set_failure_handler(dead, NULL, NULL), HANDLE, "nexar_comm_set_failure_handler", "comm");
     BAD(nexar_isend(f, 1, NEXAR_FLOAT32, 0, 0, dead, &req), HANDLE, "nexar_isend", "comm");
 
     /* the world still works after all that */
@@ -171,6 +176,8 @@ int main(void) {
         CK(nexar_comm_get_error(c, &health));
         EXPECT(health == NEXAR_ERR_ABORTED, "sticky error %d", (int)health);
     }
+    CK(nexar_comm_get_failed(c, NULL, 0, &nfailed));
+    EXPECT(nfailed == 0, "a healthy communicator reports %zu failed members", nfailed);
     CK(nexar_comm_destroy(c));
     if (failures) {
         fprintf(stderr, "rank %d: %d failures\n", rank, failures);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -116,6 +117,30 @@ int main() {
     nexar::Comm moved = std::move(world);
     EXPECT(!world && moved);
     moved.barrier();
+
+    // Failure notification: with 3 ranks, the last one dies; the others'
+    // handler (set before the move: it moves with the Comm) hears of it
+    // once, and failed() lists it.
+    if (n == 3) {
+        std::atomic<int> calls{0}, who{-1};
+        moved.on_failure([&](int rank, nexar_result_t code, const std::string& msg) {
+            EXPECT(code == NEXAR_ERR_PEER_DOWN && !msg.empty());
+            who = rank;
+            calls++;
+        });
+        nexar::Comm again = std::move(moved);
+        EXPECT(again.failed().empty());
+        again.barrier();
+        if (r == 2) {
+            std::fflush(nullptr);
+            _exit(0);  // dies without a goodbye
+        }
+        for (int i = 0; i < 3000 && calls == 0; i++) usleep(10000);
+        EXPECT(calls == 1 && who == 2);
+        EXPECT(again.failed() == std::vector<int>{2});
+        std::printf("rank %d/%d: test_cpp ok (nexar %s)\n", r, n, nexar::version().c_str());
+        return 0;
+    }
     std::printf("rank %d/%d: test_cpp ok (nexar %s)\n", r, n, nexar::version().c_str());
     return 0;
 }

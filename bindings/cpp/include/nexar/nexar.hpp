@@ -23,7 +23,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -217,17 +219,24 @@ inline void wait_all(std::vector<Request>& reqs) {
     }
 }
 
+// FailureHandler is told, on a library thread, of each member of a Comm
+// found failed: its rank, the code (NEXAR_ERR_PEER_DOWN) and why. What it
+// throws is dropped (nexar_comm_set_failure_handler).
+using FailureHandler = std::function<void(int rank, nexar_result_t code, const std::string& message)>;
+
 // Comm owns a nexar_comm_t. The destructor destroys it (locally).
 class Comm {
 public:
     Comm() noexcept = default;
     explicit Comm(nexar_comm_t h) noexcept : h_(h) {}
     explicit Comm(const nexar_config_t& cfg) { detail::check(nexar_comm_init(&cfg, &h_)); }
-    Comm(Comm&& o) noexcept : h_(std::exchange(o.h_, NEXAR_COMM_NULL)) {}
+    Comm(Comm&& o) noexcept
+        : h_(std::exchange(o.h_, NEXAR_COMM_NULL)), handlers_(std::move(o.handlers_)) {}
     Comm& operator=(Comm&& o) noexcept {
         if (this != &o) {
             reset();
             h_ = std::exchange(o.h_, NEXAR_COMM_NULL);
+            handlers_ = std::move(o.handlers_);
         }
         return *this;
     }
@@ -244,7 +253,16 @@ public:
 
     nexar_comm_t handle() const noexcept { return h_; }
     explicit operator bool() const noexcept { return h_ != NEXAR_COMM_NULL; }
-    nexar_comm_t release() noexcept { return std::exchange(h_, NEXAR_COMM_NULL); }
+    // release gives up ownership of the handle. Handlers set by on_failure
+    // stay registered and are kept alive for good (leaked), since the
+    // handle may outlive this object.
+    nexar_comm_t release() noexcept {
+        for (auto& p : handlers_) {
+            (void)p.release();
+        }
+        handlers_.clear();
+        return std::exchange(h_, NEXAR_COMM_NULL);
+    }
 
     int rank() const {
         int r = 0;
@@ -266,6 +284,40 @@ public:
     }
 
     void abort() { detail::check(nexar_comm_abort(h_)); }
+
+    // --- failure notification ---------------------------------------------
+
+    // failed returns the ranks of the members found failed so far, in the
+    // order learned (nexar_comm_get_failed).
+    std::vector<int> failed() const {
+        std::size_t n = 0;
+        detail::check(nexar_comm_get_failed(h_, nullptr, 0, &n));
+        std::vector<int> ranks(n);
+        while (n > 0) {
+            std::size_t got = 0;
+            detail::check(nexar_comm_get_failed(h_, ranks.data(), ranks.size(), &got));
+            if (got <= ranks.size()) {
+                ranks.resize(got);
+                break;
+            }
+            ranks.resize(got); // more failed meanwhile
+        }
+        return ranks;
+    }
+
+    // on_failure makes fn the failure handler (an empty fn removes it):
+    // it is called for every failure not reported to an earlier handler,
+    // on a library thread, one call at a time. Handlers stay alive as
+    // long as this Comm (a replaced one may still be running).
+    void on_failure(FailureHandler fn) {
+        if (!fn) {
+            detail::check(nexar_comm_set_failure_handler(h_, nullptr, nullptr));
+            return;
+        }
+        auto p = std::make_unique<FailureHandler>(std::move(fn));
+        detail::check(nexar_comm_set_failure_handler(h_, &Comm::call_failure, p.get()));
+        handlers_.push_back(std::move(p));
+    }
 
     // --- point-to-point ---------------------------------------------------
 
@@ -590,11 +642,20 @@ public:
 private:
     void reset() noexcept {
         if (h_ != NEXAR_COMM_NULL) {
-            (void)nexar_comm_destroy(h_);
+            (void)nexar_comm_destroy(h_); // after it, no handler runs
             h_ = NEXAR_COMM_NULL;
+        }
+        handlers_.clear();
+    }
+    static void call_failure(nexar_comm_t, int rank, nexar_result_t code, const char* message,
+                             void* user) noexcept {
+        try {
+            (*static_cast<FailureHandler*>(user))(rank, code, message);
+        } catch (...) {
         }
     }
     nexar_comm_t h_ = NEXAR_COMM_NULL;
+    std::vector<std::unique_ptr<FailureHandler>> handlers_;
 };
 
 // version returns the loaded library's version as "major.minor.patch".

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import List, NamedTuple, Optional, Sequence
+from typing import Callable, List, NamedTuple, Optional, Sequence
 
 from . import _errors, _nexar as _lib
 from ._buffers import Buffer, as_buffer
@@ -182,6 +182,7 @@ class Comm:
                  max_buffered_bytes: Optional[int] = None, _handle: Optional[int] = None):
         self._pid = os.getpid()
         self._pending = set()
+        self._handlers = []  # capsules owning failure handlers, kept until destroyed
         self._h = 0
         if _FORKED:
             raise _errors.ForkedProcessError("nexar: cannot create a communicator in a child made by fork() "
@@ -256,6 +257,30 @@ class Comm:
         _lib.comm_abort(self._check())
 
     @property
+    def failed(self) -> List[int]:
+        """The ranks of the members found failed so far (dead or unreachable,
+        found here or reported by another member), in the order learned;
+        recorded also after the communicator itself failed."""
+        return list(_lib.comm_get_failed(self._check()))
+
+    def on_failure(self, fn: Optional[Callable[[int, "_errors.Error"], None]]) -> None:
+        """Call fn(rank, error) for each member found failed, once per
+        member, starting with those found before this call (unless an
+        earlier handler was told). It runs on a library thread, holding the
+        GIL, one call at a time; what it raises goes to
+        sys.unraisablehook. None removes the handler. After close() it is
+        never called again."""
+        h = self._check()
+        if fn is None:
+            _lib.comm_set_failure_handler(h, None)
+            return
+
+        def call(rank, code, msg, fn=fn):
+            fn(rank, _errors.error_for(code, msg))
+
+        self._handlers.append(_lib.comm_set_failure_handler(h, call))
+
+    @property
     def error(self) -> Optional[_errors.Error]:
         """The communicator's sticky failure, or None while healthy."""
         code = _lib.comm_get_error(self._check())
@@ -270,6 +295,7 @@ class Comm:
             return
         h, self._h = self._h, 0
         _lib.comm_destroy(h)
+        self._handlers.clear()  # no failure handler runs after destroy
         for r in list(self._pending):
             with r._lock:
                 if not r._done:

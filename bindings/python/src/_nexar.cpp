@@ -144,6 +144,37 @@ struct View {
     }
 };
 
+// FailureHandler holds a Python callable registered with
+// nexar_comm_set_failure_handler; a capsule owns it, and the Python Comm
+// keeps the capsule until nexar_comm_destroy has returned (after which the
+// library never calls it).
+struct FailureHandler {
+    py::object fn;
+};
+
+bool interpreter_gone() {
+#if PY_VERSION_HEX >= 0x030D0000
+    return !Py_IsInitialized() || Py_IsFinalizing();
+#else
+    return !Py_IsInitialized() || _Py_IsFinalizing();
+#endif
+}
+
+// call_failure runs on a library thread: it takes the GIL for the call. An
+// exception the callable raises goes to sys.unraisablehook. Nothing is
+// called once the interpreter is shutting down (a thread that takes the GIL
+// then would be ended, and this one belongs to the Go runtime).
+void call_failure(nexar_comm_t, int rank, nexar_result_t code, const char* message, void* user) {
+    if (interpreter_gone()) return;
+    py::gil_scoped_acquire gil;
+    try {
+        static_cast<FailureHandler*>(user)->fn(rank, static_cast<int>(code), std::string(message));
+    } catch (py::error_already_set& e) {
+        e.discard_as_unraisable("nexar failure handler");
+    } catch (...) {
+    }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_nexar, m) {
@@ -280,6 +311,31 @@ PYBIND11_MODULE(_nexar, m) {
         nexar_comm_t n = NEXAR_COMM_NULL;
         NX_CALL(nexar_comm_split(C(c), color, key, &n));
         return reinterpret_cast<handle_t>(n);
+    });
+    m.def("comm_get_failed", [](handle_t c) {
+        size_t n = 0;
+        NX_CALL(nexar_comm_get_failed(C(c), nullptr, 0, &n));
+        std::vector<int> ranks(n);
+        while (n > 0) {
+            size_t got = 0;
+            NX_CALL(nexar_comm_get_failed(C(c), ranks.data(), ranks.size(), &got));
+            bool fits = got <= ranks.size();
+            ranks.resize(got);
+            if (fits) break;
+        }
+        return ranks;
+    });
+    // comm_set_failure_handler(c, fn or None) -> a capsule owning fn (None
+    // when removed), to keep until the communicator is destroyed.
+    m.def("comm_set_failure_handler", [](handle_t c, py::object fn) -> py::object {
+        if (fn.is_none()) {
+            NX_CALL(nexar_comm_set_failure_handler(C(c), nullptr, nullptr));
+            return py::none();
+        }
+        auto* h = new FailureHandler{fn};
+        py::capsule owner(h, [](void* p) { delete static_cast<FailureHandler*>(p); });
+        NX_CALL(nexar_comm_set_failure_handler(C(c), call_failure, h));
+        return std::move(owner);
     });
     m.def("comm_get_error", [](handle_t c) {
         nexar_result_t e = NEXAR_SUCCESS;

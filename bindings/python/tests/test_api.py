@@ -205,3 +205,9 @@ def test_nonblocking_every_collective(n):
     outs = run_ranks(n, ["workers/nonblocking_worker.py"], timeout=120)
     for r, o in enumerate(outs):
         assert f"rank {r}: nonblocking ok" in o, o
+
+
+def test_failure_notification():
+    outs = run_ranks(3, ["workers/failure_worker.py"], timeout=120)
+    for r in (0, 1):
+        assert f"rank {r}: failures ok" in outs[r], outs[r]

@@ -50,8 +50,8 @@ func (c *Comm) collMismatch(mm *match.Mismatch) *Error {
 // check of a collective message, which may fail c).
 func (c *Comm) deliverChunk(h header, payload []byte, pre bool, step func() (match.Outcome, *match.Mismatch), check func()) {
 	n := int64(len(payload))
+	var freed chan struct{}
 	for {
-		freed := c.n.freedCh()
 		c.mu.Lock()
 		if check != nil {
 			check()
@@ -71,8 +71,15 @@ func (c *Comm) deliverChunk(h header, payload []byte, pre bool, step func() (mat
 		c.mu.Unlock()
 		switch out {
 		case match.NoRoom:
+			if freed == nil {
+				var done func()
+				freed, done = c.n.awaitFreed()
+				defer done()
+				continue // try once more: the release may have come before
+			}
 			select {
 			case <-freed:
+				freed = c.n.freedCh()
 			case <-c.failed:
 			case <-c.n.done:
 			}

@@ -45,7 +45,8 @@ type node struct {
 	wg      sync.WaitGroup
 	closers []func() error // run by close after the endpoint (quic node, seed)
 
-	freed atomic.Pointer[chan struct{}] // closed and replaced when buffered bytes are released
+	freed        atomic.Pointer[chan struct{}] // closed and replaced when buffered bytes are released while someone waits
+	freedWaiters atomic.Int32                  // callers between awaitFreed and its done
 
 	// hold, while set, stops heartbeats, monitoring and the handler
 	// (tests: a process that stops without closing its connections, like
@@ -393,8 +394,8 @@ func (n *node) handle(from int, lane transport.Lane, th *transport.Header, paylo
 		n.declaredDown(from, string(payload))
 		return
 	}
+	var freed chan struct{}
 	for {
-		freed := n.freedCh()
 		n.mu.Lock()
 		if n.closed {
 			n.mu.Unlock()
@@ -412,12 +413,30 @@ func (n *node) handle(from int, lane transport.Lane, th *transport.Header, paylo
 			return
 		}
 		n.mu.Unlock()
+		if freed == nil {
+			var done func()
+			freed, done = n.awaitFreed()
+			defer done()
+			continue // try once more: the release may have come before
+		}
 		select {
 		case <-freed:
+			freed = n.freedCh()
 		case <-n.done:
 			return
 		}
 	}
+}
+
+// awaitFreed registers the caller as waiting for buffered bytes to be
+// released and returns the channel the next release closes; call done when
+// the wait is over. A caller registers, then takes the channel, then tries
+// to acquire again, then waits: release frees bytes before it looks for
+// waiters, so none misses a release. Without waiters, release allocates
+// nothing.
+func (n *node) awaitFreed() (freed chan struct{}, done func()) {
+	n.freedWaiters.Add(1)
+	return n.freedCh(), func() { n.freedWaiters.Add(-1) }
 }
 
 func (n *node) freedCh() chan struct{} { return *n.freed.Load() }
@@ -444,6 +463,9 @@ func (n *node) release(b int64) {
 		return
 	}
 	n.buffered.Add(-b)
+	if n.freedWaiters.Load() == 0 {
+		return
+	}
 	ch := make(chan struct{})
 	old := n.freed.Swap(&ch)
 	close(*old)
@@ -452,13 +474,18 @@ func (n *node) release(b int64) {
 // waitBudget blocks until b bytes may be buffered. It gives up, returning
 // false, when the node closes or stop is closed.
 func (n *node) waitBudget(b int64, stop <-chan struct{}) bool {
+	if n.tryAcquire(b) {
+		return true
+	}
+	freed, done := n.awaitFreed()
+	defer done()
 	for {
-		freed := n.freedCh()
 		if n.tryAcquire(b) {
 			return true
 		}
 		select {
 		case <-freed:
+			freed = n.freedCh()
 		case <-n.done:
 			return false
 		case <-stop:

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"testing"
@@ -166,5 +167,51 @@ func TestWaitDeadlineOnCollective(t *testing.T) {
 	}
 	if err := req.Wait(context.Background()); err != nil {
 		t.Fatalf("the pending allreduce then: %v", err)
+	}
+}
+
+// Unexpected messages beyond Config.MaxBufferedBytes wait for room: the
+// handler holds the rest back until receives take what is buffered, and
+// every message arrives whole and in order.
+func TestBufferBudgetBackPressure(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxBufferedBytes = 4096
+	comms, err := NewLocal(2, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll(t, comms)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const msgs, size = 8, 3000 // two never fit together
+	sent := make(chan error, 1)
+	go func() {
+		for i := range msgs {
+			b := bytes.Repeat([]byte{byte(i + 1)}, size)
+			if err := comms[1].Send(ctx, b, 0, 5); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	time.Sleep(200 * time.Millisecond) // let them pile up against the budget
+	if held := comms[0].n.buffered.Load(); held > cfg.MaxBufferedBytes {
+		t.Fatalf("%d bytes buffered, over the %d-byte budget", held, cfg.MaxBufferedBytes)
+	}
+	for i := range msgs {
+		buf := make([]byte, size)
+		if _, err := comms[0].Recv(ctx, buf, 1, 5); err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		if !bytes.Equal(buf, bytes.Repeat([]byte{byte(i + 1)}, size)) {
+			t.Fatalf("message %d arrived out of order or damaged", i)
+		}
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	if held := comms[0].n.buffered.Load(); held != 0 {
+		t.Fatalf("%d bytes still accounted after every message was received", held)
 	}
 }

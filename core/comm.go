@@ -65,6 +65,8 @@ type Comm struct {
 	collLimit  uint64     // collectives from this seq on can never complete (a member left)
 	filled     *sync.Cond // on mu: broadcast when a placed chunk is written
 	lost       failures   // members found failed (Failures, Failed)
+
+	rpc *rpcState // handlers and calls in flight (core/rpc.go), under its own lock
 }
 
 // departure records that a member destroyed its communicator: every message
@@ -94,6 +96,7 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 		gone:       make(map[int]departure),
 		collLimit:  math.MaxUint64,
 		lost:       newFailures(len(world)),
+		rpc:        newRPCState(n.cfg.RPCHandlers),
 	}
 	for r, w := range world {
 		c.of[w] = r
@@ -219,6 +222,7 @@ func (c *Comm) Close() error {
 		c.mu.Unlock()
 		c.fail(newError(CodeClosed, "close", c.rank, "communicator is closed"))
 		c.ops.Wait()
+		c.rpc.running.Wait() // handlers see their context end
 		c.bg.Wait()
 		c.sayBye(done, cause)
 		c.mu.Lock()
@@ -247,6 +251,7 @@ func (c *Comm) failLocked(err error) bool {
 	c.err = err
 	close(c.failed)
 	c.cancel()
+	c.rpc.failAll(err)
 	if CodeOf(err) != CodeClosed {
 		c.n.log.Warn("nexar: communicator failed", "comm", c.id, "rank", c.rank, "err", err)
 	}
@@ -376,6 +381,11 @@ func (c *Comm) deliver(from int, lane transport.Lane, h header, payload []byte, 
 		c.deliverColl(src, h, payload, preAccounted)
 	case kindP2P:
 		c.deliverP2P(src, h, payload, preAccounted)
+	case kindRPC:
+		if preAccounted {
+			c.n.buffered.Add(-int64(len(payload)))
+		}
+		c.deliverRPC(src, h, payload, preAccounted)
 	}
 }
 

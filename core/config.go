@@ -43,6 +43,9 @@ type Config struct {
 	// Timeout bounds every operation that has no earlier deadline of its
 	// own. Default 5 minutes.
 	Timeout time.Duration
+	// RPCHandlers bounds the RPC handlers running at once per
+	// communicator; further requests wait (default DefaultRPCHandlers).
+	RPCHandlers int
 	// ConnectTimeout bounds rendezvous and mesh formation. Default 60 s.
 	// A peer that leaves or is lost meanwhile ends formation at once.
 	ConnectTimeout time.Duration

@@ -15,7 +15,7 @@ import (
 //
 //	off len field
 //	  0   1 version (wireVersion)
-//	  1   1 kind: 1 p2p, 2 collective, 3 control, 4 heartbeat
+//	  1   1 kind: 1 p2p, 2 collective, 3 control, 4 heartbeat, 5 rpc
 //	  2   1 control subtype (kind 3), else 0
 //	  3   1 signature: collective kind (collKind)
 //	  4   1 signature: dtype (collective.DType)
@@ -47,6 +47,7 @@ const (
 	kindColl      msgKind = 2
 	kindControl   msgKind = 3
 	kindHeartbeat msgKind = 4
+	kindRPC       msgKind = 5 // sub: rpcRequest, rpcReply, rpcErrReply (core/rpc.go)
 )
 
 // Control subtypes.
@@ -100,7 +101,7 @@ func decodeHeader(src *transport.Header) (header, error) {
 		return h, fmt.Errorf("unknown header version %d", src[0])
 	}
 	h.kind = msgKind(src[1])
-	if h.kind < kindP2P || h.kind > kindHeartbeat {
+	if h.kind < kindP2P || h.kind > kindRPC {
 		return h, fmt.Errorf("unknown message kind %d", src[1])
 	}
 	h.sub = src[2]

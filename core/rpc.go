@@ -1,0 +1,306 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/nexar-go/nexar/transport"
+)
+
+// This file is RPC: a member registers handlers under function ids and the
+// others call them by rank. Requests and replies travel on LaneRPC (QUIC
+// streams of their own), so RPC traffic and collectives never wait for each
+// other; replies are matched by call id, any number in flight.
+
+// RPCHandler serves one call: from is the caller's rank in the
+// communicator, req the request (the handler's to keep). Its result is the
+// reply; an error goes back to the caller as one (an *Error keeps its code,
+// any other error arrives as CodeInternal with its message). ctx ends when
+// the communicator fails or is closed.
+type RPCHandler func(ctx context.Context, from int, req []byte) ([]byte, error)
+
+// Wire: kind rpc; sub is the message; seqOrTag the call id (the caller's);
+// step the function id; total the payload length.
+const (
+	rpcRequest  uint8 = 1
+	rpcReply    uint8 = 2
+	rpcErrReply uint8 = 3 // payload: encodeCause of the error
+)
+
+// DefaultRPCHandlers is the default bound on handlers running at once per
+// communicator (Config.RPCHandlers).
+const DefaultRPCHandlers = 64
+
+// rpcState is a communicator's RPC state; guarded by its mu.
+type rpcState struct {
+	mu       sync.Mutex
+	handlers map[uint32]RPCHandler
+	nextID   uint64
+	calls    map[uint64]*Call
+	sem      chan struct{} // one slot per running handler
+	running  sync.WaitGroup
+}
+
+func newRPCState(limit int) *rpcState {
+	if limit <= 0 {
+		limit = DefaultRPCHandlers
+	}
+	return &rpcState{handlers: make(map[uint32]RPCHandler), calls: make(map[uint64]*Call), sem: make(chan struct{}, limit)}
+}
+
+// Call is an RPC in flight (ICall). Its methods are safe for concurrent
+// use.
+type Call struct {
+	c     *Comm
+	id    uint64
+	peer  int
+	fn    uint32
+	done  chan struct{}
+	once  sync.Once
+	reply []byte
+	err   error
+}
+
+// Register makes h the handler of function id on c, replacing any earlier
+// one; h nil removes it. Calls that arrive for an id with no handler fail
+// at the caller with CodeInvalidArgument. Safe for concurrent use.
+func (c *Comm) Register(id uint32, h RPCHandler) {
+	s := c.rpc
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h == nil {
+		delete(s.handlers, id)
+		return
+	}
+	s.handlers[id] = h
+}
+
+// CallRPC calls function id on rank peer with req and returns its reply.
+// It fails with the handler's error, with CodeInvalidArgument when peer has
+// no handler for id, CodePeerDown when peer is lost (the communicator fails),
+// CodeTimeout at ctx's deadline or the communicator's Timeout, and the
+// communicator's failure once it has failed. req must not change until it
+// returns.
+func (c *Comm) CallRPC(ctx context.Context, peer int, id uint32, req []byte) ([]byte, error) {
+	return c.ICall(peer, id, req).Wait(ctx)
+}
+
+// ICall starts calling function id on rank peer with req; Wait returns the
+// reply. req must not change until the call is done.
+func (c *Comm) ICall(peer int, id uint32, req []byte) *Call {
+	call := &Call{c: c, peer: peer, fn: id, done: make(chan struct{})}
+	if peer < 0 || peer >= c.size {
+		call.finish(nil, invalidArg("rpc", "peer %d is out of range [0, %d)", peer, c.size))
+		return call
+	}
+	if len(req) > transport.MaxPayload {
+		call.finish(nil, invalidArg("rpc", "request of %d bytes exceeds %d", len(req), transport.MaxPayload))
+		return call
+	}
+	if err := c.failure("rpc"); err != nil {
+		call.finish(nil, err)
+		return call
+	}
+	s := c.rpc
+	s.mu.Lock()
+	s.nextID++
+	call.id = s.nextID
+	s.calls[call.id] = call
+	s.mu.Unlock()
+	if peer == c.rank {
+		c.serveRPC(c.rank, call.id, id, req, false) // no transport to oneself
+		return call
+	}
+	c.ops.Add(1)
+	go func() {
+		defer c.ops.Done()
+		ctx, cancel := c.opContext(context.Background())
+		defer cancel()
+		if err := c.sendRPC(ctx, peer, rpcRequest, call.id, id, req); err != nil {
+			c.rpcDone(call.id, nil, c.opError("rpc", ctx, err))
+		}
+	}()
+	return call
+}
+
+// Wait waits for the reply. When ctx (or the communicator's Timeout) ends
+// first it returns CodeTimeout and the call is abandoned: a reply that
+// comes later is dropped.
+func (call *Call) Wait(ctx context.Context) ([]byte, error) {
+	select {
+	case <-call.done:
+		return call.reply, call.err
+	default:
+	}
+	c := call.c
+	ctx, cancel := c.opContext(ctx)
+	defer cancel()
+	select {
+	case <-call.done:
+	case <-c.failed:
+		c.rpcDone(call.id, nil, c.failure("rpc"))
+	case <-ctx.Done():
+		c.rpcDone(call.id, nil, &Error{Code: CodeTimeout, Op: "rpc", Rank: call.peer,
+			Msg: fmt.Sprintf("no reply from rank %d to function %d: %v", call.peer, call.fn, ctx.Err()), Cause: ctx.Err()})
+	}
+	<-call.done
+	return call.reply, call.err
+}
+
+// Done is closed when the call has its reply or failed.
+func (call *Call) Done() <-chan struct{} { return call.done }
+
+func (call *Call) finish(reply []byte, err error) {
+	call.once.Do(func() {
+		call.reply, call.err = reply, err
+		close(call.done)
+	})
+}
+
+// failAll fails every call in flight with err (the communicator failed).
+func (s *rpcState) failAll(err error) {
+	s.mu.Lock()
+	calls := s.calls
+	s.calls = make(map[uint64]*Call)
+	s.mu.Unlock()
+	for _, call := range calls {
+		call.finish(nil, withOp(err, "rpc"))
+	}
+}
+
+// rpcDone completes call id, if still pending.
+func (c *Comm) rpcDone(id uint64, reply []byte, err error) {
+	s := c.rpc
+	s.mu.Lock()
+	call := s.calls[id]
+	delete(s.calls, id)
+	s.mu.Unlock()
+	if call != nil {
+		call.finish(reply, err)
+	}
+}
+
+func (c *Comm) sendRPC(ctx context.Context, peer int, sub uint8, id uint64, fn uint32, payload []byte) error {
+	var th transport.Header
+	(&header{kind: kindRPC, sub: sub, comm: c.id, seqOrTag: id, step: fn, total: uint64(len(payload))}).encode(&th, c.gen)
+	return c.n.ep.Send(ctx, c.world[peer], transport.LaneRPC, &th, payload)
+}
+
+// deliverRPC takes an RPC message from comm rank src. A request waits for
+// a handler slot (back-pressure on src's RPC lane only) unless mustNotBlock.
+func (c *Comm) deliverRPC(src int, h header, payload []byte, mustNotBlock bool) {
+	switch h.sub {
+	case rpcRequest:
+		c.serveRPC(src, h.seqOrTag, h.step, payload, !mustNotBlock)
+	case rpcReply:
+		c.rpcDoneFrom(src, h.seqOrTag, payload, nil)
+	case rpcErrReply:
+		e := c.decodeCause(payload)
+		if e == nil {
+			e = &Error{Code: CodeInternal, Op: "rpc", Rank: src, Msg: "malformed error reply"}
+		}
+		e.Op = "rpc"
+		c.rpcDoneFrom(src, h.seqOrTag, nil, e)
+	}
+}
+
+// rpcDoneFrom completes call id with a reply from src, ignoring one that
+// does not come from the rank called.
+func (c *Comm) rpcDoneFrom(src int, id uint64, reply []byte, err error) {
+	s := c.rpc
+	s.mu.Lock()
+	call := s.calls[id]
+	if call == nil || call.peer != src {
+		s.mu.Unlock()
+		return
+	}
+	delete(s.calls, id)
+	s.mu.Unlock()
+	call.finish(reply, err)
+}
+
+// serveRPC runs the handler of fn for a request from comm rank src (this
+// rank for a call to itself) in a goroutine of its own, once a handler slot
+// is free (waiting for it here when wait, else in that goroutine), and
+// sends the reply.
+func (c *Comm) serveRPC(src int, id uint64, fn uint32, req []byte, wait bool) {
+	if err := c.failure("rpc"); err != nil {
+		c.replyRPC(src, id, nil, err)
+		return
+	}
+	s := c.rpc
+	s.mu.Lock()
+	h := s.handlers[fn]
+	s.mu.Unlock()
+	if h == nil {
+		c.replyRPC(src, id, nil, &Error{Code: CodeInvalidArgument, Op: "rpc", Rank: c.rank,
+			Msg: fmt.Sprintf("rank %d has no handler for function %d", c.rank, fn)})
+		return
+	}
+	acquire := func() bool {
+		select {
+		case s.sem <- struct{}{}:
+			return true
+		case <-c.ctx.Done():
+			return false
+		}
+	}
+	if wait && !acquire() {
+		return
+	}
+	s.running.Add(1)
+	go func() {
+		defer s.running.Done()
+		if !wait && !acquire() {
+			return
+		}
+		defer func() { <-s.sem }()
+		reply, err := runHandler(c.ctx, h, src, req)
+		if err != nil {
+			var e *Error
+			if !errors.As(err, &e) {
+				e = &Error{Code: CodeInternal, Op: "rpc", Rank: c.rank, Msg: err.Error()}
+			}
+			err = &Error{Code: e.Code, Op: "rpc", Rank: c.rank, Msg: fmt.Sprintf("rank %d, function %d: %s", c.rank, fn, e.Msg)}
+		} else if len(reply) > transport.MaxPayload {
+			err = &Error{Code: CodeInvalidArgument, Op: "rpc", Rank: c.rank,
+				Msg: fmt.Sprintf("rank %d, function %d: reply of %d bytes exceeds %d", c.rank, fn, len(reply), transport.MaxPayload)}
+		}
+		c.replyRPC(src, id, reply, err)
+	}()
+}
+
+// runHandler calls h, turning a panic into an error.
+func runHandler(ctx context.Context, h RPCHandler, from int, req []byte) (reply []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			reply, err = nil, fmt.Errorf("handler panicked: %v", p)
+		}
+	}()
+	return h(ctx, from, req)
+}
+
+// replyRPC sends the reply (or err) of call id to comm rank dst.
+func (c *Comm) replyRPC(dst int, id uint64, reply []byte, err error) {
+	if dst == c.rank {
+		c.rpcDoneFrom(dst, id, reply, err)
+		return
+	}
+	sub, payload := rpcReply, reply
+	if err != nil {
+		var e *Error
+		if !errors.As(err, &e) {
+			e = &Error{Code: CodeInternal, Op: "rpc", Rank: c.rank, Msg: err.Error()}
+		}
+		sub, payload = rpcErrReply, encodeCause(e)
+	}
+	// Not bounded by c.ctx: a communicator that failed still tells its
+	// callers why.
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
+	defer cancel()
+	stop := context.AfterFunc(ctxDone(c.n.done), cancel)
+	defer stop()
+	_ = c.sendRPC(ctx, dst, sub, id, 0, payload) // a caller gone or lost fails on its side
+}

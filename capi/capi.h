@@ -16,4 +16,8 @@ void nxcapi_set_last_error(const char* msg, size_t n);
 void nxcapi_call_failure(uintptr_t fn, uintptr_t comm, int rank, int code, const char* msg, void* user);
 int nxcapi_in_failure_handler(void);
 
+/* nxcapi_call_rpc calls the nexar_rpc_handler_t fn. */
+int nxcapi_call_rpc(uintptr_t fn, uintptr_t comm, int from, uint32_t id, const void* req,
+                    size_t req_len, void** reply, size_t* reply_len, void* user);
+
 #endif

@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -126,6 +127,21 @@ nexar_result_t nexar_comm_set_failure_handler(nexar_comm_t comm, nexar_failure_f
     GUARD("communicator");
     return (nexar_result_t)nxgo_comm_set_failure_handler((uintptr_t)comm, (uintptr_t)fn, user);
 }
+
+nexar_result_t nexar_rpc_register(nexar_comm_t comm, uint32_t fn, nexar_rpc_handler_t handler,
+                                  void* user) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_rpc_register((uintptr_t)comm, fn, (uintptr_t)handler, user);
+}
+
+nexar_result_t nexar_rpc_call(nexar_comm_t comm, int peer, uint32_t fn, const void* req,
+                              size_t req_len, void** reply, size_t* reply_len) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_rpc_call((uintptr_t)comm, peer, fn, (void*)req, req_len, reply,
+                                         reply_len);
+}
+
+void nexar_free(void* p) { free(p); }
 
 nexar_result_t nexar_send(const void* buf, size_t count, nexar_datatype_t dt, int peer,
                           uint64_t tag, nexar_comm_t comm) {

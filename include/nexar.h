@@ -408,6 +408,55 @@ nexar_result_t nexar_recv_status(void* buf, size_t count, nexar_datatype_t dt, i
                                  uint64_t tag, nexar_comm_t comm, nexar_status_t* status);
 
 /* ------------------------------------------------------------------------
+ * RPC
+ *
+ * A member registers handlers under function ids; the others call them by
+ * rank and get the reply. Requests and replies travel on a lane of their
+ * own: RPC and collectives never wait for each other. Any number of calls
+ * may be in flight; replies are matched to their calls.
+ * --------------------------------------------------------------------- */
+
+/* nexar_rpc_handler_t serves one call of function fn from rank from:
+ * req[0:req_len] is the request, valid during the call only. On success it
+ * stores a reply made with malloc() in *reply (the library frees it with
+ * free() once sent; NULL for an empty reply) and its length in *reply_len,
+ * and returns NEXAR_SUCCESS. Any other result fails the call with that
+ * code; *reply may then hold a NUL-terminated message from malloc() that
+ * the caller gets (the library frees it). It runs on a library thread, up
+ * to the communicator's bound of handlers at once (64), and may call any
+ * nexar function except collectives on comm and nexar_comm_destroy(comm). */
+typedef nexar_result_t (*nexar_rpc_handler_t)(nexar_comm_t comm, int from, uint32_t fn,
+                                              const void* req, size_t req_len, void** reply,
+                                              size_t* reply_len, void* user);
+
+/* nexar_rpc_register makes handler the server of function fn on comm,
+ * replacing an earlier one; handler NULL removes it. A call of a function
+ * with no handler fails at the caller with NEXAR_ERR_INVALID_ARGUMENT.
+ * After nexar_comm_destroy(comm) returns no handler runs, so user may be
+ * freed (destroy waits for running handlers).
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE.
+ * Thread-safety: safe from any thread. */
+nexar_result_t nexar_rpc_register(nexar_comm_t comm, uint32_t fn, nexar_rpc_handler_t handler,
+                                  void* user);
+
+/* nexar_rpc_call calls function fn on rank peer (this rank too) with
+ * req[0:req_len] and waits for the reply, which it stores in *reply
+ * (allocated by the library: release it with nexar_free; NULL when empty)
+ * and *reply_len.
+ * Result: NEXAR_SUCCESS; the handler's error (its message in
+ * nexar_last_error); NEXAR_ERR_INVALID_ARGUMENT (no handler for fn on
+ * peer, peer out of range, req NULL with req_len > 0, reply or reply_len
+ * NULL); NEXAR_ERR_PEER_DOWN; NEXAR_ERR_TIMEOUT (the communicator's
+ * timeout); NEXAR_ERR_INVALID_HANDLE; the communicator's failure.
+ * Thread-safety: safe from several threads on one communicator. */
+nexar_result_t nexar_rpc_call(nexar_comm_t comm, int peer, uint32_t fn, const void* req,
+                              size_t req_len, void** reply, size_t* reply_len);
+
+/* nexar_free releases memory the library allocated for the caller (an RPC
+ * reply). NULL is ignored. Thread-safety: safe from any thread. */
+void nexar_free(void* p);
+
+/* ------------------------------------------------------------------------
  * Collectives (blocking)
  *
  * Every member of comm must call the same collective with matching

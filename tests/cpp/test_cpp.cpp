@@ -10,7 +10,9 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #define EXPECT(cond)                                                          \
@@ -113,6 +115,24 @@ int main() {
     int status = 0;
     EXPECT(waitpid(child, &status, 0) == child);
     EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+    // RPC: serve, call the next rank, a handler's exception comes back.
+    world.serve(1, [r](int from, std::string_view req) {
+        return std::to_string(r) + "<-" + std::to_string(from) + ":" + std::string(req);
+    });
+    world.serve(2, [](int, std::string_view) -> std::string { throw std::runtime_error("nope"); });
+    world.barrier();
+    {
+        const int next = (r + 1) % n;
+        EXPECT(world.call(next, 1, "hi") == std::to_string(next) + "<-" + std::to_string(r) + ":hi");
+        try {
+            world.call(next, 2);
+            EXPECT(false);
+        } catch (const nexar::Error& e) {
+            EXPECT(e.code() == NEXAR_ERR_INTERNAL && std::string(e.what()).find("nope") != std::string::npos);
+        }
+    }
+    world.barrier();
 
     nexar::Comm moved = std::move(world);
     EXPECT(!world && moved);

@@ -280,6 +280,22 @@ class Comm:
 
         self._handlers.append(_lib.comm_set_failure_handler(h, call))
 
+    def register(self, fn_id: int, handler: Optional[Callable[[int, bytes], Optional[bytes]]]) -> None:
+        """Serve RPC function fn_id with handler(caller_rank, request) ->
+        reply (bytes-like or None); None removes it. It runs on a library
+        thread, holding the GIL; an exception it raises reaches the caller
+        as a nexar error carrying its type name and message (and its code,
+        for a nexar.Error). Handlers stay alive until close()."""
+        self._handlers.append(_lib.rpc_register(self._check(), int(fn_id), handler))
+
+    def call(self, peer: int, fn_id: int, request=b"") -> bytes:
+        """Call RPC function fn_id on rank peer (this rank too) with request
+        (bytes-like) and return the reply. Raises the handler's error,
+        nexar.InvalidArgumentError when peer has no handler for fn_id,
+        nexar.PeerDownError, nexar.TimeoutError (the communicator's
+        timeout)."""
+        return _lib.rpc_call(self._check(), int(peer), int(fn_id), bytes(request))
+
     @property
     def error(self) -> Optional[_errors.Error]:
         """The communicator's sticky failure, or None while healthy."""

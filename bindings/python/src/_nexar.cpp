@@ -17,6 +17,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -172,6 +174,59 @@ void call_failure(nexar_comm_t, int rank, nexar_result_t code, const char* messa
     } catch (py::error_already_set& e) {
         e.discard_as_unraisable("nexar failure handler");
     } catch (...) {
+    }
+}
+
+// RPCHandler holds a Python callable served under a function id
+// (nexar_rpc_register); a capsule owns it, kept by the Python Comm until
+// nexar_comm_destroy has returned (which waits for running handlers).
+struct RPCHandler {
+    py::object fn;
+};
+
+char* c_message(const std::string& s) {
+    char* m = static_cast<char*>(std::malloc(s.size() + 1));
+    if (m != nullptr) std::memcpy(m, s.c_str(), s.size() + 1);
+    return m;
+}
+
+// call_rpc runs on a library thread: it takes the GIL and calls
+// fn(from, request: bytes); the result's bytes are the reply. An exception
+// fails the call with its type name and message (and its nexar code when it
+// is a nexar.Error, else NEXAR_ERR_INTERNAL).
+nexar_result_t call_rpc(nexar_comm_t, int from, uint32_t, const void* req, size_t req_len,
+                        void** reply, size_t* reply_len, void* user) {
+    if (interpreter_gone()) return NEXAR_ERR_CLOSED;
+    py::gil_scoped_acquire gil;
+    try {
+        py::object out = static_cast<RPCHandler*>(user)->fn(
+            from, py::bytes(static_cast<const char*>(req), req_len));
+        if (out.is_none()) return NEXAR_SUCCESS;
+        std::string b = py::bytes(out);
+        if (!b.empty()) {
+            void* m = std::malloc(b.size());
+            if (m == nullptr) return NEXAR_ERR_INTERNAL;
+            std::memcpy(m, b.data(), b.size());
+            *reply = m;
+            *reply_len = b.size();
+        }
+        return NEXAR_SUCCESS;
+    } catch (py::error_already_set& e) {
+        int code = NEXAR_ERR_INTERNAL;
+        if (py::hasattr(e.value(), "code")) {
+            try {
+                int c = e.value().attr("code").cast<int>();
+                if (c > 0 && c < NEXAR_ERR_FORKED) code = c;
+            } catch (...) {
+            }
+        }
+        std::string type = py::str(e.type().attr("__name__"));
+        std::string msg = py::str(e.value());
+        *reply = c_message(type + ": " + msg);
+        return static_cast<nexar_result_t>(code);
+    } catch (std::exception& e) {
+        *reply = c_message(e.what());
+        return NEXAR_ERR_INTERNAL;
     }
 }
 
@@ -336,6 +391,28 @@ PYBIND11_MODULE(_nexar, m) {
         py::capsule owner(h, [](void* p) { delete static_cast<FailureHandler*>(p); });
         NX_CALL(nexar_comm_set_failure_handler(C(c), call_failure, h));
         return std::move(owner);
+    });
+    // rpc_register(c, fn_id, callable or None) -> a capsule owning the
+    // callable (None when removed), to keep until the communicator is
+    // destroyed.
+    m.def("rpc_register", [](handle_t c, uint32_t id, py::object fn) -> py::object {
+        if (fn.is_none()) {
+            NX_CALL(nexar_rpc_register(C(c), id, nullptr, nullptr));
+            return py::none();
+        }
+        auto* h = new RPCHandler{fn};
+        py::capsule owner(h, [](void* p) { delete static_cast<RPCHandler*>(p); });
+        NX_CALL(nexar_rpc_register(C(c), id, call_rpc, h));
+        return std::move(owner);
+    });
+    m.def("rpc_call", [](handle_t c, int peer, uint32_t id, py::bytes req) {
+        std::string r = req;
+        void* reply = nullptr;
+        size_t len = 0;
+        NX_CALL(nexar_rpc_call(C(c), peer, id, r.data(), r.size(), &reply, &len));
+        py::bytes out(static_cast<const char*>(reply), len);
+        nexar_free(reply);
+        return out;
     });
     m.def("comm_get_error", [](handle_t c) {
         nexar_result_t e = NEXAR_SUCCESS;

@@ -211,3 +211,10 @@ def test_failure_notification():
     outs = run_ranks(3, ["workers/failure_worker.py"], timeout=120)
     for r in (0, 1):
         assert f"rank {r}: failures ok" in outs[r], outs[r]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_rpc(n):
+    outs = run_ranks(n, ["workers/rpc_worker.py"], timeout=120)
+    for r, o in enumerate(outs):
+        assert f"rank {r}: rpc ok" in o, o

@@ -22,11 +22,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <iterator>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -224,6 +227,11 @@ inline void wait_all(std::vector<Request>& reqs) {
 // throws is dropped (nexar_comm_set_failure_handler).
 using FailureHandler = std::function<void(int rank, nexar_result_t code, const std::string& message)>;
 
+// RPCHandler serves one RPC: the caller's rank and the request; it returns
+// the reply. A nexar::Error it throws reaches the caller with its code, any
+// other exception as NEXAR_ERR_INTERNAL, both with what().
+using RPCHandler = std::function<std::string(int from, std::string_view request)>;
+
 // Comm owns a nexar_comm_t. The destructor destroys it (locally).
 class Comm {
 public:
@@ -231,12 +239,15 @@ public:
     explicit Comm(nexar_comm_t h) noexcept : h_(h) {}
     explicit Comm(const nexar_config_t& cfg) { detail::check(nexar_comm_init(&cfg, &h_)); }
     Comm(Comm&& o) noexcept
-        : h_(std::exchange(o.h_, NEXAR_COMM_NULL)), handlers_(std::move(o.handlers_)) {}
+        : h_(std::exchange(o.h_, NEXAR_COMM_NULL)),
+          handlers_(std::move(o.handlers_)),
+          rpc_handlers_(std::move(o.rpc_handlers_)) {}
     Comm& operator=(Comm&& o) noexcept {
         if (this != &o) {
             reset();
             h_ = std::exchange(o.h_, NEXAR_COMM_NULL);
             handlers_ = std::move(o.handlers_);
+            rpc_handlers_ = std::move(o.rpc_handlers_);
         }
         return *this;
     }
@@ -261,6 +272,10 @@ public:
             (void)p.release();
         }
         handlers_.clear();
+        for (auto& p : rpc_handlers_) {
+            (void)p.release();
+        }
+        rpc_handlers_.clear();
         return std::exchange(h_, NEXAR_COMM_NULL);
     }
 
@@ -284,6 +299,32 @@ public:
     }
 
     void abort() { detail::check(nexar_comm_abort(h_)); }
+
+    // --- RPC ---------------------------------------------------------------
+
+    // serve makes fn the handler of RPC function id (an empty fn removes
+    // it); it runs on a library thread, several at once. Handlers stay
+    // alive as long as this Comm.
+    void serve(std::uint32_t id, RPCHandler fn) {
+        if (!fn) {
+            detail::check(nexar_rpc_register(h_, id, nullptr, nullptr));
+            return;
+        }
+        auto p = std::make_unique<RPCHandler>(std::move(fn));
+        detail::check(nexar_rpc_register(h_, id, &Comm::call_rpc, p.get()));
+        rpc_handlers_.push_back(std::move(p));
+    }
+
+    // call calls RPC function id on rank peer and returns the reply; the
+    // handler's error is thrown as nexar::Error.
+    std::string call(int peer, std::uint32_t id, std::string_view request = {}) {
+        void* reply = nullptr;
+        std::size_t len = 0;
+        detail::check(nexar_rpc_call(h_, peer, id, request.data(), request.size(), &reply, &len));
+        std::string out(static_cast<const char*>(reply), len);
+        nexar_free(reply);
+        return out;
+    }
 
     // --- failure notification ---------------------------------------------
 
@@ -646,6 +687,41 @@ private:
             h_ = NEXAR_COMM_NULL;
         }
         handlers_.clear();
+        rpc_handlers_.clear();
+    }
+    static char* c_message(const char* s) noexcept {
+        std::size_t n = std::strlen(s) + 1;
+        char* m = static_cast<char*>(std::malloc(n));
+        if (m != nullptr) {
+            std::memcpy(m, s, n);
+        }
+        return m;
+    }
+    static nexar_result_t call_rpc(nexar_comm_t, int from, std::uint32_t, const void* req,
+                                   std::size_t req_len, void** reply, std::size_t* reply_len,
+                                   void* user) noexcept {
+        try {
+            std::string out = (*static_cast<RPCHandler*>(user))(
+                from, std::string_view(static_cast<const char*>(req), req_len));
+            if (!out.empty()) {
+                void* m = std::malloc(out.size());
+                if (m == nullptr) {
+                    return NEXAR_ERR_INTERNAL;
+                }
+                std::memcpy(m, out.data(), out.size());
+                *reply = m;
+                *reply_len = out.size();
+            }
+            return NEXAR_SUCCESS;
+        } catch (const Error& e) {
+            *reply = c_message(e.what());
+            return e.code();
+        } catch (const std::exception& e) {
+            *reply = c_message(e.what());
+            return NEXAR_ERR_INTERNAL;
+        } catch (...) {
+            return NEXAR_ERR_INTERNAL;
+        }
     }
     static void call_failure(nexar_comm_t, int rank, nexar_result_t code, const char* message,
                              void* user) noexcept {
@@ -656,6 +732,7 @@ private:
     }
     nexar_comm_t h_ = NEXAR_COMM_NULL;
     std::vector<std::unique_ptr<FailureHandler>> handlers_;
+    std::vector<std::unique_ptr<RPCHandler>> rpc_handlers_;
 };
 
 // version returns the loaded library's version as "major.minor.patch".

@@ -218,3 +218,9 @@ def test_rpc(n):
     outs = run_ranks(n, ["workers/rpc_worker.py"], timeout=120)
     for r, o in enumerate(outs):
         assert f"rank {r}: rpc ok" in o, o
+
+
+def test_rpc_example():
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "python", "rpc.py")
+    outs = run_ranks(3, [os.path.abspath(example)], timeout=120)
+    assert "rank 2: 4 squared is 16" in outs[0], outs[0]

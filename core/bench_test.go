@@ -51,3 +51,28 @@ func BenchmarkAllreduce2(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRPC times a round trip of CallRPC to the other rank (an echo
+// handler) over loopback QUIC, as between two processes on one host.
+func BenchmarkRPC(b *testing.B) {
+	for _, size := range []int{8, 4096, 1 << 20} {
+		b.Run(fmt.Sprint(size), func(b *testing.B) {
+			comms, err := NewLocalQUIC(2, testConfig())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer closeAll(b, comms)
+			comms[1].Register(1, func(_ context.Context, _ int, req []byte) ([]byte, error) { return req, nil })
+			req := make([]byte, size)
+			ctx := context.Background()
+			b.SetBytes(int64(2 * size))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				if _, err := comms[0].CallRPC(ctx, 1, 1, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

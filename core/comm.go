@@ -364,27 +364,22 @@ func (c *Comm) failure(op string) error {
 // node.mu held: deliver must then not block).
 func (c *Comm) deliver(from int, lane transport.Lane, h header, payload []byte, preAccounted bool) {
 	src, ok := c.of[from]
+	data := h.kind == kindColl || h.kind == kindP2P
+	if preAccounted && (!ok || !data) {
+		// Only matched data stays accounted (held by the engine); the
+		// rest is done with here. release wakes deliveries waiting for room.
+		c.n.release(int64(len(payload)))
+	}
 	if !ok {
 		c.n.log.Warn("nexar: message from a non-member", "comm", c.id, "from", from)
-		if preAccounted {
-			c.n.buffered.Add(-int64(len(payload)))
-		}
 		return
 	}
 	switch h.kind {
 	case kindControl:
-		if preAccounted {
-			c.n.buffered.Add(-int64(len(payload)))
-		}
 		c.control(src, h, payload)
-	case kindColl:
-		c.deliverColl(src, h, payload, preAccounted)
-	case kindP2P:
-		c.deliverP2P(src, h, payload, preAccounted)
+	case kindColl, kindP2P:
+		c.deliverData(src, h, payload, preAccounted)
 	case kindRPC:
-		if preAccounted {
-			c.n.buffered.Add(-int64(len(payload)))
-		}
 		c.deliverRPC(src, h, payload, preAccounted)
 	}
 }

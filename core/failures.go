@@ -1,6 +1,9 @@
 package core
 
-import "errors"
+import (
+	"errors"
+	"slices"
+)
 
 // This file is failure notification: besides failing pending and later
 // calls (the sticky error), a communicator reports each member found
@@ -19,13 +22,12 @@ type FailureEvent struct {
 // Comm.mu.
 type failures struct {
 	ranks  []int
-	seen   []bool
 	events chan FailureEvent // one slot per member: a send never blocks
 	closed bool
 }
 
 func newFailures(size int) failures {
-	return failures{seen: make([]bool, size), events: make(chan FailureEvent, size)}
+	return failures{events: make(chan FailureEvent, size)}
 }
 
 // Failures returns the channel on which c reports each member found
@@ -53,10 +55,9 @@ func (c *Comm) noteFailureLocked(err error) {
 	}
 	f := &c.lost
 	r := e.Rank
-	if r < 0 || r >= c.size || r == c.rank || f.seen[r] || f.closed {
+	if r < 0 || r >= c.size || r == c.rank || f.closed || slices.Contains(f.ranks, r) {
 		return
 	}
-	f.seen[r] = true
 	f.ranks = append(f.ranks, r)
 	f.events <- FailureEvent{Rank: r, Err: e}
 }

@@ -73,7 +73,7 @@ type header struct {
 	step     uint32
 	sig      signature
 	total    uint64
-	gen      membership.Generation // set by encode's caller's view; decoded for the receiver's check
+	gen      membership.Generation // decoded, for the receiver's check; encode takes the sender's as an argument
 }
 
 // encode writes h into dst as sent in membership generation gen.

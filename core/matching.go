@@ -44,44 +44,46 @@ func (c *Comm) collMismatch(mm *match.Mismatch) *Error {
 			mm.Src, mm.Sent, mm.Step, mm.Seq, c.rank, mm.Want)}
 }
 
-// deliverChunk hands one inbound chunk to the engine, waiting for room in the
-// node's buffer budget when it must be held (pre: its bytes are already
-// accounted). check, when not nil, runs first under c.mu (the signature
-// check of a collective message, which may fail c).
-func (c *Comm) deliverChunk(h header, payload []byte, pre bool, step func() (match.Outcome, *match.Mismatch), check func()) {
+// deliverData hands one inbound chunk of a collective or point-to-point
+// message from src to the engine, waiting for room in the node's buffer
+// budget when it must be held (pre: its bytes are already accounted).
+func (c *Comm) deliverData(src int, h header, payload []byte, pre bool) {
 	n := int64(len(payload))
-	var freed chan struct{}
+	room := c.n.tryAcquire
+	if pre {
+		room = func(int64) bool { return true }
+	}
+	coll := h.kind == kindColl
+	w := freedWaiter{n: c.n}
+	defer w.end()
 	for {
 		c.mu.Lock()
-		if check != nil {
-			check()
+		if coll {
+			c.checkSigLocked(src, h.seqOrTag, h.sig) // may fail c
 		}
-		if c.err != nil || (h.kind == kindColl && h.seqOrTag >= c.collLimit) { // no receive will come
+		if c.err != nil || (coll && h.seqOrTag >= c.collLimit) { // no receive will come
 			c.mu.Unlock()
 			if pre {
 				c.n.release(n)
 			}
 			return
 		}
-		out, mm := step()
+		var out match.Outcome
+		var mm *match.Mismatch
+		if coll {
+			out, mm = c.match.DeliverColl(match.Key{Src: src, Seq: h.seqOrTag, Step: h.step}, int(h.total), payload, room)
+		} else {
+			out = c.match.DeliverP2P(src, h.seqOrTag, int(h.total), payload, room)
+		}
 		c.settleLocked()
 		if mm != nil {
 			c.failAndTellLocked(c.collMismatch(mm))
 		}
 		c.mu.Unlock()
 		switch out {
-		case match.NoRoom:
-			if freed == nil {
-				var done func()
-				freed, done = c.n.awaitFreed()
-				defer done()
-				continue // try once more: the release may have come before
-			}
-			select {
-			case <-freed:
-				freed = c.n.freedCh()
-			case <-c.failed:
-			case <-c.n.done:
+		case match.NoRoom: // never when pre
+			if !w.wait(c.failed) {
+				return
 			}
 			continue
 		case match.Copied, match.Mismatched:
@@ -91,32 +93,6 @@ func (c *Comm) deliverChunk(h header, payload []byte, pre bool, step func() (mat
 		}
 		return
 	}
-}
-
-// deliverP2P takes one chunk of a point-to-point message from src.
-func (c *Comm) deliverP2P(src int, h header, payload []byte, pre bool) {
-	room := c.roomFunc(pre)
-	c.deliverChunk(h, payload, pre, func() (match.Outcome, *match.Mismatch) {
-		return c.match.DeliverP2P(src, h.seqOrTag, int(h.total), payload, room), nil
-	}, nil)
-}
-
-// deliverColl takes one chunk of a collective message from src.
-func (c *Comm) deliverColl(src int, h header, payload []byte, pre bool) {
-	key := match.Key{Src: src, Seq: h.seqOrTag, Step: h.step}
-	room := c.roomFunc(pre)
-	c.deliverChunk(h, payload, pre, func() (match.Outcome, *match.Mismatch) {
-		return c.match.DeliverColl(key, int(h.total), payload, room)
-	}, func() { c.checkSigLocked(src, h.seqOrTag, h.sig) })
-}
-
-// roomFunc is the engine's room for a chunk to hold: already accounted
-// (pre), or taken from the node's budget.
-func (c *Comm) roomFunc(pre bool) func(int64) bool {
-	if pre {
-		return func(int64) bool { return true }
-	}
-	return c.n.tryAcquire
 }
 
 // recvColl receives the collective message (src, seq, step) into buf.

@@ -46,7 +46,7 @@ type node struct {
 	closers []func() error // run by close after the endpoint (quic node, seed)
 
 	freed        atomic.Pointer[chan struct{}] // closed and replaced when buffered bytes are released while someone waits
-	freedWaiters atomic.Int32                  // callers between awaitFreed and its done
+	freedWaiters atomic.Int32                  // registered freedWaiters
 
 	// hold, while set, stops heartbeats, monitoring and the handler
 	// (tests: a process that stops without closing its connections, like
@@ -394,7 +394,8 @@ func (n *node) handle(from int, lane transport.Lane, th *transport.Header, paylo
 		n.declaredDown(from, string(payload))
 		return
 	}
-	var freed chan struct{}
+	w := freedWaiter{n: n}
+	defer w.end()
 	for {
 		n.mu.Lock()
 		if n.closed {
@@ -413,30 +414,46 @@ func (n *node) handle(from int, lane transport.Lane, th *transport.Header, paylo
 			return
 		}
 		n.mu.Unlock()
-		if freed == nil {
-			var done func()
-			freed, done = n.awaitFreed()
-			defer done()
-			continue // try once more: the release may have come before
-		}
-		select {
-		case <-freed:
-			freed = n.freedCh()
-		case <-n.done:
+		if !w.wait(nil) {
 			return
 		}
 	}
 }
 
-// awaitFreed registers the caller as waiting for buffered bytes to be
-// released and returns the channel the next release closes; call done when
-// the wait is over. A caller registers, then takes the channel, then tries
-// to acquire again, then waits: release frees bytes before it looks for
-// waiters, so none misses a release. Without waiters, release allocates
-// nothing.
-func (n *node) awaitFreed() (freed chan struct{}, done func()) {
-	n.freedWaiters.Add(1)
-	return n.freedCh(), func() { n.freedWaiters.Add(-1) }
+// freedWaiter is one caller's wait for buffered bytes to be released,
+// across the attempts of its retry loop. The first wait only registers
+// and takes the channel the next release closes (the caller then tries
+// once more at once); later waits block until a release. release frees
+// the bytes before it looks for waiters, so no registered caller misses
+// one, and without waiters it allocates nothing.
+type freedWaiter struct {
+	n     *node
+	freed chan struct{}
+}
+
+// wait reports false when the node closed or stop was closed first.
+func (w *freedWaiter) wait(stop <-chan struct{}) bool {
+	if w.freed == nil {
+		w.n.freedWaiters.Add(1)
+		w.freed = w.n.freedCh()
+		return true
+	}
+	select {
+	case <-w.freed:
+		w.freed = w.n.freedCh()
+		return true
+	case <-w.n.done:
+		return false
+	case <-stop:
+		return false
+	}
+}
+
+// end unregisters the caller if it waited.
+func (w *freedWaiter) end() {
+	if w.freed != nil {
+		w.n.freedWaiters.Add(-1)
+	}
 }
 
 func (n *node) freedCh() chan struct{} { return *n.freed.Load() }
@@ -469,29 +486,6 @@ func (n *node) release(b int64) {
 	ch := make(chan struct{})
 	old := n.freed.Swap(&ch)
 	close(*old)
-}
-
-// waitBudget blocks until b bytes may be buffered. It gives up, returning
-// false, when the node closes or stop is closed.
-func (n *node) waitBudget(b int64, stop <-chan struct{}) bool {
-	if n.tryAcquire(b) {
-		return true
-	}
-	freed, done := n.awaitFreed()
-	defer done()
-	for {
-		if n.tryAcquire(b) {
-			return true
-		}
-		select {
-		case <-freed:
-			freed = n.freedCh()
-		case <-n.done:
-			return false
-		case <-stop:
-			return false
-		}
-	}
 }
 
 // register adds c and replays messages that arrived before it existed, in

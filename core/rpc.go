@@ -39,6 +39,7 @@ type rpcState struct {
 	handlers map[uint32]RPCHandler
 	nextID   uint64
 	calls    map[uint64]*Call
+	err      error         // the communicator's failure: no call starts, every call in flight ended
 	sem      chan struct{} // one slot per running handler
 	running  sync.WaitGroup
 }
@@ -84,12 +85,19 @@ func (c *Comm) Register(id uint32, h RPCHandler) {
 // communicator's failure once it has failed. req must not change until it
 // returns.
 func (c *Comm) CallRPC(ctx context.Context, peer int, id uint32, req []byte) ([]byte, error) {
-	return c.ICall(peer, id, req).Wait(ctx)
+	return c.startCall(peer, id, req, true).Wait(ctx)
 }
 
 // ICall starts calling function id on rank peer with req; Wait returns the
 // reply. req must not change until the call is done.
 func (c *Comm) ICall(peer int, id uint32, req []byte) *Call {
+	return c.startCall(peer, id, req, false)
+}
+
+// startCall registers a call and sends its request: in the caller's
+// goroutine when inline (CallRPC, which waits anyway), else in one of its
+// own.
+func (c *Comm) startCall(peer int, id uint32, req []byte, inline bool) *Call {
 	call := &Call{c: c, peer: peer, fn: id, done: make(chan struct{})}
 	if peer < 0 || peer >= c.size {
 		call.finish(nil, invalidArg("rpc", "peer %d is out of range [0, %d)", peer, c.size))
@@ -99,12 +107,13 @@ func (c *Comm) ICall(peer int, id uint32, req []byte) *Call {
 		call.finish(nil, invalidArg("rpc", "request of %d bytes exceeds %d", len(req), transport.MaxPayload))
 		return call
 	}
-	if err := c.failure("rpc"); err != nil {
-		call.finish(nil, err)
-		return call
-	}
 	s := c.rpc
 	s.mu.Lock()
+	if s.err != nil { // checked with the registration, so failAll cannot miss the call
+		s.mu.Unlock()
+		call.finish(nil, s.err)
+		return call
+	}
 	s.nextID++
 	call.id = s.nextID
 	s.calls[call.id] = call
@@ -113,21 +122,29 @@ func (c *Comm) ICall(peer int, id uint32, req []byte) *Call {
 		c.serveRPC(c.rank, call.id, id, req, false) // no transport to oneself
 		return call
 	}
-	c.ops.Add(1)
-	go func() {
-		defer c.ops.Done()
+	send := func() {
 		ctx, cancel := c.opContext(context.Background())
 		defer cancel()
 		if err := c.sendRPC(ctx, peer, rpcRequest, call.id, id, req); err != nil {
-			c.rpcDone(call.id, nil, c.opError("rpc", ctx, err))
+			c.rpcDone(call.id, -1, nil, c.opError("rpc", ctx, err))
 		}
+	}
+	if inline {
+		send()
+		return call
+	}
+	c.ops.Add(1)
+	go func() {
+		defer c.ops.Done()
+		send()
 	}()
 	return call
 }
 
 // Wait waits for the reply. When ctx (or the communicator's Timeout) ends
 // first it returns CodeTimeout and the call is abandoned: a reply that
-// comes later is dropped.
+// comes later is dropped. The communicator's failure ends every call
+// (rpcState.failAll).
 func (call *Call) Wait(ctx context.Context) ([]byte, error) {
 	select {
 	case <-call.done:
@@ -139,10 +156,8 @@ func (call *Call) Wait(ctx context.Context) ([]byte, error) {
 	defer cancel()
 	select {
 	case <-call.done:
-	case <-c.failed:
-		c.rpcDone(call.id, nil, c.failure("rpc"))
 	case <-ctx.Done():
-		c.rpcDone(call.id, nil, &Error{Code: CodeTimeout, Op: "rpc", Rank: call.peer,
+		c.rpcDone(call.id, -1, nil, &Error{Code: CodeTimeout, Op: "rpc", Rank: call.peer,
 			Msg: fmt.Sprintf("no reply from rank %d to function %d: %v", call.peer, call.fn, ctx.Err()), Cause: ctx.Err()})
 	}
 	<-call.done
@@ -159,27 +174,33 @@ func (call *Call) finish(reply []byte, err error) {
 	})
 }
 
-// failAll fails every call in flight with err (the communicator failed).
+// failAll fails every call in flight, and every later one, with err (the
+// communicator failed).
 func (s *rpcState) failAll(err error) {
 	s.mu.Lock()
+	s.err = withOp(err, "rpc")
 	calls := s.calls
 	s.calls = make(map[uint64]*Call)
 	s.mu.Unlock()
 	for _, call := range calls {
-		call.finish(nil, withOp(err, "rpc"))
+		call.finish(nil, s.err)
 	}
 }
 
-// rpcDone completes call id, if still pending.
-func (c *Comm) rpcDone(id uint64, reply []byte, err error) {
+// rpcDone completes call id, if still pending, with a reply from comm rank
+// from (ignored when it is not the rank called) or, for from < 0, with
+// what this rank found.
+func (c *Comm) rpcDone(id uint64, from int, reply []byte, err error) {
 	s := c.rpc
 	s.mu.Lock()
 	call := s.calls[id]
+	if call == nil || (from >= 0 && call.peer != from) {
+		s.mu.Unlock()
+		return
+	}
 	delete(s.calls, id)
 	s.mu.Unlock()
-	if call != nil {
-		call.finish(reply, err)
-	}
+	call.finish(reply, err)
 }
 
 func (c *Comm) sendRPC(ctx context.Context, peer int, sub uint8, id uint64, fn uint32, payload []byte) error {
@@ -195,30 +216,15 @@ func (c *Comm) deliverRPC(src int, h header, payload []byte, mustNotBlock bool) 
 	case rpcRequest:
 		c.serveRPC(src, h.seqOrTag, h.step, payload, !mustNotBlock)
 	case rpcReply:
-		c.rpcDoneFrom(src, h.seqOrTag, payload, nil)
+		c.rpcDone(h.seqOrTag, src, payload, nil)
 	case rpcErrReply:
 		e := c.decodeCause(payload)
 		if e == nil {
 			e = &Error{Code: CodeInternal, Op: "rpc", Rank: src, Msg: "malformed error reply"}
 		}
 		e.Op = "rpc"
-		c.rpcDoneFrom(src, h.seqOrTag, nil, e)
+		c.rpcDone(h.seqOrTag, src, nil, e)
 	}
-}
-
-// rpcDoneFrom completes call id with a reply from src, ignoring one that
-// does not come from the rank called.
-func (c *Comm) rpcDoneFrom(src int, id uint64, reply []byte, err error) {
-	s := c.rpc
-	s.mu.Lock()
-	call := s.calls[id]
-	if call == nil || call.peer != src {
-		s.mu.Unlock()
-		return
-	}
-	delete(s.calls, id)
-	s.mu.Unlock()
-	call.finish(reply, err)
 }
 
 // serveRPC runs the handler of fn for a request from comm rank src (this
@@ -285,7 +291,7 @@ func runHandler(ctx context.Context, h RPCHandler, from int, req []byte) (reply 
 // replyRPC sends the reply (or err) of call id to comm rank dst.
 func (c *Comm) replyRPC(dst int, id uint64, reply []byte, err error) {
 	if dst == c.rank {
-		c.rpcDoneFrom(dst, id, reply, err)
+		c.rpcDone(id, dst, reply, err)
 		return
 	}
 	sub, payload := rpcReply, reply

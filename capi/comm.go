@@ -88,7 +88,7 @@ func nxgo_comm_destroy(comm C.uintptr_t) (r C.int) {
 	}
 	w := watchers.remove(uintptr(comm))
 	if w != nil {
-		w.stop() // no handler call from here on, none running (unless this is one)
+		w.stop(uintptr(comm)) // no handler call from here on, none running (unless this is one)
 	}
 	// Close is local and idempotent; its error (if any) is only reported.
 	// It closes the failure stream, which ends the watcher's goroutine.

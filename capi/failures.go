@@ -23,7 +23,6 @@ type watcher struct {
 	user    unsafe.Pointer
 	stopped bool
 	calling sync.Mutex // held during a call of the handler
-	done    chan struct{}
 }
 
 // watchers maps a comm handle to its watcher, if a handler was ever set.
@@ -45,7 +44,7 @@ func (t *watcherTable) getOrStart(h uintptr, c *core.Comm) *watcher {
 	if t.m == nil {
 		t.m = make(map[uintptr]*watcher)
 	}
-	w := &watcher{done: make(chan struct{})}
+	w := &watcher{}
 	t.m[h] = w
 	go w.run(h, c)
 	return w
@@ -60,7 +59,6 @@ func (t *watcherTable) remove(h uintptr) *watcher {
 }
 
 func (w *watcher) run(h uintptr, c *core.Comm) {
-	defer close(w.done)
 	for ev := range c.Failures() { // closed by Close (nexar_comm_destroy)
 		w.calling.Lock()
 		w.mu.Lock()
@@ -80,13 +78,14 @@ func (w *watcher) call(fn C.uintptr_t, h uintptr, ev core.FailureEvent, user uns
 	C.nxcapi_call_failure(fn, C.uintptr_t(h), C.int(ev.Rank), C.int(ev.Err.Code), msg, user)
 }
 
-// stop makes w call nothing more and waits for a call in progress, unless
-// the caller is that call (nexar_comm_destroy from the handler).
-func (w *watcher) stop() {
+// stop makes w (the watcher of comm handle h) call nothing more and waits
+// for a call in progress, unless the caller is that call
+// (nexar_comm_destroy(h) from h's own handler).
+func (w *watcher) stop(h uintptr) {
 	w.mu.Lock()
 	w.stopped = true
 	w.mu.Unlock()
-	if C.nxcapi_in_failure_handler() == 0 {
+	if C.nxcapi_in_failure_handler(C.uintptr_t(h)) == 0 {
 		w.calling.Lock() // waits for the call in progress, if any
 		w.calling.Unlock()
 	}

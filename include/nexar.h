@@ -99,7 +99,9 @@ typedef enum nexar_result {
     NEXAR_ERR_TRUNCATED = 9,        /* a message was larger than the receive buffer */
     NEXAR_ERR_UNAVAILABLE = 10,     /* a feature or device is not available */
     NEXAR_ERR_INTERNAL = 11,        /* a bug in nexar; the message says more */
-    NEXAR_ERR_FORKED = 12           /* called in a child made by fork() without exec() */
+    NEXAR_ERR_FORKED = 12,          /* called in a child made by fork() without exec() */
+    NEXAR_ERR_REVOKED = 13,         /* the communicator was revoked; agree and shrink still work on it */
+    NEXAR_ERR_NO_QUORUM = 14        /* this side of a failure or partition lacks a quorum of the last membership */
 } nexar_result_t;
 /* @end result */
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/fxamacker/cbor/v2"
@@ -83,6 +84,7 @@ type recovery struct {
 	stop      chan struct{} // closed by Close: agreements in progress end
 	// shrink policy: the survivors' communicator, made once.
 	shrinking bool
+	started   atomic.Bool // shrinking, readable without Comm.mu (Successor's fast path)
 	succDone  chan struct{} // closed when succ or succErr is set
 	succ      *Comm
 	succErr   error
@@ -417,6 +419,7 @@ func (c *Comm) startAutoShrinkLocked() {
 	}
 	c.rec.shrinking = true
 	c.rec.succDone = make(chan struct{})
+	c.rec.started.Store(true)
 	c.bg.Add(1)
 	go func() {
 		defer c.bg.Done()
@@ -442,6 +445,9 @@ func (c *Comm) startAutoShrinkLocked() {
 func (c *Comm) Successor(ctx context.Context) (*Comm, error) {
 	cur := c
 	for {
+		if !cur.rec.started.Load() {
+			return cur, nil // the common case: no lock taken
+		}
 		cur.mu.Lock()
 		done := cur.rec.succDone
 		cur.mu.Unlock()

@@ -84,7 +84,7 @@ type recovery struct {
 	stop      chan struct{} // closed by Close: agreements in progress end
 	// shrink policy: the survivors' communicator, made once.
 	shrinking bool
-	started   atomic.Bool // shrinking, readable without Comm.mu (Successor's fast path)
+	started   atomic.Bool   // shrinking, readable without Comm.mu (Successor's fast path)
 	succDone  chan struct{} // closed when succ or succErr is set
 	succ      *Comm
 	succErr   error

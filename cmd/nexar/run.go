@@ -218,7 +218,7 @@ func launch(opt runOptions) error {
 		case e := <-exits:
 			left--
 			running[e.rank] = false
-			if elastic && e.killed() && caught == nil {
+			if elastic && e.killed() && caught == nil && first == nil {
 				lost = append(lost, e.rank)
 				fmt.Fprintf(opt.stderr, "nexar run: rank %d %s; the others carry on (NEXAR_ON_FAILURE=%s)\n",
 					e.rank, e.describe(), os.Getenv("NEXAR_ON_FAILURE"))

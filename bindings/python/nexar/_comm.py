@@ -182,7 +182,8 @@ class Comm:
                  seed: Optional[str] = None, token=None, bind_addr: Optional[str] = None,
                  advertise_addr: Optional[str] = None, timeout=None, connect_timeout=None,
                  heartbeat_interval=None, heartbeat_timeout=None,
-                 max_buffered_bytes: Optional[int] = None, _handle: Optional[int] = None):
+                 max_buffered_bytes: Optional[int] = None, failure_policy: Optional[str] = None,
+                 _handle: Optional[int] = None):
         self._pid = os.getpid()
         self._pending = set()
         self._handlers = []  # capsules owning failure handlers, kept until destroyed
@@ -207,6 +208,16 @@ class Comm:
         self._h = h
         self._rank = _lib.comm_rank(h)
         self._size = _lib.comm_size(h)
+        if _handle is None:
+            # An explicit configuration has no field for it: the argument,
+            # else NEXAR_ON_FAILURE, as nexar_comm_init_from_env reads it.
+            policy = failure_policy or os.environ.get("NEXAR_ON_FAILURE", "").strip().lower() or None
+            if policy is not None:
+                if policy not in _POLICIES:
+                    self.close()
+                    raise ValueError("nexar: failure policy %r (NEXAR_ON_FAILURE): want one of %s"
+                                     % (policy, ", ".join(_POLICIES)))
+                _lib.comm_set_failure_policy(h, _POLICIES.index(policy))
         self._elastic = _lib.comm_get_failure_policy(h) == _POLICIES.index("shrink")
 
     # ---- lifecycle ------------------------------------------------------

@@ -87,21 +87,25 @@ class ProcessGroupNexar(dist.ProcessGroup):
     supports_coalescing = False
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta = timedelta(minutes=30),
-                 group_id: str = ""):
+                 group_id: str = "", _comm_: Optional[_comm.Comm] = None):
         super().__init__(rank, size)
         self._rank_ = rank
         self._size_ = size
         self._group_id = group_id
-        rv = rendezvous(store, rank, size)
-        self._seed = rv.seed
-        secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-        try:
-            self._comm = _comm.Comm(rank=rank, world_size=size, seed=rv.seed_addr, token=rv.token,
-                                    advertise_addr=rv.advertise_host, timeout=secs, connect_timeout=secs)
-        except BaseException:
-            if self._seed is not None:
-                self._seed.close()
-            raise
+        if _comm_ is not None:  # from_comm
+            self._seed = None
+            self._comm = _comm_
+        else:
+            rv = rendezvous(store, rank, size)
+            self._seed = rv.seed
+            secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+            try:
+                self._comm = _comm.Comm(rank=rank, world_size=size, seed=rv.seed_addr, token=rv.token,
+                                        advertise_addr=rv.advertise_host, timeout=secs, connect_timeout=secs)
+            except BaseException:
+                if self._seed is not None:
+                    self._seed.close()
+                raise
         self._raw = self._comm.raw
         self._closed = False
         self._coalescing: Optional[list] = None
@@ -112,6 +116,25 @@ class ProcessGroupNexar(dist.ProcessGroup):
         # of waiting out the heartbeat, and no worker thread of ours is
         # still inside the library while the interpreter finalizes.
         self._at_exit = weakref.finalize(self, _close_at_exit, self._comm, self._queue, self._completer, self._seed)
+
+    @classmethod
+    def from_comm(cls, comm: _comm.Comm, group_id: str = "") -> "ProcessGroupNexar":
+        """A group over an existing nexar.Comm, which it then owns (shutdown
+        closes it): the survivors' communicator after a shrink, or one made
+        by nexar directly. Pass it to DDP as ``process_group=``; it is not
+        registered with torch.distributed's group table."""
+        return cls(None, comm.rank, comm.size, group_id=group_id, _comm_=comm)
+
+    def shrink(self) -> "ProcessGroupNexar":
+        """The survivors' group, after a member failed (every live member
+        calls it, typically when a collective raised PeerDownError or
+        RevokedError): the live members agree on who failed, and a new group
+        of the others is returned, ranked in this group's order, on the
+        connections that exist. This group is revoked; shut it down when
+        done with it. Needs the failure policy "manual" or "shrink"
+        (NEXAR_ON_FAILURE). The way torchft reconfigures its groups: build
+        the model's DDP again on the new group."""
+        return ProcessGroupNexar.from_comm(self._comm.shrink(), group_id=f"{self._group_id}-shrunk")
 
     # ---- identity -------------------------------------------------------
     # torch keeps a group's name and description in its backends; a Python

@@ -63,6 +63,9 @@ func elastic(ctx context.Context, cfg core.Config, args []string) error {
 			faulted = true
 			next, serr := c.Successor(ctx)
 			if serr != nil {
+				if core.CodeOf(serr) == core.CodeNoQuorum {
+					fmt.Printf("NOQUORUM rank=%d at=%d err=%q\n", me, time.Now().UnixNano(), serr.Error())
+				}
 				return fmt.Errorf("rank %d: no successor: %w", me, serr)
 			}
 			if next == c {

@@ -106,6 +106,5 @@ func TestPartition(t *testing.T) {
 	}
 }
 
-
 // output is what p printed so far (safe while it runs).
 func (p *proc) output() string { return p.out.String() }

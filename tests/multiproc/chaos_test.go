@@ -148,3 +148,51 @@ func joinLines(ls []string) string {
 	}
 	return s
 }
+
+// TestChaosStop SIGSTOPs a rank of a 4-rank job under the shrink policy:
+// the others leave it out and carry on as 3; once resumed, the stopped
+// rank must not carry on as a job of its own: it fails, saying it was left
+// out or has no quorum.
+func TestChaosStop(t *testing.T) {
+	const n, victim = 4, 2
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	env := []string{"NEXAR_ON_FAILURE=shrink", "NEXAR_HEARTBEAT_INTERVAL=200ms", "NEXAR_HEARTBEAT_TIMEOUT=1s", "NEXAR_TIMEOUT=30s"}
+	args := []string{"run", "-n", strconv.Itoa(n), "--grace", "60s", "--", testprogBin, "elastic", strconv.Itoa(n - 1), "30"}
+	cmd, errOut, lines := startRun(t, ctx, args, env...)
+	pids := map[int]int{}
+	looping, doneCount := 0, 0
+	var all []string
+	victimOut := ""
+	for line := range lines {
+		all = append(all, line)
+		if m := readyRE.FindStringSubmatch(line); m != nil {
+			r, _ := strconv.Atoi(m[1])
+			pids[r], _ = strconv.Atoi(m[2])
+		}
+		if regexp.MustCompile(`LOOPING rank=`).MatchString(line) {
+			if looping++; looping == n {
+				if err := syscall.Kill(pids[victim], syscall.SIGSTOP); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if doneRE.MatchString(line) {
+			if doneCount++; doneCount == n-1 {
+				// The others carried on and finished: resume the victim.
+				_ = syscall.Kill(pids[victim], syscall.SIGCONT)
+			}
+		}
+		if regexp.MustCompile(fmt.Sprintf(`^\[%d\] (NOQUORUM|EXCLUDED|DONE)`, victim)).MatchString(line) {
+			victimOut = line
+		}
+	}
+	_ = cmd.Wait()
+	if doneCount != n-1 {
+		t.Fatalf("%d survivors finished, want %d\nstderr:\n%s\nstdout:\n%s", doneCount, n-1, errOut.String(), joinLines(all))
+	}
+	if victimOut == "" || regexp.MustCompile(`DONE`).MatchString(victimOut) {
+		t.Fatalf("the resumed rank: %q, want NOQUORUM or EXCLUDED\nstderr:\n%s\nstdout:\n%s", victimOut, errOut.String(), joinLines(all))
+	}
+	t.Logf("resumed rank: %s", victimOut)
+}

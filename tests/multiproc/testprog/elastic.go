@@ -63,8 +63,11 @@ func elastic(ctx context.Context, cfg core.Config, args []string) error {
 			faulted = true
 			next, serr := c.Successor(ctx)
 			if serr != nil {
-				if core.CodeOf(serr) == core.CodeNoQuorum {
+				switch code := core.CodeOf(serr); {
+				case code == core.CodeNoQuorum:
 					fmt.Printf("NOQUORUM rank=%d at=%d err=%q\n", me, time.Now().UnixNano(), serr.Error())
+				case code == core.CodePeerDown && e.Rank == me:
+					fmt.Printf("EXCLUDED rank=%d err=%q\n", me, serr.Error())
 				}
 				return fmt.Errorf("rank %d: no successor: %w", me, serr)
 			}

@@ -67,6 +67,8 @@ type Comm struct {
 	lost       failures   // members found failed (Failures, Failed)
 
 	rpc *rpcState // handlers and calls in flight (core/rpc.go), under its own lock
+
+	flight *flightRecorder // the last operations (core/flight.go), under its own lock; nil: off
 }
 
 // departure records that a member destroyed its communicator: every message
@@ -97,6 +99,7 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 		collLimit:  math.MaxUint64,
 		lost:       newFailures(len(world)),
 		rpc:        newRPCState(n.cfg.RPCHandlers),
+		flight:     newFlightRecorder(n.cfg, n.log, id, rank),
 	}
 	for r, w := range world {
 		c.of[w] = r
@@ -158,6 +161,7 @@ func worldComm(nd *node, ep transport.DataPath) *Comm {
 	nd.mu.Unlock()
 	c := newComm(nd, worldID, nd.rank, world)
 	_ = nd.register(c) // a fresh node is never closed
+	c.startFlight()
 	return c
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -324,10 +325,15 @@ func (c *Comm) dumpFlight(reason string, final bool) {
 	r.Final = final
 	path := filepath.Join(dir, FlightRecordFile(c.world[c.rank], c.id))
 	if err := writeFlightRecord(path, r); err != nil {
-		c.n.log.Warn("nexar: flight record not written", "subsys", "FLIGHT", "comm", c.id, "rank", c.rank, "err", err)
+		c.n.log.Warn("nexar: flight record not written", "subsys", SubsysFlight, "comm", c.id, "rank", c.rank, "err", err)
 		return
 	}
-	c.n.log.Info("nexar: flight record written", "subsys", "FLIGHT", "comm", c.id, "rank", c.rank, "reason", reason, "path", path)
+	level := slog.LevelDebug // asked for (a signal) or routine
+	if strings.HasPrefix(reason, "timeout") {
+		level = slog.LevelWarn
+	}
+	c.n.log.Log(context.Background(), level, "nexar: flight record written", "subsys", SubsysFlight, "comm", c.id, "rank", c.rank,
+		"reason", reason, "path", path)
 }
 
 // flightEnd records the end of a request's operation; an operation that

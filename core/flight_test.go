@@ -361,3 +361,14 @@ func TestDiagnosticsFromEnv(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkFlightRecord times what an operation adds to its call: its
+// entry at the start and at the end (no allocation).
+func BenchmarkFlightRecord(b *testing.B) {
+	f := newFlightRecorder(Config{FlightRecorderSize: defaultFlightRecorderSize}, slog.New(slog.DiscardHandler), 0, 0)
+	sig := signature{kind: collAllreduce, dt: collective.Float32, op: collective.Sum, root: -1, count: 2}
+	b.ReportAllocs()
+	for i := range b.N {
+		f.end(f.startColl(uint64(i), sig), nil)
+	}
+}

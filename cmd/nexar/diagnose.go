@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -64,12 +65,14 @@ func progressKey(recs []core.FlightRecord) (key string, inFlight bool) {
 
 // listening returns the processes whose records say they dump on SIGUSR1:
 // those with a record not final (a process installs its handler before
-// its first record and removes it after its last, final, one).
-func listening(recs []core.FlightRecord) []int {
+// its first record and removes it after its last, final, one) that ours
+// says are still ours (a rank killed before its final record leaves its
+// PID behind, which the system may give to another process).
+func listening(recs []core.FlightRecord, ours func(pid int) bool) []int {
 	seen := map[int]bool{}
 	var pids []int
 	for _, r := range recs {
-		if !r.Final && r.PID > 0 && !seen[r.PID] {
+		if !r.Final && r.PID > 0 && !seen[r.PID] && ours(r.PID) {
 			seen[r.PID] = true
 			pids = append(pids, r.PID)
 		}
@@ -79,11 +82,16 @@ func listening(recs []core.FlightRecord) []int {
 
 // watchProgress is nexar run's watchdog: every period it asks every
 // listening rank for its flight record (SIGUSR1 to the processes named in
-// dir's records, never to one that did not install the handler), and
+// dir's records, never to one that did not install the handler, nor to one
+// in none of the process groups of the ranks: groups), and
 // when no rank progressed since the previous round while an operation is
 // in flight, prints the report on w, once per stall. It returns when stop
 // is closed.
-func watchProgress(dir string, period time.Duration, w io.Writer, stop <-chan struct{}) {
+func watchProgress(dir string, period time.Duration, groups []int, w io.Writer, stop <-chan struct{}) {
+	ours := func(pid int) bool {
+		g, err := syscall.Getpgid(pid)
+		return err == nil && slices.Contains(groups, g)
+	}
 	tick := time.NewTicker(period)
 	defer tick.Stop()
 	prev, reported := "", false
@@ -97,7 +105,7 @@ func watchProgress(dir string, period time.Duration, w io.Writer, stop <-chan st
 		if err != nil {
 			continue // no rank has a communicator yet
 		}
-		for _, pid := range listening(recs) {
+		for _, pid := range listening(recs, ours) {
 			_ = syscall.Kill(pid, syscall.SIGUSR1)
 		}
 		// The ranks write their records in a few milliseconds.

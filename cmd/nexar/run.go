@@ -200,9 +200,13 @@ func launch(opt runOptions) error {
 	if opt.hang > 0 {
 		stop := make(chan struct{})
 		watched := make(chan struct{})
+		groups := make([]int, len(procs)) // each rank leads its process group (sysProcAttr)
+		for i, p := range procs {
+			groups[i] = p.cmd.Process.Pid
+		}
 		go func() {
 			defer close(watched)
-			watchProgress(flight, opt.hang, opt.stderr, stop)
+			watchProgress(flight, opt.hang, groups, opt.stderr, stop)
 		}()
 		defer func() { close(stop); <-watched }()
 	}

@@ -164,15 +164,10 @@ class ProcessGroupNexar(dist.ProcessGroup):
         """The underlying nexar.Comm (do not issue collectives on it concurrently)."""
         return self._comm
 
-    # ---- torch 2.x: device types, store, split_group --------------------
-    # A Python group has no C++ backend registered on it, so the C++
-    # properties answer "no devices" and "no store"; torch's Python code
-    # (split_group, monitored_barrier, the default device of object
-    # collectives) reads these, so answer for the group itself.
-    @property
-    def _device_types(self):
-        return [torch.device("cpu")]
-
+    # ---- torch 2.x: store, split_group -----------------------------------
+    # A Python group has no C++ backend registered on it, so the C++ base
+    # answers "no store" (and "no devices": _device_types, below, answers
+    # [cpu]); torch's split_group reads both, so answer for the group.
     def get_group_store(self):
         return self._store
 

@@ -28,7 +28,10 @@ const (
 	SubsysFlight = "FLIGHT" // the flight recorder's dumps
 )
 
-var debugSubsystems = []string{SubsysInit, SubsysColl, SubsysP2P, SubsysNet, SubsysFlight}
+// debugSubsystems lists the subsystems NEXAR_DEBUG_SUBSYS names.
+func debugSubsystems() []string {
+	return []string{SubsysInit, SubsysColl, SubsysP2P, SubsysNet, SubsysFlight}
+}
 
 // debugLevel parses NEXAR_DEBUG.
 func debugLevel(v string) (slog.Level, error) {
@@ -50,29 +53,30 @@ func debugLevel(v string) (slog.Level, error) {
 // listed. Empty: ALL.
 func debugSubsys(v string) (map[string]bool, error) {
 	v = strings.ToUpper(strings.TrimSpace(v))
-	on := make(map[string]bool, len(debugSubsystems))
+	all := debugSubsystems()
+	on := make(map[string]bool, len(all))
 	except := strings.HasPrefix(v, "^")
 	v = strings.TrimPrefix(v, "^")
 	if v == "" || v == "ALL" {
-		for _, s := range debugSubsystems {
+		for _, s := range all {
 			on[s] = !except
 		}
 		return on, nil
 	}
-	for _, s := range debugSubsystems {
+	for _, s := range all {
 		on[s] = except
 	}
 	for _, s := range strings.Split(v, ",") {
 		s = strings.TrimSpace(s)
 		if s == "ALL" {
-			for _, t := range debugSubsystems {
+			for _, t := range all {
 				on[t] = !except
 			}
 			continue
 		}
 		if _, ok := on[s]; !ok {
 			return nil, fmt.Errorf("core: NEXAR_DEBUG_SUBSYS: unknown subsystem %q (want %s or ALL, optionally after ^)",
-				s, strings.Join(debugSubsystems, ","))
+				s, strings.Join(all, ","))
 		}
 		on[s] = !except
 	}

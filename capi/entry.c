@@ -128,6 +128,37 @@ nexar_result_t nexar_comm_set_failure_handler(nexar_comm_t comm, nexar_failure_f
     return (nexar_result_t)nxgo_comm_set_failure_handler((uintptr_t)comm, (uintptr_t)fn, user);
 }
 
+nexar_result_t nexar_comm_set_failure_policy(nexar_comm_t comm, nexar_failure_policy_t policy) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_comm_set_failure_policy((uintptr_t)comm, (int)policy);
+}
+
+nexar_result_t nexar_comm_get_failure_policy(nexar_comm_t comm, nexar_failure_policy_t* policy) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_comm_get_failure_policy((uintptr_t)comm, (int*)policy);
+}
+
+nexar_result_t nexar_comm_revoke(nexar_comm_t comm) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_comm_revoke((uintptr_t)comm);
+}
+
+nexar_result_t nexar_comm_is_revoked(nexar_comm_t comm, int* flag) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_comm_is_revoked((uintptr_t)comm, flag);
+}
+
+nexar_result_t nexar_comm_agree(nexar_comm_t comm, uint64_t* flag, int* failed, size_t capacity,
+                                size_t* count) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_comm_agree((uintptr_t)comm, flag, failed, capacity, count);
+}
+
+nexar_result_t nexar_comm_shrink(nexar_comm_t comm, nexar_comm_t* newcomm) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_comm_shrink((uintptr_t)comm, (uintptr_t*)newcomm);
+}
+
 nexar_result_t nexar_rpc_register(nexar_comm_t comm, uint32_t fn, nexar_rpc_handler_t handler,
                                   void* user) {
     GUARD("communicator");

@@ -86,6 +86,10 @@ type Config struct {
 	// for every rank it runs, else 200 µs yielding the core (sched_yield)
 	// between polls; negative: never spin.
 	SpinWait time.Duration
+	// OnFailure is what a member's failure does to a communicator made
+	// from this config (NEXAR_ON_FAILURE=abort|manual|shrink; see
+	// FailurePolicy and docs/fault-tolerance.md). Default PolicyAbort.
+	OnFailure FailurePolicy
 	// Tuning chooses and shapes the collective schedules (chunk size,
 	// algorithm thresholds, forced algorithms). It is per communicator
 	// (split children inherit it) and must be equal on every rank: it is
@@ -158,7 +162,8 @@ func (cfg Config) withDefaults() Config {
 //     NEXAR_TIMEOUT, NEXAR_CONNECT_TIMEOUT, NEXAR_HEARTBEAT_INTERVAL,
 //     NEXAR_HEARTBEAT_TIMEOUT (Go durations, e.g. "30s"),
 //     NEXAR_MAX_BUFFERED_BYTES, NEXAR_SPIN_WAIT, NEXAR_BULK (auto|tcp|shm|off),
-//     NEXAR_BULK_CONNS, NEXAR_BULK_PLAINTEXT (1 or true), NEXAR_BULK_REMOTE_MIN;
+//     NEXAR_BULK_CONNS, NEXAR_BULK_PLAINTEXT (1 or true), NEXAR_BULK_REMOTE_MIN,
+//     NEXAR_ON_FAILURE (abort|manual|shrink);
 //   - torchrun: RANK, WORLD_SIZE, MASTER_ADDR + MASTER_PORT;
 //   - Slurm: SLURM_PROCID, SLURM_NTASKS (the seed must come from NEXAR_SEED
 //     or MASTER_ADDR/MASTER_PORT);
@@ -313,6 +318,13 @@ func configFromLookup(lookup func(string) (string, bool), readFile func(string) 
 			return cfg, fmt.Errorf("core: NEXAR_BULK_REMOTE_MIN=%q is not an integer (bytes; -1: never)", v)
 		}
 		cfg.BulkRemoteMin = n
+	}
+	if v, _ := get("NEXAR_ON_FAILURE"); v != "" {
+		p, err := ParseFailurePolicy(v)
+		if err != nil {
+			return cfg, fmt.Errorf("core: NEXAR_ON_FAILURE=%q: want abort, manual or shrink", v)
+		}
+		cfg.OnFailure = p
 	}
 	if v, _ := get("NEXAR_BULK_PLAINTEXT"); v != "" {
 		b, err := strconv.ParseBool(v)

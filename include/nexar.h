@@ -99,7 +99,9 @@ typedef enum nexar_result {
     NEXAR_ERR_TRUNCATED = 9,        /* a message was larger than the receive buffer */
     NEXAR_ERR_UNAVAILABLE = 10,     /* a feature or device is not available */
     NEXAR_ERR_INTERNAL = 11,        /* a bug in nexar; the message says more */
-    NEXAR_ERR_FORKED = 12           /* called in a child made by fork() without exec() */
+    NEXAR_ERR_FORKED = 12,          /* called in a child made by fork() without exec() */
+    NEXAR_ERR_REVOKED = 13,         /* the communicator was revoked; agree and shrink still work on it */
+    NEXAR_ERR_NO_QUORUM = 14        /* this side of a failure or partition lacks a quorum of the last membership */
 } nexar_result_t;
 /* @end result */
 
@@ -345,6 +347,92 @@ typedef void (*nexar_failure_fn)(nexar_comm_t comm, int rank, nexar_result_t cod
  * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE.
  * Thread-safety: safe from any thread. */
 nexar_result_t nexar_comm_set_failure_handler(nexar_comm_t comm, nexar_failure_fn fn, void* user);
+
+/* Recovery without restart (ULFM's vocabulary; docs/fault-tolerance.md).
+ * What a member's failure does to a communicator is its failure policy:
+ *   NEXAR_ON_FAILURE_ABORT (the default): it fails for good; every pending
+ *     and later call fails naming the lost rank; agree and shrink are
+ *     refused with NEXAR_ERR_UNAVAILABLE;
+ *   NEXAR_ON_FAILURE_MANUAL: calls fail the same way, and the application
+ *     recovers with nexar_comm_revoke, nexar_comm_agree, nexar_comm_shrink;
+ *   NEXAR_ON_FAILURE_SHRINK: the library revokes, agrees and shrinks by
+ *     itself; the call that met the failure returns its error (naming the
+ *     lost rank), and the handle then stands for the survivors'
+ *     communicator: later calls on it (nexar_comm_rank and nexar_comm_size
+ *     too) use it, waiting for the shrink to finish where it has not yet.
+ *     If the shrink fails, they return its error (NEXAR_ERR_NO_QUORUM on
+ *     the side of a partition that must not continue). The failure
+ *     handler and nexar_comm_get_failed keep reporting the communicator
+ *     the handle was made with (its ranks).
+ * nexar_comm_init_from_env reads the policy from NEXAR_ON_FAILURE
+ * (abort, manual or shrink). Split children take their parent's. */
+typedef enum nexar_failure_policy {
+    NEXAR_ON_FAILURE_ABORT = 0,
+    NEXAR_ON_FAILURE_MANUAL = 1,
+    NEXAR_ON_FAILURE_SHRINK = 2
+} nexar_failure_policy_t;
+
+/* nexar_comm_set_failure_policy sets comm's failure policy from now on.
+ * Args: comm; policy: a nexar_failure_policy_t.
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE, NEXAR_ERR_INVALID_ARGUMENT.
+ * Thread-safety: safe from any thread. */
+nexar_result_t nexar_comm_set_failure_policy(nexar_comm_t comm, nexar_failure_policy_t policy);
+
+/* nexar_comm_get_failure_policy stores comm's failure policy.
+ * Args: comm; policy: out, non-NULL.
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE, NEXAR_ERR_INVALID_ARGUMENT.
+ * Thread-safety: safe from any thread. */
+nexar_result_t nexar_comm_get_failure_policy(nexar_comm_t comm, nexar_failure_policy_t* policy);
+
+/* nexar_comm_revoke fails every pending and later collective and
+ * point-to-point call on comm, here and, as fast as the news travels, on
+ * every other member (MPIX_Comm_revoke): they return NEXAR_ERR_REVOKED,
+ * unless comm had failed already (they keep that failure). Every member
+ * that learns of it passes it on, so it reaches every live member even if
+ * this one dies. Agree and shrink still work on a revoked communicator.
+ * Local and idempotent; allowed under every policy.
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE.
+ * Thread-safety: safe from any thread. */
+nexar_result_t nexar_comm_revoke(nexar_comm_t comm);
+
+/* nexar_comm_is_revoked stores 1 in *flag if comm was revoked (here or by
+ * a member), else 0.
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE, NEXAR_ERR_INVALID_ARGUMENT.
+ * Thread-safety: safe from any thread. */
+nexar_result_t nexar_comm_is_revoked(nexar_comm_t comm, int* flag);
+
+/* nexar_comm_agree is fault-tolerant agreement among the live members of
+ * comm (MPIX_Comm_agree): every member calls it, and every member that
+ * returns NEXAR_SUCCESS gets the same *flag, the bitwise AND of the flags
+ * of the members that took part, and the same list of members left out
+ * (failed, or found failed by a participant), even when members fail
+ * during the call. It works on a failed or revoked communicator. A member
+ * the others left out gets NEXAR_ERR_PEER_DOWN naming itself; a side of a
+ * partition holding no quorum of comm (a strict majority, or exactly half
+ * including rank 0) gets NEXAR_ERR_NO_QUORUM. Bounded by the
+ * communicator's timeout (NEXAR_ERR_TIMEOUT).
+ * Args: comm; flag: in/out, non-NULL; failed: out, capacity ints (NULL
+ * when capacity is 0): the first min(*count, capacity) ranks left out,
+ * ascending; capacity; count: out, non-NULL (NULL allowed when capacity
+ * is 0 and the list is not wanted).
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE, NEXAR_ERR_INVALID_ARGUMENT,
+ * NEXAR_ERR_UNAVAILABLE (policy abort), NEXAR_ERR_PEER_DOWN,
+ * NEXAR_ERR_NO_QUORUM, NEXAR_ERR_TIMEOUT.
+ * Thread-safety: members must call agree and shrink on comm in the same
+ * order; other calls may run concurrently. */
+nexar_result_t nexar_comm_agree(nexar_comm_t comm, uint64_t* flag, int* failed, size_t capacity,
+                                size_t* count);
+
+/* nexar_comm_shrink makes the survivors' communicator (MPIX_Comm_shrink):
+ * it revokes comm, agrees with the live members on who failed, and stores
+ * in *newcomm a communicator of the others, ranked in comm's order, on the
+ * connections that exist, of the next membership generation (nothing sent
+ * on comm reaches it). Every live member must call it; those whose calls
+ * failed with NEXAR_ERR_REVOKED know to. comm stays to be destroyed.
+ * Args: comm; newcomm: out, non-NULL (NEXAR_COMM_NULL on failure).
+ * Result: NEXAR_SUCCESS, or as nexar_comm_agree.
+ * Thread-safety: as nexar_comm_agree. */
+nexar_result_t nexar_comm_shrink(nexar_comm_t comm, nexar_comm_t* newcomm);
 
 /* nexar_seed_t is a rendezvous seed started by nexar_seed_start. */
 typedef struct nexar_seed_s* nexar_seed_t;

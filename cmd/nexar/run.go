@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/nexar-go/nexar/core"
 	"io"
 	"net"
 	"os"
@@ -91,6 +92,13 @@ type rankExit struct {
 }
 
 func (e rankExit) failed() bool { return e.err != nil || !e.state.Success() }
+
+// killed reports whether the rank was killed by a signal (a lost rank,
+// which an elastic job outlives), not a rank that failed on its own.
+func (e rankExit) killed() bool {
+	ws, ok := e.state.Sys().(syscall.WaitStatus)
+	return e.err == nil && ok && ws.Signaled()
+}
 
 // describe says how a rank ended, e.g. "exited with status 1" or "was
 // killed by signal: killed".
@@ -221,6 +229,14 @@ func launch(opt runOptions) error {
 			}
 		}
 	}
+	// An elastic job (NEXAR_ON_FAILURE=shrink or manual) outlives a rank
+	// killed by a signal: the others carry on without it, and nexar run
+	// does not stop them (docs/fault-tolerance.md).
+	elastic := false
+	if p, err := core.ParseFailurePolicy(os.Getenv("NEXAR_ON_FAILURE")); err == nil && p != core.PolicyAbort {
+		elastic = true
+	}
+	var lost []int
 	var (
 		first     *rankExit // the first rank that failed
 		caught    os.Signal // a signal nexar itself received
@@ -232,6 +248,12 @@ func launch(opt runOptions) error {
 		case e := <-exits:
 			left--
 			running[e.rank] = false
+			if elastic && e.killed() && caught == nil && first == nil {
+				lost = append(lost, e.rank)
+				fmt.Fprintf(opt.stderr, "nexar run: rank %d %s; the others carry on (NEXAR_ON_FAILURE=%s)\n",
+					e.rank, e.describe(), os.Getenv("NEXAR_ON_FAILURE"))
+				continue
+			}
 			if e.failed() && first == nil && caught == nil {
 				first = &e
 				fmt.Fprintf(opt.stderr, "nexar run: rank %d %s; stopping the other ranks\n", e.rank, e.describe())
@@ -269,6 +291,12 @@ func launch(opt runOptions) error {
 	}
 	waitOutput(procs, 2*time.Second)
 
+	if len(lost) == opt.n && first == nil && caught == nil {
+		return &exitError{code: 1, msg: fmt.Sprintf("run: every rank was lost: %v", lost)}
+	}
+	if len(lost) > 0 && first == nil && caught == nil {
+		fmt.Fprintf(opt.stderr, "nexar run: the job finished without the ranks it lost: %v\n", lost)
+	}
 	switch {
 	case first != nil:
 		return &exitError{code: first.code(), msg: fmt.Sprintf("run: rank %d %s", first.rank, first.describe())}

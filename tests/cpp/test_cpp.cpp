@@ -179,6 +179,22 @@ int main() {
         for (int i = 0; i < 3000 && calls == 0; i++) usleep(10000);
         EXPECT(calls == 1 && who == 2);
         EXPECT(again.failed() == std::vector<int>{2});
+        // Recovery: agree and shrink (refused under the default policy).
+        try {
+            again.agree();
+            EXPECT(false);
+        } catch (const nexar::Error& e) {
+            EXPECT(e.code() == NEXAR_ERR_UNAVAILABLE);
+        }
+        again.set_failure_policy(NEXAR_ON_FAILURE_MANUAL);
+        EXPECT(again.failure_policy() == NEXAR_ON_FAILURE_MANUAL);
+        auto ag = again.agree(~std::uint64_t{0} ^ (std::uint64_t{1} << r));
+        EXPECT(ag.flag == ~std::uint64_t{3} && ag.failed == std::vector<int>{2});
+        nexar::Comm survivors = again.shrink();
+        EXPECT(again.revoked() && survivors.size() == 2 && survivors.rank() == r);
+        std::vector<int> v{r + 1};
+        survivors.allreduce(v, nexar::Op::sum);
+        EXPECT(v[0] == 3);
         std::printf("rank %d/%d: test_cpp ok (nexar %s)\n", r, n, nexar::version().c_str());
         return 0;
     }

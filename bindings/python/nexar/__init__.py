@@ -20,6 +20,8 @@ from ._errors import (  # noqa: F401
     ClosedError,
     Error,
     ForkedProcessError,
+    NoQuorumError,
+    RevokedError,
     InternalError,
     InvalidArgumentError,
     InvalidHandleError,
@@ -43,7 +45,7 @@ __all__ = sorted(
     | {
         "Error", "InvalidArgumentError", "InvalidHandleError", "MismatchError", "PeerDownError",
         "TimeoutError", "AbortedError", "ClosedError", "AuthError", "TruncatedError",
-        "UnavailableError", "InternalError", "ForkedProcessError", "Datatype", "Op", "SUM", "PROD",
+        "UnavailableError", "InternalError", "ForkedProcessError", "RevokedError", "NoQuorumError", "Datatype", "Op", "SUM", "PROD",
         "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR", "ANY_SOURCE", "UNDEFINED",
     }
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, List, NamedTuple, Optional, Sequence
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import _errors, _nexar as _lib
 from ._buffers import Buffer, as_buffer
@@ -163,6 +163,9 @@ class Request:
         return requests.index(q)
 
 
+_POLICIES = ("abort", "manual", "shrink")  # nexar_failure_policy_t order
+
+
 class Comm:
     """A nexar communicator: ranks 0..size-1.
 
@@ -179,11 +182,13 @@ class Comm:
                  seed: Optional[str] = None, token=None, bind_addr: Optional[str] = None,
                  advertise_addr: Optional[str] = None, timeout=None, connect_timeout=None,
                  heartbeat_interval=None, heartbeat_timeout=None,
-                 max_buffered_bytes: Optional[int] = None, _handle: Optional[int] = None):
+                 max_buffered_bytes: Optional[int] = None, failure_policy: Optional[str] = None,
+                 _handle: Optional[int] = None):
         self._pid = os.getpid()
         self._pending = set()
         self._handlers = []  # capsules owning failure handlers, kept until destroyed
         self._h = 0
+        self._elastic = False
         if _FORKED:
             raise _errors.ForkedProcessError("nexar: cannot create a communicator in a child made by fork() "
                                              "without exec(); use the 'spawn' start method")
@@ -203,6 +208,17 @@ class Comm:
         self._h = h
         self._rank = _lib.comm_rank(h)
         self._size = _lib.comm_size(h)
+        if _handle is None:
+            # An explicit configuration has no field for it: the argument,
+            # else NEXAR_ON_FAILURE, as nexar_comm_init_from_env reads it.
+            policy = failure_policy or os.environ.get("NEXAR_ON_FAILURE", "").strip().lower() or None
+            if policy is not None:
+                if policy not in _POLICIES:
+                    self.close()
+                    raise ValueError("nexar: failure policy %r (NEXAR_ON_FAILURE): want one of %s"
+                                     % (policy, ", ".join(_POLICIES)))
+                _lib.comm_set_failure_policy(h, _POLICIES.index(policy))
+        self._elastic = _lib.comm_get_failure_policy(h) == _POLICIES.index("shrink")
 
     # ---- lifecycle ------------------------------------------------------
     def _check(self):
@@ -214,6 +230,11 @@ class Comm:
                 "start workers with the 'spawn' start method or subprocess" % (self._pid, os.getpid()))
         if not self._h:
             raise _errors.ClosedError(_errors.ClosedError.code, "nexar: the communicator is closed")
+        if self._elastic:
+            # Under the shrink policy the handle may stand for the survivors'
+            # communicator by now: its rank and size are re-read.
+            self._rank = _lib.comm_rank(self._h)
+            self._size = _lib.comm_size(self._h)
         return self._h
 
     @property
@@ -255,6 +276,50 @@ class Comm:
     def abort(self):
         """Fail every pending and later operation here and, soon, on the other ranks."""
         _lib.comm_abort(self._check())
+
+    # ---- recovery without restart (docs/fault-tolerance.md) ---------------
+    @property
+    def failure_policy(self) -> str:
+        """What a member's failure does: "abort" (the default: the
+        communicator fails for good), "manual" (calls fail; recover with
+        revoke, agree and shrink) or "shrink" (the library agrees and
+        shrinks by itself: the call that met the failure raises, and this
+        Comm then stands for the survivors' communicator, its rank and
+        size renumbered). Read from NEXAR_ON_FAILURE at creation."""
+        return _POLICIES[_lib.comm_get_failure_policy(self._check())]
+
+    @failure_policy.setter
+    def failure_policy(self, policy: str) -> None:
+        if policy not in _POLICIES:
+            raise ValueError("nexar: failure_policy %r: want one of %s" % (policy, ", ".join(_POLICIES)))
+        _lib.comm_set_failure_policy(self._check(), _POLICIES.index(policy))
+        self._elastic = policy == "shrink"
+
+    def revoke(self) -> None:
+        """Fail every pending and later operation on this communicator, here
+        and on every member (RevokedError); agree and shrink still work."""
+        _lib.comm_revoke(self._check())
+
+    @property
+    def revoked(self) -> bool:
+        """Whether this communicator was revoked, here or by a member."""
+        return _lib.comm_is_revoked(self._check())
+
+    def agree(self, flag: int = (1 << 64) - 1) -> Tuple[int, List[int]]:
+        """Fault-tolerant agreement among the live members (every member
+        calls it): returns (the AND of the members' 64-bit flags, the ranks
+        left out, ascending), the same on every member that returns, even
+        when members fail meanwhile. Raises NoQuorumError on a side of a
+        partition without a quorum, PeerDownError on a member the others
+        left out, UnavailableError under the "abort" policy."""
+        f, failed = _lib.comm_agree(self._check(), int(flag) & ((1 << 64) - 1))
+        return f, list(failed)
+
+    def shrink(self) -> "Comm":
+        """The survivors' communicator (every live member calls it): this
+        one is revoked, the live members agree on who failed, and the
+        others form a new Comm in this one's rank order. Close this one too."""
+        return Comm(_handle=_lib.comm_shrink(self._check()))
 
     @property
     def failed(self) -> List[int]:

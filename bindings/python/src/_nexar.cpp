@@ -380,6 +380,36 @@ PYBIND11_MODULE(_nexar, m) {
         }
         return ranks;
     });
+    // ---- recovery (nexar_comm_revoke, _agree, _shrink, failure policy) ----
+    m.def("comm_set_failure_policy", [](handle_t c, int p) {
+        NX_CALL(nexar_comm_set_failure_policy(C(c), static_cast<nexar_failure_policy_t>(p)));
+    });
+    m.def("comm_get_failure_policy", [](handle_t c) {
+        nexar_failure_policy_t p = NEXAR_ON_FAILURE_ABORT;
+        NX_CALL(nexar_comm_get_failure_policy(C(c), &p));
+        return static_cast<int>(p);
+    });
+    m.def("comm_revoke", [](handle_t c) { NX_CALL(nexar_comm_revoke(C(c))); });
+    m.def("comm_is_revoked", [](handle_t c) {
+        int f = 0;
+        NX_CALL(nexar_comm_is_revoked(C(c), &f));
+        return f != 0;
+    });
+    // comm_agree(c, flag) -> (flag, [failed ranks]); blocks without the GIL.
+    m.def("comm_agree", [](handle_t c, uint64_t flag) {
+        int size = 0;
+        NX_CALL(nexar_comm_size(C(c), &size));
+        std::vector<int> failed(static_cast<size_t>(size > 0 ? size : 1));
+        size_t n = 0;
+        NX_CALL(nexar_comm_agree(C(c), &flag, failed.data(), failed.size(), &n));
+        failed.resize(std::min(n, failed.size()));
+        return py::make_tuple(flag, failed);
+    });
+    m.def("comm_shrink", [](handle_t c) {
+        nexar_comm_t n = NEXAR_COMM_NULL;
+        NX_CALL(nexar_comm_shrink(C(c), &n));
+        return reinterpret_cast<handle_t>(n);
+    });
     // comm_set_failure_handler(c, fn or None) -> a capsule owning fn (None
     // when removed), to keep until the communicator is destroyed.
     m.def("comm_set_failure_handler", [](handle_t c, py::object fn) -> py::object {

@@ -20,6 +20,7 @@
 
 #include <nexar.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -358,6 +359,48 @@ public:
         auto p = std::make_unique<FailureHandler>(std::move(fn));
         detail::check(nexar_comm_set_failure_handler(h_, &Comm::call_failure, p.get()));
         handlers_.push_back(std::move(p));
+    }
+
+    // --- recovery without restart (nexar.h; docs/fault-tolerance.md) -------
+
+    // set_failure_policy: what a member's failure does to this communicator
+    // (NEXAR_ON_FAILURE_ABORT, _MANUAL or _SHRINK).
+    void set_failure_policy(nexar_failure_policy_t p) { detail::check(nexar_comm_set_failure_policy(h_, p)); }
+    nexar_failure_policy_t failure_policy() const {
+        nexar_failure_policy_t p = NEXAR_ON_FAILURE_ABORT;
+        detail::check(nexar_comm_get_failure_policy(h_, &p));
+        return p;
+    }
+
+    // revoke fails every pending and later call here and on every member.
+    void revoke() { detail::check(nexar_comm_revoke(h_)); }
+    bool revoked() const {
+        int f = 0;
+        detail::check(nexar_comm_is_revoked(h_, &f));
+        return f != 0;
+    }
+
+    // Agreement is what every surviving member's agree returns.
+    struct Agreement {
+        std::uint64_t flag;      // AND of the flags of the members that took part
+        std::vector<int> failed; // the members left out, ascending
+    };
+
+    // agree is fault-tolerant agreement among the live members (every member
+    // calls it; nexar_comm_agree).
+    Agreement agree(std::uint64_t flag = ~std::uint64_t{0}) {
+        std::vector<int> failed(static_cast<std::size_t>(size()));
+        std::size_t n = 0;
+        detail::check(nexar_comm_agree(h_, &flag, failed.data(), failed.size(), &n));
+        failed.resize(std::min(n, failed.size()));
+        return Agreement{flag, std::move(failed)};
+    }
+
+    // shrink returns the survivors' communicator (every live member calls it).
+    Comm shrink() {
+        nexar_comm_t h = NEXAR_COMM_NULL;
+        detail::check(nexar_comm_shrink(h_, &h));
+        return Comm(h);
     }
 
     // --- point-to-point ---------------------------------------------------

@@ -96,8 +96,8 @@ class ProcessGroupNexar(dist.ProcessGroup):
         self._store = store
         self._timeout = timeout
         if _comm_ is not None:
-            # a group split from another (split_group): its communicator
-            # exists already; no rendezvous, no seed of its own
+            # from_comm, split_group: the communicator exists already; no
+            # rendezvous, no seed of its own
             self._seed = None
             self._comm = _comm_
         else:
@@ -121,6 +121,25 @@ class ProcessGroupNexar(dist.ProcessGroup):
         # of waiting out the heartbeat, and no worker thread of ours is
         # still inside the library while the interpreter finalizes.
         self._at_exit = weakref.finalize(self, _close_at_exit, self._comm, self._queue, self._completer, self._seed)
+
+    @classmethod
+    def from_comm(cls, comm: _comm.Comm, group_id: str = "") -> "ProcessGroupNexar":
+        """A group over an existing nexar.Comm, which it then owns (shutdown
+        closes it): the survivors' communicator after a shrink, or one made
+        by nexar directly. Pass it to DDP as ``process_group=``; it is not
+        registered with torch.distributed's group table."""
+        return cls(None, comm.rank, comm.size, group_id=group_id, _comm_=comm)
+
+    def shrink(self) -> "ProcessGroupNexar":
+        """The survivors' group, after a member failed (every live member
+        calls it, typically when a collective raised PeerDownError or
+        RevokedError): the live members agree on who failed, and a new group
+        of the others is returned, ranked in this group's order, on the
+        connections that exist. This group is revoked; shut it down when
+        done with it. Needs the failure policy "manual" or "shrink"
+        (NEXAR_ON_FAILURE). The way torchft reconfigures its groups: build
+        the model's DDP again on the new group."""
+        return ProcessGroupNexar.from_comm(self._comm.shrink(), group_id=f"{self._group_id}-shrunk")
 
     # ---- identity -------------------------------------------------------
     # torch keeps a group's name and description in its backends; a Python

@@ -449,3 +449,10 @@ nexar_result_t nexar_request_free(nexar_request_t req) {
     GUARD("request");
     return (nexar_result_t)nxgo_request_free((uintptr_t)req);
 }
+
+/* ---- Diagnostics ---------------------------------------------------------- */
+
+nexar_result_t nexar_comm_dump_flight_record(nexar_comm_t comm, const char* path) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_comm_dump_flight_record((uintptr_t)comm, (char*)path);
+}

@@ -497,6 +497,7 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 		if err := c.n.register(ch); err != nil {
 			return err
 		}
+		ch.startFlight()
 		child = ch
 		return nil
 	})

@@ -69,6 +69,8 @@ type Comm struct {
 	closing    bool       // Close has begun: no automatic shrink starts
 
 	rpc *rpcState // handlers and calls in flight (core/rpc.go), under its own lock
+
+	flight *flightRecorder // the last operations (core/flight.go), under its own lock; nil: off
 }
 
 // departure records that a member destroyed its communicator: every message
@@ -100,6 +102,7 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 		lost:       newFailures(len(world)),
 		rpc:        newRPCState(n.cfg.RPCHandlers),
 		rec:        recovery{policy: n.cfg.OnFailure, stop: make(chan struct{})},
+		flight:     newFlightRecorder(n.cfg, n.log, id, rank),
 	}
 	for r, w := range world {
 		c.of[w] = r
@@ -161,6 +164,7 @@ func worldComm(nd *node, ep transport.DataPath) *Comm {
 	nd.mu.Unlock()
 	c := newComm(nd, worldID, nd.rank, world)
 	_ = nd.register(c) // a fresh node is never closed
+	c.startFlight()
 	return c
 }
 

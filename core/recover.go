@@ -401,6 +401,7 @@ func (c *Comm) Shrink(ctx context.Context) (*Comm, error) {
 	if err := c.n.register(child); err != nil {
 		return nil, withOp(err, "shrink")
 	}
+	child.startFlight()
 	return child, nil
 }
 

@@ -768,6 +768,21 @@ nexar_result_t nexar_request_status(nexar_request_t req, nexar_status_t* status)
  * Thread-safety: safe from any thread; no other thread may use req then. */
 nexar_result_t nexar_request_free(nexar_request_t req);
 
+/* ---- Diagnostics (docs/diagnostics.md) ---------------------------------- */
+
+/* nexar_comm_dump_flight_record writes comm's flight record (its last
+ * operations: kind, sequence number, dtype, bytes, root or peer, state,
+ * timestamps) as JSON to the file path, replacing it. `nexar diagnose DIR`
+ * reads the records of every rank from a directory (name them with
+ * nexar-flight-*.json there) and says who waits for whom.
+ * Args: comm; path: a NUL-terminated file name, non-NULL, non-empty.
+ * Result: NEXAR_SUCCESS; NEXAR_ERR_INVALID_HANDLE;
+ * NEXAR_ERR_INVALID_ARGUMENT (path NULL or empty); NEXAR_ERR_INTERNAL (the
+ * file could not be written: nexar_last_error says why); NEXAR_ERR_FORKED.
+ * Thread-safety: safe from any thread, also while other threads are blocked
+ * in calls on comm (that is what it is for). */
+nexar_result_t nexar_comm_dump_flight_record(nexar_comm_t comm, const char* path);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

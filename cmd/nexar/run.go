@@ -21,7 +21,7 @@ import (
 	"time"
 )
 
-const runSynopsis = "run -n N [--seed-port P] [--bind ADDR] [--grace D] -- prog args..."
+const runSynopsis = "run -n N [--seed-port P] [--bind ADDR] [--grace D] [--flight-dir DIR] [--hang-timeout D] -- prog args..."
 
 func cmdRun(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("run", runSynopsis, stderr)
@@ -30,6 +30,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&opt.seedPort, "seed-port", 0, "UDP port of the seed that rank 0 embeds (default: a free port)")
 	fs.StringVar(&opt.bind, "bind", "127.0.0.1", "IP address the seed and the ranks listen on; 0.0.0.0 for every interface")
 	fs.DurationVar(&opt.grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL when stopping ranks")
+	fs.StringVar(&opt.flightDir, "flight-dir", "", "directory the ranks dump their flight records to (NEXAR_FLIGHT_RECORDER_DIR; SIGUSR1 dumps them)")
+	fs.DurationVar(&opt.hang, "hang-timeout", 0, "report who waits for whom when no rank progressed for this long (0: never)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -49,6 +51,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	if net.ParseIP(opt.bind) == nil {
 		return usageError("run: --bind %q is not an IP address", opt.bind)
 	}
+	if opt.hang < 0 {
+		return usageError("run: --hang-timeout %v is negative", opt.hang)
+	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
@@ -67,6 +72,10 @@ type runOptions struct {
 	stderr   io.Writer
 	signals  <-chan os.Signal // signals to forward to the ranks
 	plain    bool             // stdout lines without the "[rank] " prefix (nexar bench)
+	// flightDir and hang: the ranks' flight records and nexar run's
+	// watchdog (diagnose.go).
+	flightDir string
+	hang      time.Duration
 }
 
 // rankProc is one started rank.
@@ -161,6 +170,14 @@ func launch(opt runOptions) error {
 		"NEXAR_BIND_ADDR":  net.JoinHostPort(opt.bind, "0"),
 		"PYTHONUNBUFFERED": "1",
 	}
+	flight, err := flightDir(opt.flightDir, opt.hang)
+	if err != nil {
+		return err
+	}
+	if flight != "" {
+		vars["NEXAR_FLIGHT_RECORDER_DIR"] = flight
+		vars["NEXAR_FLIGHT_RECORDER_DUMP_ON_SIGNAL"] = "1"
+	}
 
 	out := &prefixer{}
 	exits := make(chan rankExit, opt.n)
@@ -188,6 +205,19 @@ func launch(opt runOptions) error {
 		}()
 	}
 
+	if opt.hang > 0 {
+		stop := make(chan struct{})
+		watched := make(chan struct{})
+		groups := make([]int, len(procs)) // each rank leads its process group (sysProcAttr)
+		for i, p := range procs {
+			groups[i] = p.cmd.Process.Pid
+		}
+		go func() {
+			defer close(watched)
+			watchProgress(flight, opt.hang, groups, opt.stderr, stop)
+		}()
+		defer func() { close(stop); <-watched }()
+	}
 	running := make([]bool, opt.n)
 	for i := range running {
 		running[i] = true

@@ -44,6 +44,27 @@ int main() {
     world.allreduce(h, nexar::Op::sum);
     EXPECT(n != 1 || h[0].bits == 0x3f80);
 
+    // the flight record names the last call; a path that cannot be written throws
+    {
+        const std::string path = "/tmp/nexar-cpp-flight-" + std::to_string(getpid()) + ".json";
+        world.dump_flight_record(path);
+        std::FILE* fp = std::fopen(path.c_str(), "r");
+        EXPECT(fp != nullptr);
+        std::string text;
+        char chunk[4096];
+        for (std::size_t k; (k = std::fread(chunk, 1, sizeof chunk, fp)) > 0;) text.append(chunk, k);
+        std::fclose(fp);
+        std::remove(path.c_str());
+        EXPECT(text.find("\"call\": \"allreduce(bfloat16, count=2, sum)\"") != std::string::npos);
+        bool threw = false;
+        try {
+            world.dump_flight_record("/nonexistent-dir/x/flight.json");
+        } catch (const nexar::Error&) {
+            threw = true;
+        }
+        EXPECT(threw);
+    }
+
     std::vector<float> f(8, 1.0f), g(8);
     nexar::Request q1 = world.iallreduce(f.data(), g.data(), f.size(), nexar::Op::max);
     nexar::Request q2 = world.ibarrier();

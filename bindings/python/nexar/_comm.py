@@ -770,6 +770,34 @@ class Comm:
                int(dt), h)
         return q, [s, r], r.obj
 
+    # ---- diagnostics (docs/diagnostics.md) -----------------------------
+    def dump_flight_record(self, path) -> None:
+        """Write this communicator's flight record (its last operations:
+        kind, sequence number, dtype, bytes, root or peer, state,
+        timestamps) as JSON to path. `nexar diagnose DIR` reads the records
+        of every rank (named nexar-flight-*.json in DIR) and says who waits
+        for whom. Safe while other threads are blocked in calls on it."""
+        path = os.fspath(path)
+        if not path:
+            raise ValueError("nexar: dump_flight_record: empty path")
+        _lib.comm_dump_flight_record(self._check(), path)
+
+    def flight_record(self) -> dict:
+        """This communicator's flight record, as the dict dump_flight_record
+        writes (keys: comm, rank, size, next_seq, entries, ...)."""
+        import json
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="nexar-flight-", suffix=".json")
+        os.close(fd)
+        try:
+            self.dump_flight_record(path)
+            with open(path) as f:
+                return json.load(f)
+        finally:
+            os.unlink(path)
+
+
 class RawComm:
     """Raw-pointer entry points of a Comm, for bindings that prepare their
     own memory (nexar.torch stages tensors itself).

@@ -646,4 +646,9 @@ PYBIND11_MODULE(_nexar, m) {
         return status_tuple(st);
     });
     m.def("request_free", [](handle_t q) { NX_CALL(nexar_request_free(R(q))); });
+
+    // ---- diagnostics ---------------------------------------------------
+    m.def("comm_dump_flight_record", [](handle_t c, std::string path) {
+        NX_CALL(nexar_comm_dump_flight_record(C(c), path.c_str()));
+    });
 }

@@ -723,6 +723,14 @@ public:
         return Request(r);
     }
 
+    // --- diagnostics (docs/diagnostics.md) ----------------------------------
+
+    // Writes this communicator's flight record (its last operations) as
+    // JSON to path; `nexar diagnose DIR` reads every rank's.
+    void dump_flight_record(const std::string& path) const {
+        detail::check(nexar_comm_dump_flight_record(h_, path.c_str()));
+    }
+
 private:
     void reset() noexcept {
         if (h_ != NEXAR_COMM_NULL) {

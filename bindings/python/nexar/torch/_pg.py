@@ -26,6 +26,7 @@ Design (see reference/torch-backend.md):
 
 from __future__ import annotations
 
+import inspect
 import time
 import weakref
 from datetime import timedelta
@@ -92,7 +93,11 @@ class ProcessGroupNexar(dist.ProcessGroup):
         self._rank_ = rank
         self._size_ = size
         self._group_id = group_id
-        if _comm_ is not None:  # from_comm
+        self._store = store
+        self._timeout = timeout
+        if _comm_ is not None:
+            # from_comm, split_group: the communicator exists already; no
+            # rendezvous, no seed of its own
             self._seed = None
             self._comm = _comm_
         else:
@@ -177,6 +182,51 @@ class ProcessGroupNexar(dist.ProcessGroup):
     def comm(self):
         """The underlying nexar.Comm (do not issue collectives on it concurrently)."""
         return self._comm
+
+    # ---- torch 2.x: store, split_group -----------------------------------
+    # A Python group has no C++ backend registered on it, so the C++ base
+    # answers "no store" (and "no devices": _device_types, below, answers
+    # [cpu]); torch's split_group reads both, so answer for the group.
+    def get_group_store(self):
+        return self._store
+
+    @property
+    def supports_splitting(self):
+        return True
+
+    def comm_split_count(self):
+        """Groups split from this one so far (torch names them with it)."""
+        return self._splits
+
+    _splits = 0
+
+    def split_group(self, new_ranks, timeout=None, opts=None, group_name=None, group_desc=None,
+                    device_types=None):
+        """dist.split_group: every rank of this group calls it, with its own
+        split's ranks (this group's ranks, in the new group's order); a rank
+        in none passes another's and gets None. One nexar Comm.split, run
+        after this group's queued collectives."""
+        ranks = [int(r) for r in new_ranks]
+        if len(set(ranks)) != len(ranks) or any(r < 0 or r >= self._size_ for r in ranks):
+            raise ValueError(f"nexar: split_group: ranks {ranks} are not distinct ranks of a group of {self._size_}")
+        if self._rank_ in ranks:
+            color, key = min(ranks), ranks.index(self._rank_)
+        else:
+            color, key = _comm.UNDEFINED, 0
+        out = []
+        self._enqueue("split_group", None, lambda: out.append(self._comm.split(color, key))).wait()
+        self._splits += 1
+        child = out[0] if out else None
+        if child is None:
+            return None
+        name = group_name or f"{self._nexar_group_name or self._group_id}:split:{self._splits}"
+        store = dist.PrefixStore(f"nexar-split/{name}/", self._store) if self._store is not None else None
+        pg = ProcessGroupNexar(store, child.rank, child.size, timeout or self._timeout, group_id=name,
+                               _comm_=child)
+        pg._set_group_name(name)
+        if group_desc:
+            pg._set_group_desc(group_desc)
+        return pg
 
     def __repr__(self):
         return f"<ProcessGroupNexar rank={self._rank_} size={self._size_} group={self._group_id!r}>"
@@ -647,3 +697,31 @@ class ProcessGroupNexar(dist.ProcessGroup):
 
     start_coalescing = _start_coalescing
     end_coalescing = _end_coalescing
+
+
+# ---- torch.compile ---------------------------------------------------------
+# torch registers ProcessGroup as an opaque object type for Dynamo, with a
+# fixed list of members (rank, size, group_name, ...); our subclass inherits
+# the registration. While a compiled function runs, Dynamo's frame hook sees
+# every Python frame, including the frames of these methods when torch's C++
+# (DDP's buffer broadcast, the reducer) or an eager graph break calls them:
+# it wraps `self` as that opaque object, and the first attribute that is
+# ours (`self._raw`, `self._root`, ... a Work's `_h`) is a hard error
+# ("Member '_raw' is not registered for this opaque object type"). A C++
+# backend such as gloo has no Python frame there. So the methods torch calls
+# run with Dynamo disabled: never traced, called as they are (a graph break
+# when called from compiled code, as for any opaque C++ call).
+def _untraced(cls) -> None:
+    try:
+        from torch._dynamo import disable
+    except Exception:  # pragma: no cover - a torch without Dynamo: nothing traces
+        return
+    for name, fn in list(vars(cls).items()):
+        if name.startswith("_") and name not in ("_start_coalescing", "_end_coalescing", "_get_backend",
+                                                 "_set_group_name", "_set_group_desc"):
+            continue
+        if inspect.isfunction(fn):
+            setattr(cls, name, disable(fn, recursive=True))
+
+
+_untraced(ProcessGroupNexar)

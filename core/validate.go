@@ -1,6 +1,8 @@
 package core
 
 import (
+	"fmt"
+
 	"github.com/nexar-go/nexar/collective"
 )
 
@@ -84,4 +86,32 @@ func (c *Comm) blocks(name string, small, big []byte, dt collective.DType) (int,
 		return 0, invalidArg(name, "block of %d bytes times %d ranks != %d bytes", len(small), c.size, len(big))
 	}
 	return n / c.size, nil
+}
+
+// multiShape checks the buffers of a bucketed allreduce: send is nil (all
+// in place) or has one entry per recv, each nil (in place) or as long as
+// its recv; every recv holds whole elements; bucketBytes >= 0 (0: the
+// default). It returns the total element count.
+func multiShape(name string, send, recv [][]byte, dt collective.DType, op collective.Op, bucketBytes int) (int, error) {
+	if err := checkOp(name, dt, op); err != nil {
+		return 0, err
+	}
+	if bucketBytes < 0 {
+		return 0, invalidArg(name, "bucket size %d bytes is negative", bucketBytes)
+	}
+	if send != nil && len(send) != len(recv) {
+		return 0, invalidArg(name, "%d send buffers for %d recv buffers", len(send), len(recv))
+	}
+	total := 0
+	for i, r := range recv {
+		n, err := elems(name, fmt.Sprintf("recv[%d]", i), r, dt)
+		if err != nil {
+			return 0, err
+		}
+		if send != nil && send[i] != nil && len(send[i]) != len(r) {
+			return 0, invalidArg(name, "send[%d] has %d bytes but recv[%d] has %d", i, len(send[i]), i, len(r))
+		}
+		total += n
+	}
+	return total, nil
 }

@@ -563,6 +563,39 @@ nexar_result_t nexar_exscan(const void* sendbuf, void* recvbuf, size_t count,
 nexar_result_t nexar_barrier(nexar_comm_t comm);
 
 /* ------------------------------------------------------------------------
+ * Bucketed allreduce
+ *
+ * nexar_allreduce_multi is nexar_allreduce over nbufs buffers of one dt:
+ * recvbufs[i] (counts[i] elements) = op over ranks of sendbufs[i]. The
+ * buffers are packed, in order, into buckets of at most bucket_bytes
+ * (0: NEXAR_DEFAULT_BUCKET_BYTES, 25 MiB as DDP), one collective each;
+ * packing the next bucket and unpacking the previous one overlap the
+ * reduction of the current one. A buffer of bucket_bytes or more, or alone
+ * in its bucket, is reduced in place without a copy. Extra memory: two
+ * buckets. In place: sendbufs NULL (all buffers), or sendbufs[i] NULL or
+ * equal to recvbufs[i]. Every rank must pass the same counts, in the same
+ * order, and the same bucket_bytes (mismatches fail as
+ * NEXAR_ERR_MISMATCH). The arrays sendbufs, recvbufs and counts are read
+ * by the call and may be freed once it returns; the buffers they point to
+ * must stay valid until completion.
+ * nexar_iallreduce_multi is its non-blocking form: the call takes its
+ * places in the communicator's call order at once (later collectives may
+ * be issued before it completes) and returns the request in *req.
+ * Result: as the collectives above; NEXAR_ERR_INVALID_ARGUMENT also for
+ * recvbufs or counts NULL with nbufs > 0, recvbufs[i] or sendbufs[i] NULL
+ * where counts[i] > 0 (recvbufs), req NULL.
+ * Thread-safety: as the other collectives (see "Threads" above).
+ * --------------------------------------------------------------------- */
+#define NEXAR_DEFAULT_BUCKET_BYTES ((size_t)25 << 20)
+nexar_result_t nexar_allreduce_multi(const void* const* sendbufs, void* const* recvbufs,
+                                     const size_t* counts, size_t nbufs, nexar_datatype_t dt,
+                                     nexar_op_t op, size_t bucket_bytes, nexar_comm_t comm);
+nexar_result_t nexar_iallreduce_multi(const void* const* sendbufs, void* const* recvbufs,
+                                      const size_t* counts, size_t nbufs, nexar_datatype_t dt,
+                                      nexar_op_t op, size_t bucket_bytes, nexar_comm_t comm,
+                                      nexar_request_t* req);
+
+/* ------------------------------------------------------------------------
  * Non-blocking operations
  *
  * Each takes the arguments of its blocking form, then req (out, non-NULL),

@@ -616,6 +616,42 @@ class Comm:
         return Request(self, *self._alltoallv(_lib.ialltoallv, sendbuf, sendcounts, sdispls, recvbuf, recvcounts,
                                               rdispls)[:2])
 
+    # ---- bucketed allreduce -------------------------------------------------
+    def allreduce_multi(self, bufs, op=Op.SUM, bucket_bytes: int = 0):
+        """Allreduce each buffer of bufs in place, packed into buckets of at
+        most bucket_bytes (0: 25 MiB) reduced one after the other, packing
+        and unpacking overlapping the reduction. Buffers of different
+        element types go in one call per type, in order of first
+        appearance. Every rank must pass the same shapes in the same order.
+        Returns bufs."""
+        h = self._check()
+        bs = [self._out(b) for b in bufs]
+        groups = {}
+        for b in bs:
+            n, dt = b.typed("allreduce_multi")
+            g = groups.setdefault(int(dt), ([], []))
+            g[0].append(b.addr)
+            g[1].append(n)
+        o = self._op(op)
+        for dt, (addrs, counts) in groups.items():
+            _lib.allreduce_multi(addrs, counts, dt, o, int(bucket_bytes), h)
+        _finish(bs, None)
+        return bufs
+
+    def iallreduce_multi(self, bufs, op=Op.SUM, bucket_bytes: int = 0) -> Request:
+        """Non-blocking allreduce_multi; the buffers must share one element type."""
+        h = self._check()
+        bs = [self._out(b) for b in bufs]
+        typed = [b.typed("iallreduce_multi") for b in bs]
+        dts = {int(dt) for _, dt in typed}
+        if len(dts) > 1:
+            raise TypeError("nexar: iallreduce_multi: buffers have different element types "
+                            "(use allreduce_multi, or one call per type)")
+        dt = dts.pop() if dts else int(Datatype.FLOAT32)
+        q = _lib.iallreduce_multi([b.addr for b in bs], [n for n, _ in typed], dt, self._op(op),
+                                  int(bucket_bytes), h)
+        return Request(self, q, bs)
+
     # Each _X prepares collective X and calls fn, the blocking libnexar call
     # or its non-blocking form (the two take the same arguments), and returns
     # (what fn returned, the buffers the call uses, the object the blocking
@@ -786,6 +822,14 @@ class RawComm:
 
     def ibroadcast_raw(self, buf: int, count: int, dtype: int, root: int) -> int:
         return _lib.ibroadcast(buf, count, dtype, root, self._comm._check())
+
+    def allreduce_multi(self, addrs: Sequence[int], counts: Sequence[int], dtype, op, bucket_bytes: int = 0):
+        """In place over each (addrs[i], counts[i]), all of dtype: nexar_allreduce_multi."""
+        _lib.allreduce_multi(addrs, counts, int(dtype), int(op), bucket_bytes, self._comm._check())
+
+    def iallreduce_multi_raw(self, addrs: Sequence[int], counts: Sequence[int], dtype: int, op: int,
+                             bucket_bytes: int = 0) -> int:
+        return _lib.iallreduce_multi(addrs, counts, dtype, op, bucket_bytes, self._comm._check())
 
     @staticmethod
     def wait_raw(h: int) -> None:

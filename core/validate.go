@@ -2,8 +2,10 @@ package core
 
 import (
 	"fmt"
+	"unsafe"
 
 	"github.com/nexar-go/nexar/collective"
+	"github.com/nexar-go/nexar/compress"
 )
 
 // This file checks the arguments of the public calls. Arguments are
@@ -114,4 +116,34 @@ func multiShape(name string, send, recv [][]byte, dt collective.DType, op collec
 		total += n
 	}
 	return total, nil
+}
+
+// compressedArgs checks the arguments of a compressed allreduce: float32
+// buffers (4-byte aligned, whole elements), a residual as long as buf or
+// nil, a known method and a ratio in (0, 1]. It returns the element count.
+func compressedArgs(name string, buf, residual []byte, dt collective.DType, m compress.Method, ratio float64) (int, error) {
+	if dt != collective.Float32 {
+		return 0, invalidArg(name, "datatype %s is not supported (float32 only)", dt)
+	}
+	n, err := elems(name, "buf", buf, dt)
+	if err != nil {
+		return 0, err
+	}
+	if residual != nil && len(residual) != len(buf) {
+		return 0, invalidArg(name, "residual has %d bytes but buf has %d", len(residual), len(buf))
+	}
+	if misaligned(buf) || misaligned(residual) {
+		return 0, invalidArg(name, "buf and residual must be 4-byte aligned")
+	}
+	if !m.Valid() {
+		return 0, invalidArg(name, "invalid compression method %d", uint8(m))
+	}
+	if err := compress.CheckRatio(ratio); err != nil {
+		return 0, invalidArg(name, "%v", err)
+	}
+	return n, nil
+}
+
+func misaligned(b []byte) bool {
+	return len(b) > 0 && uintptr(unsafe.Pointer(&b[0]))%4 != 0
 }

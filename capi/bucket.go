@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/nexar-go/nexar/collective"
+	"github.com/nexar-go/nexar/compress"
 	"github.com/nexar-go/nexar/core"
 )
 
@@ -90,4 +91,26 @@ func nxgo_iallreduce_multi(sendbufs, recvbufs unsafe.Pointer, counts *C.size_t, 
 	}
 	*req = newRequest(&request{r: x.c.IAllreduceMulti(x.send, x.recv, x.dt, x.op, x.bucket)})
 	return resSuccess
+}
+
+//export nxgo_allreduce_compressed
+func nxgo_allreduce_compressed(buf, residual unsafe.Pointer, count C.size_t, dt, method C.int, ratio C.double, seed C.uint64_t, comm C.uintptr_t) (r C.int) {
+	const fn = "nexar_allreduce_compressed"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	c := a.comm(comm)
+	t := a.dtype(dt)
+	n := a.bytes("count", count, 1, t)
+	if a.ok() && (method < 0 || method > 255) {
+		a.failf(resInvalidArgument, "method %d is not a nexar_compress_t", int(method))
+	}
+	b := a.buf("buf", buf, n)
+	var res []byte
+	if residual != nil {
+		res = a.buf("residual", residual, n)
+	}
+	if !a.ok() {
+		return a.fail()
+	}
+	return result(fn, c.AllreduceCompressed(bg, b, res, t, compress.Method(method), float64(ratio), uint64(seed)))
 }

@@ -281,6 +281,14 @@ nexar_result_t nexar_iallreduce_multi(const void* const* sendbufs, void* const* 
         nbufs, dt, op, bucket_bytes, (uintptr_t)comm, (uintptr_t*)req);
 }
 
+nexar_result_t nexar_allreduce_compressed(void* buf, void* residual, size_t count,
+                                          nexar_datatype_t dt, nexar_compress_t method,
+                                          double ratio, uint64_t seed, nexar_comm_t comm) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_allreduce_compressed(buf, residual, count, dt, (int)method, ratio,
+        seed, (uintptr_t)comm);
+}
+
 nexar_result_t nexar_isend(const void* buf, size_t count, nexar_datatype_t dt, int peer,
                            uint64_t tag, nexar_comm_t comm, nexar_request_t* req) {
     GUARD("communicator");

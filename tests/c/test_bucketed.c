@@ -1,7 +1,8 @@
 /* test_bucketed: nexar_allreduce_multi and nexar_iallreduce_multi with
  * real data (buffers of mixed sizes, several bucket sizes, in place and
- * not, a collective issued while the non-blocking form is in flight) and
- * every kind of bad argument. Run under `nexar run -n N` for any N >= 1. */
+ * not, a collective issued while the non-blocking form is in flight),
+ * nexar_allreduce_compressed (TopK with error feedback, RandomK scaled),
+ * and every kind of bad argument. Run under `nexar run -n N`, N >= 1. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,16 +33,58 @@ static void check(double** bufs, int n, const char* what) {
 
 static int failures;
 
-static void bad(int line, nexar_result_t got, const char* want) {
+static void bad_in(int line, nexar_result_t got, const char* fn, const char* want) {
     const char* msg = nexar_last_error();
     if (got != NEXAR_ERR_INVALID_ARGUMENT && got != NEXAR_ERR_INVALID_HANDLE) got = NEXAR_SUCCESS;
-    if (got == NEXAR_SUCCESS || strstr(msg, "allreduce_multi") == NULL || strstr(msg, want) == NULL) {
+    if (got == NEXAR_SUCCESS || strstr(msg, fn) == NULL || strstr(msg, want) == NULL) {
         fprintf(stderr, "line %d: got %d \"%s\"; want an argument error naming \"%s\"\n", line,
                 (int)got, msg, want);
         failures++;
     }
 }
-#define BAD(call, want) bad(__LINE__, (call), want)
+#define BAD(call, want) bad_in(__LINE__, (call), "allreduce_multi", want)
+#define BADC(call, want) bad_in(__LINE__, (call), "nexar_allreduce_compressed", want)
+
+static void test_compressed(nexar_comm_t c, int r, int n) {
+    /* TopK, one element in ten: each rank's single large element wins */
+    float x[8], res[8];
+    for (int i = 0; i < 8; i++) {
+        x[i] = i == r % 8 ? 100.0f + (float)r : 1.0f;
+        res[i] = 0;
+    }
+    CK(nexar_allreduce_compressed(x, res, 8, NEXAR_FLOAT32, NEXAR_COMPRESS_TOPK, 0.1, 0, c));
+    for (int i = 0; i < 8; i++) {
+        float want = 0;
+        for (int k = 0; k < n; k++)
+            if (k % 8 == i) want += 100.0f + (float)k;
+        EXPECT(x[i] == want, "topk [%d] = %g, want %g", i, x[i], want);
+        EXPECT(res[i] == (i == r % 8 ? 0.0f : 1.0f), "residual [%d] = %g", i, res[i]);
+    }
+    /* ratio 1: a plain sum, each rank counted once */
+    for (int i = 0; i < 8; i++) x[i] = (float)(r + 1);
+    CK(nexar_allreduce_compressed(x, NULL, 8, NEXAR_FLOAT32, NEXAR_COMPRESS_TOPK, 1.0, 0, c));
+    for (int i = 0; i < 8; i++) EXPECT(x[i] == n * (n + 1) / 2.0f, "topk ratio 1 [%d] = %g", i, x[i]);
+    /* RandomK without residual: 5 of 10 elements, scaled by 10/5 */
+    float y[10];
+    for (int i = 0; i < 10; i++) y[i] = 1.0f;
+    CK(nexar_allreduce_compressed(y, NULL, 10, NEXAR_FLOAT32, NEXAR_COMPRESS_RANDOMK, 0.5, 42, c));
+    int kept = 0;
+    for (int i = 0; i < 10; i++) {
+        EXPECT(y[i] == 0.0f || y[i] == 2.0f * (float)n, "randomk [%d] = %g", i, y[i]);
+        kept += y[i] != 0.0f;
+    }
+    EXPECT(kept == 5, "randomk kept %d, want 5", kept);
+
+    double d[2] = {1, 2};
+    BADC(nexar_allreduce_compressed(d, NULL, 2, NEXAR_FLOAT64, NEXAR_COMPRESS_TOPK, 0.5, 0, c), "float32");
+    BADC(nexar_allreduce_compressed(x, NULL, 8, NEXAR_FLOAT32, (nexar_compress_t)7, 0.5, 0, c), "method");
+    BADC(nexar_allreduce_compressed(x, NULL, 8, NEXAR_FLOAT32, NEXAR_COMPRESS_TOPK, 0.0, 0, c), "ratio");
+    BADC(nexar_allreduce_compressed(x, NULL, 8, NEXAR_FLOAT32, NEXAR_COMPRESS_TOPK, 1.5, 0, c), "ratio");
+    BADC(nexar_allreduce_compressed(NULL, NULL, 8, NEXAR_FLOAT32, NEXAR_COMPRESS_TOPK, 0.5, 0, c), "buf");
+    BADC(nexar_allreduce_compressed(x, NULL, 8, (nexar_datatype_t)99, NEXAR_COMPRESS_TOPK, 0.5, 0, c), "dt");
+    BADC(nexar_allreduce_compressed(x, NULL, 8, NEXAR_FLOAT32, NEXAR_COMPRESS_TOPK, 0.5, 0, NEXAR_COMM_NULL), "comm");
+    CK(nexar_barrier(c));
+}
 
 int main(void) {
     nexar_comm_t c;
@@ -113,6 +156,8 @@ int main(void) {
     BAD(nexar_iallreduce_multi(nullsb, nullrb, two, 2, NEXAR_FLOAT64, NEXAR_SUM, 0, c, &q), "recvbufs[1]");
     /* nothing was started by the bad calls: the ranks still agree */
     CK(nexar_barrier(c));
+
+    test_compressed(c, r, n);
 
     /* a destroyed communicator */
     nexar_comm_t dup;

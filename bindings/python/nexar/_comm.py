@@ -652,6 +652,33 @@ class Comm:
                                   int(bucket_bytes), h)
         return Request(self, q, bs)
 
+    def allreduce_compressed(self, buf, state, key=0, average: bool = False):
+        """Sum a sparsified float32 buf over the ranks, in place: each rank
+        sends state.ratio of its elements (state.method), with error
+        feedback in state's residual for key when state.error_feedback.
+        The result is the same on every rank; average divides it by the
+        size. Every rank must make the same calls in the same order (the
+        RandomK seed comes from state's call count). Returns buf."""
+        h = self._check()
+        b = self._out(buf)
+        n, dt = b.typed("allreduce_compressed")
+        res = 0
+        keep = None
+        if state.error_feedback:
+            keep = self._out(state.residual(key, buf))
+            res = keep.addr
+        _lib.allreduce_compressed(b.addr, res, n, int(dt), state.method, state.ratio, state.next_seed(), h)
+        _finish([b], None)
+        del keep
+        if average and self._size > 1:
+            if hasattr(buf, "numel"):  # a torch tensor
+                import torch
+                with torch.no_grad():
+                    buf.div_(self._size)
+            else:
+                buf /= self._size
+        return buf
+
     # Each _X prepares collective X and calls fn, the blocking libnexar call
     # or its non-blocking form (the two take the same arguments), and returns
     # (what fn returned, the buffers the call uses, the object the blocking
@@ -826,6 +853,11 @@ class RawComm:
     def allreduce_multi(self, addrs: Sequence[int], counts: Sequence[int], dtype, op, bucket_bytes: int = 0):
         """In place over each (addrs[i], counts[i]), all of dtype: nexar_allreduce_multi."""
         _lib.allreduce_multi(addrs, counts, int(dtype), int(op), bucket_bytes, self._comm._check())
+
+    def allreduce_compressed(self, buf: int, residual: int, count: int, dtype, method: int, ratio: float,
+                             seed: int):
+        """In place on (buf, count) float32; residual 0 for none: nexar_allreduce_compressed."""
+        _lib.allreduce_compressed(buf, residual, count, int(dtype), method, ratio, seed, self._comm._check())
 
     def iallreduce_multi_raw(self, addrs: Sequence[int], counts: Sequence[int], dtype: int, op: int,
                              bucket_bytes: int = 0) -> int:

@@ -594,7 +594,7 @@ PYBIND11_MODULE(_nexar, m) {
                                   C(c), &q));
     });
 
-    // ---- bucketed allreduce (in place) -------------------------------------
+    // ---- bucketed and compressed allreduce (in place) -----------------------
     m.def("allreduce_multi", [](std::vector<addr_t> bufs, std::vector<size_t> counts, int dt,
                                 int op, size_t bucket, handle_t c) {
         if (bufs.size() != counts.size()) throw std::invalid_argument("allreduce_multi: bufs and counts differ in length");
@@ -610,6 +610,11 @@ PYBIND11_MODULE(_nexar, m) {
         for (size_t i = 0; i < bufs.size(); i++) p[i] = P(bufs[i]);
         NX_START(nexar_iallreduce_multi(nullptr, p.data(), counts.data(), p.size(), D(dt), O(op),
                                         bucket, C(c), &q));
+    });
+    m.def("allreduce_compressed", [](addr_t buf, addr_t residual, size_t n, int dt, int method,
+                                     double ratio, uint64_t seed, handle_t c) {
+        NX_CALL(nexar_allreduce_compressed(P(buf), P(residual), n, D(dt),
+                                           static_cast<nexar_compress_t>(method), ratio, seed, C(c)));
     });
 #undef NX_START
 

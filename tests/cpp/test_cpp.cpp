@@ -66,6 +66,15 @@ int main() {
         world.allreduce_multi(ptrs, cnt, 1, nexar::Op::min);
         EXPECT(bufs[2][0] == n * (n - 1) * 1.0f);
     }
+    // Compressed allreduce: ratio 1 is a plain sum; TopK with a residual.
+    {
+        std::vector<float> x(6, r + 1.0f), res(6, 0.0f);
+        world.allreduce_compressed(x.data(), nullptr, x.size(), NEXAR_COMPRESS_TOPK, 1.0);
+        EXPECT(x[5] == n * (n + 1) / 2.0f);
+        std::vector<float> y{0, 0, 5.0f, 0, 0, 1.0f};
+        world.allreduce_compressed(y.data(), res.data(), y.size(), NEXAR_COMPRESS_TOPK, 0.1);
+        EXPECT(y[2] == 5.0f * n && y[5] == 0.0f && res[5] == 1.0f && res[2] == 0.0f);
+    }
 
     // The other non-blocking collectives, against what they must give, and
     // test_any / wait_all over a vector of requests.

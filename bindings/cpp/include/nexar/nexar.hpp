@@ -563,7 +563,7 @@ public:
         exscan(std::data(send), std::data(recv), std::size(send), op);
     }
 
-    // --- bucketed allreduce ------------------------------------------------
+    // --- bucketed and compressed allreduce ---------------------------------
     // allreduce_multi reduces every buffer in place (bufs[i]: counts[i]
     // elements), packed into buckets of at most bucket_bytes (0: 25 MiB);
     // see nexar_allreduce_multi. iallreduce_multi is its non-blocking form:
@@ -596,6 +596,15 @@ public:
                                              datatype_v<multi_value_t<C>>, detail::op(op),
                                              bucket_bytes, h_, &r));
         return Request(r);
+    }
+
+    // allreduce_compressed sums a sparsified buf over the ranks in place;
+    // residual (count floats, or nullptr) is the caller's error feedback.
+    // See nexar_allreduce_compressed.
+    void allreduce_compressed(float* buf, float* residual, std::size_t count,
+                              nexar_compress_t method, double ratio, std::uint64_t seed = 0) {
+        detail::check(nexar_allreduce_compressed(buf, residual, count, NEXAR_FLOAT32, method, ratio,
+                                                 seed, h_));
     }
 
    private:

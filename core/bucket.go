@@ -196,6 +196,13 @@ func (m *multiCall) drive() error {
 		return m.reqs[0].wait()
 	}
 	defer m.cancel()
+	if len(m.reqs) == 1 {
+		// Nothing to overlap: run it here, without a goroutine hand-off.
+		m.pack(0)
+		err := m.reqs[0].wait()
+		m.unpack(0, err == nil)
+		return err
+	}
 	var first error
 	m.pack(0)
 	m.reqs[0].start()

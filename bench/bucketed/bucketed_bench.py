@@ -2,9 +2,10 @@
 """Bucketed against per-tensor allreduce through torch.distributed, 2
 processes on this host, same run.
 
-Two gradient lists: "ddp60", 60 float32 tensors of mixed sizes from 1 KiB to
-4 MiB (geometric, shuffled with a fixed seed; about 30 MiB), and
-"resnet50", the 161 parameter tensors of ResNet-50 (about 98 MiB). For each
+Gradient lists: "ddp60", 60 float32 tensors of mixed sizes from 1 KiB to
+4 MiB (geometric, shuffled with a fixed seed; about 30 MiB); "resnet50",
+the 161 parameter tensors of ResNet-50 (about 98 MiB); "small100", 100
+tensors of 1 KiB (not run by default). For each
 list and backend, rank 0 times, per iteration (after a barrier):
 
 - per-tensor: one dist.all_reduce per tensor (blocking), as a training loop
@@ -59,7 +60,11 @@ def resnet50():
     return sizes
 
 
-LISTS = {"ddp60": ddp60, "resnet50": resnet50}
+def small100():
+    return [256] * 100  # 100 tensors of 1 KiB: where per-call cost dominates
+
+
+LISTS = {"ddp60": ddp60, "resnet50": resnet50, "small100": small100}
 METHODS = ("per-tensor", "per-tensor async", "coalesced")
 
 

@@ -69,15 +69,24 @@ func checkMulti(t *testing.T, size int, got [][]byte, counts []int) error {
 }
 
 func TestAllreduceMulti(t *testing.T) {
-	counts := []int{3, 0, 17, 1, 64, 5, 0, 200, 2}
+	large := []int{3, 0, 17, 1, 64, 5, 0, 200, 2}
+	small := []int{1, 2, 0, 3, 1, 4, 1, 5, 2, 6, 3, 1, 1, 1}
 	ctx := context.Background()
+	cases := []struct {
+		counts []int
+		bb     int
+	}{
+		// 0: the default (one bucket); 8: every buffer direct; 256: a
+		// staged bucket, then direct ones for the large buffers.
+		{large, 0}, {large, 8}, {large, 256},
+		// many staged buckets in a row: the pipeline's every stage
+		{small, 16}, {small, 24}, {small, 48},
+	}
 	for _, n := range []int{1, 2, 3, 5} {
 		comms := newLocal(t, n)
-		// 0: the default (one bucket); 8: one element per bucket; 40 and
-		// 256: staged buckets of several buffers, direct ones for the
-		// large buffers.
-		for _, bb := range []int{0, 8, 40, 256} {
-			t.Run(fmt.Sprintf("n%d/bucket%d/inplace", n, bb), func(t *testing.T) {
+		for _, tc := range cases {
+			counts, bb := tc.counts, tc.bb
+			t.Run(fmt.Sprintf("n%d/%d/bucket%d/inplace", n, len(counts), bb), func(t *testing.T) {
 				mustAll(t, each(comms, func(c *Comm) error {
 					bufs := multiBufs(c.Rank(), counts)
 					if err := c.AllreduceMulti(ctx, nil, bufs, collective.Int64, collective.Sum, bb); err != nil {
@@ -86,7 +95,7 @@ func TestAllreduceMulti(t *testing.T) {
 					return checkMulti(t, n, bufs, counts)
 				}))
 			})
-			t.Run(fmt.Sprintf("n%d/bucket%d/send", n, bb), func(t *testing.T) {
+			t.Run(fmt.Sprintf("n%d/%d/bucket%d/send", n, len(counts), bb), func(t *testing.T) {
 				mustAll(t, each(comms, func(c *Comm) error {
 					send := multiBufs(c.Rank(), counts)
 					recv := make([][]byte, len(counts))

@@ -295,6 +295,31 @@ nexar_result_t nexar_barrier(nexar_comm_t comm) {
     return (nexar_result_t)nxgo_barrier((uintptr_t)comm);
 }
 
+nexar_result_t nexar_allreduce_multi(const void* const* sendbufs, void* const* recvbufs,
+                                     const size_t* counts, size_t nbufs, nexar_datatype_t dt,
+                                     nexar_op_t op, size_t bucket_bytes, nexar_comm_t comm) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_allreduce_multi((void*)sendbufs, (void*)recvbufs, (size_t*)counts,
+        nbufs, dt, op, bucket_bytes, (uintptr_t)comm);
+}
+
+nexar_result_t nexar_iallreduce_multi(const void* const* sendbufs, void* const* recvbufs,
+                                      const size_t* counts, size_t nbufs, nexar_datatype_t dt,
+                                      nexar_op_t op, size_t bucket_bytes, nexar_comm_t comm,
+                                      nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_iallreduce_multi((void*)sendbufs, (void*)recvbufs, (size_t*)counts,
+        nbufs, dt, op, bucket_bytes, (uintptr_t)comm, (uintptr_t*)req);
+}
+
+nexar_result_t nexar_allreduce_compressed(void* buf, void* residual, size_t count,
+                                          nexar_datatype_t dt, nexar_compress_t method,
+                                          double ratio, uint64_t seed, nexar_comm_t comm) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_allreduce_compressed(buf, residual, count, dt, (int)method, ratio,
+        seed, (uintptr_t)comm);
+}
+
 nexar_result_t nexar_isend(const void* buf, size_t count, nexar_datatype_t dt, int peer,
                            uint64_t tag, nexar_comm_t comm, nexar_request_t* req) {
     GUARD("communicator");

@@ -651,6 +651,61 @@ nexar_result_t nexar_exscan(const void* sendbuf, void* recvbuf, size_t count,
 nexar_result_t nexar_barrier(nexar_comm_t comm);
 
 /* ------------------------------------------------------------------------
+ * Bucketed and compressed allreduce
+ *
+ * nexar_allreduce_multi is nexar_allreduce over nbufs buffers of one dt:
+ * recvbufs[i] (counts[i] elements) = op over ranks of sendbufs[i]. The
+ * buffers are packed, in order, into buckets of at most bucket_bytes
+ * (0: NEXAR_DEFAULT_BUCKET_BYTES, 25 MiB as DDP), one collective each;
+ * packing the next bucket and unpacking the previous one overlap the
+ * reduction of the current one. A buffer of bucket_bytes or more, or alone
+ * in its bucket, is reduced in place without a copy. Extra memory: two
+ * buckets. In place: sendbufs NULL (all buffers), or sendbufs[i] NULL or
+ * equal to recvbufs[i]. Every rank must pass the same counts, in the same
+ * order, and the same bucket_bytes (mismatches fail as
+ * NEXAR_ERR_MISMATCH). The arrays sendbufs, recvbufs and counts are read
+ * by the call and may be freed once it returns; the buffers they point to
+ * must stay valid until completion.
+ * nexar_iallreduce_multi is its non-blocking form: the call takes its
+ * places in the communicator's call order at once (later collectives may
+ * be issued before it completes) and returns the request in *req.
+ * Result: as the collectives above; NEXAR_ERR_INVALID_ARGUMENT also for
+ * recvbufs or counts NULL with nbufs > 0, recvbufs[i] or sendbufs[i] NULL
+ * where counts[i] > 0 (recvbufs), req NULL.
+ * Thread-safety: as the other collectives (see "Threads" above).
+ * --------------------------------------------------------------------- */
+#define NEXAR_DEFAULT_BUCKET_BYTES ((size_t)25 << 20)
+nexar_result_t nexar_allreduce_multi(const void* const* sendbufs, void* const* recvbufs,
+                                     const size_t* counts, size_t nbufs, nexar_datatype_t dt,
+                                     nexar_op_t op, size_t bucket_bytes, nexar_comm_t comm);
+nexar_result_t nexar_iallreduce_multi(const void* const* sendbufs, void* const* recvbufs,
+                                      const size_t* counts, size_t nbufs, nexar_datatype_t dt,
+                                      nexar_op_t op, size_t bucket_bytes, nexar_comm_t comm,
+                                      nexar_request_t* req);
+
+/* nexar_allreduce_compressed sums a sparsified buf (count float32
+ * elements) over the ranks, in place: each rank sends
+ * k = ceil(ratio*count) elements (at least 1), and buf becomes the sum of
+ * every rank's contribution (zero where none sent anything), bit-identical
+ * on every rank. NEXAR_COMPRESS_TOPK: each rank's k largest magnitudes, as
+ * (index, value) pairs gathered from all ranks (each counted once).
+ * NEXAR_COMPRESS_RANDOMK: the same k indices on every rank, drawn from
+ * seed, which must be equal on every rank (e.g. a step counter); values
+ * scaled by count/k (unbiased) when residual is NULL. residual (count
+ * float32, or NULL) is the error feedback, kept by the caller per buffer:
+ * the input is buf + residual, and residual receives what this rank did
+ * not send (RandomK then sends unscaled values). Average: divide by the
+ * size. buf and residual must be 4-byte aligned. Every rank must pass the
+ * same count, method and ratio (else NEXAR_ERR_MISMATCH).
+ * Result: as the collectives above; NEXAR_ERR_INVALID_ARGUMENT also for a
+ * dt other than NEXAR_FLOAT32, an unknown method, ratio outside (0, 1].
+ * Thread-safety: as the other collectives. */
+typedef enum { NEXAR_COMPRESS_TOPK = 1, NEXAR_COMPRESS_RANDOMK = 2 } nexar_compress_t;
+nexar_result_t nexar_allreduce_compressed(void* buf, void* residual, size_t count,
+                                          nexar_datatype_t dt, nexar_compress_t method,
+                                          double ratio, uint64_t seed, nexar_comm_t comm);
+
+/* ------------------------------------------------------------------------
  * Non-blocking operations
  *
  * Each takes the arguments of its blocking form, then req (out, non-NULL),

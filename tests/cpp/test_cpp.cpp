@@ -72,6 +72,31 @@ int main() {
     q1.wait();
     EXPECT(g[7] == 1.0f);
 
+    // Bucketed allreduce: blocking (tiny buckets: several of them) and not.
+    {
+        std::vector<std::vector<float>> bufs{std::vector<float>(3, r + 1.0f),
+                                             std::vector<float>(0),
+                                             std::vector<float>(1000, 2.0f * r)};
+        world.allreduce_multi(bufs, nexar::Op::sum, 64);
+        EXPECT(bufs[0][2] == n * (n + 1) / 2.0f && bufs[2][999] == n * (n - 1) * 1.0f);
+        nexar::Request q = world.iallreduce_multi(bufs, nexar::Op::max);
+        q.wait();
+        EXPECT(bufs[0][0] == n * (n + 1) / 2.0f);
+        float* ptrs[1] = {bufs[2].data()};
+        std::size_t cnt[1] = {bufs[2].size()};
+        world.allreduce_multi(ptrs, cnt, 1, nexar::Op::min);
+        EXPECT(bufs[2][0] == n * (n - 1) * 1.0f);
+    }
+    // Compressed allreduce: ratio 1 is a plain sum; TopK with a residual.
+    {
+        std::vector<float> x(6, r + 1.0f), res(6, 0.0f);
+        world.allreduce_compressed(x.data(), nullptr, x.size(), NEXAR_COMPRESS_TOPK, 1.0);
+        EXPECT(x[5] == n * (n + 1) / 2.0f);
+        std::vector<float> y{0, 0, 5.0f, 0, 0, 1.0f};
+        world.allreduce_compressed(y.data(), res.data(), y.size(), NEXAR_COMPRESS_TOPK, 0.1);
+        EXPECT(y[2] == 5.0f * n && y[5] == 0.0f && res[5] == 1.0f && res[2] == 0.0f);
+    }
+
     // The other non-blocking collectives, against what they must give, and
     // test_any / wait_all over a vector of requests.
     {

@@ -32,6 +32,7 @@ from ._errors import (  # noqa: F401
     UnavailableError,
 )
 from ._types import AVG, BAND, BOR, BXOR, MAX, MIN, PROD, SUM, Datatype, Op  # noqa: F401
+from ._compress import RANDOMK, TOPK, CompressState  # noqa: F401
 
 from ._abi import VERSION as __version__  # internal/abi is its one source
 
@@ -47,6 +48,7 @@ __all__ = sorted(
         "TimeoutError", "AbortedError", "ClosedError", "AuthError", "TruncatedError",
         "UnavailableError", "InternalError", "ForkedProcessError", "RevokedError", "NoQuorumError", "Datatype", "Op", "SUM", "PROD",
         "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR", "ANY_SOURCE", "UNDEFINED",
+        "CompressState", "TOPK", "RANDOMK",
     }
 )
 

@@ -681,6 +681,69 @@ class Comm:
         return Request(self, *self._alltoallv(_lib.ialltoallv, sendbuf, sendcounts, sdispls, recvbuf, recvcounts,
                                               rdispls)[:2])
 
+    # ---- bucketed allreduce -------------------------------------------------
+    def allreduce_multi(self, bufs, op=Op.SUM, bucket_bytes: int = 0):
+        """Allreduce each buffer of bufs in place, packed into buckets of at
+        most bucket_bytes (0: 25 MiB) reduced one after the other, packing
+        and unpacking overlapping the reduction. Buffers of different
+        element types go in one call per type, in order of first
+        appearance. Every rank must pass the same shapes in the same order.
+        Returns bufs."""
+        h = self._check()
+        bs = [self._out(b) for b in bufs]
+        groups = {}
+        for b in bs:
+            n, dt = b.typed("allreduce_multi")
+            g = groups.setdefault(int(dt), ([], []))
+            g[0].append(b.addr)
+            g[1].append(n)
+        o = self._op(op)
+        for dt, (addrs, counts) in groups.items():
+            _lib.allreduce_multi(addrs, counts, dt, o, int(bucket_bytes), h)
+        _finish(bs, None)
+        return bufs
+
+    def iallreduce_multi(self, bufs, op=Op.SUM, bucket_bytes: int = 0) -> Request:
+        """Non-blocking allreduce_multi; the buffers must share one element type."""
+        h = self._check()
+        bs = [self._out(b) for b in bufs]
+        typed = [b.typed("iallreduce_multi") for b in bs]
+        dts = {int(dt) for _, dt in typed}
+        if len(dts) > 1:
+            raise TypeError("nexar: iallreduce_multi: buffers have different element types "
+                            "(use allreduce_multi, or one call per type)")
+        dt = dts.pop() if dts else int(Datatype.FLOAT32)
+        q = _lib.iallreduce_multi([b.addr for b in bs], [n for n, _ in typed], dt, self._op(op),
+                                  int(bucket_bytes), h)
+        return Request(self, q, bs)
+
+    def allreduce_compressed(self, buf, state, key=0, average: bool = False):
+        """Sum a sparsified float32 buf over the ranks, in place: each rank
+        sends state.ratio of its elements (state.method), with error
+        feedback in state's residual for key when state.error_feedback.
+        The result is the same on every rank; average divides it by the
+        size. Every rank must make the same calls in the same order (the
+        RandomK seed comes from state's call count). Returns buf."""
+        h = self._check()
+        b = self._out(buf)
+        n, dt = b.typed("allreduce_compressed")
+        res = 0
+        keep = None
+        if state.error_feedback:
+            keep = self._out(state.residual(key, buf))
+            res = keep.addr
+        _lib.allreduce_compressed(b.addr, res, n, int(dt), state.method, state.ratio, state.next_seed(), h)
+        _finish([b], None)
+        del keep
+        if average and self._size > 1:
+            if hasattr(buf, "numel"):  # a torch tensor
+                import torch
+                with torch.no_grad():
+                    buf.div_(self._size)
+            else:
+                buf /= self._size
+        return buf
+
     # Each _X prepares collective X and calls fn, the blocking libnexar call
     # or its non-blocking form (the two take the same arguments), and returns
     # (what fn returned, the buffers the call uses, the object the blocking
@@ -879,6 +942,19 @@ class RawComm:
 
     def ibroadcast_raw(self, buf: int, count: int, dtype: int, root: int) -> int:
         return _lib.ibroadcast(buf, count, dtype, root, self._comm._check())
+
+    def allreduce_multi(self, addrs: Sequence[int], counts: Sequence[int], dtype, op, bucket_bytes: int = 0):
+        """In place over each (addrs[i], counts[i]), all of dtype: nexar_allreduce_multi."""
+        _lib.allreduce_multi(addrs, counts, int(dtype), int(op), bucket_bytes, self._comm._check())
+
+    def allreduce_compressed(self, buf: int, residual: int, count: int, dtype, method: int, ratio: float,
+                             seed: int):
+        """In place on (buf, count) float32; residual 0 for none: nexar_allreduce_compressed."""
+        _lib.allreduce_compressed(buf, residual, count, int(dtype), method, ratio, seed, self._comm._check())
+
+    def iallreduce_multi_raw(self, addrs: Sequence[int], counts: Sequence[int], dtype: int, op: int,
+                             bucket_bytes: int = 0) -> int:
+        return _lib.iallreduce_multi(addrs, counts, dtype, op, bucket_bytes, self._comm._check())
 
     @staticmethod
     def wait_raw(h: int) -> None:

@@ -623,6 +623,29 @@ PYBIND11_MODULE(_nexar, m) {
         NX_START(nexar_ialltoallv(P(s), sc.data(), sd.data(), P(r), rc.data(), rd.data(), D(dt),
                                   C(c), &q));
     });
+
+    // ---- bucketed and compressed allreduce (in place) -----------------------
+    m.def("allreduce_multi", [](std::vector<addr_t> bufs, std::vector<size_t> counts, int dt,
+                                int op, size_t bucket, handle_t c) {
+        if (bufs.size() != counts.size()) throw std::invalid_argument("allreduce_multi: bufs and counts differ in length");
+        std::vector<void*> p(bufs.size());
+        for (size_t i = 0; i < bufs.size(); i++) p[i] = P(bufs[i]);
+        NX_CALL(nexar_allreduce_multi(nullptr, p.data(), counts.data(), p.size(), D(dt), O(op),
+                                      bucket, C(c)));
+    });
+    m.def("iallreduce_multi", [](std::vector<addr_t> bufs, std::vector<size_t> counts, int dt,
+                                 int op, size_t bucket, handle_t c) {
+        if (bufs.size() != counts.size()) throw std::invalid_argument("iallreduce_multi: bufs and counts differ in length");
+        std::vector<void*> p(bufs.size());
+        for (size_t i = 0; i < bufs.size(); i++) p[i] = P(bufs[i]);
+        NX_START(nexar_iallreduce_multi(nullptr, p.data(), counts.data(), p.size(), D(dt), O(op),
+                                        bucket, C(c), &q));
+    });
+    m.def("allreduce_compressed", [](addr_t buf, addr_t residual, size_t n, int dt, int method,
+                                     double ratio, uint64_t seed, handle_t c) {
+        NX_CALL(nexar_allreduce_compressed(P(buf), P(residual), n, D(dt),
+                                           static_cast<nexar_compress_t>(method), ratio, seed, C(c)));
+    });
 #undef NX_START
 
     m.def("wait", [](handle_t q) { NX_CALL(nexar_wait(R(q))); });

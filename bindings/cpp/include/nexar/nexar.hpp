@@ -606,6 +606,64 @@ public:
         exscan(std::data(send), std::data(recv), std::size(send), op);
     }
 
+    // --- bucketed and compressed allreduce ---------------------------------
+    // allreduce_multi reduces every buffer in place (bufs[i]: counts[i]
+    // elements), packed into buckets of at most bucket_bytes (0: 25 MiB);
+    // see nexar_allreduce_multi. iallreduce_multi is its non-blocking form:
+    // the buffers must stay valid until the Request completes.
+
+    template <class T>
+    void allreduce_multi(T* const* bufs, const std::size_t* counts, std::size_t n, Op op,
+                         std::size_t bucket_bytes = 0) {
+        std::vector<void*> p(bufs, bufs + n);
+        detail::check(nexar_allreduce_multi(nullptr, p.data(), counts, n, datatype_v<T>,
+                                            detail::op(op), bucket_bytes, h_));
+    }
+    template <class C, class = detail::enable_container<C>>
+    void allreduce_multi(std::vector<C>& bufs, Op op, std::size_t bucket_bytes = 0) {
+        std::vector<void*> p;
+        std::vector<std::size_t> n;
+        multi_args(bufs, p, n);
+        detail::check(nexar_allreduce_multi(nullptr, p.data(), n.data(), n.size(),
+                                            datatype_v<multi_value_t<C>>, detail::op(op),
+                                            bucket_bytes, h_));
+    }
+    template <class C, class = detail::enable_container<C>>
+    [[nodiscard]] Request iallreduce_multi(std::vector<C>& bufs, Op op,
+                                           std::size_t bucket_bytes = 0) {
+        std::vector<void*> p;
+        std::vector<std::size_t> n;
+        multi_args(bufs, p, n);
+        nexar_request_t r = NEXAR_REQUEST_NULL;
+        detail::check(nexar_iallreduce_multi(nullptr, p.data(), n.data(), n.size(),
+                                             datatype_v<multi_value_t<C>>, detail::op(op),
+                                             bucket_bytes, h_, &r));
+        return Request(r);
+    }
+
+    // allreduce_compressed sums a sparsified buf over the ranks in place;
+    // residual (count floats, or nullptr) is the caller's error feedback.
+    // See nexar_allreduce_compressed.
+    void allreduce_compressed(float* buf, float* residual, std::size_t count,
+                              nexar_compress_t method, double ratio, std::uint64_t seed = 0) {
+        detail::check(nexar_allreduce_compressed(buf, residual, count, NEXAR_FLOAT32, method, ratio,
+                                                 seed, h_));
+    }
+
+   private:
+    template <class C>
+    using multi_value_t = std::remove_cv_t<std::remove_reference_t<decltype(*std::data(std::declval<C&>()))>>;
+    template <class C>
+    static void multi_args(std::vector<C>& bufs, std::vector<void*>& p, std::vector<std::size_t>& n) {
+        p.reserve(bufs.size());
+        n.reserve(bufs.size());
+        for (auto& b : bufs) {
+            p.push_back(static_cast<void*>(std::data(b)));
+            n.push_back(std::size(b));
+        }
+    }
+
+   public:
     // --- non-blocking collectives -------------------------------------------
     // Buffers must stay valid until the Request completes.
 

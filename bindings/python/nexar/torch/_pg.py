@@ -85,7 +85,9 @@ class ProcessGroupNexar(dist.ProcessGroup):
     queued to one worker thread in call order.
     """
 
-    supports_coalescing = False
+    # torch then brackets coalesced work with _start_coalescing and
+    # _end_coalescing (batch_isend_irecv, _coalescing_manager with a device).
+    supports_coalescing = True
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta = timedelta(minutes=30),
                  group_id: str = "", _comm_: Optional[_comm.Comm] = None):
@@ -365,8 +367,49 @@ class ProcessGroupNexar(dist.ProcessGroup):
         with torch.no_grad():
             t.copy_(res)
 
+    # ---- bucketed allreduce ----------------------------------------------------
+    # all_reduce_coalesced and _coalescing_manager's captured all_reduces
+    # arrive here: one bucketed call (nexar_allreduce_multi) per element
+    # type instead of one collective per tensor. bucket_bytes (0: 25 MiB,
+    # DDP's default) must be the same on every rank.
+    bucket_bytes = 0
+
     def allreduce_coalesced(self, tensors, opts=None):
-        return self.allreduce(tensors, opts)
+        op, factor = op_of(opts)
+        raw, bucket = self._raw, int(self.bucket_bytes)
+        if tensors and factor is None and self._fast():
+            dt = _FAST_DT.get(tensors[0].dtype)
+            t0 = tensors[0].dtype
+            if (dt is not None and all(t.dtype == t0 and _plain(t) for t in tensors)
+                    and (op != AVG or t0 in _FLOAT_DT) and (op not in (BAND, BOR, BXOR) or t0 not in _FLOAT_DT)):
+                addrs = [t.data_ptr() for t in tensors]
+                counts = [t.numel() for t in tensors]
+                o = int(op)
+                if not getattr(opts, "asyncOp", True):
+                    return self._now("allreduce_coalesced", tensors,
+                                     lambda: raw.allreduce_multi(addrs, counts, dt, o, bucket))
+                return self._started("allreduce_coalesced", tensors,
+                                     lambda: raw.iallreduce_multi_raw(addrs, counts, dt, o, bucket), list(tensors))
+
+        def fn():
+            # Staged (non-contiguous, bool, small ints, complex, PREMUL_SUM):
+            # grouped by what the C call takes, in order of first appearance.
+            groups = {}
+            staged = []
+            for t in tensors:
+                if t.is_sparse:
+                    self._sparse_allreduce(t, op)
+                    continue
+                r = Reduction(t, op, factor)
+                staged.append(r)
+                g = groups.setdefault((r.dt, r.op), ([], []))
+                g[0].append(r.addr)
+                g[1].append(r.count)
+            for (dt, o), (addrs, counts) in groups.items():
+                raw.allreduce_multi(addrs, counts, dt, o, bucket)
+            for r in staged:
+                r.s.back()
+        return self._enqueue("allreduce_coalesced", tensors, fn)
 
     # ---- broadcast / reduce ---------------------------------------------------
     def broadcast(self, tensors, opts=None):

@@ -129,6 +129,9 @@ func newLocalWrapped(n int, cfg Config, wrap func(int, transport.DataPath) trans
 	if err := cfg.Tuning.Validate(); err != nil {
 		return nil, invalidArg("new", "Config.Tuning: %v", err)
 	}
+	if err := cfg.validateMemory(); err != nil {
+		return nil, err
+	}
 	nodes := make([]*node, n)
 	hs := make([]transport.Handler, n)
 	ds := make([]transport.DownHandler, n)

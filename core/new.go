@@ -34,6 +34,9 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 	if err := cfg.Tuning.Validate(); err != nil {
 		return nil, invalidArg("new", "Config.Tuning: %v", err)
 	}
+	if err := cfg.validateMemory(); err != nil {
+		return nil, err
+	}
 	if cfg.WorldSize < 1 {
 		return nil, invalidArg("new", "world size %d must be >= 1", cfg.WorldSize)
 	}

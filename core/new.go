@@ -133,6 +133,7 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 		cleanup()
 		return nil, err
 	}
+	nd.ringBytes = bk.RingBytes
 	ep, err := qn.Connect(fctx, rank, peers, bk.Handler(), bk.DownHandler())
 	if err == nil {
 		err = bk.Start(fctx, ep)

@@ -121,7 +121,9 @@ type Config struct {
 	// (large rings, scratch kept warm: throughput) or "inference" (small
 	// rings and budget, scratch released when idle: footprint). A field
 	// set explicitly (> 0, or ScratchIdleBytes < 0) overrides the
-	// profile's value.
+	// profile's value. Zero fields take the environment's values (these
+	// variables, and NEXAR_MAX_BUFFERED_BYTES through ConfigFromEnv), also
+	// for a Config not read by ConfigFromEnv.
 	//
 	//	profile    MaxBufferedBytes  RingSize  RingBudget  ScratchIdleBytes
 	//	default    256 MiB           8 MiB     64 MiB      256 MiB
@@ -176,7 +178,8 @@ func (cfg Config) validateMemory() error {
 }
 
 // withMemoryProfile fills the memory fields that are not set from cfg's
-// profile; a ScratchIdleBytes < 0 becomes 0 (keep none).
+// profile (a negative ScratchIdleBytes stays: keep none; so a second call
+// changes nothing).
 func (cfg Config) withMemoryProfile() (Config, error) {
 	p, err := MemoryProfileOf(cfg.MemoryProfile)
 	if err != nil {
@@ -191,13 +194,41 @@ func (cfg Config) withMemoryProfile() (Config, error) {
 	if cfg.RingBudget <= 0 {
 		cfg.RingBudget = p.RingBudget
 	}
-	switch {
-	case cfg.ScratchIdleBytes < 0:
-		cfg.ScratchIdleBytes = 0
-	case cfg.ScratchIdleBytes == 0:
+	if cfg.ScratchIdleBytes == 0 {
 		cfg.ScratchIdleBytes = p.ScratchIdleBytes
 	}
 	return cfg, nil
+}
+
+// memoryFromEnvIfUnset fills MemoryProfile, RingSize, RingBudget and
+// ScratchIdleBytes, where zero, from the environment, so that a Config not
+// read by ConfigFromEnv (nexar_comm_init, nexar.Comm(...)) takes them too.
+func (cfg *Config) memoryFromEnvIfUnset(lookup func(string) (string, bool)) error {
+	var e Config
+	err := e.memoryFromLookup(func(names ...string) (string, string) {
+		for _, n := range names {
+			if v, ok := lookup(n); ok && strings.TrimSpace(v) != "" {
+				return strings.TrimSpace(v), n
+			}
+		}
+		return "", ""
+	})
+	if err != nil {
+		return err
+	}
+	if cfg.MemoryProfile == "" {
+		cfg.MemoryProfile = e.MemoryProfile
+	}
+	if cfg.RingSize == 0 {
+		cfg.RingSize = e.RingSize
+	}
+	if cfg.RingBudget == 0 {
+		cfg.RingBudget = e.RingBudget
+	}
+	if cfg.ScratchIdleBytes == 0 {
+		cfg.ScratchIdleBytes = e.ScratchIdleBytes
+	}
+	return nil
 }
 
 // memoryFromLookup reads NEXAR_MEMORY_PROFILE, NEXAR_RING_SIZE,
@@ -258,14 +289,17 @@ func (cfg Config) withDefaults() Config {
 	if cfg.HeartbeatTimeout < 2*cfg.HeartbeatInterval {
 		cfg.HeartbeatTimeout = 2 * cfg.HeartbeatInterval
 	}
+	if err := cfg.diagnosticsFromLookup(os.LookupEnv); err != nil {
+		cfg.Logger.Warn("nexar: ignoring a diagnostics variable", "subsys", SubsysInit, "err", err)
+	}
+	if err := cfg.memoryFromEnvIfUnset(os.LookupEnv); err != nil {
+		cfg.Logger.Warn("nexar: ignoring a memory variable", "subsys", SubsysInit, "err", err)
+	}
 	if m, err := cfg.withMemoryProfile(); err == nil {
-		cfg = m // an unknown profile is reported by validate, which New calls
+		cfg = m // an unknown profile is reported by validateMemory, which New calls
 	}
 	if cfg.MaxBufferedBytes <= 0 {
 		cfg.MaxBufferedBytes = defaultMaxBufferedBytes
-	}
-	if err := cfg.diagnosticsFromLookup(os.LookupEnv); err != nil {
-		cfg.Logger.Warn("nexar: ignoring a diagnostics variable", "subsys", SubsysInit, "err", err)
 	}
 	cfg.Tuning = cfg.Tuning.WithDefaults()
 	return cfg

@@ -22,7 +22,7 @@ func TestMemoryProfileResolution(t *testing.T) {
 		{"inference", Config{MemoryProfile: " Inference "}, MemoryProfile{32 << 20, 1 << 20, 8 << 20, 0}},
 		{"overrides", Config{MemoryProfile: "inference", MaxBufferedBytes: 5, RingSize: 128 << 10, RingBudget: 7, ScratchIdleBytes: 9},
 			MemoryProfile{5, 128 << 10, 7, 9}},
-		{"keep no scratch", Config{MemoryProfile: "training", ScratchIdleBytes: -1}, MemoryProfile{1 << 30, 32 << 20, 512 << 20, 0}},
+		{"keep no scratch", Config{MemoryProfile: "training", ScratchIdleBytes: -1}, MemoryProfile{1 << 30, 32 << 20, 512 << 20, -1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Logger = testConfig().Logger
@@ -30,6 +30,10 @@ func TestMemoryProfileResolution(t *testing.T) {
 			got := MemoryProfile{c.MaxBufferedBytes, c.RingSize, c.RingBudget, c.ScratchIdleBytes}
 			if got != tc.want {
 				t.Fatalf("got %+v, want %+v", got, tc.want)
+			}
+			c = c.withDefaults() // New and NewLocal may both fill in
+			if again := (MemoryProfile{c.MaxBufferedBytes, c.RingSize, c.RingBudget, c.ScratchIdleBytes}); again != got {
+				t.Fatalf("a second withDefaults changed %+v to %+v", got, again)
 			}
 			if err := c.validateMemory(); err != nil {
 				t.Fatal(err)
@@ -47,6 +51,21 @@ func TestMemoryProfileResolution(t *testing.T) {
 	}
 }
 
+// A Config not read by ConfigFromEnv takes the profile from the
+// environment where it sets none (nexar_comm_init, nexar.Comm(...)).
+func TestMemoryProfileEnvFallback(t *testing.T) {
+	t.Setenv("NEXAR_MEMORY_PROFILE", "inference")
+	t.Setenv("NEXAR_RING_BUDGET", "2097152")
+	c := Config{Logger: testConfig().Logger}.withDefaults()
+	if got, want := (MemoryProfile{c.MaxBufferedBytes, c.RingSize, c.RingBudget, c.ScratchIdleBytes}), (MemoryProfile{32 << 20, 1 << 20, 2 << 20, 0}); got != want {
+		t.Fatalf("env profile: got %+v, want %+v", got, want)
+	}
+	c = Config{Logger: testConfig().Logger, MemoryProfile: "training", RingBudget: 4 << 20}.withDefaults()
+	if got, want := (MemoryProfile{c.MaxBufferedBytes, c.RingSize, c.RingBudget, c.ScratchIdleBytes}), (MemoryProfile{1 << 30, 32 << 20, 4 << 20, 2 << 30}); got != want {
+		t.Fatalf("explicit fields: got %+v, want %+v", got, want)
+	}
+}
+
 func TestMemoryProfileFromEnv(t *testing.T) {
 	base := map[string]string{"WORLD_SIZE": "1"}
 	read := func(string) ([]byte, error) { return nil, nil }
@@ -58,7 +77,7 @@ func TestMemoryProfileFromEnv(t *testing.T) {
 	}{
 		{"inference", map[string]string{"NEXAR_MEMORY_PROFILE": "inference"}, MemoryProfile{32 << 20, 1 << 20, 8 << 20, 0}, ""},
 		{"training with overrides", map[string]string{"NEXAR_MEMORY_PROFILE": "training", "NEXAR_RING_SIZE": "65536",
-			"NEXAR_MAX_BUFFERED_BYTES": "1000", "NEXAR_SCRATCH_IDLE_BYTES": "-1"}, MemoryProfile{1000, 64 << 10, 512 << 20, 0}, ""},
+			"NEXAR_MAX_BUFFERED_BYTES": "1000", "NEXAR_SCRATCH_IDLE_BYTES": "-1"}, MemoryProfile{1000, 64 << 10, 512 << 20, -1}, ""},
 		{"ring budget", map[string]string{"NEXAR_RING_BUDGET": "1048576"}, MemoryProfile{256 << 20, 8 << 20, 1 << 20, 256 << 20}, ""},
 		{"bad profile", map[string]string{"NEXAR_MEMORY_PROFILE": "big"}, MemoryProfile{}, "NEXAR_MEMORY_PROFILE"},
 		{"bad ring", map[string]string{"NEXAR_RING_SIZE": "-4"}, MemoryProfile{}, "NEXAR_RING_SIZE"},

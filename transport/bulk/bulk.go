@@ -569,7 +569,7 @@ func (e *Endpoint) chargeRing(want int) int {
 }
 
 // RingBytes returns the capacity of the shared-memory rings this process
-// created and still holds (within Options.RingBudget).
+// created (charged to Options.RingBudget).
 func (e *Endpoint) RingBytes() int64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()

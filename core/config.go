@@ -119,7 +119,8 @@ type Config struct {
 	// Memory (docs/memory.md). MemoryProfile sets the four budgets below
 	// together (NEXAR_MEMORY_PROFILE): "default" (or ""), "training"
 	// (large rings, scratch kept warm: throughput) or "inference" (small
-	// rings and budget, scratch released when idle: footprint). A field
+	// rings and budget, large scratch released when idle: footprint; the
+	// few MiB kept spare small calls an allocation each). A field
 	// set explicitly (> 0, or ScratchIdleBytes < 0) overrides the
 	// profile's value. Zero fields take the environment's values (these
 	// variables, and NEXAR_MAX_BUFFERED_BYTES through ConfigFromEnv), also
@@ -128,7 +129,7 @@ type Config struct {
 	//	profile    MaxBufferedBytes  RingSize  RingBudget  ScratchIdleBytes
 	//	default    256 MiB           8 MiB     64 MiB      256 MiB
 	//	training   1 GiB             32 MiB    512 MiB     2 GiB
-	//	inference  32 MiB            1 MiB     8 MiB       0 (released)
+	//	inference  32 MiB            1 MiB     8 MiB       4 MiB
 	MemoryProfile string
 	// RingSize is the largest capacity of one shared-memory ring, a power
 	// of two in [64 KiB, 1 GiB] (NEXAR_RING_SIZE). Default: the profile's.
@@ -161,7 +162,7 @@ func MemoryProfileOf(name string) (MemoryProfile, error) {
 	case "training":
 		return MemoryProfile{1 << 30, 32 << 20, 512 << 20, 2 << 30}, nil
 	case "inference":
-		return MemoryProfile{32 << 20, 1 << 20, 8 << 20, 0}, nil
+		return MemoryProfile{32 << 20, 1 << 20, 8 << 20, 4 << 20}, nil
 	}
 	return MemoryProfile{}, fmt.Errorf("core: memory profile %q: want default, training or inference", name)
 }

@@ -19,7 +19,7 @@ func TestMemoryProfileResolution(t *testing.T) {
 	}{
 		{"zero", Config{}, MemoryProfile{256 << 20, bulk.DefaultRingSize, bulk.DefaultRingBudget, 256 << 20}},
 		{"training", Config{MemoryProfile: "training"}, MemoryProfile{1 << 30, 32 << 20, 512 << 20, 2 << 30}},
-		{"inference", Config{MemoryProfile: " Inference "}, MemoryProfile{32 << 20, 1 << 20, 8 << 20, 0}},
+		{"inference", Config{MemoryProfile: " Inference "}, MemoryProfile{32 << 20, 1 << 20, 8 << 20, 4 << 20}},
 		{"overrides", Config{MemoryProfile: "inference", MaxBufferedBytes: 5, RingSize: 128 << 10, RingBudget: 7, ScratchIdleBytes: 9},
 			MemoryProfile{5, 128 << 10, 7, 9}},
 		{"keep no scratch", Config{MemoryProfile: "training", ScratchIdleBytes: -1}, MemoryProfile{1 << 30, 32 << 20, 512 << 20, -1}},
@@ -57,7 +57,7 @@ func TestMemoryProfileEnvFallback(t *testing.T) {
 	t.Setenv("NEXAR_MEMORY_PROFILE", "inference")
 	t.Setenv("NEXAR_RING_BUDGET", "2097152")
 	c := Config{Logger: testConfig().Logger}.withDefaults()
-	if got, want := (MemoryProfile{c.MaxBufferedBytes, c.RingSize, c.RingBudget, c.ScratchIdleBytes}), (MemoryProfile{32 << 20, 1 << 20, 2 << 20, 0}); got != want {
+	if got, want := (MemoryProfile{c.MaxBufferedBytes, c.RingSize, c.RingBudget, c.ScratchIdleBytes}), (MemoryProfile{32 << 20, 1 << 20, 2 << 20, 4 << 20}); got != want {
 		t.Fatalf("env profile: got %+v, want %+v", got, want)
 	}
 	c = Config{Logger: testConfig().Logger, MemoryProfile: "training", RingBudget: 4 << 20}.withDefaults()
@@ -75,7 +75,7 @@ func TestMemoryProfileFromEnv(t *testing.T) {
 		want    MemoryProfile // after withDefaults
 		wantErr string
 	}{
-		{"inference", map[string]string{"NEXAR_MEMORY_PROFILE": "inference"}, MemoryProfile{32 << 20, 1 << 20, 8 << 20, 0}, ""},
+		{"inference", map[string]string{"NEXAR_MEMORY_PROFILE": "inference"}, MemoryProfile{32 << 20, 1 << 20, 8 << 20, 4 << 20}, ""},
 		{"training with overrides", map[string]string{"NEXAR_MEMORY_PROFILE": "training", "NEXAR_RING_SIZE": "65536",
 			"NEXAR_MAX_BUFFERED_BYTES": "1000", "NEXAR_SCRATCH_IDLE_BYTES": "-1"}, MemoryProfile{1000, 64 << 10, 512 << 20, -1}, ""},
 		{"ring budget", map[string]string{"NEXAR_RING_BUDGET": "1048576"}, MemoryProfile{256 << 20, 8 << 20, 1 << 20, 256 << 20}, ""},
@@ -188,5 +188,40 @@ func TestStatsRingsAndScratch(t *testing.T) {
 	}
 	if s := comms[0].Stats(); s.ScratchBytes != 0 {
 		t.Fatalf("scratch %d held after Close", s.ScratchBytes)
+	}
+}
+
+// The inference profile releases large scratch when the call ends; the
+// default keeps it for the next call.
+func TestStatsScratchByProfile(t *testing.T) {
+	for _, tc := range []struct {
+		profile  string
+		min, max int64
+	}{{"inference", 0, 4 << 20}, {"default", 16 << 20, 256 << 20}} {
+		t.Run(tc.profile, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.MemoryProfile = tc.profile
+			comms, err := NewLocal(2, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer closeAll(t, comms)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			errs := each(comms, func(c *Comm) error {
+				b := make([]byte, 32<<20)
+				return c.Allreduce(ctx, b, b, collective.Float32, collective.Sum)
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Fatalf("rank %d: %v", r, err)
+				}
+			}
+			for r, c := range comms {
+				if s := c.Stats().ScratchBytes; s < tc.min || s > tc.max {
+					t.Fatalf("rank %d: %d bytes of scratch after a 32 MiB allreduce, want [%d, %d]", r, s, tc.min, tc.max)
+				}
+			}
+		})
 	}
 }

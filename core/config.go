@@ -57,7 +57,9 @@ type Config struct {
 	HeartbeatTimeout time.Duration
 	// MaxBufferedBytes bounds the payload bytes of messages that arrived
 	// before their receive was posted. Beyond it the transport handler
-	// blocks, which back-pressures the sending peer. Default 256 MiB.
+	// blocks, which back-pressures the sending peer. It is per process
+	// (shared with split communicators). Default: the memory profile's
+	// (256 MiB in the default profile; see MemoryProfile).
 	MaxBufferedBytes int64
 	// Logger receives diagnostics. Default: slog.Default() (discarding
 	// nothing, logging no secrets).

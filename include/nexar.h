@@ -181,7 +181,7 @@ typedef struct nexar_config {
     int64_t connect_timeout_ms;    /* deadline of rendezvous and mesh set-up */
     int64_t heartbeat_interval_ms; /* how often peers are probed */
     int64_t heartbeat_timeout_ms;  /* silence after which a peer is down */
-    int64_t max_buffered_bytes;    /* bound on early-arrival buffering per communicator */
+    int64_t max_buffered_bytes;    /* bound on early-arrival buffering, per process */
 } nexar_config_t;
 
 #define NEXAR_CONFIG_INIT \

@@ -215,6 +215,8 @@ type Endpoint struct {
 	watchErr  error           // why there is no watch
 	sameProc  []bool          // peer proven on this host, in this PID namespace
 	departing []bool          // peer said bye: its exit is a departure
+	exited    []error         // why peer's process is dead, once its watch said so
+	drainMax  time.Duration   // how long a dead peer's ring may take to drain (procExited)
 	settled   []chan struct{} // closed once peer will not call this process's exit a death
 	settledOK []bool
 }
@@ -262,7 +264,7 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 		ready: make(chan struct{}), paths: make([]string, size), in: make([]*channel, size),
 		bye: make([]error, size), byeSeen: make([]bool, size), causes: make([]error, size), offers: map[int]*tcpOffer{}, ctlWG: true,
 		local: make([]bool, size), lazy: make([]atomic.Bool, size), waits: make([]chan struct{}, size),
-		sameProc: make([]bool, size), departing: make([]bool, size), settled: make([]chan struct{}, size), settledOK: make([]bool, size)}
+		sameProc: make([]bool, size), departing: make([]bool, size), exited: make([]error, size), drainMax: drainMax, settled: make([]chan struct{}, size), settledOK: make([]bool, size)}
 	for r := range e.settled {
 		e.settled[r] = make(chan struct{})
 	}
@@ -770,7 +772,13 @@ func (e *Endpoint) startReader(from int, ch *channel) {
 		case graceful:
 			// The inner endpoint reports the departure once its lanes drain.
 		default:
-			e.report(from, fmt.Errorf("bulk: receive from rank %d over %s: %w", from, ch.desc, err))
+			e.mu.Lock()
+			exited := e.exited[from]
+			e.mu.Unlock()
+			if exited == nil {
+				exited = fmt.Errorf("bulk: receive from rank %d over %s: %w", from, ch.desc, err)
+			}
+			e.report(from, exited)
 		}
 	}()
 }

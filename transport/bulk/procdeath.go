@@ -61,18 +61,37 @@ func (e *Endpoint) notePeerProc(from int, m *ctlMsg) {
 	e.log.Debug("nexar: bulk: watching a local peer's process", "rank", e.self, "peer", from, "pid", m.PID)
 }
 
+// drainMax bounds how long the death of a local peer waits for its ring to
+// drain: delivery can be held up by the layer above (no room to buffer).
+const drainMax = time.Second
+
 // procExited is the watch's report that peer's process exited: a death,
-// unless peer said goodbye first.
+// unless peer said goodbye first. What the process wrote into its ring
+// before it died is delivered first (a rank that finished a collective and
+// then died must not fail the others' same collective): the ring is marked
+// closed by its producer, so its reader delivers what it holds, ends, and
+// reports the death (startReader), or, at the latest after drainMax, the
+// death is reported here.
 func (e *Endpoint) procExited(peer, pid int) {
 	e.settle(peer)
+	cause := fmt.Errorf("its process (pid %d) on this host exited", pid)
 	e.mu.Lock()
 	departing := e.departing[peer]
+	in := e.in[peer]
+	if !departing {
+		e.exited[peer] = cause
+	}
 	e.mu.Unlock()
 	if departing {
 		e.log.Debug("nexar: bulk: a departed peer's process exited", "rank", e.self, "peer", peer, "pid", pid)
 		return
 	}
-	e.report(peer, fmt.Errorf("its process (pid %d) on this host exited", pid))
+	if in != nil && in.ring != nil {
+		in.ring.producerGone()
+		time.AfterFunc(e.drainMax, func() { e.report(peer, cause) })
+		return
+	}
+	e.report(peer, cause)
 }
 
 // peerBye handles a peer's goodbye: its exit from now on is a departure.

@@ -209,3 +209,83 @@ func TestLocalPeerExitAfterCloseIsDeparture(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalPeerExitDrainsRing: what a local peer wrote into its ring before
+// its process died is delivered before its death is reported. Rank 0's
+// handler holds the first message while rank 1's process is killed; the
+// second, still in the ring, must come before the down.
+func TestLocalPeerExitDrainsRing(t *testing.T) {
+	c, id := child(t)
+	var mu sync.Mutex
+	var got []string
+	first := make(chan struct{})
+	release := make(chan struct{})
+	downed := make(chan error, 1)
+	h := func(_ int, lane transport.Lane, _ *transport.Header, p []byte) {
+		if lane != transport.LaneData {
+			return
+		}
+		mu.Lock()
+		got = append(got, string(p))
+		n := len(got)
+		mu.Unlock()
+		if n == 1 {
+			close(first)
+			<-release
+		}
+	}
+	eps := meshWith(t, 2, Options{Mode: ModeSHM}, []transport.Handler{h, nil},
+		[]transport.DownHandler{func(peer int, err error) {
+			mu.Lock()
+			got = append(got, "down")
+			mu.Unlock()
+			downed <- err
+		}, nil},
+		func(i int, e *Endpoint) {
+			switch i {
+			case 0:
+				e.drainMax = time.Minute // this test's order, not the bound
+			case 1:
+				e.me = id
+			}
+		})
+	defer eps[0].Close()
+	defer eps[1].Close()
+	if eps[0].watch == nil || !eps[0].watch.watching(1) {
+		t.Skipf("rank 0 does not watch rank 1's process (%v)", eps[0].watchErr)
+	}
+	for _, m := range []string{"one", "two"} {
+		if err := eps[1].Send(t.Context(), 0, transport.LaneData, nil, []byte(m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !eps[1].SharedMemory(0) {
+		t.Skip("no shared-memory ring")
+	}
+	select {
+	case <-first:
+	case <-time.After(30 * time.Second):
+		t.Fatal("nothing delivered")
+	}
+	c.Process.Kill()
+	for deadline := time.Now().Add(30 * time.Second); eps[0].watch.watching(1); {
+		if time.Now().After(deadline) {
+			t.Fatal("exit not seen")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(release)
+	select {
+	case err := <-downed:
+		if !strings.Contains(err.Error(), "exited") {
+			t.Fatalf("down: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the death was not reported")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Join(got, ",") != "one,two,down" {
+		t.Fatalf("rank 0 saw %v, want one, two, then down", got)
+	}
+}

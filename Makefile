@@ -13,7 +13,7 @@ NPROC   := $(shell nproc 2>/dev/null || echo 2)
 export PATH := $(PATH):/usr/local/go/bin
 
 .PHONY: all deps build lib cli test test-full vet fmt-check gotest gotest-full ctest python pytest demo clean
-.PHONY: wheel sdist wheel-tools wheel-test sdist-test
+.PHONY: wheel sdist wheel-tools wheel-test sdist-test chaos
 
 all: build
 
@@ -85,6 +85,12 @@ python: deps
 pytest: python
 	@test -d bindings/python/tests || { echo "pytest: bindings/python/tests is missing" >&2; exit 1; }
 	PATH="$(CURDIR)/$(BUILD):$$PATH" $(PYTHON) -m pytest -q bindings/python/tests
+
+# The chaos suite in full (docs/fault-tolerance.md): 50 rounds of each job
+# shape, SIGKILLs at random points under the shrink policy. make test runs
+# one round of each.
+chaos: deps
+	NEXAR_CHAOS_ROUNDS=50 $(GO) test -count=1 -timeout 90m -run TestChaosKill -v ./tests/multiproc
 
 # --- packages ---------------------------------------------------------------
 # dist/: a manylinux wheel (libnexar.so, nexar._nexar and the `nexar` CLI;

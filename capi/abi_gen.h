@@ -33,6 +33,10 @@ static const char* nxcapi_result_message(nexar_result_t code) {
         return "internal error (see nexar_last_error)";
     case NEXAR_ERR_FORKED:
         return "called in a child made by fork() without exec(); the library is unusable there";
+    case NEXAR_ERR_REVOKED:
+        return "communicator revoked";
+    case NEXAR_ERR_NO_QUORUM:
+        return "no quorum: this side of the job must not continue";
     }
     return "unknown result";
 }

@@ -35,7 +35,26 @@ func (a *args) failf(code C.int, format string, v ...any) {
 // fail reports the recorded failure as the call's result.
 func (a *args) fail() C.int { return fail(a.fn, a.code, "%s", a.msg) }
 
+// comm returns the communicator handle h stands for now: the one it was
+// made with or, under the shrink policy, the survivors' communicator that
+// carries on for it (waiting for an automatic shrink in progress, bounded
+// by its own deadline; a failed shrink is the call's error).
 func (a *args) comm(h C.uintptr_t) *core.Comm {
+	c := a.baseComm(h)
+	if c == nil {
+		return nil
+	}
+	cur, err := c.Successor(bg)
+	if err != nil {
+		a.failf(C.int(core.CodeOf(err)), "%v", err)
+		return nil
+	}
+	return cur
+}
+
+// baseComm returns the communicator handle h was made with (failure
+// handlers, nexar_comm_get_failed and nexar_comm_destroy use it).
+func (a *args) baseComm(h C.uintptr_t) *core.Comm {
 	if !a.ok() {
 		return nil
 	}

@@ -92,7 +92,8 @@ func nxgo_comm_destroy(comm C.uintptr_t) (r C.int) {
 	}
 	// Close is local and idempotent; its error (if any) is only reported.
 	// It closes the failure stream, which ends the watcher's goroutine.
-	return result(fn, c.Close())
+	// The handle owns the successors the shrink policy made for it too.
+	return result(fn, c.CloseChain())
 }
 
 //export nxgo_comm_abort

@@ -128,6 +128,37 @@ nexar_result_t nexar_comm_set_failure_handler(nexar_comm_t comm, nexar_failure_f
     return (nexar_result_t)nxgo_comm_set_failure_handler((uintptr_t)comm, (uintptr_t)fn, user);
 }
 
+nexar_result_t nexar_comm_set_failure_policy(nexar_comm_t comm, nexar_failure_policy_t policy) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_comm_set_failure_policy((uintptr_t)comm, (int)policy);
+}
+
+nexar_result_t nexar_comm_get_failure_policy(nexar_comm_t comm, nexar_failure_policy_t* policy) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_comm_get_failure_policy((uintptr_t)comm, (int*)policy);
+}
+
+nexar_result_t nexar_comm_revoke(nexar_comm_t comm) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_comm_revoke((uintptr_t)comm);
+}
+
+nexar_result_t nexar_comm_is_revoked(nexar_comm_t comm, int* flag) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_comm_is_revoked((uintptr_t)comm, flag);
+}
+
+nexar_result_t nexar_comm_agree(nexar_comm_t comm, uint64_t* flag, int* failed, size_t capacity,
+                                size_t* count) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_comm_agree((uintptr_t)comm, flag, failed, capacity, count);
+}
+
+nexar_result_t nexar_comm_shrink(nexar_comm_t comm, nexar_comm_t* newcomm) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_comm_shrink((uintptr_t)comm, (uintptr_t*)newcomm);
+}
+
 nexar_result_t nexar_rpc_register(nexar_comm_t comm, uint32_t fn, nexar_rpc_handler_t handler,
                                   void* user) {
     GUARD("communicator");
@@ -262,6 +293,31 @@ nexar_result_t nexar_exscan(const void* sendbuf, void* recvbuf, size_t count, ne
 nexar_result_t nexar_barrier(nexar_comm_t comm) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_barrier((uintptr_t)comm);
+}
+
+nexar_result_t nexar_allreduce_multi(const void* const* sendbufs, void* const* recvbufs,
+                                     const size_t* counts, size_t nbufs, nexar_datatype_t dt,
+                                     nexar_op_t op, size_t bucket_bytes, nexar_comm_t comm) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_allreduce_multi((void*)sendbufs, (void*)recvbufs, (size_t*)counts,
+        nbufs, dt, op, bucket_bytes, (uintptr_t)comm);
+}
+
+nexar_result_t nexar_iallreduce_multi(const void* const* sendbufs, void* const* recvbufs,
+                                      const size_t* counts, size_t nbufs, nexar_datatype_t dt,
+                                      nexar_op_t op, size_t bucket_bytes, nexar_comm_t comm,
+                                      nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_iallreduce_multi((void*)sendbufs, (void*)recvbufs, (size_t*)counts,
+        nbufs, dt, op, bucket_bytes, (uintptr_t)comm, (uintptr_t*)req);
+}
+
+nexar_result_t nexar_allreduce_compressed(void* buf, void* residual, size_t count,
+                                          nexar_datatype_t dt, nexar_compress_t method,
+                                          double ratio, uint64_t seed, nexar_comm_t comm) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_allreduce_compressed(buf, residual, count, dt, (int)method, ratio,
+        seed, (uintptr_t)comm);
 }
 
 nexar_result_t nexar_isend(const void* buf, size_t count, nexar_datatype_t dt, int peer,
@@ -417,4 +473,11 @@ nexar_result_t nexar_request_status(nexar_request_t req, nexar_status_t* status)
 nexar_result_t nexar_request_free(nexar_request_t req) {
     GUARD("request");
     return (nexar_result_t)nxgo_request_free((uintptr_t)req);
+}
+
+/* ---- Diagnostics ---------------------------------------------------------- */
+
+nexar_result_t nexar_comm_dump_flight_record(nexar_comm_t comm, const char* path) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_comm_dump_flight_record((uintptr_t)comm, (char*)path);
 }

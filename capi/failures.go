@@ -96,7 +96,7 @@ func nxgo_comm_get_failed(comm C.uintptr_t, ranks *C.int, capacity C.size_t, cou
 	const fn = "nexar_comm_get_failed"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
-	c := a.comm(comm)
+	c := a.baseComm(comm)
 	a.out("count", unsafe.Pointer(count))
 	if capacity > 0 {
 		a.out("ranks", unsafe.Pointer(ranks))
@@ -124,7 +124,7 @@ func nxgo_comm_set_failure_handler(comm C.uintptr_t, handler C.uintptr_t, user u
 	const fn = "nexar_comm_set_failure_handler"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
-	c := a.comm(comm)
+	c := a.baseComm(comm)
 	if !a.ok() {
 		return a.fail()
 	}

@@ -97,3 +97,11 @@ func scratchClass(n int) int {
 	}
 	return c
 }
+
+// Scratch returns a pooled buffer of n bytes with undefined contents, for
+// callers outside this package that stage data for a schedule (core's
+// bucketed allreduce); give it back with ReleaseScratch.
+func Scratch(n int) []byte { return getScratch(n) }
+
+// ReleaseScratch returns a buffer from Scratch once nothing uses it.
+func ReleaseScratch(b []byte) { putScratch(b) }

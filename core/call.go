@@ -47,6 +47,7 @@ func (c *Comm) startColl(ctx context.Context, sig signature, body func(ctx conte
 		}
 	}
 	c.ops.Add(1)
+	req.fr = c.flight.startColl(seq, sig)
 	c.mu.Unlock()
 	cc.l = link{c: c, seq: seq, sig: sig, cc: cc}
 	req.coll = cc

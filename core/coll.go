@@ -493,9 +493,11 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 			}
 		}
 		ch := newComm(c.n, childID(c.id, l.seq, color), me, world)
+		ch.rec.policy = c.FailurePolicy() // the parent's, as set now
 		if err := c.n.register(ch); err != nil {
 			return err
 		}
+		ch.startFlight()
 		child = ch
 		return nil
 	})

@@ -65,8 +65,12 @@ type Comm struct {
 	collLimit  uint64     // collectives from this seq on can never complete (a member left)
 	filled     *sync.Cond // on mu: broadcast when a placed chunk is written
 	lost       failures   // members found failed (Failures, Failed)
+	rec        recovery   // revoke, agreements, failure policy (core/recover.go)
+	closing    bool       // Close has begun: no automatic shrink starts
 
 	rpc *rpcState // handlers and calls in flight (core/rpc.go), under its own lock
+
+	flight *flightRecorder // the last operations (core/flight.go), under its own lock; nil: off
 }
 
 // departure records that a member destroyed its communicator: every message
@@ -97,6 +101,8 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 		collLimit:  math.MaxUint64,
 		lost:       newFailures(len(world)),
 		rpc:        newRPCState(n.cfg.RPCHandlers),
+		rec:        recovery{policy: n.cfg.OnFailure, stop: make(chan struct{})},
+		flight:     newFlightRecorder(n.cfg, n.log, id, rank),
 	}
 	for r, w := range world {
 		c.of[w] = r
@@ -158,6 +164,7 @@ func worldComm(nd *node, ep transport.DataPath) *Comm {
 	nd.mu.Unlock()
 	c := newComm(nd, worldID, nd.rank, world)
 	_ = nd.register(c) // a fresh node is never closed
+	c.startFlight()
 	return c
 }
 
@@ -219,6 +226,8 @@ func (c *Comm) Close() error {
 		if e := (*Error)(nil); cause == nil && errors.As(c.err, &e) && e.Code != CodeClosed && !isDeparture(c.err) {
 			cause = e
 		}
+		c.closing = true
+		close(c.rec.stop)
 		c.mu.Unlock()
 		c.fail(newError(CodeClosed, "close", c.rank, "communicator is closed"))
 		c.ops.Wait()
@@ -252,6 +261,9 @@ func (c *Comm) failLocked(err error) bool {
 	close(c.failed)
 	c.cancel()
 	c.rpc.failAll(err)
+	if c.rec.policy == PolicyShrink && autoShrinks(err) {
+		c.startAutoShrinkLocked()
+	}
 	if CodeOf(err) != CodeClosed {
 		c.n.log.Warn("nexar: communicator failed", "comm", c.id, "rank", c.rank, "err", err)
 	}
@@ -374,6 +386,17 @@ func (c *Comm) deliver(from int, lane transport.Lane, h header, payload []byte, 
 		c.n.log.Warn("nexar: message from a non-member", "comm", c.id, "from", from)
 		return
 	}
+	if h.gen != c.gen {
+		// Sent in another membership of this communicator's members:
+		// nothing here may take it.
+		if preAccounted && data {
+			c.n.release(int64(len(payload)))
+		}
+		c.n.stale.Add(1)
+		c.n.log.Debug("nexar: dropping message of another membership generation", "comm", c.id, "from", from,
+			"generation", h.gen, "ours", c.gen)
+		return
+	}
 	switch h.kind {
 	case kindControl:
 		c.control(src, h, payload)
@@ -398,6 +421,10 @@ func (c *Comm) control(src int, h header, payload []byte) {
 		}
 		c.departLocked(src, h.seqOrTag, relayed)
 		c.mu.Unlock()
+	case ctlRevoke:
+		c.revokeMessage(src, payload)
+	case ctlAgree:
+		c.agreeMessage(src, h.seqOrTag, payload)
 	case ctlAbort:
 		e := c.decodeCause(payload)
 		if e == nil {
@@ -568,6 +595,7 @@ func (c *Comm) departLocked(r int, seq uint64, cause *Error) {
 		d.err = cause
 	}
 	c.gone[r] = d
+	c.suspectLocked(r)
 	c.collLimit = min(c.collLimit, seq)
 	release := c.match.Depart(r, c.collLimit, d.err)
 	c.settleLocked()

@@ -86,12 +86,35 @@ type Config struct {
 	// for every rank it runs, else 200 µs yielding the core (sched_yield)
 	// between polls; negative: never spin.
 	SpinWait time.Duration
+	// OnFailure is what a member's failure does to a communicator made
+	// from this config (NEXAR_ON_FAILURE=abort|manual|shrink; see
+	// FailurePolicy and docs/fault-tolerance.md). Default PolicyAbort.
+	OnFailure FailurePolicy
 	// Tuning chooses and shapes the collective schedules (chunk size,
 	// algorithm thresholds, forced algorithms). It is per communicator
 	// (split children inherit it) and must be equal on every rank: it is
 	// part of the signature that ranks compare, so a difference fails the
 	// call as mismatched. Zero fields take collective.DefaultTuning's.
 	Tuning collective.Tuning
+
+	// Diagnostics (docs/diagnostics.md). Zero fields take the environment's
+	// NEXAR_FLIGHT_RECORDER_* values, also for a Config not read by
+	// ConfigFromEnv, and with no Logger, NEXAR_DEBUG builds one.
+	//
+	// FlightRecorderSize is how many of its last operations each
+	// communicator keeps in its flight recorder. Default 1024; negative:
+	// no recorder.
+	FlightRecorderSize int
+	// FlightRecorderDir is the directory communicators dump their flight
+	// records to: on an operation's timeout, and on SIGUSR1 when
+	// FlightDumpOnSignal is set. Default: none (dump on request only:
+	// Comm.DumpFlightRecord).
+	FlightRecorderDir string
+	// FlightDumpOnSignal makes each communicator dump its flight record
+	// into FlightRecorderDir on SIGUSR1, which the process then no longer
+	// gets with its default action (termination) while a communicator
+	// lives. Default false: nexar takes no signal.
+	FlightDumpOnSignal bool
 }
 
 const (
@@ -124,8 +147,8 @@ func (cfg Config) withDefaults() Config {
 	if cfg.MaxBufferedBytes <= 0 {
 		cfg.MaxBufferedBytes = defaultMaxBufferedBytes
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+	if err := cfg.diagnosticsFromLookup(os.LookupEnv); err != nil {
+		cfg.Logger.Warn("nexar: ignoring a diagnostics variable", "subsys", SubsysInit, "err", err)
 	}
 	cfg.Tuning = cfg.Tuning.WithDefaults()
 	return cfg
@@ -139,7 +162,8 @@ func (cfg Config) withDefaults() Config {
 //     NEXAR_TIMEOUT, NEXAR_CONNECT_TIMEOUT, NEXAR_HEARTBEAT_INTERVAL,
 //     NEXAR_HEARTBEAT_TIMEOUT (Go durations, e.g. "30s"),
 //     NEXAR_MAX_BUFFERED_BYTES, NEXAR_SPIN_WAIT, NEXAR_BULK (auto|tcp|shm|off),
-//     NEXAR_BULK_CONNS, NEXAR_BULK_PLAINTEXT (1 or true), NEXAR_BULK_REMOTE_MIN;
+//     NEXAR_BULK_CONNS, NEXAR_BULK_PLAINTEXT (1 or true), NEXAR_BULK_REMOTE_MIN,
+//     NEXAR_ON_FAILURE (abort|manual|shrink);
 //   - torchrun: RANK, WORLD_SIZE, MASTER_ADDR + MASTER_PORT;
 //   - Slurm: SLURM_PROCID, SLURM_NTASKS (the seed must come from NEXAR_SEED
 //     or MASTER_ADDR/MASTER_PORT);
@@ -295,6 +319,13 @@ func configFromLookup(lookup func(string) (string, bool), readFile func(string) 
 		}
 		cfg.BulkRemoteMin = n
 	}
+	if v, _ := get("NEXAR_ON_FAILURE"); v != "" {
+		p, err := ParseFailurePolicy(v)
+		if err != nil {
+			return cfg, fmt.Errorf("core: NEXAR_ON_FAILURE=%q: want abort, manual or shrink", v)
+		}
+		cfg.OnFailure = p
+	}
 	if v, _ := get("NEXAR_BULK_PLAINTEXT"); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
@@ -302,5 +333,65 @@ func configFromLookup(lookup func(string) (string, bool), readFile func(string) 
 		}
 		cfg.BulkPlaintext = b
 	}
+	if err := cfg.diagnosticsFromLookup(lookup); err != nil {
+		return cfg, err
+	}
 	return cfg, nil
+}
+
+// defaultFlightRecorderSize is Config.FlightRecorderSize's default.
+const defaultFlightRecorderSize = 1024
+
+// diagnosticsFromLookup fills cfg's unset diagnostics fields from
+// NEXAR_DEBUG, NEXAR_DEBUG_SUBSYS and NEXAR_FLIGHT_RECORDER_* (with
+// os.LookupEnv's contract), then from the defaults (the logger:
+// slog.Default()). Every field is filled even when a variable is invalid;
+// the error names the first such.
+func (cfg *Config) diagnosticsFromLookup(lookup func(string) (string, bool)) error {
+	var first error
+	bad := func(err error) {
+		if first == nil {
+			first = err
+		}
+	}
+	get := func(name string) string {
+		v, _ := lookup(name)
+		return strings.TrimSpace(v)
+	}
+	if cfg.Logger == nil {
+		l, err := debugLoggerFromEnv(lookup, os.Stderr)
+		if err != nil {
+			bad(err)
+		}
+		if l == nil {
+			l = slog.Default()
+		}
+		cfg.Logger = l
+	}
+	if cfg.FlightRecorderSize == 0 {
+		cfg.FlightRecorderSize = defaultFlightRecorderSize
+		if v := get("NEXAR_FLIGHT_RECORDER_SIZE"); v != "" {
+			if n, err := strconv.Atoi(v); err != nil {
+				bad(fmt.Errorf("core: NEXAR_FLIGHT_RECORDER_SIZE=%q is not an integer (entries; 0 for the default, -1: off)", v))
+			} else if n != 0 {
+				cfg.FlightRecorderSize = n
+			}
+		}
+	}
+	if cfg.FlightRecorderDir == "" {
+		cfg.FlightRecorderDir = get("NEXAR_FLIGHT_RECORDER_DIR")
+	}
+	if !cfg.FlightDumpOnSignal {
+		if v := get("NEXAR_FLIGHT_RECORDER_DUMP_ON_SIGNAL"); v != "" {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				bad(fmt.Errorf("core: NEXAR_FLIGHT_RECORDER_DUMP_ON_SIGNAL=%q is not a boolean", v))
+			}
+			cfg.FlightDumpOnSignal = b
+		}
+	}
+	if cfg.FlightDumpOnSignal && cfg.FlightRecorderDir == "" {
+		bad(fmt.Errorf("core: NEXAR_FLIGHT_RECORDER_DUMP_ON_SIGNAL needs NEXAR_FLIGHT_RECORDER_DIR (where to dump)"))
+	}
+	return first
 }

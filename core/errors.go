@@ -25,6 +25,8 @@ const (
 	CodeTruncated       Code = abi.ErrTruncated       // a receive buffer was smaller than the message
 	CodeUnavailable     Code = abi.ErrUnavailable     // a feature or device is not available
 	CodeInternal        Code = abi.ErrInternal        // a bug or an unexpected transport error
+	CodeRevoked         Code = abi.ErrRevoked         // the communicator was revoked (Revoke, here or on a peer)
+	CodeNoQuorum        Code = abi.ErrNoQuorum        // this side of a failure lacks a quorum of the membership
 	numCodes            Code = abi.NumResults
 )
 

@@ -60,6 +60,7 @@ func (c *Comm) noteFailureLocked(err error) {
 	}
 	f.ranks = append(f.ranks, r)
 	f.events <- FailureEvent{Rank: r, Err: e}
+	c.suspectLocked(r)
 }
 
 // closeFailuresLocked ends the stream (Close). Called with c.mu held.

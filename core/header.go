@@ -63,6 +63,13 @@ const (
 	// ctlDeclaredDown (node level, comm 0, LaneControl): the sender declared
 	// the receiver unreachable; payload: UTF-8 reason.
 	ctlDeclaredDown uint8 = 4
+	// ctlRevoke (LaneControl): the sender revoked the communicator, or
+	// learned that a member did and passes it on; payload: the revoking
+	// rank (int32, little-endian).
+	ctlRevoke uint8 = 5
+	// ctlAgree (LaneControl): a message of agreement seqOrTag; payload: a
+	// CBOR membership.AgreeMsg (core/recover.go).
+	ctlAgree uint8 = 6
 )
 
 type header struct {

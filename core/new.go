@@ -68,7 +68,7 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 	}
 	if embed && cfg.Rank == 0 && isLocalAddr(ctx, cfg.Seed) {
 		var err error
-		seed, err = startSeed(seedBindAddr(ctx, cfg.Seed), cfg.WorldSize, cfg.Token, cfg.Logger)
+		seed, err = startSeed(seedBindAddr(ctx, cfg.Seed), cfg.WorldSize, cfg.Token, cfg.Logger.With("subsys", SubsysInit))
 		switch {
 		case err == nil:
 		case errors.Is(err, syscall.EADDRINUSE):

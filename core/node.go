@@ -28,9 +28,10 @@ type node struct {
 	size int                // world size
 	ep   transport.DataPath // set once, before start (worldComm)
 	caps transport.Caps     // ep's declaration, read on every hot path
-	// view is the membership this node's messages are sent in and
-	// accepted from (their header's generation). It is fixed for the
-	// node's life today; changing it (issue 10) will take node.mu.
+	// view is the world's first membership. Each communicator has the
+	// generation it was made in (Comm.gen: the world's is view.Gen, a
+	// shrunk communicator's one more than its parent's) and takes only
+	// messages that carry it.
 	view membership.View
 	// stale counts messages dropped because another generation sent them.
 	stale atomic.Int64
@@ -244,6 +245,7 @@ func (n *node) peerDown(p int, why string, cause error) {
 		} else {
 			c.peerDownLocked(p, err)
 		}
+		c.suspectWorldLocked(p)
 	}
 	// Then end every send to p and every receive from p that the
 	// transport holds (a ring, TCP or QUIC stream mid-frame): a dead peer
@@ -286,6 +288,13 @@ func (n *node) tellDeclaredDown(p int, why string) {
 	_ = n.ep.Send(ctx, p, transport.LaneControl, &th, payload)
 }
 
+// isDown reports whether world rank p was declared down here.
+func (n *node) isDown(p int) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.down[p] != nil
+}
+
 // declaredDown handles world rank p's notice that it declared this rank
 // unreachable: p talks to this rank no more, and every communicator with
 // p fails saying so.
@@ -299,6 +308,7 @@ func (n *node) declaredDown(p int, why string) {
 	n.log.Warn("nexar: declared unreachable by a peer", "rank", n.rank, "peer", p, "why", why)
 	for _, c := range n.comms {
 		c.declaredDownLocked(p, why)
+		c.suspectWorldLocked(p)
 	}
 }
 
@@ -376,14 +386,6 @@ func (n *node) handle(from int, lane transport.Lane, th *transport.Header, paylo
 		return
 	}
 	if h.kind == kindHeartbeat {
-		return
-	}
-	if h.gen != n.view.Gen {
-		// Sent in another membership (a rank of an earlier or later view
-		// of this world): nothing here may take it.
-		n.stale.Add(1)
-		n.log.Debug("nexar: dropping message of another membership generation", "rank", n.rank, "from", from,
-			"generation", h.gen, "ours", n.view.Gen)
 		return
 	}
 	if h.total > 1<<62 || uint64(len(payload)) > h.total {

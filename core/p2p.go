@@ -117,6 +117,7 @@ func (c *Comm) isend(ctx context.Context, buf []byte, peer int, tag uint64) *Req
 	done := make(chan struct{})
 	c.sendTail[peer] = done
 	c.ops.Add(1)
+	req.fr = c.flight.startP2P(flightSend, peer, tag, len(buf))
 	c.mu.Unlock()
 	req.run = func() {
 		defer c.ops.Done()
@@ -186,6 +187,7 @@ func (c *Comm) irecv(buf []byte, peer int, tag uint64) (*Request, *match.Recv) {
 		req.finish(Status{}, withOp(c.err, "recv"))
 		return req, nil
 	}
+	req.fr = c.flight.startP2P(flightRecv, peer, tag, len(buf))
 	if matched, held := c.match.TakeUnexpected(r); matched {
 		c.n.release(held)
 		c.settleLocked()

@@ -18,15 +18,15 @@ func (n *node) place(from int, th *transport.Header, size int) ([]byte, func(err
 		return nil, nil
 	}
 	h, err := decodeHeader(th)
-	if err != nil || (h.kind != kindColl && h.kind != kindP2P) || h.gen != n.view.Gen || h.total > 1<<62 || uint64(size) > h.total {
+	if err != nil || (h.kind != kindColl && h.kind != kindP2P) || h.total > 1<<62 || uint64(size) > h.total {
 		return nil, nil // the Handler reports what is wrong
 	}
 	n.lastSeen[from].Store(time.Now().UnixNano())
 	n.mu.Lock()
 	c := n.comms[h.comm]
 	n.mu.Unlock()
-	if c == nil {
-		return nil, nil
+	if c == nil || h.gen != c.gen {
+		return nil, nil // the Handler drops another generation's
 	}
 	src, ok := c.of[from]
 	if !ok {

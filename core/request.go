@@ -26,7 +26,8 @@ type Request struct {
 	// runs it itself if that goroutine has not begun (runOnce), as a
 	// blocking call would. Set before the request is shared.
 	started *collCall
-	src     int // a receive's source (AnySource allowed), else noSource
+	src     int    // a receive's source (AnySource allowed), else noSource
+	fr      uint64 // the operation's flight record entry (core/flight.go); 0: none
 }
 
 // noSource marks requests that are not receives.
@@ -52,6 +53,9 @@ func doneRequest(c *Comm, op string, err error) *Request {
 func (r *Request) finish(st Status, err error) {
 	r.once.Do(func() {
 		r.st, r.err = st, err
+		if r.fr != 0 {
+			r.c.flightEnd(r.fr, err)
+		}
 		close(r.done)
 	})
 }

@@ -1,7 +1,11 @@
 package core
 
 import (
+	"fmt"
+	"unsafe"
+
 	"github.com/nexar-go/nexar/collective"
+	"github.com/nexar-go/nexar/compress"
 )
 
 // This file checks the arguments of the public calls. Arguments are
@@ -84,4 +88,62 @@ func (c *Comm) blocks(name string, small, big []byte, dt collective.DType) (int,
 		return 0, invalidArg(name, "block of %d bytes times %d ranks != %d bytes", len(small), c.size, len(big))
 	}
 	return n / c.size, nil
+}
+
+// multiShape checks the buffers of a bucketed allreduce: send is nil (all
+// in place) or has one entry per recv, each nil (in place) or as long as
+// its recv; every recv holds whole elements; bucketBytes >= 0 (0: the
+// default). It returns the total element count.
+func multiShape(name string, send, recv [][]byte, dt collective.DType, op collective.Op, bucketBytes int) (int, error) {
+	if err := checkOp(name, dt, op); err != nil {
+		return 0, err
+	}
+	if bucketBytes < 0 {
+		return 0, invalidArg(name, "bucket size %d bytes is negative", bucketBytes)
+	}
+	if send != nil && len(send) != len(recv) {
+		return 0, invalidArg(name, "%d send buffers for %d recv buffers", len(send), len(recv))
+	}
+	total := 0
+	for i, r := range recv {
+		n, err := elems(name, fmt.Sprintf("recv[%d]", i), r, dt)
+		if err != nil {
+			return 0, err
+		}
+		if send != nil && send[i] != nil && len(send[i]) != len(r) {
+			return 0, invalidArg(name, "send[%d] has %d bytes but recv[%d] has %d", i, len(send[i]), i, len(r))
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// compressedArgs checks the arguments of a compressed allreduce: float32
+// buffers (4-byte aligned, whole elements), a residual as long as buf or
+// nil, a known method and a ratio in (0, 1]. It returns the element count.
+func compressedArgs(name string, buf, residual []byte, dt collective.DType, m compress.Method, ratio float64) (int, error) {
+	if dt != collective.Float32 {
+		return 0, invalidArg(name, "datatype %s is not supported (float32 only)", dt)
+	}
+	n, err := elems(name, "buf", buf, dt)
+	if err != nil {
+		return 0, err
+	}
+	if residual != nil && len(residual) != len(buf) {
+		return 0, invalidArg(name, "residual has %d bytes but buf has %d", len(residual), len(buf))
+	}
+	if misaligned(buf) || misaligned(residual) {
+		return 0, invalidArg(name, "buf and residual must be 4-byte aligned")
+	}
+	if !m.Valid() {
+		return 0, invalidArg(name, "invalid compression method %d", uint8(m))
+	}
+	if err := compress.CheckRatio(ratio); err != nil {
+		return 0, invalidArg(name, "%v", err)
+	}
+	return n, nil
+}
+
+func misaligned(b []byte) bool {
+	return len(b) > 0 && uintptr(unsafe.Pointer(&b[0]))%4 != 0
 }

@@ -99,7 +99,9 @@ typedef enum nexar_result {
     NEXAR_ERR_TRUNCATED = 9,        /* a message was larger than the receive buffer */
     NEXAR_ERR_UNAVAILABLE = 10,     /* a feature or device is not available */
     NEXAR_ERR_INTERNAL = 11,        /* a bug in nexar; the message says more */
-    NEXAR_ERR_FORKED = 12           /* called in a child made by fork() without exec() */
+    NEXAR_ERR_FORKED = 12,          /* called in a child made by fork() without exec() */
+    NEXAR_ERR_REVOKED = 13,         /* the communicator was revoked; agree and shrink still work on it */
+    NEXAR_ERR_NO_QUORUM = 14        /* this side of a failure or partition lacks a quorum of the last membership */
 } nexar_result_t;
 /* @end result */
 
@@ -346,6 +348,92 @@ typedef void (*nexar_failure_fn)(nexar_comm_t comm, int rank, nexar_result_t cod
  * Thread-safety: safe from any thread. */
 nexar_result_t nexar_comm_set_failure_handler(nexar_comm_t comm, nexar_failure_fn fn, void* user);
 
+/* Recovery without restart (ULFM's vocabulary; docs/fault-tolerance.md).
+ * What a member's failure does to a communicator is its failure policy:
+ *   NEXAR_ON_FAILURE_ABORT (the default): it fails for good; every pending
+ *     and later call fails naming the lost rank; agree and shrink are
+ *     refused with NEXAR_ERR_UNAVAILABLE;
+ *   NEXAR_ON_FAILURE_MANUAL: calls fail the same way, and the application
+ *     recovers with nexar_comm_revoke, nexar_comm_agree, nexar_comm_shrink;
+ *   NEXAR_ON_FAILURE_SHRINK: the library revokes, agrees and shrinks by
+ *     itself; the call that met the failure returns its error (naming the
+ *     lost rank), and the handle then stands for the survivors'
+ *     communicator: later calls on it (nexar_comm_rank and nexar_comm_size
+ *     too) use it, waiting for the shrink to finish where it has not yet.
+ *     If the shrink fails, they return its error (NEXAR_ERR_NO_QUORUM on
+ *     the side of a partition that must not continue). The failure
+ *     handler and nexar_comm_get_failed keep reporting the communicator
+ *     the handle was made with (its ranks).
+ * nexar_comm_init_from_env reads the policy from NEXAR_ON_FAILURE
+ * (abort, manual or shrink). Split children take their parent's. */
+typedef enum nexar_failure_policy {
+    NEXAR_ON_FAILURE_ABORT = 0,
+    NEXAR_ON_FAILURE_MANUAL = 1,
+    NEXAR_ON_FAILURE_SHRINK = 2
+} nexar_failure_policy_t;
+
+/* nexar_comm_set_failure_policy sets comm's failure policy from now on.
+ * Args: comm; policy: a nexar_failure_policy_t.
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE, NEXAR_ERR_INVALID_ARGUMENT.
+ * Thread-safety: safe from any thread. */
+nexar_result_t nexar_comm_set_failure_policy(nexar_comm_t comm, nexar_failure_policy_t policy);
+
+/* nexar_comm_get_failure_policy stores comm's failure policy.
+ * Args: comm; policy: out, non-NULL.
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE, NEXAR_ERR_INVALID_ARGUMENT.
+ * Thread-safety: safe from any thread. */
+nexar_result_t nexar_comm_get_failure_policy(nexar_comm_t comm, nexar_failure_policy_t* policy);
+
+/* nexar_comm_revoke fails every pending and later collective and
+ * point-to-point call on comm, here and, as fast as the news travels, on
+ * every other member (MPIX_Comm_revoke): they return NEXAR_ERR_REVOKED,
+ * unless comm had failed already (they keep that failure). Every member
+ * that learns of it passes it on, so it reaches every live member even if
+ * this one dies. Agree and shrink still work on a revoked communicator.
+ * Local and idempotent; allowed under every policy.
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE.
+ * Thread-safety: safe from any thread. */
+nexar_result_t nexar_comm_revoke(nexar_comm_t comm);
+
+/* nexar_comm_is_revoked stores 1 in *flag if comm was revoked (here or by
+ * a member), else 0.
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE, NEXAR_ERR_INVALID_ARGUMENT.
+ * Thread-safety: safe from any thread. */
+nexar_result_t nexar_comm_is_revoked(nexar_comm_t comm, int* flag);
+
+/* nexar_comm_agree is fault-tolerant agreement among the live members of
+ * comm (MPIX_Comm_agree): every member calls it, and every member that
+ * returns NEXAR_SUCCESS gets the same *flag, the bitwise AND of the flags
+ * of the members that took part, and the same list of members left out
+ * (failed, or found failed by a participant), even when members fail
+ * during the call. It works on a failed or revoked communicator. A member
+ * the others left out gets NEXAR_ERR_PEER_DOWN naming itself; a side of a
+ * partition holding no quorum of comm (a strict majority, or exactly half
+ * including rank 0) gets NEXAR_ERR_NO_QUORUM. Bounded by the
+ * communicator's timeout (NEXAR_ERR_TIMEOUT).
+ * Args: comm; flag: in/out, non-NULL; failed: out, capacity ints (NULL
+ * when capacity is 0): the first min(*count, capacity) ranks left out,
+ * ascending; capacity; count: out, non-NULL (NULL allowed when capacity
+ * is 0 and the list is not wanted).
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE, NEXAR_ERR_INVALID_ARGUMENT,
+ * NEXAR_ERR_UNAVAILABLE (policy abort), NEXAR_ERR_PEER_DOWN,
+ * NEXAR_ERR_NO_QUORUM, NEXAR_ERR_TIMEOUT.
+ * Thread-safety: members must call agree and shrink on comm in the same
+ * order; other calls may run concurrently. */
+nexar_result_t nexar_comm_agree(nexar_comm_t comm, uint64_t* flag, int* failed, size_t capacity,
+                                size_t* count);
+
+/* nexar_comm_shrink makes the survivors' communicator (MPIX_Comm_shrink):
+ * it revokes comm, agrees with the live members on who failed, and stores
+ * in *newcomm a communicator of the others, ranked in comm's order, on the
+ * connections that exist, of the next membership generation (nothing sent
+ * on comm reaches it). Every live member must call it; those whose calls
+ * failed with NEXAR_ERR_REVOKED know to. comm stays to be destroyed.
+ * Args: comm; newcomm: out, non-NULL (NEXAR_COMM_NULL on failure).
+ * Result: NEXAR_SUCCESS, or as nexar_comm_agree.
+ * Thread-safety: as nexar_comm_agree. */
+nexar_result_t nexar_comm_shrink(nexar_comm_t comm, nexar_comm_t* newcomm);
+
 /* nexar_seed_t is a rendezvous seed started by nexar_seed_start. */
 typedef struct nexar_seed_s* nexar_seed_t;
 
@@ -563,6 +651,61 @@ nexar_result_t nexar_exscan(const void* sendbuf, void* recvbuf, size_t count,
 nexar_result_t nexar_barrier(nexar_comm_t comm);
 
 /* ------------------------------------------------------------------------
+ * Bucketed and compressed allreduce
+ *
+ * nexar_allreduce_multi is nexar_allreduce over nbufs buffers of one dt:
+ * recvbufs[i] (counts[i] elements) = op over ranks of sendbufs[i]. The
+ * buffers are packed, in order, into buckets of at most bucket_bytes
+ * (0: NEXAR_DEFAULT_BUCKET_BYTES, 25 MiB as DDP), one collective each;
+ * packing the next bucket and unpacking the previous one overlap the
+ * reduction of the current one. A buffer of bucket_bytes or more, or alone
+ * in its bucket, is reduced in place without a copy. Extra memory: two
+ * buckets. In place: sendbufs NULL (all buffers), or sendbufs[i] NULL or
+ * equal to recvbufs[i]. Every rank must pass the same counts, in the same
+ * order, and the same bucket_bytes (mismatches fail as
+ * NEXAR_ERR_MISMATCH). The arrays sendbufs, recvbufs and counts are read
+ * by the call and may be freed once it returns; the buffers they point to
+ * must stay valid until completion.
+ * nexar_iallreduce_multi is its non-blocking form: the call takes its
+ * places in the communicator's call order at once (later collectives may
+ * be issued before it completes) and returns the request in *req.
+ * Result: as the collectives above; NEXAR_ERR_INVALID_ARGUMENT also for
+ * recvbufs or counts NULL with nbufs > 0, recvbufs[i] or sendbufs[i] NULL
+ * where counts[i] > 0 (recvbufs), req NULL.
+ * Thread-safety: as the other collectives (see "Threads" above).
+ * --------------------------------------------------------------------- */
+#define NEXAR_DEFAULT_BUCKET_BYTES ((size_t)25 << 20)
+nexar_result_t nexar_allreduce_multi(const void* const* sendbufs, void* const* recvbufs,
+                                     const size_t* counts, size_t nbufs, nexar_datatype_t dt,
+                                     nexar_op_t op, size_t bucket_bytes, nexar_comm_t comm);
+nexar_result_t nexar_iallreduce_multi(const void* const* sendbufs, void* const* recvbufs,
+                                      const size_t* counts, size_t nbufs, nexar_datatype_t dt,
+                                      nexar_op_t op, size_t bucket_bytes, nexar_comm_t comm,
+                                      nexar_request_t* req);
+
+/* nexar_allreduce_compressed sums a sparsified buf (count float32
+ * elements) over the ranks, in place: each rank sends
+ * k = ceil(ratio*count) elements (at least 1), and buf becomes the sum of
+ * every rank's contribution (zero where none sent anything), bit-identical
+ * on every rank. NEXAR_COMPRESS_TOPK: each rank's k largest magnitudes, as
+ * (index, value) pairs gathered from all ranks (each counted once).
+ * NEXAR_COMPRESS_RANDOMK: the same k indices on every rank, drawn from
+ * seed, which must be equal on every rank (e.g. a step counter); values
+ * scaled by count/k (unbiased) when residual is NULL. residual (count
+ * float32, or NULL) is the error feedback, kept by the caller per buffer:
+ * the input is buf + residual, and residual receives what this rank did
+ * not send (RandomK then sends unscaled values). Average: divide by the
+ * size. buf and residual must be 4-byte aligned. Every rank must pass the
+ * same count, method and ratio (else NEXAR_ERR_MISMATCH).
+ * Result: as the collectives above; NEXAR_ERR_INVALID_ARGUMENT also for a
+ * dt other than NEXAR_FLOAT32, an unknown method, ratio outside (0, 1].
+ * Thread-safety: as the other collectives. */
+typedef enum { NEXAR_COMPRESS_TOPK = 1, NEXAR_COMPRESS_RANDOMK = 2 } nexar_compress_t;
+nexar_result_t nexar_allreduce_compressed(void* buf, void* residual, size_t count,
+                                          nexar_datatype_t dt, nexar_compress_t method,
+                                          double ratio, uint64_t seed, nexar_comm_t comm);
+
+/* ------------------------------------------------------------------------
  * Non-blocking operations
  *
  * Each takes the arguments of its blocking form, then req (out, non-NULL),
@@ -679,6 +822,21 @@ nexar_result_t nexar_request_status(nexar_request_t req, nexar_status_t* status)
  * frees nothing.
  * Thread-safety: safe from any thread; no other thread may use req then. */
 nexar_result_t nexar_request_free(nexar_request_t req);
+
+/* ---- Diagnostics (docs/diagnostics.md) ---------------------------------- */
+
+/* nexar_comm_dump_flight_record writes comm's flight record (its last
+ * operations: kind, sequence number, dtype, bytes, root or peer, state,
+ * timestamps) as JSON to the file path, replacing it. `nexar diagnose DIR`
+ * reads the records of every rank from a directory (name them with
+ * nexar-flight-*.json there) and says who waits for whom.
+ * Args: comm; path: a NUL-terminated file name, non-NULL, non-empty.
+ * Result: NEXAR_SUCCESS; NEXAR_ERR_INVALID_HANDLE;
+ * NEXAR_ERR_INVALID_ARGUMENT (path NULL or empty); NEXAR_ERR_INTERNAL (the
+ * file could not be written: nexar_last_error says why); NEXAR_ERR_FORKED.
+ * Thread-safety: safe from any thread, also while other threads are blocked
+ * in calls on comm (that is what it is for). */
+nexar_result_t nexar_comm_dump_flight_record(nexar_comm_t comm, const char* path);
 
 #ifdef __cplusplus
 } /* extern "C" */

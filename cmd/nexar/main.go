@@ -4,6 +4,7 @@
 //	nexar seed --listen ADDR --world-size N   run a stand-alone rendezvous seed
 //	nexar info                                version, addresses, transports
 //	nexar bench [flags]                       collective bandwidth table
+//	nexar diagnose DIR                        who waits for whom, from flight records
 //
 // Each subcommand has its own flag set; `nexar CMD -h` lists its flags.
 package main
@@ -19,8 +20,9 @@ import (
 const usage = `nexar ` + version + ` - distributed communication runtime
 
 usage:
-  nexar run -n N [--seed-port P] [--bind ADDR] [--grace D] -- prog args...
-        start N local processes wired with NEXAR_* and torchrun variables
+  nexar run -n N [--seed-port P] [--bind ADDR] [--grace D] [--flight-dir DIR] [--hang-timeout D] -- prog args...
+        start N local processes wired with NEXAR_* and torchrun variables;
+        with --hang-timeout, report who waits for whom when no rank progresses
   nexar seed --listen ADDR --world-size N [--token-file F] [--persist]
         run the rendezvous seed stand-alone (token from NEXAR_TOKEN or --token-file)
   nexar info
@@ -28,6 +30,8 @@ usage:
   nexar bench [-n N] [--ops LIST] [--sizes LIST] [--json] [--inproc]
         measure collectives, nccl-tests style: starts N local ranks, or is one
         rank when started by a launcher (nexar run, torchrun, srun, mpirun)
+  nexar diagnose DIR
+        read the flight records the ranks dumped into DIR; say who waits for whom
   nexar version
         print the version
 
@@ -62,6 +66,8 @@ func mainErr(args []string, stdout, stderr io.Writer) int {
 		err = cmdInfo(args[1:], stdout)
 	case "bench":
 		err = cmdBench(args[1:], stdout, stderr)
+	case "diagnose":
+		err = cmdDiagnose(args[1:], stdout, stderr)
 	case "version", "-version", "--version":
 		fmt.Fprintln(stdout, "nexar", version)
 	case "help", "-h", "-help", "--help":

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/nexar-go/nexar/core"
 	"io"
 	"net"
 	"os"
@@ -20,7 +21,7 @@ import (
 	"time"
 )
 
-const runSynopsis = "run -n N [--seed-port P] [--bind ADDR] [--grace D] -- prog args..."
+const runSynopsis = "run -n N [--seed-port P] [--bind ADDR] [--grace D] [--flight-dir DIR] [--hang-timeout D] -- prog args..."
 
 func cmdRun(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("run", runSynopsis, stderr)
@@ -29,6 +30,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&opt.seedPort, "seed-port", 0, "UDP port of the seed that rank 0 embeds (default: a free port)")
 	fs.StringVar(&opt.bind, "bind", "127.0.0.1", "IP address the seed and the ranks listen on; 0.0.0.0 for every interface")
 	fs.DurationVar(&opt.grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL when stopping ranks")
+	fs.StringVar(&opt.flightDir, "flight-dir", "", "directory the ranks dump their flight records to (NEXAR_FLIGHT_RECORDER_DIR; SIGUSR1 dumps them)")
+	fs.DurationVar(&opt.hang, "hang-timeout", 0, "report who waits for whom when no rank progressed for this long (0: never)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -48,6 +51,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	if net.ParseIP(opt.bind) == nil {
 		return usageError("run: --bind %q is not an IP address", opt.bind)
 	}
+	if opt.hang < 0 {
+		return usageError("run: --hang-timeout %v is negative", opt.hang)
+	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
@@ -66,6 +72,10 @@ type runOptions struct {
 	stderr   io.Writer
 	signals  <-chan os.Signal // signals to forward to the ranks
 	plain    bool             // stdout lines without the "[rank] " prefix (nexar bench)
+	// flightDir and hang: the ranks' flight records and nexar run's
+	// watchdog (diagnose.go).
+	flightDir string
+	hang      time.Duration
 }
 
 // rankProc is one started rank.
@@ -82,6 +92,13 @@ type rankExit struct {
 }
 
 func (e rankExit) failed() bool { return e.err != nil || !e.state.Success() }
+
+// killed reports whether the rank was killed by a signal (a lost rank,
+// which an elastic job outlives), not a rank that failed on its own.
+func (e rankExit) killed() bool {
+	ws, ok := e.state.Sys().(syscall.WaitStatus)
+	return e.err == nil && ok && ws.Signaled()
+}
 
 // describe says how a rank ended, e.g. "exited with status 1" or "was
 // killed by signal: killed".
@@ -153,6 +170,14 @@ func launch(opt runOptions) error {
 		"NEXAR_BIND_ADDR":  net.JoinHostPort(opt.bind, "0"),
 		"PYTHONUNBUFFERED": "1",
 	}
+	flight, err := flightDir(opt.flightDir, opt.hang)
+	if err != nil {
+		return err
+	}
+	if flight != "" {
+		vars["NEXAR_FLIGHT_RECORDER_DIR"] = flight
+		vars["NEXAR_FLIGHT_RECORDER_DUMP_ON_SIGNAL"] = "1"
+	}
 
 	out := &prefixer{}
 	exits := make(chan rankExit, opt.n)
@@ -180,6 +205,19 @@ func launch(opt runOptions) error {
 		}()
 	}
 
+	if opt.hang > 0 {
+		stop := make(chan struct{})
+		watched := make(chan struct{})
+		groups := make([]int, len(procs)) // each rank leads its process group (sysProcAttr)
+		for i, p := range procs {
+			groups[i] = p.cmd.Process.Pid
+		}
+		go func() {
+			defer close(watched)
+			watchProgress(flight, opt.hang, groups, opt.stderr, stop)
+		}()
+		defer func() { close(stop); <-watched }()
+	}
 	running := make([]bool, opt.n)
 	for i := range running {
 		running[i] = true
@@ -191,6 +229,14 @@ func launch(opt runOptions) error {
 			}
 		}
 	}
+	// An elastic job (NEXAR_ON_FAILURE=shrink or manual) outlives a rank
+	// killed by a signal: the others carry on without it, and nexar run
+	// does not stop them (docs/fault-tolerance.md).
+	elastic := false
+	if p, err := core.ParseFailurePolicy(os.Getenv("NEXAR_ON_FAILURE")); err == nil && p != core.PolicyAbort {
+		elastic = true
+	}
+	var lost []int
 	var (
 		first     *rankExit // the first rank that failed
 		caught    os.Signal // a signal nexar itself received
@@ -202,6 +248,12 @@ func launch(opt runOptions) error {
 		case e := <-exits:
 			left--
 			running[e.rank] = false
+			if elastic && e.killed() && caught == nil && first == nil {
+				lost = append(lost, e.rank)
+				fmt.Fprintf(opt.stderr, "nexar run: rank %d %s; the others carry on (NEXAR_ON_FAILURE=%s)\n",
+					e.rank, e.describe(), os.Getenv("NEXAR_ON_FAILURE"))
+				continue
+			}
 			if e.failed() && first == nil && caught == nil {
 				first = &e
 				fmt.Fprintf(opt.stderr, "nexar run: rank %d %s; stopping the other ranks\n", e.rank, e.describe())
@@ -239,6 +291,12 @@ func launch(opt runOptions) error {
 	}
 	waitOutput(procs, 2*time.Second)
 
+	if len(lost) == opt.n && first == nil && caught == nil {
+		return &exitError{code: 1, msg: fmt.Sprintf("run: every rank was lost: %v", lost)}
+	}
+	if len(lost) > 0 && first == nil && caught == nil {
+		fmt.Fprintf(opt.stderr, "nexar run: the job finished without the ranks it lost: %v\n", lost)
+	}
 	switch {
 	case first != nil:
 		return &exitError{code: first.code(), msg: fmt.Sprintf("run: rank %d %s", first.rank, first.describe())}

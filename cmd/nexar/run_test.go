@@ -210,6 +210,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("NEXAR_TEST_AS_MAIN") == "1" {
 		os.Exit(mainErr(os.Args[1:], os.Stdout, os.Stderr))
 	}
+	if mode := os.Getenv("NEXAR_TEST_RANK_MODE"); mode != "" {
+		os.Exit(testRank(mode)) // diagnose_test.go
+	}
 	os.Exit(m.Run())
 }
 

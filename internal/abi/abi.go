@@ -39,7 +39,9 @@ const (
 	ErrUnavailable     = 10
 	ErrInternal        = 11
 	ErrForked          = 12 // returned by capi's C guard only (capi/entry.c)
-	NumResults         = 13
+	ErrRevoked         = 13
+	ErrNoQuorum        = 14
+	NumResults         = 15
 )
 
 // Element types: nexar_datatype_t.
@@ -133,6 +135,12 @@ func Results() []Result {
 		{ErrForked, "NEXAR_ERR_FORKED", "used after fork",
 			"called in a child made by fork() without exec()",
 			"called in a child made by fork() without exec(); the library is unusable there", "ForkedProcessError"},
+		{ErrRevoked, "NEXAR_ERR_REVOKED", "revoked",
+			"the communicator was revoked; agree and shrink still work on it",
+			"communicator revoked", "RevokedError"},
+		{ErrNoQuorum, "NEXAR_ERR_NO_QUORUM", "no quorum",
+			"this side of a failure or partition lacks a quorum of the last membership",
+			"no quorum: this side of the job must not continue", "NoQuorumError"},
 	}
 }
 

@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "nexar.h"
 #include "testutil.h"
@@ -163,6 +164,28 @@ int main(void) {
     BAD(nexar_comm_get_failed(dead, NULL, 0, &nfailed), HANDLE, "nexar_comm_get_failed", "comm");
     BAD(nexar_comm_set_failure_handler(dead, NULL, NULL), HANDLE, "nexar_comm_set_failure_handler", "comm");
     BAD(nexar_isend(f, 1, NEXAR_FLOAT32, 0, 0, dead, &req), HANDLE, "nexar_isend", "comm");
+
+    /* the flight record: NULL, empty or unwritable paths and dead handles
+     * are refused; a dump names the communicator and its last operation */
+    BAD(nexar_comm_dump_flight_record(c, NULL), ARG, "nexar_comm_dump_flight_record", "path");
+    BAD(nexar_comm_dump_flight_record(c, ""), ARG, "nexar_comm_dump_flight_record", "path");
+    BAD(nexar_comm_dump_flight_record(dead, "/tmp/x.json"), HANDLE, "nexar_comm_dump_flight_record", "comm");
+    BAD(nexar_comm_dump_flight_record(c, "/nonexistent-dir/nexar/flight.json"), NEXAR_ERR_INTERNAL,
+        "nexar_comm_dump_flight_record", "flight record");
+    {
+        static char text[1 << 18];
+        char path[64];
+        snprintf(path, sizeof path, "/tmp/nexar-test-flight-%d-%d.json", (int)getpid(), rank);
+        CK(nexar_barrier(c));
+        CK(nexar_comm_dump_flight_record(c, path));
+        FILE* fp = fopen(path, "r");
+        size_t len = fp ? fread(text, 1, sizeof text - 1, fp) : 0;
+        text[len] = 0;
+        if (fp) fclose(fp);
+        remove(path);
+        EXPECT(strstr(text, "\"comm\"") && strstr(text, "\"op\": \"barrier\"") && strstr(text, "\"state\": \"completed\""),
+               "flight record %s: %.200s", path, text);
+    }
 
     /* the world still works after all that */
     CK(nexar_allreduce(f, g, 4, NEXAR_FLOAT32, NEXAR_SUM, c));

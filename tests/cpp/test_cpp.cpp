@@ -44,12 +44,58 @@ int main() {
     world.allreduce(h, nexar::Op::sum);
     EXPECT(n != 1 || h[0].bits == 0x3f80);
 
+    // the flight record names the last call; a path that cannot be written throws
+    {
+        const std::string path = "/tmp/nexar-cpp-flight-" + std::to_string(getpid()) + ".json";
+        world.dump_flight_record(path);
+        std::FILE* fp = std::fopen(path.c_str(), "r");
+        EXPECT(fp != nullptr);
+        std::string text;
+        char chunk[4096];
+        for (std::size_t k; (k = std::fread(chunk, 1, sizeof chunk, fp)) > 0;) text.append(chunk, k);
+        std::fclose(fp);
+        std::remove(path.c_str());
+        EXPECT(text.find("\"call\": \"allreduce(bfloat16, count=2, sum)\"") != std::string::npos);
+        bool threw = false;
+        try {
+            world.dump_flight_record("/nonexistent-dir/x/flight.json");
+        } catch (const nexar::Error&) {
+            threw = true;
+        }
+        EXPECT(threw);
+    }
+
     std::vector<float> f(8, 1.0f), g(8);
     nexar::Request q1 = world.iallreduce(f.data(), g.data(), f.size(), nexar::Op::max);
     nexar::Request q2 = world.ibarrier();
     q2.wait();
     q1.wait();
     EXPECT(g[7] == 1.0f);
+
+    // Bucketed allreduce: blocking (tiny buckets: several of them) and not.
+    {
+        std::vector<std::vector<float>> bufs{std::vector<float>(3, r + 1.0f),
+                                             std::vector<float>(0),
+                                             std::vector<float>(1000, 2.0f * r)};
+        world.allreduce_multi(bufs, nexar::Op::sum, 64);
+        EXPECT(bufs[0][2] == n * (n + 1) / 2.0f && bufs[2][999] == n * (n - 1) * 1.0f);
+        nexar::Request q = world.iallreduce_multi(bufs, nexar::Op::max);
+        q.wait();
+        EXPECT(bufs[0][0] == n * (n + 1) / 2.0f);
+        float* ptrs[1] = {bufs[2].data()};
+        std::size_t cnt[1] = {bufs[2].size()};
+        world.allreduce_multi(ptrs, cnt, 1, nexar::Op::min);
+        EXPECT(bufs[2][0] == n * (n - 1) * 1.0f);
+    }
+    // Compressed allreduce: ratio 1 is a plain sum; TopK with a residual.
+    {
+        std::vector<float> x(6, r + 1.0f), res(6, 0.0f);
+        world.allreduce_compressed(x.data(), nullptr, x.size(), NEXAR_COMPRESS_TOPK, 1.0);
+        EXPECT(x[5] == n * (n + 1) / 2.0f);
+        std::vector<float> y{0, 0, 5.0f, 0, 0, 1.0f};
+        world.allreduce_compressed(y.data(), res.data(), y.size(), NEXAR_COMPRESS_TOPK, 0.1);
+        EXPECT(y[2] == 5.0f * n && y[5] == 0.0f && res[5] == 1.0f && res[2] == 0.0f);
+    }
 
     // The other non-blocking collectives, against what they must give, and
     // test_any / wait_all over a vector of requests.
@@ -158,6 +204,22 @@ int main() {
         for (int i = 0; i < 3000 && calls == 0; i++) usleep(10000);
         EXPECT(calls == 1 && who == 2);
         EXPECT(again.failed() == std::vector<int>{2});
+        // Recovery: agree and shrink (refused under the default policy).
+        try {
+            again.agree();
+            EXPECT(false);
+        } catch (const nexar::Error& e) {
+            EXPECT(e.code() == NEXAR_ERR_UNAVAILABLE);
+        }
+        again.set_failure_policy(NEXAR_ON_FAILURE_MANUAL);
+        EXPECT(again.failure_policy() == NEXAR_ON_FAILURE_MANUAL);
+        auto ag = again.agree(~std::uint64_t{0} ^ (std::uint64_t{1} << r));
+        EXPECT(ag.flag == ~std::uint64_t{3} && ag.failed == std::vector<int>{2});
+        nexar::Comm survivors = again.shrink();
+        EXPECT(again.revoked() && survivors.size() == 2 && survivors.rank() == r);
+        std::vector<int> v{r + 1};
+        survivors.allreduce(v, nexar::Op::sum);
+        EXPECT(v[0] == 3);
         std::printf("rank %d/%d: test_cpp ok (nexar %s)\n", r, n, nexar::version().c_str());
         return 0;
     }

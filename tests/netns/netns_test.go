@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -29,6 +30,7 @@ const (
 // host is one network namespace.
 type host struct {
 	ns, addr string
+	dev      string // its end of the veth pair
 }
 
 // twoHosts creates the namespaces and the veth pair, or skips the test. The
@@ -54,6 +56,7 @@ func twoHosts(t *testing.T) (a, b host) {
 	ip(t, "netns", "add", b.ns)
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", b.ns).Run() })
 	va, vb := "nxa"+id, "nxb"+id // interface names: at most 15 bytes
+	a.dev, b.dev = va, vb
 	ip(t, "link", "add", va, "type", "veth", "peer", "name", vb)
 	ip(t, "link", "set", va, "netns", a.ns)
 	ip(t, "link", "set", vb, "netns", b.ns)
@@ -116,7 +119,25 @@ type proc struct {
 	name string
 	ns   string
 	cmd  *exec.Cmd
-	out  bytes.Buffer
+	out  syncBuffer
+}
+
+// syncBuffer is a bytes.Buffer that may be read while the process writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // startIn runs prog in namespace ns with env, bounded by ctx.

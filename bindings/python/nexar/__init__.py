@@ -20,6 +20,8 @@ from ._errors import (  # noqa: F401
     ClosedError,
     Error,
     ForkedProcessError,
+    NoQuorumError,
+    RevokedError,
     InternalError,
     InvalidArgumentError,
     InvalidHandleError,
@@ -30,6 +32,7 @@ from ._errors import (  # noqa: F401
     UnavailableError,
 )
 from ._types import AVG, BAND, BOR, BXOR, MAX, MIN, PROD, SUM, Datatype, Op  # noqa: F401
+from ._compress import RANDOMK, TOPK, CompressState  # noqa: F401
 
 from ._abi import VERSION as __version__  # internal/abi is its one source
 
@@ -43,8 +46,9 @@ __all__ = sorted(
     | {
         "Error", "InvalidArgumentError", "InvalidHandleError", "MismatchError", "PeerDownError",
         "TimeoutError", "AbortedError", "ClosedError", "AuthError", "TruncatedError",
-        "UnavailableError", "InternalError", "ForkedProcessError", "Datatype", "Op", "SUM", "PROD",
+        "UnavailableError", "InternalError", "ForkedProcessError", "RevokedError", "NoQuorumError", "Datatype", "Op", "SUM", "PROD",
         "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR", "ANY_SOURCE", "UNDEFINED",
+        "CompressState", "TOPK", "RANDOMK",
     }
 )
 

@@ -65,4 +65,6 @@ RESULTS = {
     10: ("NEXAR_ERR_UNAVAILABLE", "UnavailableError"),
     11: ("NEXAR_ERR_INTERNAL", "InternalError"),
     12: ("NEXAR_ERR_FORKED", "ForkedProcessError"),
+    13: ("NEXAR_ERR_REVOKED", "RevokedError"),
+    14: ("NEXAR_ERR_NO_QUORUM", "NoQuorumError"),
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, List, NamedTuple, Optional, Sequence
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import _errors, _nexar as _lib
 from ._buffers import Buffer, as_buffer
@@ -163,6 +163,9 @@ class Request:
         return requests.index(q)
 
 
+_POLICIES = ("abort", "manual", "shrink")  # nexar_failure_policy_t order
+
+
 class Comm:
     """A nexar communicator: ranks 0..size-1.
 
@@ -179,11 +182,13 @@ class Comm:
                  seed: Optional[str] = None, token=None, bind_addr: Optional[str] = None,
                  advertise_addr: Optional[str] = None, timeout=None, connect_timeout=None,
                  heartbeat_interval=None, heartbeat_timeout=None,
-                 max_buffered_bytes: Optional[int] = None, _handle: Optional[int] = None):
+                 max_buffered_bytes: Optional[int] = None, failure_policy: Optional[str] = None,
+                 _handle: Optional[int] = None):
         self._pid = os.getpid()
         self._pending = set()
         self._handlers = []  # capsules owning failure handlers, kept until destroyed
         self._h = 0
+        self._elastic = False
         if _FORKED:
             raise _errors.ForkedProcessError("nexar: cannot create a communicator in a child made by fork() "
                                              "without exec(); use the 'spawn' start method")
@@ -203,6 +208,17 @@ class Comm:
         self._h = h
         self._rank = _lib.comm_rank(h)
         self._size = _lib.comm_size(h)
+        if _handle is None:
+            # An explicit configuration has no field for it: the argument,
+            # else NEXAR_ON_FAILURE, as nexar_comm_init_from_env reads it.
+            policy = failure_policy or os.environ.get("NEXAR_ON_FAILURE", "").strip().lower() or None
+            if policy is not None:
+                if policy not in _POLICIES:
+                    self.close()
+                    raise ValueError("nexar: failure policy %r (NEXAR_ON_FAILURE): want one of %s"
+                                     % (policy, ", ".join(_POLICIES)))
+                _lib.comm_set_failure_policy(h, _POLICIES.index(policy))
+        self._elastic = _lib.comm_get_failure_policy(h) == _POLICIES.index("shrink")
 
     # ---- lifecycle ------------------------------------------------------
     def _check(self):
@@ -214,6 +230,11 @@ class Comm:
                 "start workers with the 'spawn' start method or subprocess" % (self._pid, os.getpid()))
         if not self._h:
             raise _errors.ClosedError(_errors.ClosedError.code, "nexar: the communicator is closed")
+        if self._elastic:
+            # Under the shrink policy the handle may stand for the survivors'
+            # communicator by now: its rank and size are re-read.
+            self._rank = _lib.comm_rank(self._h)
+            self._size = _lib.comm_size(self._h)
         return self._h
 
     @property
@@ -255,6 +276,50 @@ class Comm:
     def abort(self):
         """Fail every pending and later operation here and, soon, on the other ranks."""
         _lib.comm_abort(self._check())
+
+    # ---- recovery without restart (docs/fault-tolerance.md) ---------------
+    @property
+    def failure_policy(self) -> str:
+        """What a member's failure does: "abort" (the default: the
+        communicator fails for good), "manual" (calls fail; recover with
+        revoke, agree and shrink) or "shrink" (the library agrees and
+        shrinks by itself: the call that met the failure raises, and this
+        Comm then stands for the survivors' communicator, its rank and
+        size renumbered). Read from NEXAR_ON_FAILURE at creation."""
+        return _POLICIES[_lib.comm_get_failure_policy(self._check())]
+
+    @failure_policy.setter
+    def failure_policy(self, policy: str) -> None:
+        if policy not in _POLICIES:
+            raise ValueError("nexar: failure_policy %r: want one of %s" % (policy, ", ".join(_POLICIES)))
+        _lib.comm_set_failure_policy(self._check(), _POLICIES.index(policy))
+        self._elastic = policy == "shrink"
+
+    def revoke(self) -> None:
+        """Fail every pending and later operation on this communicator, here
+        and on every member (RevokedError); agree and shrink still work."""
+        _lib.comm_revoke(self._check())
+
+    @property
+    def revoked(self) -> bool:
+        """Whether this communicator was revoked, here or by a member."""
+        return _lib.comm_is_revoked(self._check())
+
+    def agree(self, flag: int = (1 << 64) - 1) -> Tuple[int, List[int]]:
+        """Fault-tolerant agreement among the live members (every member
+        calls it): returns (the AND of the members' 64-bit flags, the ranks
+        left out, ascending), the same on every member that returns, even
+        when members fail meanwhile. Raises NoQuorumError on a side of a
+        partition without a quorum, PeerDownError on a member the others
+        left out, UnavailableError under the "abort" policy."""
+        f, failed = _lib.comm_agree(self._check(), int(flag) & ((1 << 64) - 1))
+        return f, list(failed)
+
+    def shrink(self) -> "Comm":
+        """The survivors' communicator (every live member calls it): this
+        one is revoked, the live members agree on who failed, and the
+        others form a new Comm in this one's rank order. Close this one too."""
+        return Comm(_handle=_lib.comm_shrink(self._check()))
 
     @property
     def failed(self) -> List[int]:
@@ -616,6 +681,69 @@ class Comm:
         return Request(self, *self._alltoallv(_lib.ialltoallv, sendbuf, sendcounts, sdispls, recvbuf, recvcounts,
                                               rdispls)[:2])
 
+    # ---- bucketed allreduce -------------------------------------------------
+    def allreduce_multi(self, bufs, op=Op.SUM, bucket_bytes: int = 0):
+        """Allreduce each buffer of bufs in place, packed into buckets of at
+        most bucket_bytes (0: 25 MiB) reduced one after the other, packing
+        and unpacking overlapping the reduction. Buffers of different
+        element types go in one call per type, in order of first
+        appearance. Every rank must pass the same shapes in the same order.
+        Returns bufs."""
+        h = self._check()
+        bs = [self._out(b) for b in bufs]
+        groups = {}
+        for b in bs:
+            n, dt = b.typed("allreduce_multi")
+            g = groups.setdefault(int(dt), ([], []))
+            g[0].append(b.addr)
+            g[1].append(n)
+        o = self._op(op)
+        for dt, (addrs, counts) in groups.items():
+            _lib.allreduce_multi(addrs, counts, dt, o, int(bucket_bytes), h)
+        _finish(bs, None)
+        return bufs
+
+    def iallreduce_multi(self, bufs, op=Op.SUM, bucket_bytes: int = 0) -> Request:
+        """Non-blocking allreduce_multi; the buffers must share one element type."""
+        h = self._check()
+        bs = [self._out(b) for b in bufs]
+        typed = [b.typed("iallreduce_multi") for b in bs]
+        dts = {int(dt) for _, dt in typed}
+        if len(dts) > 1:
+            raise TypeError("nexar: iallreduce_multi: buffers have different element types "
+                            "(use allreduce_multi, or one call per type)")
+        dt = dts.pop() if dts else int(Datatype.FLOAT32)
+        q = _lib.iallreduce_multi([b.addr for b in bs], [n for n, _ in typed], dt, self._op(op),
+                                  int(bucket_bytes), h)
+        return Request(self, q, bs)
+
+    def allreduce_compressed(self, buf, state, key=0, average: bool = False):
+        """Sum a sparsified float32 buf over the ranks, in place: each rank
+        sends state.ratio of its elements (state.method), with error
+        feedback in state's residual for key when state.error_feedback.
+        The result is the same on every rank; average divides it by the
+        size. Every rank must make the same calls in the same order (the
+        RandomK seed comes from state's call count). Returns buf."""
+        h = self._check()
+        b = self._out(buf)
+        n, dt = b.typed("allreduce_compressed")
+        res = 0
+        keep = None
+        if state.error_feedback:
+            keep = self._out(state.residual(key, buf))
+            res = keep.addr
+        _lib.allreduce_compressed(b.addr, res, n, int(dt), state.method, state.ratio, state.next_seed(), h)
+        _finish([b], None)
+        del keep
+        if average and self._size > 1:
+            if hasattr(buf, "numel"):  # a torch tensor
+                import torch
+                with torch.no_grad():
+                    buf.div_(self._size)
+            else:
+                buf /= self._size
+        return buf
+
     # Each _X prepares collective X and calls fn, the blocking libnexar call
     # or its non-blocking form (the two take the same arguments), and returns
     # (what fn returned, the buffers the call uses, the object the blocking
@@ -705,6 +833,34 @@ class Comm:
                int(dt), h)
         return q, [s, r], r.obj
 
+    # ---- diagnostics (docs/diagnostics.md) -----------------------------
+    def dump_flight_record(self, path) -> None:
+        """Write this communicator's flight record (its last operations:
+        kind, sequence number, dtype, bytes, root or peer, state,
+        timestamps) as JSON to path. `nexar diagnose DIR` reads the records
+        of every rank (named nexar-flight-*.json in DIR) and says who waits
+        for whom. Safe while other threads are blocked in calls on it."""
+        path = os.fspath(path)
+        if not path:
+            raise ValueError("nexar: dump_flight_record: empty path")
+        _lib.comm_dump_flight_record(self._check(), path)
+
+    def flight_record(self) -> dict:
+        """This communicator's flight record, as the dict dump_flight_record
+        writes (keys: comm, rank, size, next_seq, entries, ...)."""
+        import json
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="nexar-flight-", suffix=".json")
+        os.close(fd)
+        try:
+            self.dump_flight_record(path)
+            with open(path) as f:
+                return json.load(f)
+        finally:
+            os.unlink(path)
+
+
 class RawComm:
     """Raw-pointer entry points of a Comm, for bindings that prepare their
     own memory (nexar.torch stages tensors itself).
@@ -786,6 +942,19 @@ class RawComm:
 
     def ibroadcast_raw(self, buf: int, count: int, dtype: int, root: int) -> int:
         return _lib.ibroadcast(buf, count, dtype, root, self._comm._check())
+
+    def allreduce_multi(self, addrs: Sequence[int], counts: Sequence[int], dtype, op, bucket_bytes: int = 0):
+        """In place over each (addrs[i], counts[i]), all of dtype: nexar_allreduce_multi."""
+        _lib.allreduce_multi(addrs, counts, int(dtype), int(op), bucket_bytes, self._comm._check())
+
+    def allreduce_compressed(self, buf: int, residual: int, count: int, dtype, method: int, ratio: float,
+                             seed: int):
+        """In place on (buf, count) float32; residual 0 for none: nexar_allreduce_compressed."""
+        _lib.allreduce_compressed(buf, residual, count, int(dtype), method, ratio, seed, self._comm._check())
+
+    def iallreduce_multi_raw(self, addrs: Sequence[int], counts: Sequence[int], dtype: int, op: int,
+                             bucket_bytes: int = 0) -> int:
+        return _lib.iallreduce_multi(addrs, counts, dtype, op, bucket_bytes, self._comm._check())
 
     @staticmethod
     def wait_raw(h: int) -> None:

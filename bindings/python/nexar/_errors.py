@@ -20,6 +20,8 @@ __all__ = [
     "UnavailableError",
     "InternalError",
     "ForkedProcessError",
+    "RevokedError",
+    "NoQuorumError",
     "error_for",
 ]
 
@@ -98,6 +100,20 @@ class ForkedProcessError(Error):
         if message is None:
             code_or_message, message = type(self).code, code_or_message
         super().__init__(code_or_message, message)
+
+
+class RevokedError(Error):
+    """NEXAR_ERR_REVOKED: the communicator was revoked (here or by a peer).
+
+    Every pending and later operation on it fails so; ``agree`` and
+    ``shrink`` still work on it.
+    """
+
+
+class NoQuorumError(Error):
+    """NEXAR_ERR_NO_QUORUM: this rank's side of a failure or partition holds
+    no quorum of the last membership, so it must not continue as the job
+    (the other side may)."""
 
 
 # The code -> class table comes from internal/abi (through _abi.py): a class

@@ -380,6 +380,36 @@ PYBIND11_MODULE(_nexar, m) {
         }
         return ranks;
     });
+    // ---- recovery (nexar_comm_revoke, _agree, _shrink, failure policy) ----
+    m.def("comm_set_failure_policy", [](handle_t c, int p) {
+        NX_CALL(nexar_comm_set_failure_policy(C(c), static_cast<nexar_failure_policy_t>(p)));
+    });
+    m.def("comm_get_failure_policy", [](handle_t c) {
+        nexar_failure_policy_t p = NEXAR_ON_FAILURE_ABORT;
+        NX_CALL(nexar_comm_get_failure_policy(C(c), &p));
+        return static_cast<int>(p);
+    });
+    m.def("comm_revoke", [](handle_t c) { NX_CALL(nexar_comm_revoke(C(c))); });
+    m.def("comm_is_revoked", [](handle_t c) {
+        int f = 0;
+        NX_CALL(nexar_comm_is_revoked(C(c), &f));
+        return f != 0;
+    });
+    // comm_agree(c, flag) -> (flag, [failed ranks]); blocks without the GIL.
+    m.def("comm_agree", [](handle_t c, uint64_t flag) {
+        int size = 0;
+        NX_CALL(nexar_comm_size(C(c), &size));
+        std::vector<int> failed(static_cast<size_t>(size > 0 ? size : 1));
+        size_t n = 0;
+        NX_CALL(nexar_comm_agree(C(c), &flag, failed.data(), failed.size(), &n));
+        failed.resize(std::min(n, failed.size()));
+        return py::make_tuple(flag, failed);
+    });
+    m.def("comm_shrink", [](handle_t c) {
+        nexar_comm_t n = NEXAR_COMM_NULL;
+        NX_CALL(nexar_comm_shrink(C(c), &n));
+        return reinterpret_cast<handle_t>(n);
+    });
     // comm_set_failure_handler(c, fn or None) -> a capsule owning fn (None
     // when removed), to keep until the communicator is destroyed.
     m.def("comm_set_failure_handler", [](handle_t c, py::object fn) -> py::object {
@@ -593,6 +623,29 @@ PYBIND11_MODULE(_nexar, m) {
         NX_START(nexar_ialltoallv(P(s), sc.data(), sd.data(), P(r), rc.data(), rd.data(), D(dt),
                                   C(c), &q));
     });
+
+    // ---- bucketed and compressed allreduce (in place) -----------------------
+    m.def("allreduce_multi", [](std::vector<addr_t> bufs, std::vector<size_t> counts, int dt,
+                                int op, size_t bucket, handle_t c) {
+        if (bufs.size() != counts.size()) throw std::invalid_argument("allreduce_multi: bufs and counts differ in length");
+        std::vector<void*> p(bufs.size());
+        for (size_t i = 0; i < bufs.size(); i++) p[i] = P(bufs[i]);
+        NX_CALL(nexar_allreduce_multi(nullptr, p.data(), counts.data(), p.size(), D(dt), O(op),
+                                      bucket, C(c)));
+    });
+    m.def("iallreduce_multi", [](std::vector<addr_t> bufs, std::vector<size_t> counts, int dt,
+                                 int op, size_t bucket, handle_t c) {
+        if (bufs.size() != counts.size()) throw std::invalid_argument("iallreduce_multi: bufs and counts differ in length");
+        std::vector<void*> p(bufs.size());
+        for (size_t i = 0; i < bufs.size(); i++) p[i] = P(bufs[i]);
+        NX_START(nexar_iallreduce_multi(nullptr, p.data(), counts.data(), p.size(), D(dt), O(op),
+                                        bucket, C(c), &q));
+    });
+    m.def("allreduce_compressed", [](addr_t buf, addr_t residual, size_t n, int dt, int method,
+                                     double ratio, uint64_t seed, handle_t c) {
+        NX_CALL(nexar_allreduce_compressed(P(buf), P(residual), n, D(dt),
+                                           static_cast<nexar_compress_t>(method), ratio, seed, C(c)));
+    });
 #undef NX_START
 
     m.def("wait", [](handle_t q) { NX_CALL(nexar_wait(R(q))); });
@@ -616,4 +669,9 @@ PYBIND11_MODULE(_nexar, m) {
         return status_tuple(st);
     });
     m.def("request_free", [](handle_t q) { NX_CALL(nexar_request_free(R(q))); });
+
+    // ---- diagnostics ---------------------------------------------------
+    m.def("comm_dump_flight_record", [](handle_t c, std::string path) {
+        NX_CALL(nexar_comm_dump_flight_record(C(c), path.c_str()));
+    });
 }

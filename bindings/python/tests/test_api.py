@@ -224,3 +224,9 @@ def test_rpc_example():
     example = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "python", "rpc.py")
     outs = run_ranks(3, [os.path.abspath(example)], timeout=120)
     assert "rank 2: 4 squared is 16" in outs[0], outs[0]
+
+
+def test_recover():
+    outs = run_ranks(4, ["workers/recover_worker.py"], timeout=180, env={"NEXAR_ON_FAILURE": "manual"})
+    for r in (0, 1):
+        assert f"rank {r}: recover ok" in outs[r], outs[r]

@@ -11,6 +11,12 @@
 //	leave R H  rank R leaves as soon as New returns (H: "close" destroys its
 //	           communicator first, "exit" just exits); the others print
 //	           FORMATION with how long New and a first barrier took
+//	elastic S M  under NEXAR_ON_FAILURE=shrink: allreduce and check until
+//	           the communicator (followed through its automatic shrinks)
+//	           has S ranks, then M more times; prints FAULT and RECOVERED
+//	           (unix nanos) around each loss, then DONE with the final
+//	           membership, after checking that closing leaked no goroutine
+//	           or descriptor
 //	hold       print FORMED with the time core.New took, run an allreduce
 //	           and a barrier twice, print HOLD with the time each round
 //	           took, and wait for stdin to close
@@ -59,6 +65,10 @@ func run(mode string, args []string) error {
 	}
 	if mode == "leave" {
 		return leave(ctx, cfg, args)
+	}
+	if mode == "elastic" {
+		signal.Ignore(syscall.SIGTERM)
+		return elastic(ctx, cfg, args)
 	}
 	if mode == "loop" {
 		// The launcher sends SIGTERM to every rank when one dies; stay up

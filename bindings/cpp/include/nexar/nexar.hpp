@@ -20,6 +20,7 @@
 
 #include <nexar.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -360,6 +361,48 @@ public:
         handlers_.push_back(std::move(p));
     }
 
+    // --- recovery without restart (nexar.h; docs/fault-tolerance.md) -------
+
+    // set_failure_policy: what a member's failure does to this communicator
+    // (NEXAR_ON_FAILURE_ABORT, _MANUAL or _SHRINK).
+    void set_failure_policy(nexar_failure_policy_t p) { detail::check(nexar_comm_set_failure_policy(h_, p)); }
+    nexar_failure_policy_t failure_policy() const {
+        nexar_failure_policy_t p = NEXAR_ON_FAILURE_ABORT;
+        detail::check(nexar_comm_get_failure_policy(h_, &p));
+        return p;
+    }
+
+    // revoke fails every pending and later call here and on every member.
+    void revoke() { detail::check(nexar_comm_revoke(h_)); }
+    bool revoked() const {
+        int f = 0;
+        detail::check(nexar_comm_is_revoked(h_, &f));
+        return f != 0;
+    }
+
+    // Agreement is what every surviving member's agree returns.
+    struct Agreement {
+        std::uint64_t flag;      // AND of the flags of the members that took part
+        std::vector<int> failed; // the members left out, ascending
+    };
+
+    // agree is fault-tolerant agreement among the live members (every member
+    // calls it; nexar_comm_agree).
+    Agreement agree(std::uint64_t flag = ~std::uint64_t{0}) {
+        std::vector<int> failed(static_cast<std::size_t>(size()));
+        std::size_t n = 0;
+        detail::check(nexar_comm_agree(h_, &flag, failed.data(), failed.size(), &n));
+        failed.resize(std::min(n, failed.size()));
+        return Agreement{flag, std::move(failed)};
+    }
+
+    // shrink returns the survivors' communicator (every live member calls it).
+    Comm shrink() {
+        nexar_comm_t h = NEXAR_COMM_NULL;
+        detail::check(nexar_comm_shrink(h_, &h));
+        return Comm(h);
+    }
+
     // --- point-to-point ---------------------------------------------------
 
     template <class T>
@@ -563,6 +606,64 @@ public:
         exscan(std::data(send), std::data(recv), std::size(send), op);
     }
 
+    // --- bucketed and compressed allreduce ---------------------------------
+    // allreduce_multi reduces every buffer in place (bufs[i]: counts[i]
+    // elements), packed into buckets of at most bucket_bytes (0: 25 MiB);
+    // see nexar_allreduce_multi. iallreduce_multi is its non-blocking form:
+    // the buffers must stay valid until the Request completes.
+
+    template <class T>
+    void allreduce_multi(T* const* bufs, const std::size_t* counts, std::size_t n, Op op,
+                         std::size_t bucket_bytes = 0) {
+        std::vector<void*> p(bufs, bufs + n);
+        detail::check(nexar_allreduce_multi(nullptr, p.data(), counts, n, datatype_v<T>,
+                                            detail::op(op), bucket_bytes, h_));
+    }
+    template <class C, class = detail::enable_container<C>>
+    void allreduce_multi(std::vector<C>& bufs, Op op, std::size_t bucket_bytes = 0) {
+        std::vector<void*> p;
+        std::vector<std::size_t> n;
+        multi_args(bufs, p, n);
+        detail::check(nexar_allreduce_multi(nullptr, p.data(), n.data(), n.size(),
+                                            datatype_v<multi_value_t<C>>, detail::op(op),
+                                            bucket_bytes, h_));
+    }
+    template <class C, class = detail::enable_container<C>>
+    [[nodiscard]] Request iallreduce_multi(std::vector<C>& bufs, Op op,
+                                           std::size_t bucket_bytes = 0) {
+        std::vector<void*> p;
+        std::vector<std::size_t> n;
+        multi_args(bufs, p, n);
+        nexar_request_t r = NEXAR_REQUEST_NULL;
+        detail::check(nexar_iallreduce_multi(nullptr, p.data(), n.data(), n.size(),
+                                             datatype_v<multi_value_t<C>>, detail::op(op),
+                                             bucket_bytes, h_, &r));
+        return Request(r);
+    }
+
+    // allreduce_compressed sums a sparsified buf over the ranks in place;
+    // residual (count floats, or nullptr) is the caller's error feedback.
+    // See nexar_allreduce_compressed.
+    void allreduce_compressed(float* buf, float* residual, std::size_t count,
+                              nexar_compress_t method, double ratio, std::uint64_t seed = 0) {
+        detail::check(nexar_allreduce_compressed(buf, residual, count, NEXAR_FLOAT32, method, ratio,
+                                                 seed, h_));
+    }
+
+   private:
+    template <class C>
+    using multi_value_t = std::remove_cv_t<std::remove_reference_t<decltype(*std::data(std::declval<C&>()))>>;
+    template <class C>
+    static void multi_args(std::vector<C>& bufs, std::vector<void*>& p, std::vector<std::size_t>& n) {
+        p.reserve(bufs.size());
+        n.reserve(bufs.size());
+        for (auto& b : bufs) {
+            p.push_back(static_cast<void*>(std::data(b)));
+            n.push_back(std::size(b));
+        }
+    }
+
+   public:
     // --- non-blocking collectives -------------------------------------------
     // Buffers must stay valid until the Request completes.
 
@@ -678,6 +779,14 @@ public:
         nexar_request_t r = NEXAR_REQUEST_NULL;
         detail::check(nexar_iexscan(send, recv, count, datatype_v<T>, detail::op(op), h_, &r));
         return Request(r);
+    }
+
+    // --- diagnostics (docs/diagnostics.md) ----------------------------------
+
+    // Writes this communicator's flight record (its last operations) as
+    // JSON to path; `nexar diagnose DIR` reads every rank's.
+    void dump_flight_record(const std::string& path) const {
+        detail::check(nexar_comm_dump_flight_record(h_, path.c_str()));
     }
 
 private:

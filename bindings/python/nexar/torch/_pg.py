@@ -26,6 +26,7 @@ Design (see reference/torch-backend.md):
 
 from __future__ import annotations
 
+import inspect
 import time
 import weakref
 from datetime import timedelta
@@ -84,24 +85,34 @@ class ProcessGroupNexar(dist.ProcessGroup):
     queued to one worker thread in call order.
     """
 
-    supports_coalescing = False
+    # torch then brackets coalesced work with _start_coalescing and
+    # _end_coalescing (batch_isend_irecv, _coalescing_manager with a device).
+    supports_coalescing = True
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta = timedelta(minutes=30),
-                 group_id: str = ""):
+                 group_id: str = "", _comm_: Optional[_comm.Comm] = None):
         super().__init__(rank, size)
         self._rank_ = rank
         self._size_ = size
         self._group_id = group_id
-        rv = rendezvous(store, rank, size)
-        self._seed = rv.seed
-        secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-        try:
-            self._comm = _comm.Comm(rank=rank, world_size=size, seed=rv.seed_addr, token=rv.token,
-                                    advertise_addr=rv.advertise_host, timeout=secs, connect_timeout=secs)
-        except BaseException:
-            if self._seed is not None:
-                self._seed.close()
-            raise
+        self._store = store
+        self._timeout = timeout
+        if _comm_ is not None:
+            # from_comm, split_group: the communicator exists already; no
+            # rendezvous, no seed of its own
+            self._seed = None
+            self._comm = _comm_
+        else:
+            rv = rendezvous(store, rank, size)
+            self._seed = rv.seed
+            secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+            try:
+                self._comm = _comm.Comm(rank=rank, world_size=size, seed=rv.seed_addr, token=rv.token,
+                                        advertise_addr=rv.advertise_host, timeout=secs, connect_timeout=secs)
+            except BaseException:
+                if self._seed is not None:
+                    self._seed.close()
+                raise
         self._raw = self._comm.raw
         self._closed = False
         self._coalescing: Optional[list] = None
@@ -112,6 +123,25 @@ class ProcessGroupNexar(dist.ProcessGroup):
         # of waiting out the heartbeat, and no worker thread of ours is
         # still inside the library while the interpreter finalizes.
         self._at_exit = weakref.finalize(self, _close_at_exit, self._comm, self._queue, self._completer, self._seed)
+
+    @classmethod
+    def from_comm(cls, comm: _comm.Comm, group_id: str = "") -> "ProcessGroupNexar":
+        """A group over an existing nexar.Comm, which it then owns (shutdown
+        closes it): the survivors' communicator after a shrink, or one made
+        by nexar directly. Pass it to DDP as ``process_group=``; it is not
+        registered with torch.distributed's group table."""
+        return cls(None, comm.rank, comm.size, group_id=group_id, _comm_=comm)
+
+    def shrink(self) -> "ProcessGroupNexar":
+        """The survivors' group, after a member failed (every live member
+        calls it, typically when a collective raised PeerDownError or
+        RevokedError): the live members agree on who failed, and a new group
+        of the others is returned, ranked in this group's order, on the
+        connections that exist. This group is revoked; shut it down when
+        done with it. Needs the failure policy "manual" or "shrink"
+        (NEXAR_ON_FAILURE). The way torchft reconfigures its groups: build
+        the model's DDP again on the new group."""
+        return ProcessGroupNexar.from_comm(self._comm.shrink(), group_id=f"{self._group_id}-shrunk")
 
     # ---- identity -------------------------------------------------------
     # torch keeps a group's name and description in its backends; a Python
@@ -154,6 +184,51 @@ class ProcessGroupNexar(dist.ProcessGroup):
     def comm(self):
         """The underlying nexar.Comm (do not issue collectives on it concurrently)."""
         return self._comm
+
+    # ---- torch 2.x: store, split_group -----------------------------------
+    # A Python group has no C++ backend registered on it, so the C++ base
+    # answers "no store" (and "no devices": _device_types, below, answers
+    # [cpu]); torch's split_group reads both, so answer for the group.
+    def get_group_store(self):
+        return self._store
+
+    @property
+    def supports_splitting(self):
+        return True
+
+    def comm_split_count(self):
+        """Groups split from this one so far (torch names them with it)."""
+        return self._splits
+
+    _splits = 0
+
+    def split_group(self, new_ranks, timeout=None, opts=None, group_name=None, group_desc=None,
+                    device_types=None):
+        """dist.split_group: every rank of this group calls it, with its own
+        split's ranks (this group's ranks, in the new group's order); a rank
+        in none passes another's and gets None. One nexar Comm.split, run
+        after this group's queued collectives."""
+        ranks = [int(r) for r in new_ranks]
+        if len(set(ranks)) != len(ranks) or any(r < 0 or r >= self._size_ for r in ranks):
+            raise ValueError(f"nexar: split_group: ranks {ranks} are not distinct ranks of a group of {self._size_}")
+        if self._rank_ in ranks:
+            color, key = min(ranks), ranks.index(self._rank_)
+        else:
+            color, key = _comm.UNDEFINED, 0
+        out = []
+        self._enqueue("split_group", None, lambda: out.append(self._comm.split(color, key))).wait()
+        self._splits += 1
+        child = out[0] if out else None
+        if child is None:
+            return None
+        name = group_name or f"{self._nexar_group_name or self._group_id}:split:{self._splits}"
+        store = dist.PrefixStore(f"nexar-split/{name}/", self._store) if self._store is not None else None
+        pg = ProcessGroupNexar(store, child.rank, child.size, timeout or self._timeout, group_id=name,
+                               _comm_=child)
+        pg._set_group_name(name)
+        if group_desc:
+            pg._set_group_desc(group_desc)
+        return pg
 
     def __repr__(self):
         return f"<ProcessGroupNexar rank={self._rank_} size={self._size_} group={self._group_id!r}>"
@@ -292,8 +367,49 @@ class ProcessGroupNexar(dist.ProcessGroup):
         with torch.no_grad():
             t.copy_(res)
 
+    # ---- bucketed allreduce ----------------------------------------------------
+    # all_reduce_coalesced and _coalescing_manager's captured all_reduces
+    # arrive here: one bucketed call (nexar_allreduce_multi) per element
+    # type instead of one collective per tensor. bucket_bytes (0: 25 MiB,
+    # DDP's default) must be the same on every rank.
+    bucket_bytes = 0
+
     def allreduce_coalesced(self, tensors, opts=None):
-        return self.allreduce(tensors, opts)
+        op, factor = op_of(opts)
+        raw, bucket = self._raw, int(self.bucket_bytes)
+        if tensors and factor is None and self._fast():
+            dt = _FAST_DT.get(tensors[0].dtype)
+            t0 = tensors[0].dtype
+            if (dt is not None and all(t.dtype == t0 and _plain(t) for t in tensors)
+                    and (op != AVG or t0 in _FLOAT_DT) and (op not in (BAND, BOR, BXOR) or t0 not in _FLOAT_DT)):
+                addrs = [t.data_ptr() for t in tensors]
+                counts = [t.numel() for t in tensors]
+                o = int(op)
+                if not getattr(opts, "asyncOp", True):
+                    return self._now("allreduce_coalesced", tensors,
+                                     lambda: raw.allreduce_multi(addrs, counts, dt, o, bucket))
+                return self._started("allreduce_coalesced", tensors,
+                                     lambda: raw.iallreduce_multi_raw(addrs, counts, dt, o, bucket), list(tensors))
+
+        def fn():
+            # Staged (non-contiguous, bool, small ints, complex, PREMUL_SUM):
+            # grouped by what the C call takes, in order of first appearance.
+            groups = {}
+            staged = []
+            for t in tensors:
+                if t.is_sparse:
+                    self._sparse_allreduce(t, op)
+                    continue
+                r = Reduction(t, op, factor)
+                staged.append(r)
+                g = groups.setdefault((r.dt, r.op), ([], []))
+                g[0].append(r.addr)
+                g[1].append(r.count)
+            for (dt, o), (addrs, counts) in groups.items():
+                raw.allreduce_multi(addrs, counts, dt, o, bucket)
+            for r in staged:
+                r.s.back()
+        return self._enqueue("allreduce_coalesced", tensors, fn)
 
     # ---- broadcast / reduce ---------------------------------------------------
     def broadcast(self, tensors, opts=None):
@@ -624,3 +740,31 @@ class ProcessGroupNexar(dist.ProcessGroup):
 
     start_coalescing = _start_coalescing
     end_coalescing = _end_coalescing
+
+
+# ---- torch.compile ---------------------------------------------------------
+# torch registers ProcessGroup as an opaque object type for Dynamo, with a
+# fixed list of members (rank, size, group_name, ...); our subclass inherits
+# the registration. While a compiled function runs, Dynamo's frame hook sees
+# every Python frame, including the frames of these methods when torch's C++
+# (DDP's buffer broadcast, the reducer) or an eager graph break calls them:
+# it wraps `self` as that opaque object, and the first attribute that is
+# ours (`self._raw`, `self._root`, ... a Work's `_h`) is a hard error
+# ("Member '_raw' is not registered for this opaque object type"). A C++
+# backend such as gloo has no Python frame there. So the methods torch calls
+# run with Dynamo disabled: never traced, called as they are (a graph break
+# when called from compiled code, as for any opaque C++ call).
+def _untraced(cls) -> None:
+    try:
+        from torch._dynamo import disable
+    except Exception:  # pragma: no cover - a torch without Dynamo: nothing traces
+        return
+    for name, fn in list(vars(cls).items()):
+        if name.startswith("_") and name not in ("_start_coalescing", "_end_coalescing", "_get_backend",
+                                                 "_set_group_name", "_set_group_desc"):
+            continue
+        if inspect.isfunction(fn):
+            setattr(cls, name, disable(fn, recursive=True))
+
+
+_untraced(ProcessGroupNexar)

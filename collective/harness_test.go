@@ -358,9 +358,17 @@ var (
 // largeCases lists the (combo, world size) pairs run with largeCount
 // elements. Under -short only the size-chosen algorithms get two of them;
 // otherwise those get every dtype and op and the forced variants the two.
+// The small counts (smallCount: 0, 1, the prime 7 and 1000, past every
+// kernel's vector width) always run every combo on every world size.
+//
+// NEXAR_TEST_QUICK=1 (what `make test` sets for its -race run, where the
+// large count costs most of the time) keeps the size-chosen algorithms to
+// quickCombos on an odd and an even world size: one float and one integer
+// kernel family besides the common float32 sum.
 //
 // NEXAR_TEST_EXHAUSTIVE=1 crosses largeCount with every dtype, op and world
-// size instead (minutes without -race, hours with it: not part of make test).
+// size instead (minutes without -race, hours with it: not part of make
+// test); it overrides NEXAR_TEST_QUICK.
 func largeCases(forced bool) ([]combo, []int) {
 	switch {
 	case os.Getenv("NEXAR_TEST_EXHAUSTIVE") == "1":
@@ -371,9 +379,19 @@ func largeCases(forced bool) ([]combo, []int) {
 		return []combo{{Float32, Sum}}, []int{3}
 	case forced:
 		return []combo{{Float32, Sum}, {Int8, Max}}, []int{3}
+	case quick():
+		return quickCombos, []int{3, 8}
 	}
 	return someCombos(), []int{3, 8}
 }
+
+// quickCombos are the large-count combos of NEXAR_TEST_QUICK=1: float32
+// sum, a half-precision float with an op that divides (avg), and a signed
+// integer with a comparison.
+var quickCombos = []combo{{Float32, Sum}, {BFloat16, Avg}, {Int64, Min}}
+
+// quick reports whether NEXAR_TEST_QUICK=1 asks for the reduced matrix.
+func quick() bool { return os.Getenv("NEXAR_TEST_QUICK") == "1" }
 
 // testTuning is what the next memNet's links carry. Only this package's
 // tests touch it, never in parallel (no test here calls t.Parallel): it

@@ -3,7 +3,10 @@
  * (long heartbeat timeout) must fail naming rank 2, as reported by rank 1,
  * and nexar_comm_get_error must report NEXAR_ERR_PEER_DOWN, not success.
  * On both survivors the failure handler is called once, for rank 2, and
- * nexar_comm_get_failed lists rank 2.
+ * nexar_comm_get_failed lists rank 2. Rank 0 keeps its data on QUIC
+ * (NEXAR_BULK=off, so it starts from the environment), which also keeps it
+ * from watching its local peers' processes: otherwise it would see rank 2's
+ * exit itself, at once.
  * Reads its place from NEXAR_RANK, NEXAR_WORLD_SIZE, NEXAR_SEED and
  * NEXAR_TOKEN (as set by tests/c/launch.sh or nexar run). */
 #define _POSIX_C_SOURCE 200809L
@@ -73,12 +76,27 @@ int main(void) {
     cfg.heartbeat_interval_ms = 200;
     cfg.heartbeat_timeout_ms = rank == 1 ? 1000 : 60000;
     nexar_comm_t c;
-    CK(nexar_comm_init(&cfg, &c));
+    if (rank == 0) {
+        EXPECT(setenv("NEXAR_BULK", "off", 1) == 0 && setenv("NEXAR_TIMEOUT", "60s", 1) == 0 &&
+                   setenv("NEXAR_HEARTBEAT_INTERVAL", "200ms", 1) == 0 &&
+                   setenv("NEXAR_HEARTBEAT_TIMEOUT", "60s", 1) == 0,
+               "setenv failed");
+        CK(nexar_comm_init_from_env(&c));
+    } else {
+        CK(nexar_comm_init(&cfg, &c));
+    }
     CK(nexar_comm_set_failure_handler(c, on_failure, &calls));
     CK(nexar_barrier(c));
+    /* Rank 2 dies once the others are past the barrier: its death is seen
+     * in milliseconds, and must not fail a barrier still finishing. */
+    int one = 1;
     if (rank == 2) {
+        int got;
+        CK(nexar_recv(&got, 1, NEXAR_INT32, 0, 7, c));
+        CK(nexar_recv(&got, 1, NEXAR_INT32, 1, 7, c));
         _exit(0); /* dies: no goodbye */
     }
+    CK(nexar_send(&one, 1, NEXAR_INT32, 2, 7, c));
     float v[4] = {1, 2, 3, 4};
     nexar_result_t r = nexar_allreduce(v, v, 4, NEXAR_FLOAT32, NEXAR_SUM, c);
     const char* msg = nexar_last_error();

@@ -33,6 +33,25 @@ static void expect_rc(nexar_result_t got, nexar_result_t want, const char* what)
            nexar_last_error(), nexar_result_string(want));
 }
 
+/* past_barrier_then_die: after a barrier on c, victim exits (no goodbye)
+ * once every other rank has told it that its barrier returned: a death is
+ * seen at once on one host (the process is watched) and must not fail a
+ * barrier that another rank is still finishing. */
+static void past_barrier_then_die(nexar_comm_t c, int victim) {
+    int me, n, one = 1;
+    CK(nexar_comm_rank(c, &me));
+    CK(nexar_comm_size(c, &n));
+    if (me != victim) {
+        CK(nexar_send(&one, 1, NEXAR_INT32, victim, 99, c));
+        return;
+    }
+    for (int i = 0; i < n - 1; i++) {
+        CK(nexar_recv(&one, 1, NEXAR_INT32, NEXAR_ANY_SOURCE, 99, c));
+    }
+    fflush(NULL);
+    _exit(0); /* dies: no goodbye */
+}
+
 /* sum_check: allreduce of rank+1 over comm, checked against n(n+1)/2. */
 static void sum_check(nexar_comm_t c) {
     int rank, size;
@@ -116,9 +135,7 @@ int main(void) {
 
     /* 3. Manual policy: rank 3 dies. */
     CK(nexar_barrier(w));
-    if (rank == 3) {
-        _exit(0); /* dies: no goodbye */
-    }
+    past_barrier_then_die(w, 3);
     float x[4] = {1, 2, 3, 4};
     nexar_result_t r = nexar_allreduce(x, x, 4, NEXAR_FLOAT32, NEXAR_SUM, w);
     EXPECT((r == NEXAR_ERR_PEER_DOWN && strstr(nexar_last_error(), "rank 3") != NULL) ||
@@ -144,9 +161,7 @@ int main(void) {
     /* 4. Shrink policy: the shrunk communicator's rank 2 dies. */
     CK(nexar_comm_set_failure_policy(s, NEXAR_ON_FAILURE_SHRINK));
     CK(nexar_barrier(s));
-    if (srank == 2) {
-        _exit(0);
-    }
+    past_barrier_then_die(s, 2);
     r = nexar_allreduce(x, x, 4, NEXAR_FLOAT32, NEXAR_SUM, s);
     EXPECT(r == NEXAR_ERR_PEER_DOWN || r == NEXAR_ERR_REVOKED, "allreduce meeting the death: %s: %s",
            nexar_result_string(r), nexar_last_error());

@@ -206,10 +206,16 @@ int main() {
         nexar::Comm again = std::move(moved);
         EXPECT(again.failed().empty());
         again.barrier();
+        // Rank 2 dies once the others are past the barrier: a death on one
+        // host is seen at once and must not fail a barrier still finishing.
+        int one = 1;
         if (r == 2) {
+            again.recv(&one, 1, nexar::any_source, 99);
+            again.recv(&one, 1, nexar::any_source, 99);
             std::fflush(nullptr);
             _exit(0);  // dies without a goodbye
         }
+        again.send(&one, 1, 2, 99);
         for (int i = 0; i < 3000 && calls == 0; i++) usleep(10000);
         EXPECT(calls == 1 && who == 2);
         EXPECT(again.failed() == std::vector<int>{2});

@@ -186,7 +186,26 @@ var (
 // TestKillRankDetected SIGKILLs one of 4 ranks that loop on allreduce; each
 // survivor's pending allreduce must fail within 5 s, naming the dead rank.
 func TestKillRankDetected(t *testing.T) {
-	killLooping(t, 4, 2, syscall.SIGKILL, nil, nil, 5*time.Second)
+	killLooping(t, 4, 2, syscall.SIGKILL, nil, nil, 5*time.Second, "")
+}
+
+// TestKillRankSeenThroughProcess SIGKILLs one of 3 or 4 ranks of one host
+// with the heartbeat timeout at 30 s: the survivors watch their local
+// peers' processes (transport/bulk, pidfds, identities exchanged when the
+// data paths are negotiated), so each must fail naming the dead rank with
+// a cause saying its process exited, which no other detector says (QUIC's
+// idle timeout would take 5 s, the heartbeat 30 s). The bound is loose;
+// the log says how long each survivor took.
+func TestKillRankSeenThroughProcess(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("processes are watched through pidfds, on Linux only")
+	}
+	for _, n := range []int{3, 4} {
+		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
+			env := []string{"NEXAR_HEARTBEAT_INTERVAL=1s", "NEXAR_HEARTBEAT_TIMEOUT=30s"}
+			killLooping(t, n, n/2, syscall.SIGKILL, env, nil, 10*time.Second, "on this host exited")
+		})
+	}
 }
 
 // TestKillRankDetectedLargeSend SIGKILLs a rank while every rank is in a
@@ -210,7 +229,7 @@ func TestKillRankDetectedLargeSend(t *testing.T) {
 			for _, n := range []int{2, 4} {
 				t.Run(fmt.Sprintf("%s/bulk=%s/n=%d", name[sig], path, n), func(t *testing.T) {
 					env := []string{"NEXAR_BULK=" + path, "NEXAR_HEARTBEAT_INTERVAL=500ms", "NEXAR_HEARTBEAT_TIMEOUT=2s"}
-					killLooping(t, n, n-1, sig, env, []string{strconv.Itoa(64 << 20)}, 4*time.Second)
+					killLooping(t, n, n-1, sig, env, []string{strconv.Itoa(64 << 20)}, 4*time.Second, "")
 				})
 			}
 		}
@@ -220,8 +239,9 @@ func TestKillRankDetectedLargeSend(t *testing.T) {
 // killLooping runs n ranks of `testprog loop loopArgs...` with env, sends
 // sig (SIGKILL or SIGSTOP) to rank victim once every rank loops, and checks
 // that each survivor's pending allreduce fails within bound of the signal,
-// naming the victim. A stopped victim is resumed once every survivor failed.
-func killLooping(t *testing.T, n, victim int, sig syscall.Signal, env, loopArgs []string, bound time.Duration) {
+// naming the victim (and, unless want is empty, saying want). A stopped
+// victim is resumed once every survivor failed.
+func killLooping(t *testing.T, n, victim int, sig syscall.Signal, env, loopArgs []string, bound time.Duration, want string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -299,6 +319,9 @@ func killLooping(t *testing.T, n, victim int, sig syscall.Signal, env, loopArgs 
 		}
 		if f.dead != victim || !strings.Contains(f.msg, fmt.Sprintf("rank %d", victim)) {
 			t.Errorf("rank %d blames rank %d (%s), want rank %d", r, f.dead, f.msg, victim)
+		}
+		if want != "" && !strings.Contains(f.msg, want) {
+			t.Errorf("rank %d: %q does not say %q", r, f.msg, want)
 		}
 		if f.code != "peer down" {
 			t.Errorf("rank %d: code %q, want \"peer down\"", r, f.code)

@@ -203,6 +203,22 @@ type Endpoint struct {
 	oversubscribed bool            // more ranks on this host than cores (see Start)
 	using          atomic.Int64    // sends and pollers that may touch a ring (see Close)
 	unuseFn        func()          // using.Add(-1), made once
+
+	// Same-host deaths (procwatch_linux.go). A peer whose hello or offer
+	// proves it a process of this host and PID namespace (sameProc) may
+	// watch this process as this one watches it: Close says goodbye to it
+	// on the control lane (bye) and waits until it acknowledges (settled),
+	// so that this process's exit after a graceful Close is never taken
+	// for a death.
+	me        procID          // this process; PID 0 when /proc cannot tell
+	watch     *procWatch      // made for the first same-host peer
+	watchErr  error           // why there is no watch
+	sameProc  []bool          // peer proven on this host, in this PID namespace
+	departing []bool          // peer said bye: its exit is a departure
+	exited    []error         // why peer's process is dead, once its watch said so
+	drainMax  time.Duration   // how long a dead peer's ring may take to drain (procExited)
+	settled   []chan struct{} // closed once peer will not call this process's exit a death
+	settledOK []bool
 }
 
 // New prepares the composite endpoint for rank self of size; h and down
@@ -247,7 +263,14 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 		downed: make([]atomic.Bool, size), decided: make([]bool, size), left: size - 1,
 		ready: make(chan struct{}), paths: make([]string, size), in: make([]*channel, size),
 		bye: make([]error, size), byeSeen: make([]bool, size), causes: make([]error, size), offers: map[int]*tcpOffer{}, ctlWG: true,
-		local: make([]bool, size), lazy: make([]atomic.Bool, size), waits: make([]chan struct{}, size)}
+		local: make([]bool, size), lazy: make([]atomic.Bool, size), waits: make([]chan struct{}, size),
+		sameProc: make([]bool, size), departing: make([]bool, size), exited: make([]error, size), drainMax: drainMax, settled: make([]chan struct{}, size), settledOK: make([]bool, size)}
+	for r := range e.settled {
+		e.settled[r] = make(chan struct{})
+	}
+	if opt.Mode != ModeOff && procWatchSupported && size > 1 {
+		e.me, _ = selfProcID()
+	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.unuseFn = func() { e.using.Add(-1) }
 	e.probe = make([]byte, 16)
@@ -327,10 +350,10 @@ func (e *Endpoint) Start(ctx context.Context, inner transport.Endpoint) error {
 	if e.opt.Mode == ModeOff {
 		return nil
 	}
-	hello := ctlMsg{V: 1, T: "hello", Host: e.opt.HostID, SHM: e.opt.Mode.shm() && shmSupported(), TCP: e.opt.Mode.tcp()}
+	hello := e.withProc(&ctlMsg{V: 1, T: "hello", Host: e.opt.HostID, SHM: e.opt.Mode.shm() && shmSupported(), TCP: e.opt.Mode.tcp()})
 	for r := range e.size {
 		if r != e.self {
-			if err := e.sendCtl(ctx, r, &hello); err != nil {
+			if err := e.sendCtl(ctx, r, hello); err != nil {
 				return err
 			}
 		}
@@ -634,7 +657,12 @@ func (e *Endpoint) Waiting(peer int) (done func()) {
 // held back until the peer's inbound bulk channel has drained too, so that
 // every message it sent is delivered before the notification.
 func (e *Endpoint) peerLost(peer int, err error) {
-	if peer < 0 || peer >= e.size || e.closed.Load() {
+	if peer < 0 || peer >= e.size {
+		return
+	}
+	// Its connection is gone: it will not call this process's exit a death.
+	e.settle(peer)
+	if e.closed.Load() {
 		return
 	}
 	if errors.Is(err, transport.ErrPeerClosed) {
@@ -655,6 +683,7 @@ func (e *Endpoint) report(peer int, err error) {
 	if e.closed.Load() || e.downed[peer].Swap(true) {
 		return
 	}
+	e.settle(peer)
 	var pd *transport.PeerDownError
 	if errors.As(err, &pd) {
 		err = pd.Cause
@@ -751,7 +780,13 @@ func (e *Endpoint) startReader(from int, ch *channel) {
 		case graceful:
 			// The inner endpoint reports the departure once its lanes drain.
 		default:
-			e.report(from, fmt.Errorf("bulk: receive from rank %d over %s: %w", from, ch.desc, err))
+			e.mu.Lock()
+			exited := e.exited[from]
+			e.mu.Unlock()
+			if exited == nil {
+				exited = fmt.Errorf("bulk: receive from rank %d over %s: %w", from, ch.desc, err)
+			}
+			e.report(from, exited)
 		}
 	}()
 }
@@ -770,6 +805,11 @@ func (e *Endpoint) Close() error {
 				wg.Go(func() { ch.goodbye(deadline) })
 			}
 		}
+		if e.inner != nil {
+			for _, p := range e.watchers() {
+				wg.Go(func() { e.sayBye(p, deadline) })
+			}
+		}
 		wg.Wait()
 		if e.inner != nil {
 			e.inner.Close()
@@ -780,6 +820,7 @@ func (e *Endpoint) Close() error {
 		if e.ln != nil {
 			e.ln.Close()
 		}
+		watch := e.watch
 		chans := append([]*channel(nil), e.in...)
 		for _, off := range e.offers {
 			for _, c := range off.raws {
@@ -790,6 +831,9 @@ func (e *Endpoint) Close() error {
 		}
 		e.offers = nil
 		e.mu.Unlock()
+		if watch != nil {
+			watch.close()
+		}
 		for _, ch := range chans {
 			if ch != nil {
 				ch.quiet.Store(true)
@@ -842,9 +886,13 @@ type ctlMsg struct {
 	Err    string `cbor:"err,omitempty"`
 	// result of a shm attach: the producer's process id and where in its
 	// memory the consumer finds Data, to test cross-memory attach.
+	// hello and offer: the sender's process (PID, Start, PIDNS) and Host,
+	// for a peer on this host to watch it (procwatch_linux.go).
 	PID   int    `cbor:"pid,omitempty"`
 	Probe uint64 `cbor:"probe,omitempty"`
 	Data  []byte `cbor:"data,omitempty"`
+	Start uint64 `cbor:"start,omitempty"` // clock ticks after boot
+	PIDNS string `cbor:"pidns,omitempty"` // "pid:[inode]"
 }
 
 var ctlDec, _ = cbor.DecOptions{MaxArrayElements: 16, MaxMapPairs: 32, MaxNestedLevels: 4}.DecMode()
@@ -871,6 +919,19 @@ func (e *Endpoint) handle(from int, lane transport.Lane, h *transport.Header, p 
 	var m ctlMsg
 	if from < 0 || from >= e.size || from == e.self || len(p) > ctlMax || ctlDec.Unmarshal(p, &m) != nil || m.V != 1 {
 		e.log.Warn("nexar: bulk: dropping malformed negotiation message", "rank", e.self, "from", from)
+		return
+	}
+	// In the handler, in order: a peer's process is known before its
+	// offer is acted on (Start then returns knowing every local peer),
+	// and its bye before its exit.
+	switch m.T {
+	case "hello", "offer":
+		e.notePeerProc(from, &m)
+	case "bye":
+		e.peerBye(from)
+		return
+	case "byeack":
+		e.settle(from)
 		return
 	}
 	e.mu.Lock()
@@ -950,7 +1011,7 @@ func (e *Endpoint) tryRemote(from int, m *ctlMsg) {
 func (e *Endpoint) offer(ctx context.Context, from int, shm, tcp bool, size int) {
 	if shm && e.opt.Mode.shm() && shmSupported() {
 		if size == 0 {
-			e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "offer", Kind: "shm-lazy"})
+			e.sendCtl(ctx, from, e.withProc(&ctlMsg{V: 1, T: "offer", Kind: "shm-lazy"}))
 			return
 		}
 		var err error
@@ -963,7 +1024,7 @@ func (e *Endpoint) offer(ctx context.Context, from int, shm, tcp bool, size int)
 			if r, path, cookie, err = createRing(size); err == nil {
 				e.addRing(r)
 				e.startReader(from, newChannel(from, ringDesc(size), []link{ringLink{r}}))
-				e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "offer", Kind: "shm", Path: path, Cookie: cookie, Size: size, TCP: tcp})
+				e.sendCtl(ctx, from, e.withProc(&ctlMsg{V: 1, T: "offer", Kind: "shm", Path: path, Cookie: cookie, Size: size, TCP: tcp}))
 				return
 			}
 			e.refundRing(size)
@@ -980,10 +1041,10 @@ func (e *Endpoint) offer(ctx context.Context, from int, shm, tcp bool, size int)
 		e.mu.Unlock()
 		port := ln.Addr().(*net.TCPAddr).Port
 		addr := net.JoinHostPort(e.opt.AdvertiseHost, fmt.Sprint(port))
-		e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "offer", Kind: "tcp", Addr: addr, Nonce: nonce, Conns: e.opt.Conns, TLS: !e.opt.Plaintext})
+		e.sendCtl(ctx, from, e.withProc(&ctlMsg{V: 1, T: "offer", Kind: "tcp", Addr: addr, Nonce: nonce, Conns: e.opt.Conns, TLS: !e.opt.Plaintext}))
 		return
 	}
-	e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "offer", Kind: "quic"})
+	e.sendCtl(ctx, from, e.withProc(&ctlMsg{V: 1, T: "offer", Kind: "quic"}))
 }
 
 // tcpListener is the listener for a TCP offer to a peer that can dial

@@ -21,6 +21,12 @@ import (
 // mesh builds n composite endpoints over real QUIC on loopback.
 func mesh(t testing.TB, n int, opt Options, h []transport.Handler, down []transport.DownHandler) []*Endpoint {
 	t.Helper()
+	return meshWith(t, n, opt, h, down, nil)
+}
+
+// meshWith is mesh with a hook run on each endpoint between New and Start.
+func meshWith(t testing.TB, n int, opt Options, h []transport.Handler, down []transport.DownHandler, before func(int, *Endpoint)) []*Endpoint {
+	t.Helper()
 	nodes := make([]*nquic.Node, n)
 	peers := make([]nquic.Peer, n)
 	ids := make([]*nquic.Identity, n)
@@ -61,6 +67,9 @@ func mesh(t testing.TB, n int, opt Options, h []transport.Handler, down []transp
 				return
 			}
 			eps[i] = e
+			if before != nil {
+				before(i, e)
+			}
 			inner, err := nodes[i].Connect(ctx, i, peers, e.Handler(), e.DownHandler())
 			if err != nil {
 				errs[i] = err

@@ -555,6 +555,15 @@ func (r *ring) Close() error {
 	return nil
 }
 
+// producerGone marks, on the consumer side, the producer closed, as its
+// Close would have: its process is dead. The reader delivers what the ring
+// holds and then ends with io.EOF.
+func (r *ring) producerGone() {
+	atomic.StoreUint32(r.u32(offProdClosed), 1)
+	atomic.AddUint32(r.u32(offDataSeq), 1)
+	futex(r.u32(offDataSeq), futexWake, 1<<30, 0)
+}
+
 // release unmaps the ring; call only when no Read or Write can run.
 func (r *ring) release() {
 	if !r.unmapped.Swap(true) {

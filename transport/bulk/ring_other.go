@@ -29,6 +29,7 @@ func (r *ring) closedErr() error                                        { return
 func (r *ring) Read([]byte) (int, error)                                { return 0, errNoShm }
 func (r *ring) Close() error                                            { return nil }
 func (r *ring) release()                                                {}
+func (r *ring) producerGone()                                           {}
 func shmSupported() bool                                                { return false }
 func sweepStaleRings() []string                                         { return nil }
 func (r *ring) available() uint64                                       { return 0 }

@@ -30,9 +30,15 @@ def main():
     c.on_failure(on_failure)
     assert c.failed == []
     c.barrier()
+    # Rank 2 dies once the others are past the barrier: a death on one host
+    # is seen at once and must not fail a barrier still finishing.
+    one = np.ones(1, np.int32)
     if r == 2:
+        for _ in range(n - 1):
+            c.recv(one, nexar.ANY_SOURCE, 99)
         sys.stdout.flush()
         os._exit(0)  # dies without a goodbye
+    c.send(one, 2, 99)
     assert told.wait(20), "no failure reported"
     rank, err, on_main = calls[0]
     assert rank == 2 and isinstance(err, nexar.PeerDownError) and "rank 2" in str(err), calls

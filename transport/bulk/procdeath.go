@@ -1,0 +1,161 @@
+package bulk
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Same-host deaths in milliseconds. Every hello and offer carries the
+// sender's host id and process identity (pid, start time, PID namespace),
+// so each rank learns at mesh formation, before any data flows and whether
+// or not a ring is ever made, the process of every peer on its host. It
+// watches those processes (procWatch: a pidfd each, one goroutine) and
+// reports an exit through the DownHandler, the path a lost connection
+// takes, with a cause that says the process exited.
+//
+// A graceful Close is a departure, not a death: before it closes its
+// connections, a closing rank sends bye to each peer that may watch it and
+// waits (up to CloseTimeout) for that peer's byeack; a peer that got the
+// bye takes the exit that follows for the end of a departure.
+
+// withProc adds this process's host and identity to m (a hello or offer).
+func (e *Endpoint) withProc(m *ctlMsg) *ctlMsg {
+	if e.me.PID > 0 {
+		m.Host, m.PID, m.Start, m.PIDNS = e.opt.HostID, e.me.PID, e.me.Start, e.me.PIDNS
+	}
+	return m
+}
+
+// notePeerProc records, from a hello or offer, the process of peer from
+// when it is proven to run on this host in this PID namespace (equal host
+// ids, which include the boot id, and equal namespaces), and watches it.
+// The pidfd is opened now, with the start time checked against the
+// peer's claim, so a pid reused since is not watched in its place.
+func (e *Endpoint) notePeerProc(from int, m *ctlMsg) {
+	if e.me.PID <= 0 || m.PID <= 0 || m.Start == 0 || m.PID == e.me.PID ||
+		m.Host != e.opt.HostID || m.PIDNS != e.me.PIDNS {
+		return
+	}
+	e.mu.Lock()
+	if e.sameProc[from] || !e.ctlWG {
+		e.mu.Unlock()
+		return
+	}
+	e.sameProc[from] = true
+	if e.watch == nil && e.watchErr == nil {
+		e.watch, e.watchErr = newProcWatch(e.procExited)
+		if e.watchErr != nil {
+			e.log.Debug("nexar: bulk: local peers' processes are not watched", "rank", e.self, "err", e.watchErr)
+		}
+	}
+	w := e.watch
+	e.mu.Unlock()
+	if w == nil {
+		return
+	}
+	if err := w.add(from, procID{PID: m.PID, Start: m.Start, PIDNS: m.PIDNS}); err != nil {
+		e.log.Debug("nexar: bulk: not watching a local peer's process", "rank", e.self, "peer", from, "pid", m.PID, "err", err)
+		return
+	}
+	e.log.Debug("nexar: bulk: watching a local peer's process", "rank", e.self, "peer", from, "pid", m.PID)
+}
+
+// drainMax bounds how long the death of a local peer waits for its ring to
+// drain: delivery can be held up by the layer above (no room to buffer).
+const drainMax = time.Second
+
+// procExited is the watch's report that peer's process exited: a death,
+// unless peer said goodbye first. What the process wrote into its ring
+// before it died is delivered first (a rank that finished a collective and
+// then died must not fail the others' same collective): the ring is marked
+// closed by its producer, so its reader delivers what it holds, ends, and
+// reports the death (startReader), or, at the latest after drainMax, the
+// death is reported here.
+func (e *Endpoint) procExited(peer, pid int) {
+	e.settle(peer)
+	cause := fmt.Errorf("its process (pid %d) on this host exited", pid)
+	e.mu.Lock()
+	departing := e.departing[peer]
+	in := e.in[peer]
+	if !departing {
+		e.exited[peer] = cause
+	}
+	e.mu.Unlock()
+	if departing {
+		e.log.Debug("nexar: bulk: a departed peer's process exited", "rank", e.self, "peer", peer, "pid", pid)
+		return
+	}
+	if in != nil && in.ring != nil {
+		in.ring.producerGone()
+		time.AfterFunc(e.drainMax, func() { e.report(peer, cause) })
+		return
+	}
+	e.report(peer, cause)
+}
+
+// peerBye handles a peer's goodbye: its exit from now on is a departure.
+// The acknowledgement lets the peer exit.
+func (e *Endpoint) peerBye(from int) {
+	e.mu.Lock()
+	e.departing[from] = true
+	ack := e.ctlWG
+	if ack {
+		e.wg.Add(1)
+	}
+	e.mu.Unlock()
+	// A closing peer reports no death of this process either.
+	e.settle(from)
+	if !ack {
+		return
+	}
+	go func() {
+		defer e.wg.Done()
+		select {
+		case <-e.started:
+		case <-e.ctx.Done():
+			return
+		}
+		e.sendCtl(e.ctx, from, &ctlMsg{V: 1, T: "byeack"})
+	}()
+}
+
+// settle records that peer will not call this process's exit a death:
+// it acknowledged the goodbye, said its own, or is gone.
+func (e *Endpoint) settle(peer int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.settledOK[peer] {
+		e.settledOK[peer] = true
+		close(e.settled[peer])
+	}
+}
+
+// watchers lists the peers that may watch this process and are not down:
+// those Close says goodbye to.
+func (e *Endpoint) watchers() []int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var ps []int
+	for p, s := range e.sameProc {
+		if s && !e.downed[p].Load() && !e.settledOK[p] {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
+
+// sayBye tells peer that this process is leaving and waits, until
+// deadline, for the acknowledgement.
+func (e *Endpoint) sayBye(peer int, deadline time.Time) {
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	if err := e.sendCtl(ctx, peer, &ctlMsg{V: 1, T: "bye"}); err != nil {
+		return
+	}
+	select {
+	case <-e.settled[peer]:
+	case <-ctx.Done():
+		e.log.Debug("nexar: bulk: no acknowledgement of the goodbye", "rank", e.self, "peer", peer)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -74,12 +75,18 @@ func chaosRound(t *testing.T, n, kills int, seed uint64, killRank0 bool) []time.
 	cmd, errOut, lines := startRun(t, ctx, args, env...)
 	pids := map[int]int{}
 	looping := 0
-	var killedAt []time.Time
+	var (
+		killers  sync.WaitGroup
+		killMu   sync.Mutex // killedAt: the killing goroutine appends, this one reads
+		killedAt []time.Time
+	)
 	recovered := map[int]time.Time{}
 	done := map[int]string{}
 	var all []string
 	kill := func(r int) {
+		killMu.Lock()
 		killedAt = append(killedAt, time.Now())
+		killMu.Unlock()
 		if err := syscall.Kill(pids[r], syscall.SIGKILL); err != nil {
 			t.Errorf("kill rank %d: %v", r, err)
 		}
@@ -93,7 +100,9 @@ func chaosRound(t *testing.T, n, kills int, seed uint64, killRank0 bool) []time.
 		if regexp.MustCompile(`LOOPING rank=`).MatchString(line) {
 			looping++
 			if looping == n {
+				killers.Add(1)
 				go func() {
+					defer killers.Done()
 					time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
 					kill(victims[0])
 					if kills > 1 {
@@ -116,6 +125,7 @@ func chaosRound(t *testing.T, n, kills int, seed uint64, killRank0 bool) []time.
 		}
 	}
 	_ = cmd.Wait()
+	killers.Wait()
 	want := uint64(1)<<uint(n) - 1
 	for _, v := range victims {
 		want &^= 1 << uint(v)
@@ -131,6 +141,8 @@ func chaosRound(t *testing.T, n, kills int, seed uint64, killRank0 bool) []time.
 		}
 	}
 	var out []time.Duration
+	killMu.Lock()
+	defer killMu.Unlock()
 	if kills == 1 && len(killedAt) == 1 {
 		for r, at := range recovered {
 			if !slices.Contains(victims, r) {

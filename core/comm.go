@@ -605,7 +605,7 @@ func (c *Comm) departLocked(r int, seq uint64, cause *Error) {
 		d.err = cause
 	}
 	c.gone[r] = d
-	c.suspectLocked(r)
+	c.suspectDepartedLocked(r)
 	c.collLimit = min(c.collLimit, seq)
 	release := c.match.Depart(r, c.collLimit, d.err)
 	c.settleLocked()

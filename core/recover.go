@@ -350,6 +350,27 @@ func (c *Comm) suspectWorldLocked(w int) {
 	c.suspectLocked(r)
 }
 
+// suspectDepartedLocked tells c's agreements, after a grace, that comm
+// rank r left. A member that returned from an agreement and closed at once
+// has sent its last agreement messages (a Commit) on the control lane, and
+// its goodbye may overtake them on another lane: suspecting it at once
+// would make a 2-rank agreement lose its quorum with the decision in
+// flight. Agreements started later count it as gone at once (agree reads
+// c.gone). Called with c.mu held.
+func (c *Comm) suspectDepartedLocked(r int) {
+	if len(c.rec.agrees) == 0 {
+		return
+	}
+	grace := min(time.Second, c.cfg.HeartbeatTimeout)
+	time.AfterFunc(grace, func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if !c.closing {
+			c.suspectLocked(r)
+		}
+	})
+}
+
 // suspectLocked tells c's agreements that comm rank r failed. Called with
 // c.mu held.
 func (c *Comm) suspectLocked(r int) {

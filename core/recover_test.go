@@ -305,3 +305,37 @@ func TestParseFailurePolicy(t *testing.T) {
 		t.Fatalf("NEXAR_ON_FAILURE=shrink: %v %v", cfg.OnFailure, err)
 	}
 }
+
+// TestAgreeThenClose: a member that returns from Agree and closes at once
+// must not cost the others the decision (its goodbye can overtake its
+// Commit): on 2 ranks, rank 1 losing rank 0 would otherwise find no
+// quorum. Over QUIC with shared memory, where the goodbye travels on
+// another lane than the agreement.
+func TestAgreeThenClose(t *testing.T) {
+	for i := 0; i < 10; i++ {
+		cfg := recoverConfig(PolicyManual)
+		cfg.Bulk = "shm"
+		comms, err := NewLocalQUIC(2, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Data on the ring first, so that the goodbye takes the data lane.
+		sumCheck(t, comms)
+		errs := each(comms, func(c *Comm) error {
+			f, failed, err := c.Agree(context.Background(), 5)
+			if err == nil && (f != 5 || len(failed) != 0) {
+				err = fmt.Errorf("agreed %d %v", f, failed)
+			}
+			if c.Rank() == 0 {
+				c.Close()
+			}
+			return err
+		})
+		for r, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: rank %d: %v", i, r, err)
+			}
+		}
+		closeAll(t, comms)
+	}
+}

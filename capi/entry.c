@@ -481,3 +481,10 @@ nexar_result_t nexar_comm_dump_flight_record(nexar_comm_t comm, const char* path
     GUARD("communicator");
     return (nexar_result_t)nxgo_comm_dump_flight_record((uintptr_t)comm, (char*)path);
 }
+
+/* ---- Memory and traffic statistics ---------------------------------------- */
+
+nexar_result_t nexar_comm_get_stats(nexar_comm_t comm, nexar_stats_t* stats) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_comm_get_stats((uintptr_t)comm, (void*)stats);
+}

@@ -39,8 +39,8 @@ func Allgather(ctx context.Context, l Link, send, recv []byte) error {
 	// Bruck: tmp[i] holds the block of rank (rank+i) mod size. In round k
 	// a rank has the first k blocks and fetches the next min(k, size-k)
 	// from rank+k, which holds them as its own first ones.
-	tmp := getScratch(len(recv))
-	defer putScratch(tmp)
+	tmp := scratchOf(l).Get(len(recv))
+	defer scratchOf(l).Put(tmp)
 	copy(tmp, blocks[rank])
 	for k := 1; k < size; k <<= 1 {
 		c := min(k, size-k)
@@ -123,15 +123,15 @@ func (st *steps) bruckAlltoall(ctx context.Context, l Link, send, recv []byte, b
 	if in == nil {
 		in = recv
 	}
-	tmp := getScratch(size * blk)
-	defer putScratch(tmp)
+	tmp := scratchOf(l).Get(size * blk)
+	defer scratchOf(l).Put(tmp)
 	for i := 0; i < size; i++ {
 		j := (rank + i) % size
 		copy(tmp[i*blk:(i+1)*blk], in[j*blk:(j+1)*blk])
 	}
-	out, back := getScratch(size*blk), getScratch(size*blk)
-	defer putScratch(out)
-	defer putScratch(back)
+	out, back := scratchOf(l).Get(size*blk), scratchOf(l).Get(size*blk)
+	defer scratchOf(l).Put(out)
+	defer scratchOf(l).Put(back)
 	for k := 1; k < size; k <<= 1 {
 		n := 0
 		for i := k; i < size; i++ {
@@ -183,8 +183,8 @@ func Alltoallv(ctx context.Context, l Link, send []byte, scounts, sdispls []int,
 func alltoallv(ctx context.Context, l Link, send []byte, scounts, sdispls []int, recv []byte, rcounts, rdispls []int) error {
 	rank, size := l.Rank(), l.Size()
 	if send == nil {
-		send = getScratch(len(recv))
-		defer putScratch(send)
+		send = scratchOf(l).Get(len(recv))
+		defer scratchOf(l).Put(send)
 		copy(send, recv)
 		scounts, sdispls = rcounts, rdispls
 	}

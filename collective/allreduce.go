@@ -79,8 +79,8 @@ func (st *steps) recursiveDoubling(ctx context.Context, l Link, rank, size int, 
 		pof2 *= 2
 	}
 	rem := size - pof2
-	tmp := getScratch(len(buf))
-	defer putScratch(tmp)
+	tmp := scratchOf(l).Get(len(buf))
+	defer scratchOf(l).Put(tmp)
 	newrank := rank - rem
 	if rank < 2*rem {
 		if rank%2 == 0 {
@@ -140,9 +140,9 @@ func (st *steps) ringReduceScatter(ctx context.Context, l Link, in [][]byte, out
 	for _, b := range in {
 		maxb = max(maxb, len(b))
 	}
-	bufs := [2][]byte{getScratch(maxb), getScratch(maxb)}
-	defer putScratch(bufs[0])
-	defer putScratch(bufs[1])
+	bufs := [2][]byte{scratchOf(l).Get(maxb), scratchOf(l).Get(maxb)}
+	defer scratchOf(l).Put(bufs[0])
+	defer scratchOf(l).Put(bufs[1])
 	next, prev := mod(rank+1, size), mod(rank-1, size)
 	cur := in[mod(rank-1, size)] // what we send at step 0: our own block
 	for s := 0; s < size-2; s++ {

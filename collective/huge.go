@@ -7,7 +7,7 @@ import (
 	"github.com/nexar-go/nexar/internal/hugepage"
 )
 
-// mapped records the buffers mapHuge made (by address), so that putScratch
+// mapped records the buffers mapHuge made (by address), so that ScratchPool.Put
 // tells them from heap buffers of the same class (the fallback).
 var mapped sync.Map
 

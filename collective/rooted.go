@@ -124,8 +124,8 @@ func Reduce(ctx context.Context, l Link, send, recv []byte, dt DType, op Op, roo
 		if rank == root {
 			out = balanced(recv, size, dt.Size())[rank]
 		} else {
-			out = getScratch(len(balanced(in, size, dt.Size())[rank]))
-			defer putScratch(out)
+			out = scratchOf(l).Get(len(balanced(in, size, dt.Size())[rank]))
+			defer scratchOf(l).Put(out)
 		}
 		if err := st.ringReduceScatter(ctx, l, balanced(in, size, dt.Size()), out, dt, op); err != nil {
 			return err
@@ -149,14 +149,14 @@ func Reduce(ctx context.Context, l Link, send, recv []byte, dt DType, op Op, roo
 	vr := mod(rank-root, size)
 	acc := recv
 	if rank != root {
-		acc = getScratch(len(in))
-		defer putScratch(acc)
+		acc = scratchOf(l).Get(len(in))
+		defer scratchOf(l).Put(acc)
 	}
 	if send != nil || rank != root {
 		copy(acc, in)
 	}
-	tmp := getScratch(len(in))
-	defer putScratch(tmp)
+	tmp := scratchOf(l).Get(len(in))
+	defer scratchOf(l).Put(tmp)
 	o := redOp(op)
 	for mask := 1; mask < size; mask <<= 1 {
 		if vr&mask != 0 {

@@ -92,8 +92,8 @@ func (st *steps) chainScan(ctx context.Context, l Link, own, recv []byte, dt DTy
 		if rank == 0 {
 			return st.pipeline(ctx, l, -1, nil, next, recv, nil)
 		}
-		tmp := getScratch(len(recv))
-		defer putScratch(tmp)
+		tmp := scratchOf(l).Get(len(recv))
+		defer scratchOf(l).Put(tmp)
 		return st.pipeline(ctx, l, prev, tmp, next, recv, func(lo, hi int) {
 			ReduceInto(recv[lo:hi], tmp[lo:hi], dt, op)
 		})
@@ -117,10 +117,10 @@ func (st *steps) chainScan(ctx context.Context, l Link, own, recv []byte, dt DTy
 // lower, also folds the partner's partial into the result.
 func (st *steps) doublingScan(ctx context.Context, l Link, own, recv []byte, dt DType, op Op, exclusive bool) error {
 	rank, size := l.Rank(), l.Size()
-	partial := append(getScratch(len(own))[:0], own...)
-	tmp := getScratch(len(own))
-	defer putScratch(partial)
-	defer putScratch(tmp)
+	partial := append(scratchOf(l).Get(len(own))[:0], own...)
+	tmp := scratchOf(l).Get(len(own))
+	defer scratchOf(l).Put(partial)
+	defer scratchOf(l).Put(tmp)
 	if !exclusive {
 		copy(recv, own)
 	}

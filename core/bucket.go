@@ -99,7 +99,7 @@ func (c *Comm) iallreduceMulti(ctx context.Context, send, recv [][]byte, dt coll
 	} else {
 		bucketBytes -= bucketBytes % es
 	}
-	m := &multiCall{send: send, recv: recv}
+	m := &multiCall{send: send, recv: recv, scratch: c.scratch}
 	m.buckets = planBuckets(recv, bucketBytes)
 	if total == 0 {
 		// Nothing to reduce: one signature exchange, so that the call is
@@ -141,6 +141,7 @@ type multiCall struct {
 	reqs       []*Request // one per bucket
 	ctx        context.Context
 	cancel     context.CancelFunc
+	scratch    *collective.ScratchPool // the communicator's: staging buffers
 }
 
 func (m *multiCall) nonEmpty(b *bucket) int {
@@ -158,7 +159,7 @@ func (m *multiCall) pack(k int) {
 	if b.direct {
 		return
 	}
-	b.stage = collective.Scratch(b.bytes)
+	b.stage = m.scratch.Get(b.bytes)
 	off := 0
 	for i := b.first; i < b.end; i++ {
 		src := m.recv[i]
@@ -182,7 +183,7 @@ func (m *multiCall) unpack(k int, ok bool) {
 			off += copy(m.recv[i], b.stage[off:])
 		}
 	}
-	collective.ReleaseScratch(b.stage)
+	m.scratch.Put(b.stage)
 	b.stage = nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/nexar-go/nexar/collective"
 	"math"
 	"sync"
 	"time"
@@ -71,6 +72,10 @@ type Comm struct {
 	rpc *rpcState // handlers and calls in flight (core/rpc.go), under its own lock
 
 	flight *flightRecorder // the last operations (core/flight.go), under its own lock; nil: off
+
+	// Memory and traffic (core/stats.go).
+	scratch *collective.ScratchPool // the schedules' temporaries, idle ones within cfg.ScratchIdleBytes
+	traffic traffic                 // messages and bytes of this communicator
 }
 
 // departure records that a member destroyed its communicator: every message
@@ -103,6 +108,7 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 		rpc:        newRPCState(n.cfg.RPCHandlers),
 		rec:        recovery{policy: n.cfg.OnFailure, stop: make(chan struct{})},
 		flight:     newFlightRecorder(n.cfg, n.log, id, rank),
+		scratch:    collective.NewScratchPool(n.cfg.ScratchIdleBytes),
 	}
 	for r, w := range world {
 		c.of[w] = r
@@ -128,6 +134,9 @@ func newLocalWrapped(n int, cfg Config, wrap func(int, transport.DataPath) trans
 	cfg = cfg.withDefaults()
 	if err := cfg.Tuning.Validate(); err != nil {
 		return nil, invalidArg("new", "Config.Tuning: %v", err)
+	}
+	if err := cfg.validateMemory(); err != nil {
+		return nil, err
 	}
 	nodes := make([]*node, n)
 	hs := make([]transport.Handler, n)
@@ -240,6 +249,7 @@ func (c *Comm) Close() error {
 		c.mu.Unlock()
 		c.n.release(held)
 		c.n.unregister(c)
+		c.scratch.Close()
 	})
 	return nil
 }

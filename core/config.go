@@ -57,7 +57,9 @@ type Config struct {
 	HeartbeatTimeout time.Duration
 	// MaxBufferedBytes bounds the payload bytes of messages that arrived
 	// before their receive was posted. Beyond it the transport handler
-	// blocks, which back-pressures the sending peer. Default 256 MiB.
+	// blocks, which back-pressures the sending peer. It is per process
+	// (shared with split communicators). Default: the memory profile's
+	// (256 MiB in the default profile; see MemoryProfile).
 	MaxBufferedBytes int64
 	// Logger receives diagnostics. Default: slog.Default() (discarding
 	// nothing, logging no secrets).
@@ -115,6 +117,152 @@ type Config struct {
 	// gets with its default action (termination) while a communicator
 	// lives. Default false: nexar takes no signal.
 	FlightDumpOnSignal bool
+
+	// Memory (docs/memory.md). MemoryProfile sets the four budgets below
+	// together (NEXAR_MEMORY_PROFILE): "default" (or ""), "training"
+	// (large rings, scratch kept warm: throughput) or "inference" (small
+	// rings and budget, large scratch released when idle: footprint; the
+	// few MiB kept spare small calls an allocation each). A field
+	// set explicitly (> 0, or ScratchIdleBytes < 0) overrides the
+	// profile's value. Zero fields take the environment's values (these
+	// variables, and NEXAR_MAX_BUFFERED_BYTES through ConfigFromEnv), also
+	// for a Config not read by ConfigFromEnv.
+	//
+	//	profile    MaxBufferedBytes  RingSize  RingBudget  ScratchIdleBytes
+	//	default    256 MiB           8 MiB     64 MiB      256 MiB
+	//	training   1 GiB             32 MiB    512 MiB     2 GiB
+	//	inference  32 MiB            1 MiB     8 MiB       4 MiB
+	MemoryProfile string
+	// RingSize is the largest capacity of one shared-memory ring, a power
+	// of two in [64 KiB, 1 GiB] (NEXAR_RING_SIZE). Default: the profile's.
+	RingSize int
+	// RingBudget bounds the capacity of the shared-memory rings this
+	// process creates, one per local peer that sends to it; rings shrink
+	// to fit it (NEXAR_RING_BUDGET). Default: the profile's.
+	RingBudget int
+	// ScratchIdleBytes bounds the idle scratch buffers (the collectives'
+	// temporaries) each communicator keeps for its next calls; beyond it,
+	// buffers are released when a call ends (NEXAR_SCRATCH_IDLE_BYTES).
+	// Default: the profile's; negative: keep none.
+	ScratchIdleBytes int64
+}
+
+// MemoryProfile is one row of the memory profiles' table (Config.MemoryProfile).
+type MemoryProfile struct {
+	MaxBufferedBytes int64
+	RingSize         int
+	RingBudget       int
+	ScratchIdleBytes int64
+}
+
+// MemoryProfileOf returns the values of the named profile ("" is
+// "default"), or an error naming the profiles.
+func MemoryProfileOf(name string) (MemoryProfile, error) {
+	switch strings.ToLower(strings.TrimSpace(name)) {
+	case "", "default":
+		return MemoryProfile{defaultMaxBufferedBytes, bulk.DefaultRingSize, bulk.DefaultRingBudget, 256 << 20}, nil
+	case "training":
+		return MemoryProfile{1 << 30, 32 << 20, 512 << 20, 2 << 30}, nil
+	case "inference":
+		return MemoryProfile{32 << 20, 1 << 20, 8 << 20, 4 << 20}, nil
+	}
+	return MemoryProfile{}, fmt.Errorf("core: memory profile %q: want default, training or inference", name)
+}
+
+// validateMemory reports an unknown memory profile or a bad ring size.
+func (cfg Config) validateMemory() error {
+	if _, err := MemoryProfileOf(cfg.MemoryProfile); err != nil {
+		return invalidArg("new", "Config.MemoryProfile: %v", err)
+	}
+	if r := cfg.RingSize; r != 0 && (r&(r-1) != 0 || r < 64<<10 || r > 1<<30) {
+		return invalidArg("new", "Config.RingSize %d is not a power of two in [64 KiB, 1 GiB]", r)
+	}
+	return nil
+}
+
+// withMemoryProfile fills the memory fields that are not set from cfg's
+// profile (a negative ScratchIdleBytes stays: keep none; so a second call
+// changes nothing).
+func (cfg Config) withMemoryProfile() (Config, error) {
+	p, err := MemoryProfileOf(cfg.MemoryProfile)
+	if err != nil {
+		return cfg, err
+	}
+	if cfg.MaxBufferedBytes <= 0 {
+		cfg.MaxBufferedBytes = p.MaxBufferedBytes
+	}
+	if cfg.RingSize <= 0 {
+		cfg.RingSize = p.RingSize
+	}
+	if cfg.RingBudget <= 0 {
+		cfg.RingBudget = p.RingBudget
+	}
+	if cfg.ScratchIdleBytes == 0 {
+		cfg.ScratchIdleBytes = p.ScratchIdleBytes
+	}
+	return cfg, nil
+}
+
+// memoryFromEnvIfUnset fills MemoryProfile, RingSize, RingBudget and
+// ScratchIdleBytes, where zero, from the environment, so that a Config not
+// read by ConfigFromEnv (nexar_comm_init, nexar.Comm(...)) takes them too.
+func (cfg *Config) memoryFromEnvIfUnset(lookup func(string) (string, bool)) error {
+	var e Config
+	err := e.memoryFromLookup(func(names ...string) (string, string) {
+		for _, n := range names {
+			if v, ok := lookup(n); ok && strings.TrimSpace(v) != "" {
+				return strings.TrimSpace(v), n
+			}
+		}
+		return "", ""
+	})
+	if err != nil {
+		return err
+	}
+	if cfg.MemoryProfile == "" {
+		cfg.MemoryProfile = e.MemoryProfile
+	}
+	if cfg.RingSize == 0 {
+		cfg.RingSize = e.RingSize
+	}
+	if cfg.RingBudget == 0 {
+		cfg.RingBudget = e.RingBudget
+	}
+	if cfg.ScratchIdleBytes == 0 {
+		cfg.ScratchIdleBytes = e.ScratchIdleBytes
+	}
+	return nil
+}
+
+// memoryFromLookup reads NEXAR_MEMORY_PROFILE, NEXAR_RING_SIZE,
+// NEXAR_RING_BUDGET and NEXAR_SCRATCH_IDLE_BYTES into cfg.
+func (cfg *Config) memoryFromLookup(get func(...string) (string, string)) error {
+	if v, name := get("NEXAR_MEMORY_PROFILE"); name != "" {
+		if _, err := MemoryProfileOf(v); err != nil {
+			return fmt.Errorf("core: NEXAR_MEMORY_PROFILE=%q: want default, training or inference", v)
+		}
+		cfg.MemoryProfile = v
+	}
+	for _, d := range []struct {
+		name string
+		dst  *int
+	}{{"NEXAR_RING_SIZE", &cfg.RingSize}, {"NEXAR_RING_BUDGET", &cfg.RingBudget}} {
+		if v, _ := get(d.name); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				return fmt.Errorf("core: %s=%q is not a positive integer (bytes)", d.name, v)
+			}
+			*d.dst = n
+		}
+	}
+	if v, _ := get("NEXAR_SCRATCH_IDLE_BYTES"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return fmt.Errorf("core: NEXAR_SCRATCH_IDLE_BYTES=%q is not an integer (bytes; -1: keep none)", v)
+		}
+		cfg.ScratchIdleBytes = n
+	}
+	return nil
 }
 
 const (
@@ -144,11 +292,17 @@ func (cfg Config) withDefaults() Config {
 	if cfg.HeartbeatTimeout < 2*cfg.HeartbeatInterval {
 		cfg.HeartbeatTimeout = 2 * cfg.HeartbeatInterval
 	}
-	if cfg.MaxBufferedBytes <= 0 {
-		cfg.MaxBufferedBytes = defaultMaxBufferedBytes
-	}
 	if err := cfg.diagnosticsFromLookup(os.LookupEnv); err != nil {
 		cfg.Logger.Warn("nexar: ignoring a diagnostics variable", "subsys", SubsysInit, "err", err)
+	}
+	if err := cfg.memoryFromEnvIfUnset(os.LookupEnv); err != nil {
+		cfg.Logger.Warn("nexar: ignoring a memory variable", "subsys", SubsysInit, "err", err)
+	}
+	if m, err := cfg.withMemoryProfile(); err == nil {
+		cfg = m // an unknown profile is reported by validateMemory, which New calls
+	}
+	if cfg.MaxBufferedBytes <= 0 {
+		cfg.MaxBufferedBytes = defaultMaxBufferedBytes
 	}
 	cfg.Tuning = cfg.Tuning.WithDefaults()
 	return cfg
@@ -163,7 +317,9 @@ func (cfg Config) withDefaults() Config {
 //     NEXAR_HEARTBEAT_TIMEOUT (Go durations, e.g. "30s"),
 //     NEXAR_MAX_BUFFERED_BYTES, NEXAR_SPIN_WAIT, NEXAR_BULK (auto|tcp|shm|off),
 //     NEXAR_BULK_CONNS, NEXAR_BULK_PLAINTEXT (1 or true), NEXAR_BULK_REMOTE_MIN,
-//     NEXAR_ON_FAILURE (abort|manual|shrink);
+//     NEXAR_ON_FAILURE (abort|manual|shrink), NEXAR_MEMORY_PROFILE
+//     (default|training|inference), NEXAR_RING_SIZE, NEXAR_RING_BUDGET,
+//     NEXAR_SCRATCH_IDLE_BYTES;
 //   - torchrun: RANK, WORLD_SIZE, MASTER_ADDR + MASTER_PORT;
 //   - Slurm: SLURM_PROCID, SLURM_NTASKS (the seed must come from NEXAR_SEED
 //     or MASTER_ADDR/MASTER_PORT);
@@ -332,6 +488,9 @@ func configFromLookup(lookup func(string) (string, bool), readFile func(string) 
 			return cfg, fmt.Errorf("core: NEXAR_BULK_PLAINTEXT=%q is not a boolean", v)
 		}
 		cfg.BulkPlaintext = b
+	}
+	if err := cfg.memoryFromLookup(get); err != nil {
+		return cfg, err
 	}
 	if err := cfg.diagnosticsFromLookup(lookup); err != nil {
 		return cfg, err

@@ -51,6 +51,9 @@ func (l *link) Size() int { return l.c.size }
 // Tuning is the communicator's (Config.Tuning, defaults filled in).
 func (l *link) Tuning() *collective.Tuning { return &l.c.cfg.Tuning }
 
+// Scratch is the communicator's scratch pool (collective.ScratchLink).
+func (l *link) Scratch() *collective.ScratchPool { return l.c.scratch }
+
 func (l *link) Send(ctx context.Context, peer int, step uint32, data []byte) error {
 	return l.send(ctx, peer, step, data, nil)
 }
@@ -153,6 +156,9 @@ func (l *link) send(ctx context.Context, peer int, step uint32, data []byte, pro
 		err = l.c.n.ep.SendProgress(l.sendCtx(peer), l.c.world[peer], &th, data, progress)
 	} else {
 		err = l.c.sendChunked(l.sendCtx(peer), peer, h, data)
+	}
+	if err == nil {
+		l.c.traffic.sent(len(data))
 	}
 	if err != nil && isDeparture(err) {
 		if skip, _ := l.c.collSendSkip(peer, l.seq, op); skip {

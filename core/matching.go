@@ -49,6 +49,7 @@ func (c *Comm) collMismatch(mm *match.Mismatch) *Error {
 // budget when it must be held (pre: its bytes are already accounted).
 func (c *Comm) deliverData(src int, h header, payload []byte, pre bool) {
 	n := int64(len(payload))
+	c.traffic.bytesRecv.Add(n)
 	room := c.n.tryAcquire
 	if pre {
 		room = func(int64) bool { return true }
@@ -186,6 +187,7 @@ func (c *Comm) placeColl(src int, h header, size int) ([]byte, func(error)) {
 	if m == nil {
 		return nil, nil
 	}
+	c.traffic.bytesRecv.Add(int64(size))
 	return dst, func(err error) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -207,6 +209,7 @@ func (c *Comm) placeP2P(src int, h header, size int) ([]byte, func(error)) {
 	if m == nil {
 		return nil, nil
 	}
+	c.traffic.bytesRecv.Add(int64(size))
 	return dst, func(err error) {
 		c.mu.Lock()
 		defer c.mu.Unlock()

@@ -34,6 +34,9 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 	if err := cfg.Tuning.Validate(); err != nil {
 		return nil, invalidArg("new", "Config.Tuning: %v", err)
 	}
+	if err := cfg.validateMemory(); err != nil {
+		return nil, err
+	}
 	if cfg.WorldSize < 1 {
 		return nil, invalidArg("new", "world size %d must be >= 1", cfg.WorldSize)
 	}
@@ -130,6 +133,7 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 		cleanup()
 		return nil, err
 	}
+	nd.ringBytes = bk.RingBytes
 	ep, err := qn.Connect(fctx, rank, peers, bk.Handler(), bk.DownHandler())
 	if err == nil {
 		err = bk.Start(fctx, ep)

@@ -41,6 +41,7 @@ type node struct {
 	lastSeen       []atomic.Int64 // unix nanos of the last message from each world rank
 	downSig        []downSignal   // per world rank: declared down (ends sends to it)
 	buffered       atomic.Int64   // payload bytes held for unmatched messages
+	ringBytes      func() int64   // the bulk endpoint's RingBytes; nil without one (set before start)
 
 	done    chan struct{} // closed by close
 	wg      sync.WaitGroup

@@ -135,6 +135,8 @@ func (c *Comm) isend(ctx context.Context, buf []byte, peer int, tag uint64) *Req
 		var err error
 		if err = c.sendChunked(ctx, peer, header{kind: kindP2P, seqOrTag: tag}, buf); err != nil {
 			err = c.opError("send", ctx, err)
+		} else {
+			c.traffic.sent(len(buf))
 		}
 		req.finish(Status{Source: c.rank, Tag: tag, Count: len(buf)}, err)
 	}

@@ -181,7 +181,7 @@ typedef struct nexar_config {
     int64_t connect_timeout_ms;    /* deadline of rendezvous and mesh set-up */
     int64_t heartbeat_interval_ms; /* how often peers are probed */
     int64_t heartbeat_timeout_ms;  /* silence after which a peer is down */
-    int64_t max_buffered_bytes;    /* bound on early-arrival buffering per communicator */
+    int64_t max_buffered_bytes;    /* bound on early-arrival buffering, per process */
 } nexar_config_t;
 
 #define NEXAR_CONFIG_INIT \
@@ -837,6 +837,40 @@ nexar_result_t nexar_request_free(nexar_request_t req);
  * Thread-safety: safe from any thread, also while other threads are blocked
  * in calls on comm (that is what it is for). */
 nexar_result_t nexar_comm_dump_flight_record(nexar_comm_t comm, const char* path);
+
+/* ---- Memory and traffic statistics (docs/memory.md) ---------------------- */
+
+/* nexar_stats_t is a snapshot of a communicator's memory and traffic.
+ * Initialize it with NEXAR_STATS_INIT: struct_size lets later versions
+ * append fields (the library writes only the fields that fit in
+ * struct_size). "Per process" figures belong to the process's mesh,
+ * shared by a world communicator and every communicator split from it. */
+typedef struct nexar_stats {
+    size_t struct_size;     /* sizeof(nexar_stats_t); set by NEXAR_STATS_INIT */
+    int64_t bytes_buffered; /* per process: payload of messages that arrived before their
+                               receive was posted (bound: max_buffered_bytes) */
+    int64_t scratch_bytes;  /* per communicator: collective scratch in use plus kept idle
+                               (bound on idle: NEXAR_SCRATCH_IDLE_BYTES) */
+    int64_t ring_bytes;     /* per process: capacity of the shared-memory rings it created
+                               (bound: NEXAR_RING_BUDGET); 0 without shared memory */
+    int64_t relayed_bytes;  /* per process: payload forwarded for other ranks; always 0 (no
+                               relaying yet) */
+    int64_t messages_sent;  /* per communicator: data messages (collective steps, sends) */
+    int64_t bytes_sent;     /* per communicator: their payload bytes */
+    int64_t bytes_received; /* per communicator: data payload bytes received */
+} nexar_stats_t;
+
+#define NEXAR_STATS_INIT { sizeof(nexar_stats_t), 0, 0, 0, 0, 0, 0, 0 }
+
+/* nexar_comm_get_stats fills *stats with comm's statistics; each figure is
+ * read atomically, not all at one instant. Works on a failed communicator.
+ * Args: comm; stats: non-NULL, initialized with NEXAR_STATS_INIT.
+ * Result: NEXAR_SUCCESS; NEXAR_ERR_INVALID_HANDLE;
+ * NEXAR_ERR_INVALID_ARGUMENT (stats NULL, or struct_size smaller than this
+ * version's first nexar_stats_t); NEXAR_ERR_FORKED.
+ * Thread-safety: safe from any thread, also while other threads are blocked
+ * in calls on comm; takes no lock of comm. */
+nexar_result_t nexar_comm_get_stats(nexar_comm_t comm, nexar_stats_t* stats);
 
 #ifdef __cplusplus
 } /* extern "C" */

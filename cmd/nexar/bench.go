@@ -323,6 +323,7 @@ func benchSweep(comms []*core.Comm, o *benchOpts, stdout io.Writer) error {
 					"dtype": o.dt.String(), "time_us": round2(med * 1e6), "p99_us": round2(r.p99.Seconds() * 1e6), "mean_us": round2(r.mean.Seconds() * 1e6),
 					"algbw_gbs": round4(alg), "busbw_gbs": round4(alg * op.factor(n)),
 					"iters": r.iters, "wrong": r.wrong, "path": lead.Paths()[min(1, n-1)],
+					"stats": statsJSON(lead.Stats()),
 				})
 				fmt.Fprintln(stdout, string(line))
 				continue
@@ -340,6 +341,11 @@ func benchSweep(comms []*core.Comm, o *benchOpts, stdout io.Writer) error {
 	}
 	say("# time: median of the timed iterations on rank 0, each started after a barrier; their 99th percentile and mean alongside\n")
 	say("# algbw, busbw in GB/s (1e9 B/s), busbw factors as in nccl-tests; #wrong: elements that differ from the expected result, all ranks\n")
+	if lead != nil {
+		st := lead.Stats()
+		say("# stats of rank 0 (docs/memory.md; NEXAR_MEMORY_PROFILE sets the budgets): buffered %d B, rings %d B, relayed %d B (per process); scratch %d B, sent %d messages, %d B, received %d B (per communicator)\n",
+			st.BytesBuffered, st.RingBytes, st.RelayedBytes, st.ScratchBytes, st.MessagesSent, st.BytesSent, st.BytesReceived)
+	}
 	if failed {
 		return &exitError{code: 1, msg: "bench: some results were wrong (#wrong column)"}
 	}
@@ -581,3 +587,13 @@ func get(b []byte, dt collective.DType, i int) float64 {
 
 func round2(v float64) float64 { return math.Round(v*100) / 100 }
 func round4(v float64) float64 { return math.Round(v*1e4) / 1e4 }
+
+// statsJSON is rank 0's core.Stats in a --json result line (after that
+// size's iterations; docs/memory.md says which figures are per process).
+func statsJSON(st core.Stats) map[string]int64 {
+	return map[string]int64{
+		"bytes_buffered": st.BytesBuffered, "scratch_bytes": st.ScratchBytes, "ring_bytes": st.RingBytes,
+		"relayed_bytes": st.RelayedBytes, "messages_sent": st.MessagesSent, "bytes_sent": st.BytesSent,
+		"bytes_received": st.BytesReceived,
+	}
+}

@@ -256,8 +256,10 @@ func TestBench(t *testing.T) {
 				Bytes, Ranks     int
 				TimeUS           float64 `json:"time_us"`
 				Wrong            int
+				Stats            map[string]int64
 			}
-			if err := json.Unmarshal([]byte(l), &r); err != nil || r.System != "nexar" || r.Op != "allreduce" || r.Ranks != 2 || r.TimeUS <= 0 || r.Wrong != 0 || !strings.HasPrefix(r.Path, "shm") {
+			if err := json.Unmarshal([]byte(l), &r); err != nil || r.System != "nexar" || r.Op != "allreduce" || r.Ranks != 2 || r.TimeUS <= 0 || r.Wrong != 0 || !strings.HasPrefix(r.Path, "shm") ||
+				r.Stats["bytes_sent"] <= 0 || r.Stats["ring_bytes"] <= 0 {
 				t.Errorf("bad line %q (%v)", l, err)
 			}
 		}

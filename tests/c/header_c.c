@@ -6,6 +6,7 @@ int main(void) {
     nexar_status_t st = {0, 0, 0, 0, {0, 0, 0, 0}};
     nexar_comm_t c = NEXAR_COMM_NULL;
     nexar_request_t r = NEXAR_REQUEST_NULL;
-    (void)st, (void)c, (void)r;
+    nexar_stats_t stats = NEXAR_STATS_INIT;
+    (void)st, (void)c, (void)r, (void)stats;
     return cfg.struct_size == sizeof(nexar_config_t) && NEXAR_VERSION_CODE == 100 ? 0 : 1;
 }

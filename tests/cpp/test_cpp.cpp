@@ -65,6 +65,15 @@ int main() {
         EXPECT(threw);
     }
 
+    // statistics: traffic counted once there are peers; no relaying yet
+    {
+        const nexar_stats_t s = world.stats();
+        EXPECT(s.struct_size == sizeof(nexar_stats_t));
+        EXPECT(s.relayed_bytes == 0);
+        EXPECT(n == 1 || (s.messages_sent > 0 && s.bytes_sent > 0 && s.bytes_received > 0));
+        EXPECT(n != 1 || s.bytes_sent == 0);
+    }
+
     std::vector<float> f(8, 1.0f), g(8);
     nexar::Request q1 = world.iallreduce(f.data(), g.data(), f.size(), nexar::Op::max);
     nexar::Request q2 = world.ibarrier();

@@ -591,6 +591,14 @@ func (e *Endpoint) chargeRing(want int) int {
 	return size
 }
 
+// RingBytes returns the capacity of the shared-memory rings this process
+// created (charged to Options.RingBudget).
+func (e *Endpoint) RingBytes() int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return int64(e.ringBytes)
+}
+
 func (e *Endpoint) refundRing(size int) {
 	e.mu.Lock()
 	e.ringBytes -= size

@@ -860,6 +860,17 @@ class Comm:
         finally:
             os.unlink(path)
 
+    def stats(self) -> dict:
+        """This communicator's memory and traffic (nexar_comm_get_stats), a
+        dict of ints: bytes_buffered (per process: early messages held),
+        scratch_bytes (per communicator: collective scratch in use and kept
+        idle), ring_bytes (per process: shared-memory rings created),
+        relayed_bytes (per process; always 0: no relaying yet),
+        messages_sent, bytes_sent and bytes_received (per communicator:
+        collective and point-to-point data). Safe from any thread; memory
+        budgets: NEXAR_MEMORY_PROFILE (docs/memory.md)."""
+        return _lib.comm_get_stats(self._check())
+
 
 class RawComm:
     """Raw-pointer entry points of a Comm, for bindings that prepare their

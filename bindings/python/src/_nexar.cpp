@@ -674,4 +674,19 @@ PYBIND11_MODULE(_nexar, m) {
     m.def("comm_dump_flight_record", [](handle_t c, std::string path) {
         NX_CALL(nexar_comm_dump_flight_record(C(c), path.c_str()));
     });
+
+    // ---- memory and traffic statistics ---------------------------------
+    m.def("comm_get_stats", [](handle_t c) {
+        nexar_stats_t s = NEXAR_STATS_INIT;
+        NX_CALL(nexar_comm_get_stats(C(c), &s));
+        py::dict d;
+        d["bytes_buffered"] = s.bytes_buffered;
+        d["scratch_bytes"] = s.scratch_bytes;
+        d["ring_bytes"] = s.ring_bytes;
+        d["relayed_bytes"] = s.relayed_bytes;
+        d["messages_sent"] = s.messages_sent;
+        d["bytes_sent"] = s.bytes_sent;
+        d["bytes_received"] = s.bytes_received;
+        return d;
+    });
 }

@@ -230,3 +230,19 @@ def test_recover():
     outs = run_ranks(4, ["workers/recover_worker.py"], timeout=180, env={"NEXAR_ON_FAILURE": "manual"})
     for r in (0, 1):
         assert f"rank {r}: recover ok" in outs[r], outs[r]
+
+
+def test_stats_size1(comm):
+    s = comm.stats()
+    assert set(s) == {"bytes_buffered", "scratch_bytes", "ring_bytes", "relayed_bytes",
+                      "messages_sent", "bytes_sent", "bytes_received"}
+    assert s["relayed_bytes"] == 0 and s["bytes_sent"] == 0 and s["ring_bytes"] == 0
+    assert all(isinstance(v, int) and v >= 0 for v in s.values())
+
+
+@pytest.mark.parametrize("profile", ["default", "inference"])
+def test_stats_multiprocess(profile):
+    outs = run_ranks(2, ["workers/stats_worker.py", profile], timeout=120,
+                     env={"NEXAR_MEMORY_PROFILE": profile})
+    for r, o in enumerate(outs):
+        assert f"rank {r}: stats ok" in o, o

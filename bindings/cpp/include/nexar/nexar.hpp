@@ -789,6 +789,17 @@ public:
         detail::check(nexar_comm_dump_flight_record(h_, path.c_str()));
     }
 
+    // --- memory and traffic statistics (docs/memory.md) ---------------------
+
+    // stats: this communicator's memory and traffic (nexar_comm_get_stats:
+    // which figures are per process and which per communicator). Safe from
+    // any thread.
+    nexar_stats_t stats() const {
+        nexar_stats_t s = NEXAR_STATS_INIT;
+        detail::check(nexar_comm_get_stats(h_, &s));
+        return s;
+    }
+
 private:
     void reset() noexcept {
         if (h_ != NEXAR_COMM_NULL) {

@@ -1,0 +1,36 @@
+package collective
+
+import "testing"
+
+func TestScratchPoolIdleBound(t *testing.T) {
+	p := NewScratchPool(3 << 10) // room for one 2 KiB buffer and one 1 KiB
+	a, b, c := p.Get(2000), p.Get(2000), p.Get(1000)
+	if len(a) != 2000 || cap(a) != 2048 || len(c) != 1000 {
+		t.Fatalf("sizes: %d/%d, %d", len(a), cap(a), len(c))
+	}
+	if got := p.Held(); got != 2048+2048+1024 {
+		t.Fatalf("held %d while in use", got)
+	}
+	p.Put(a)
+	p.Put(b) // over the bound: released
+	p.Put(c)
+	if p.Idle() != 3<<10 || p.Held() != 3<<10 {
+		t.Fatalf("idle %d, held %d; want 3 KiB each", p.Idle(), p.Held())
+	}
+	if d := p.Get(1500); &d[:1][0] != &a[:1][0] {
+		t.Fatal("an idle buffer of the class was not reused")
+	}
+	p.Close()
+	if p.Held() != 2048 || p.Idle() != 0 {
+		t.Fatalf("after Close: held %d, idle %d", p.Held(), p.Idle())
+	}
+	none := NewScratchPool(0)
+	none.Put(none.Get(4096))
+	if none.Held() != 0 {
+		t.Fatalf("a pool that keeps nothing holds %d", none.Held())
+	}
+	var nilPool *ScratchPool
+	if b := nilPool.Get(10); len(b) != 10 || nilPool.Held() != 0 {
+		t.Fatal("nil pool")
+	}
+}

@@ -13,7 +13,7 @@ NPROC   := $(shell nproc 2>/dev/null || echo 2)
 export PATH := $(PATH):/usr/local/go/bin
 
 .PHONY: all deps build lib cli test test-full vet fmt-check gotest gotest-full ctest python pytest demo clean
-.PHONY: wheel sdist wheel-tools wheel-test sdist-test chaos
+.PHONY: wheel sdist wheel-tools wheel-test sdist-test chaos docs
 
 all: build
 
@@ -36,11 +36,11 @@ lib:
 
 # --- test -------------------------------------------------------------------
 
-test: deps build vet fmt-check gotest ctest pytest wheel-test sdist-test
+test: deps build vet fmt-check gotest ctest pytest wheel-test sdist-test docs
 	@echo "make test: all steps passed"
 
 # make test with the race run's collective matrix in full (gotest-full).
-test-full: deps build vet fmt-check gotest-full ctest pytest wheel-test sdist-test
+test-full: deps build vet fmt-check gotest-full ctest pytest wheel-test sdist-test docs
 	@echo "make test-full: all steps passed"
 
 vet:
@@ -117,6 +117,14 @@ wheel-test: wheel
 
 sdist-test: sdist
 	PYTHON=$(PYTHON) scripts/wheel-test.sh sdist
+
+# --- docs -------------------------------------------------------------------
+# The documentation site (mkdocs.yml) into build/site, warnings as errors: a
+# broken link, a missing page or sample, or an undocumented function in
+# include/nexar.h (scripts/gen_capi_docs.py) fails it. pytest runs the
+# samples (bindings/python/tests/test_docs_samples.py).
+docs: deps
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # --- demo -------------------------------------------------------------------
 

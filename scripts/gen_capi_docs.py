@@ -99,10 +99,12 @@ def _prose(lines):
                 paras.append(" ".join(cur))
             cur = []
             continue
-        if s.startswith("- ") or STARTS_PARA.match(s) or (raw.startswith("  ") and not raw.startswith("    ") and re.match(r"[A-Z_]{6,}:", s)):
+        # an item of an indented list of constants ("  NEXAR_ON_FAILURE_ABORT (the default): ...")
+        item = raw.startswith("  ") and not raw.startswith("   ") and re.match(r"[A-Z][A-Z0-9_]{5,}\b[^:]*:", s)
+        if s.startswith("- ") or STARTS_PARA.match(s) or item:
             if cur:
                 paras.append(" ".join(cur))
-            cur = [s]
+            cur = ["- " + s if item else s]
             continue
         cur.append(s)
     if cur:
@@ -186,7 +188,7 @@ def render(path: str = HEADER) -> str:
             pending = None
             if first:
                 first = False
-                out += ["## Overview", "", _prose(t[1:] if t and t[0].startswith("nexar.h") else t), ""]
+                out += ["## Overview", "", _prose(t), ""]
                 continue
             if t and BANNER.match(t[0]):
                 title = t[1].strip() if len(t) > 1 else ""

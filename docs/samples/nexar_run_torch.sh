@@ -1,0 +1,1 @@
+nexar run -n 2 -- python torch_ddp.py

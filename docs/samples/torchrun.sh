@@ -1,0 +1,1 @@
+torchrun --standalone --nproc-per-node 2 torch_ddp.py

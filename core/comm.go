@@ -5,11 +5,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/nexar-go/nexar/collective"
 	"math"
 	"sync"
 	"time"
 
+	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/core/internal/match"
 	"github.com/nexar-go/nexar/membership"
 	"github.com/nexar-go/nexar/transport"

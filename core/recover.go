@@ -82,12 +82,13 @@ type recovery struct {
 	nextAgree uint64
 	agrees    map[uint64]*agreeInst
 	stop      chan struct{} // closed by Close: agreements in progress end
-	// shrink policy: the survivors' communicator, made once.
-	shrinking bool
-	started   atomic.Bool   // shrinking, readable without Comm.mu (Successor's fast path)
-	succDone  chan struct{} // closed when succ or succErr is set
-	succ      *Comm
-	succErr   error
+	// shrink policy: the survivors' communicator, made once. started is
+	// set (with succDone) when the automatic shrink begins; it is atomic
+	// so that Successor's common case takes no lock.
+	started  atomic.Bool
+	succDone chan struct{} // closed when succ or succErr is set
+	succ     *Comm
+	succErr  error
 }
 
 // SetFailurePolicy sets what a member's failure does to c from now on.
@@ -190,21 +191,22 @@ func (c *Comm) sendControl(sub uint8, seq uint64, payload []byte, to int) {
 // PolicyAbort. Members must call Agree (and Shrink, which agrees) in the
 // same order; it is safe for concurrent use with c's other methods.
 func (c *Comm) Agree(ctx context.Context, flag uint64) (uint64, []int, error) {
-	d, err := c.agree(ctx, "agree", flag)
+	d, _, err := c.agree(ctx, "agree", flag)
 	if err != nil {
 		return 0, nil, err
 	}
 	return d.Flag, d.Failed, nil
 }
 
-func (c *Comm) agree(ctx context.Context, op string, flag uint64) (*membership.Decision, error) {
+// agree runs c's next agreement and returns its decision and its number.
+func (c *Comm) agree(ctx context.Context, op string, flag uint64) (*membership.Decision, uint64, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
 	c.mu.Lock()
 	if e := c.recoveryRefusedLocked(op); e != nil {
 		c.mu.Unlock()
-		return nil, e
+		return nil, 0, e
 	}
 	k := c.rec.nextAgree
 	c.rec.nextAgree++
@@ -236,21 +238,21 @@ func (c *Comm) agree(ctx context.Context, op string, flag uint64) (*membership.D
 		d, err := inst.a.Result()
 		c.mu.Unlock()
 		if d != nil {
-			return d, nil
+			return d, k, nil
 		}
 		if err != nil {
-			return nil, c.agreeError(op, err)
+			return nil, k, c.agreeError(op, err)
 		}
 		select {
 		case <-inst.wake:
 		case <-ctx.Done():
-			return nil, &Error{Code: CodeTimeout, Op: op, Rank: -1, Cause: ctx.Err(),
+			return nil, k, &Error{Code: CodeTimeout, Op: op, Rank: -1, Cause: ctx.Err(),
 				Msg: fmt.Sprintf("agreement %d not reached: %v (suspected: %v)", k, ctx.Err(), c.suspected(inst))}
 		case <-timeout.C:
-			return nil, &Error{Code: CodeTimeout, Op: op, Rank: -1,
+			return nil, k, &Error{Code: CodeTimeout, Op: op, Rank: -1,
 				Msg: fmt.Sprintf("agreement %d not reached in %v (suspected: %v); a member may not have called it", k, c.cfg.Timeout, c.suspected(inst))}
 		case <-c.rec.stop:
-			return nil, newError(CodeClosed, op, c.rank, "communicator is closed")
+			return nil, k, newError(CodeClosed, op, c.rank, "communicator is closed")
 		}
 	}
 }
@@ -396,10 +398,7 @@ func (c *Comm) Shrink(ctx context.Context) (*Comm, error) {
 		return nil, refused
 	}
 	c.Revoke()
-	c.mu.Lock()
-	k := c.rec.nextAgree // the agreement agree takes next
-	c.mu.Unlock()
-	d, err := c.agree(ctx, "shrink", ^uint64(0))
+	d, k, err := c.agree(ctx, "shrink", ^uint64(0))
 	if err != nil {
 		return nil, err
 	}
@@ -436,11 +435,10 @@ func autoShrinks(err error) bool {
 // startAutoShrinkLocked runs Shrink once, in the background, for the
 // shrink policy; Successor waits for it. Called with c.mu held.
 func (c *Comm) startAutoShrinkLocked() {
-	if c.rec.shrinking || c.closing {
+	if c.rec.started.Load() || c.closing {
 		return
 	}
-	c.rec.shrinking = true
-	c.rec.succDone = make(chan struct{})
+	c.rec.succDone = make(chan struct{}) // before started: Successor reads it after seeing started
 	c.rec.started.Store(true)
 	c.bg.Add(1)
 	go func() {
@@ -473,9 +471,6 @@ func (c *Comm) Successor(ctx context.Context) (*Comm, error) {
 		cur.mu.Lock()
 		done := cur.rec.succDone
 		cur.mu.Unlock()
-		if done == nil {
-			return cur, nil
-		}
 		select {
 		case <-done:
 		case <-ctx.Done():

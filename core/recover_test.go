@@ -61,6 +61,25 @@ func sumCheck(t *testing.T, comms []*Comm) {
 	}
 }
 
+// shrinkAll shrinks every communicator of live at once and returns the
+// survivors' communicators in the same order (closed at the test's end).
+func shrinkAll(t *testing.T, live []*Comm) []*Comm {
+	t.Helper()
+	kids := make([]*Comm, len(live))
+	errs := each(live, func(c *Comm) error {
+		k, err := c.Shrink(context.Background())
+		kids[slices.Index(live, c)] = k
+		return err
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("%d survivors: rank %d: shrink: %v", len(live), live[i].Rank(), err)
+		}
+	}
+	t.Cleanup(func() { closeAll(t, kids) })
+	return kids
+}
+
 func TestRecoveryRefusedUnderAbort(t *testing.T) {
 	comms := newLocal(t, 2)
 	if _, _, err := comms[0].Agree(context.Background(), 1); CodeOf(err) != CodeUnavailable {
@@ -158,20 +177,9 @@ func TestShrink(t *testing.T) {
 	sumCheck(t, comms)
 	mem.Kill(comms[1].n.ep)
 	live := []*Comm{comms[0], comms[2], comms[3], comms[4]}
-	kids := make([]*Comm, len(live))
-	errs := each(live, func(c *Comm) error {
-		// Rank 3 has not seen the death yet when it is asked to shrink:
-		// the revoke and the agreement tell it.
-		k, err := c.Shrink(context.Background())
-		kids[slices.Index(live, c)] = k
-		return err
-	})
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: shrink: %v", live[i].Rank(), err)
-		}
-	}
-	t.Cleanup(func() { closeAll(t, kids) })
+	// Some ranks have not seen the death yet when they are asked to
+	// shrink: the revoke and the agreement tell them.
+	kids := shrinkAll(t, live)
 	for i, k := range kids {
 		if k.Rank() != i || k.Size() != 4 || !slices.Equal(k.world, []int{0, 2, 3, 4}) || k.gen != membership.First+1 {
 			t.Fatalf("old rank %d: new rank %d of %d, world %v, generation %d", live[i].Rank(), k.Rank(), k.Size(), k.world, k.gen)
@@ -196,18 +204,7 @@ func TestShrinkRepeatedly(t *testing.T) {
 		victim := len(cur) / 3
 		mem.Kill(cur[victim].n.ep)
 		live := slices.Delete(slices.Clone(cur), victim, victim+1)
-		kids := make([]*Comm, len(live))
-		errs := each(live, func(c *Comm) error {
-			k, err := c.Shrink(context.Background())
-			kids[slices.Index(live, c)] = k
-			return err
-		})
-		for i, err := range errs {
-			if err != nil {
-				t.Fatalf("%d ranks: rank %d: %v", len(live), live[i].Rank(), err)
-			}
-		}
-		t.Cleanup(func() { closeAll(t, kids) })
+		kids := shrinkAll(t, live)
 		sumCheck(t, kids)
 		cur = kids
 	}

@@ -1,6 +1,7 @@
 package membership
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 )
@@ -50,10 +51,23 @@ type Decision struct {
 	Flag uint64 `cbor:"1,keyasint"`
 	// Failed lists the members left out, ascending.
 	Failed []int `cbor:"2,keyasint"`
+	// Extra is the union of the participants' contributions (StartWith),
+	// sorted bytewise, without duplicates: grow's joiners.
+	Extra [][]byte `cbor:"3,keyasint,omitempty"`
 }
 
 // Equal reports whether d and o are the same decision.
-func (d Decision) Equal(o Decision) bool { return d.Flag == o.Flag && slices.Equal(d.Failed, o.Failed) }
+func (d Decision) Equal(o Decision) bool {
+	return d.Flag == o.Flag && slices.Equal(d.Failed, o.Failed) &&
+		slices.EqualFunc(d.Extra, o.Extra, bytes.Equal)
+}
+
+// Bounds on a contribution (StartWith), checked on every message: a
+// member's lobby holds at most MaxExtra joiners at a time.
+const (
+	MaxExtra     = 256
+	MaxExtraSize = 64
+)
 
 // Quorum reports whether the members in q (ranks of a membership of n)
 // may decide for it: a strict majority, or exactly half when it holds rank
@@ -85,6 +99,7 @@ type AgreeMsg struct {
 	Suspects []int     `cbor:"4,keyasint,omitempty"`
 	Value    *Decision `cbor:"5,keyasint,omitempty"` // Propose: accepted (if any); Accept: proposed; Commit: chosen
 	VBallot  int       `cbor:"6,keyasint"`           // Propose: the ballot Value was accepted in
+	Extra    [][]byte  `cbor:"7,keyasint,omitempty"` // Propose: the sender's contribution
 }
 
 // Validate checks a decoded message against a membership of n.
@@ -109,7 +124,24 @@ func (m *AgreeMsg) Validate(n int) error {
 	if err := check(m.Suspects); err != nil {
 		return err
 	}
+	checkExtra := func(x [][]byte, limit int) error {
+		if len(x) > limit {
+			return fmt.Errorf("membership: agreement message carries %d contributions, more than %d", len(x), limit)
+		}
+		for _, b := range x {
+			if len(b) == 0 || len(b) > MaxExtraSize {
+				return fmt.Errorf("membership: agreement contribution of %d bytes (1 to %d)", len(b), MaxExtraSize)
+			}
+		}
+		return nil
+	}
+	if err := checkExtra(m.Extra, MaxExtra); err != nil {
+		return err
+	}
 	if m.Value != nil {
+		if err := checkExtra(m.Value.Extra, MaxExtra*n); err != nil {
+			return err
+		}
 		return check(m.Value.Failed)
 	}
 	return nil
@@ -153,6 +185,7 @@ type Agreement struct {
 	n, self int
 	started bool
 	flag    uint64
+	extra   [][]byte
 	suspect []bool
 	by      []int // per rank: who reported it suspected (-1: this rank's detector)
 	coord   int   // the coordinator this rank follows: the lowest it does not suspect
@@ -182,9 +215,21 @@ func NewAgreement(n, self int) *Agreement {
 
 // Start joins the agreement with flag and the ranks this rank knows
 // failed. Messages that came before are taken now.
-func (a *Agreement) Start(flag uint64, suspects []int) {
+func (a *Agreement) Start(flag uint64, suspects []int) { a.StartWith(flag, suspects, nil) }
+
+// StartWith is Start with a contribution: the decision's Extra is the
+// union of the contributions of the members whose promises the deciding
+// coordinator counted (a member left out contributes nothing). Entries
+// must be 1 to MaxExtraSize bytes, at most MaxExtra of them (the rest are
+// dropped here, and so never decided).
+func (a *Agreement) StartWith(flag uint64, suspects []int, extra [][]byte) {
 	if a.started {
 		return
+	}
+	for _, b := range extra {
+		if len(b) > 0 && len(b) <= MaxExtraSize && len(a.extra) < MaxExtra {
+			a.extra = append(a.extra, bytes.Clone(b))
+		}
 	}
 	a.started, a.flag = true, flag
 	for _, r := range suspects {
@@ -307,7 +352,7 @@ func (a *Agreement) send(to int, m AgreeMsg) { a.out = append(a.out, Outbound{To
 // gossip sends this rank's Propose to every rank it does not suspect.
 func (a *Agreement) gossip() {
 	lead := a.lowest()
-	m := AgreeMsg{Kind: AgreePropose, Ballot: max(lead, 0), Flag: a.flag, Suspects: a.suspectList(), Value: a.acc, VBallot: a.accBallot}
+	m := AgreeMsg{Kind: AgreePropose, Ballot: max(lead, 0), Flag: a.flag, Suspects: a.suspectList(), Value: a.acc, VBallot: a.accBallot, Extra: a.extra}
 	for r := 0; r < a.n; r++ {
 		if r != a.self && !a.suspect[r] {
 			a.send(r, m)
@@ -364,17 +409,21 @@ func (a *Agreement) advance() {
 		}
 		v, vb := a.acc, a.accBallot
 		flag := a.flag
+		extra := slices.Clone(a.extra)
 		for r, p := range a.promises {
 			if p == nil || a.suspect[r] {
 				continue
 			}
 			flag &= p.Flag
+			extra = append(extra, p.Extra...)
 			if p.Value != nil && p.VBallot > vb {
 				v, vb = p.Value, p.VBallot
 			}
 		}
 		if v == nil {
-			v = &Decision{Flag: flag, Failed: a.suspectList()}
+			slices.SortFunc(extra, bytes.Compare)
+			extra = slices.CompactFunc(extra, bytes.Equal)
+			v = &Decision{Flag: flag, Failed: a.suspectList(), Extra: extra}
 		}
 		val := *v
 		a.proposed, a.acc, a.accBallot = &val, &val, a.self
@@ -415,6 +464,6 @@ func (a *Agreement) decide(v *Decision) {
 		a.err = &AgreeError{Excluded: true, By: -1, N: a.n}
 		return
 	}
-	d := Decision{Flag: v.Flag, Failed: slices.Clone(v.Failed)}
+	d := Decision{Flag: v.Flag, Failed: slices.Clone(v.Failed), Extra: slices.Clone(v.Extra)}
 	a.done = &d
 }

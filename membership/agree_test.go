@@ -17,6 +17,7 @@ type simNet struct {
 	n       int
 	a       []*Agreement
 	flags   []uint64
+	extras  [][][]byte // each rank's contribution
 	rng     *rand.Rand
 	q       []flight
 	crashed []bool
@@ -39,6 +40,12 @@ func newSim(t *testing.T, n int, seed uint64) *simNet {
 	for r := 0; r < n; r++ {
 		s.a = append(s.a, NewAgreement(n, r))
 		s.flags = append(s.flags, ^uint64(0)&^(uint64(s.rng.IntN(4))<<uint(r%60)))
+		var x [][]byte
+		for i := s.rng.IntN(3); i > 0; i-- {
+			// Some contributions collide across ranks: the union dedups.
+			x = append(x, []byte(fmt.Sprintf("j%d", s.rng.IntN(2*n))))
+		}
+		s.extras = append(s.extras, x)
 	}
 	return s
 }
@@ -51,9 +58,11 @@ func (s *simNet) collect(r int) {
 		// A message travels encoded: the engine must not share memory.
 		m := o.Msg
 		m.Suspects = slices.Clone(m.Suspects)
+		m.Extra = slices.Clone(m.Extra)
 		if m.Value != nil {
 			v := *m.Value
 			v.Failed = slices.Clone(v.Failed)
+			v.Extra = slices.Clone(v.Extra)
 			m.Value = &v
 		}
 		s.q = append(s.q, flight{r, o.To, m})
@@ -61,7 +70,7 @@ func (s *simNet) collect(r int) {
 }
 
 func (s *simNet) start(r int) {
-	s.a[r].Start(s.flags[r], nil)
+	s.a[r].StartWith(s.flags[r], nil, s.extras[r])
 	s.collect(r)
 }
 
@@ -166,6 +175,34 @@ func (s *simNet) check() *Decision {
 		if d.Flag != want {
 			s.t.Fatalf("decided flag %x, the AND of the flags of the members not left out is %x (failed %v)", d.Flag, want, d.Failed)
 		}
+		// Extra: every member not left out contributed, nobody else's
+		// entries appear, sorted without duplicates.
+		all := map[string]bool{}
+		for r := 0; r < s.n; r++ {
+			for _, b := range s.extras[r] {
+				all[string(b)] = true
+			}
+		}
+		got := map[string]bool{}
+		for i, b := range d.Extra {
+			if i > 0 && string(d.Extra[i-1]) >= string(b) {
+				s.t.Fatalf("decided extra %q is not sorted and unique", d.Extra)
+			}
+			if !all[string(b)] {
+				s.t.Fatalf("decided extra %q: nobody contributed it", b)
+			}
+			got[string(b)] = true
+		}
+		for r := 0; r < s.n; r++ {
+			if slices.Contains(d.Failed, r) {
+				continue
+			}
+			for _, b := range s.extras[r] {
+				if !got[string(b)] {
+					s.t.Fatalf("rank %d (not left out) contributed %q, missing from the decision %q", r, b, d.Extra)
+				}
+			}
+		}
 		for _, r := range d.Failed {
 			if !s.crashed[r] && s.side[r] == s.side[0] && s.allSameSide() {
 				s.t.Fatalf("rank %d left out though it never failed", r)
@@ -208,7 +245,7 @@ func TestAgreeKnownFailed(t *testing.T) {
 	// it from rank 2's gossip before their detectors fire.
 	s := newSim(t, 5, 7)
 	s.crashed[1] = true
-	s.a[2].Start(s.flags[2], []int{1})
+	s.a[2].StartWith(s.flags[2], []int{1}, s.extras[2])
 	s.collect(2)
 	for _, r := range []int{0, 3, 4} {
 		s.start(r)

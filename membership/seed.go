@@ -46,12 +46,14 @@ type joinMsg struct {
 	Addr  string `cbor:"addr"` // host:port of the joiner's mesh node
 	FP    []byte `cbor:"fp"`   // SHA-256 of the mesh node's certificate
 	Proof []byte `cbor:"proof"`
+	Lobby string `cbor:"lobby,omitempty"` // host:port of the joiner's lobby (Lobby), if it runs one
 }
 
 type peerMsg struct {
-	Rank int    `cbor:"rank"`
-	Addr string `cbor:"addr"`
-	FP   []byte `cbor:"fp"`
+	Rank  int    `cbor:"rank"`
+	Addr  string `cbor:"addr"`
+	FP    []byte `cbor:"fp"`
+	Lobby string `cbor:"lobby,omitempty"`
 }
 
 type welcomeMsg struct {
@@ -168,11 +170,12 @@ type Seed struct {
 }
 
 type member struct {
-	want int // requested rank or -1
-	rank int // assigned
-	addr string
-	fp   []byte
-	gone chan struct{}
+	want  int // requested rank or -1
+	rank  int // assigned
+	addr  string
+	lobby string
+	fp    []byte
+	gone  chan struct{}
 
 	// After the welcome, until it reports: st carries notices to it.
 	wmu     sync.Mutex
@@ -324,7 +327,13 @@ func (s *Seed) serve(conn *quic.Conn) {
 		refuse(abi.ErrInvalidArgument, "advertised address %q: %v", j.Addr, err)
 		return
 	}
-	m := &member{want: j.Rank, addr: j.Addr, fp: j.FP, gone: make(chan struct{})}
+	if j.Lobby != "" {
+		if _, _, err := net.SplitHostPort(j.Lobby); err != nil {
+			refuse(abi.ErrInvalidArgument, "lobby address %q: %v", j.Lobby, err)
+			return
+		}
+	}
+	m := &member{want: j.Rank, addr: j.Addr, lobby: j.Lobby, fp: j.FP, gone: make(chan struct{})}
 	if err := s.add(m); errors.Is(err, errFormed) {
 		s.log.Debug("nexar seed: joiner came after formation", "remote", conn.RemoteAddr().String())
 		_ = writeFrame(st, welcomeMsg{V: rdvVersion, Code: abi.ErrInvalidArgument, Err: err.Error(), Formed: true})
@@ -478,7 +487,7 @@ func (s *Seed) add(m *member) error {
 	}
 	s.table = make([]peerMsg, s.size)
 	for _, o := range s.members {
-		s.table[o.rank] = peerMsg{Rank: o.rank, Addr: o.addr, FP: o.fp}
+		s.table[o.rank] = peerMsg{Rank: o.rank, Addr: o.addr, FP: o.fp, Lobby: o.lobby}
 	}
 	close(s.formed)
 	return nil
@@ -551,9 +560,16 @@ func (l *SeedLink) Finish(ok bool) {
 
 // JoinWatched is Join that keeps the connection to the seed (see SeedLink).
 func JoinWatched(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte) (int, []nquic.Peer, *SeedLink, error) {
+	r, peers, _, sl, err := JoinWatchedLobby(ctx, addr, token, rank, advertise, fp, "")
+	return r, peers, sl, err
+}
+
+// JoinWatchedLobby is JoinWatched that announces this rank's lobby address
+// (lobby, or "" for none) and returns every member's, by rank.
+func JoinWatchedLobby(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte, lobby string) (int, []nquic.Peer, []string, *SeedLink, error) {
 	id, err := nquic.NewIdentity()
 	if err != nil {
-		return 0, nil, nil, err
+		return 0, nil, nil, nil, err
 	}
 	tc := nquic.ClientTLSConfig(id, func([32]byte) error { return nil }) // the seed proves the token instead
 	tc.NextProtos = []string{rdvALPN}
@@ -584,20 +600,20 @@ func JoinWatched(ctx context.Context, addr string, token []byte, rank int, adver
 				break
 			}
 			if !wait() {
-				return 0, nil, nil, errorf(abi.ErrTimeout, "rendezvous", err, "cannot reach the seed at %s: %v", addr, err)
+				return 0, nil, nil, nil, errorf(abi.ErrTimeout, "rendezvous", err, "cannot reach the seed at %s: %v", addr, err)
 			}
 		}
-		r, peers, st, formed, err := joinOnce(ctx, conn, addr, token, rank, advertise, fp)
+		r, peers, lobbies, st, formed, err := joinOnce(ctx, conn, addr, token, rank, advertise, fp, lobby)
 		if err == nil {
-			return r, peers, &SeedLink{conn: conn, st: st, sock: sock}, nil
+			return r, peers, lobbies, &SeedLink{conn: conn, st: st, sock: sock}, nil
 		}
 		conn.CloseWithError(0, "")
 		sock.close()
 		if !formed {
-			return r, peers, nil, err
+			return r, peers, nil, nil, err
 		}
 		if !wait() {
-			return 0, nil, nil, errorf(abi.ErrTimeout, "rendezvous", err, "the seed at %s serves a job that had already formed, and no new one started there in time "+
+			return 0, nil, nil, nil, errorf(abi.ErrTimeout, "rendezvous", err, "the seed at %s serves a job that had already formed, and no new one started there in time "+
 				"(an earlier job on this address still runs, or this process is one rank too many): %v", addr, err)
 		}
 	}
@@ -606,9 +622,9 @@ func JoinWatched(ctx context.Context, addr string, token []byte, rank int, adver
 // joinOnce is one attempt of Join on conn; formed reports that the seed
 // refused because its job has already formed. On success it returns the
 // stream, which the seed keeps until this rank reports (SeedLink).
-func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, rank int, advertise string, fp [32]byte) (int, []nquic.Peer, *quic.Stream, bool, error) {
-	fail := func(code int, format string, args ...any) (int, []nquic.Peer, *quic.Stream, bool, error) {
-		return 0, nil, nil, false, errorf(code, "rendezvous", nil, format, args...)
+func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, rank int, advertise string, fp [32]byte, lobby string) (int, []nquic.Peer, []string, *quic.Stream, bool, error) {
+	fail := func(code int, format string, args ...any) (int, []nquic.Peer, []string, *quic.Stream, bool, error) {
+		return 0, nil, nil, nil, false, errorf(code, "rendezvous", nil, format, args...)
 	}
 	st, err := conn.OpenStreamSync(ctx)
 	if err != nil {
@@ -619,7 +635,7 @@ func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, r
 	if err != nil {
 		return fail(abi.ErrInternal, "%v", err)
 	}
-	if err := writeFrame(st, joinMsg{V: rdvVersion, Rank: rank, Addr: advertise, FP: fp[:], Proof: p}); err != nil {
+	if err := writeFrame(st, joinMsg{V: rdvVersion, Rank: rank, Addr: advertise, FP: fp[:], Proof: p, Lobby: lobby}); err != nil {
 		return fail(abi.ErrInternal, "seed %s: %v", addr, err)
 	}
 	if dl, ok := ctx.Deadline(); ok {
@@ -640,8 +656,8 @@ func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, r
 		if code <= abi.Success || code >= abi.NumResults {
 			code = abi.ErrInternal
 		}
-		r, peers, _, _, err := fail(code, "seed %s refused: %s", addr, w.Err[:min(len(w.Err), 512)])
-		return r, peers, nil, w.Formed, err
+		r, peers, _, _, _, err := fail(code, "seed %s refused: %s", addr, w.Err[:min(len(w.Err), 512)])
+		return r, peers, nil, nil, w.Formed, err
 	}
 	want, err := proof(token, tls.ExportKeyingMaterial, labelSeed)
 	if err != nil || !hmac.Equal(want, w.Proof) {
@@ -651,15 +667,17 @@ func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, r
 		return fail(abi.ErrInternal, "seed %s sent an inconsistent peer table", addr)
 	}
 	peers := make([]nquic.Peer, w.Size)
+	lobbies := make([]string, w.Size)
 	for i, pm := range w.Peers {
 		if pm.Rank != i || len(pm.FP) != 32 {
 			return fail(abi.ErrInternal, "seed %s sent a bad peer table row %d", addr, i)
 		}
 		peers[i] = nquic.Peer{Rank: i, Addr: pm.Addr}
 		copy(peers[i].Fingerprint[:], pm.FP)
+		lobbies[i] = pm.Lobby
 	}
 	st.SetReadDeadline(time.Time{})
-	return w.Rank, peers, st, false, nil
+	return w.Rank, peers, lobbies, st, false, nil
 }
 
 // dialSocket is the UDP socket a joiner reaches the seed from: bound to the

@@ -1,0 +1,379 @@
+package membership
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/nexar-go/nexar/internal/abi"
+	nquic "github.com/nexar-go/nexar/transport/quic"
+)
+
+// Lobby protocol (docs/wire-format.md): a process that wants to join a
+// running job (core.Join) reaches any member's lobby over QUIC with ALPN
+// lobbyALPN, opens one stream and sends a lobbyHello with its id and the
+// token proof (as the seed's: HMAC-SHA256(token, exporter("nexar-join"))).
+// The lobby holds it, the stream open, until the members grow (core's
+// Comm.Grow): then it answers one admitMsg, proven with "nexar-seed", that
+// names the seed of the grown world and the joiner's rank in it. The
+// joiner then joins that seed like any rank. A joiner whose lobby goes away
+// (its member died or left) tries the next address it was given.
+const (
+	lobbyALPN    = "nexar-lobby/1"
+	lobbyVersion = 1
+	// JoinIDSize is the size of a joiner's id: random, chosen once per
+	// Join call, so a joiner that moves to another lobby keeps it.
+	JoinIDSize = 16
+)
+
+type lobbyHello struct {
+	V     int    `cbor:"v"`
+	ID    []byte `cbor:"id"`
+	Proof []byte `cbor:"proof"`
+}
+
+// Admission is where an admitted joiner goes: the grown world's seed and
+// its rank, size and membership generation there.
+type Admission struct {
+	Seed string `cbor:"seed"`
+	Rank int    `cbor:"rank"`
+	Size int    `cbor:"size"`
+	Gen  uint32 `cbor:"gen"`
+	Max  int    `cbor:"max"` // the job's maximum world size
+}
+
+type admitMsg struct {
+	V    int    `cbor:"v"`
+	Code int    `cbor:"code,omitempty"` // non-zero: refused, Err says why
+	Err  string `cbor:"err,omitempty"`
+	Admission
+	Proof []byte `cbor:"proof"`
+}
+
+// Lobby is one member's join service: it holds processes that proved the
+// job's token until the members grow (Admit) or they leave. Its methods
+// are safe for concurrent use.
+type Lobby struct {
+	ln    *quic.Listener
+	tr    *quic.Transport
+	udp   *net.UDPConn
+	token []byte
+	log   *slog.Logger
+	done  chan struct{}
+	once  sync.Once
+	wg    sync.WaitGroup
+
+	mu      sync.Mutex
+	waiting map[string]*lobbyWaiter // by id
+}
+
+type lobbyWaiter struct {
+	id    []byte
+	since time.Time
+	admit chan admitMsg // one slot: the answer the serving goroutine sends
+}
+
+// StartLobby listens on addr (UDP host:port; port 0 picks one) for joiners
+// holding token.
+func StartLobby(addr string, token []byte, log *slog.Logger) (*Lobby, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	if len(token) == 0 {
+		return nil, errorf(abi.ErrInvalidArgument, "lobby", nil, "empty token")
+	}
+	id, err := nquic.NewIdentity()
+	if err != nil {
+		return nil, errorf(abi.ErrInternal, "lobby", err, "%v", err)
+	}
+	tc := nquic.ServerTLSConfig(id, func([32]byte) error { return nil }) // joiners prove the token instead
+	tc.NextProtos = []string{lobbyALPN}
+	ua, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return nil, errorf(abi.ErrInvalidArgument, "lobby", err, "listen on %s: %v", addr, err)
+	}
+	udp, err := net.ListenUDP("udp", ua)
+	if err != nil {
+		return nil, errorf(abi.ErrInternal, "lobby", err, "listen on %s: %v", addr, err)
+	}
+	tr := &quic.Transport{Conn: udp}
+	ln, err := tr.Listen(tc, &quic.Config{HandshakeIdleTimeout: 10 * time.Second, MaxIdleTimeout: IdleTimeout, KeepAlivePeriod: rdvKeepAlive})
+	if err != nil {
+		tr.Close()
+		udp.Close()
+		return nil, errorf(abi.ErrInternal, "lobby", err, "listen on %s: %v", addr, err)
+	}
+	l := &Lobby{ln: ln, tr: tr, udp: udp, token: append([]byte(nil), token...), log: log,
+		done: make(chan struct{}), waiting: make(map[string]*lobbyWaiter)}
+	l.wg.Add(1)
+	go l.acceptLoop()
+	return l, nil
+}
+
+// Addr is the address the lobby listens on.
+func (l *Lobby) Addr() net.Addr { return l.ln.Addr() }
+
+// Waiting returns the ids of the joiners waiting now, oldest first.
+func (l *Lobby) Waiting() [][]byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ws := make([]*lobbyWaiter, 0, len(l.waiting))
+	for _, w := range l.waiting {
+		ws = append(ws, w)
+	}
+	slices.SortFunc(ws, func(a, b *lobbyWaiter) int { return a.since.Compare(b.since) })
+	ids := make([][]byte, len(ws))
+	for i, w := range ws {
+		ids[i] = slices.Clone(w.id)
+	}
+	return ids
+}
+
+// Admit sends joiner id its admission; false if it is not waiting here
+// (any more). The answer is written by the goroutine serving the joiner.
+func (l *Lobby) Admit(id []byte, a Admission) bool {
+	l.mu.Lock()
+	w := l.waiting[string(id)]
+	delete(l.waiting, string(id))
+	l.mu.Unlock()
+	if w == nil {
+		return false
+	}
+	w.admit <- admitMsg{V: lobbyVersion, Admission: a}
+	return true
+}
+
+// Close stops the lobby; waiting joiners are told it closed and try their
+// next address.
+func (l *Lobby) Close() error {
+	l.once.Do(func() {
+		close(l.done)
+		l.ln.Close()
+		l.wg.Wait()
+		l.tr.Close()
+		l.udp.Close()
+	})
+	return nil
+}
+
+func (l *Lobby) acceptLoop() {
+	defer l.wg.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { <-l.done; cancel() }()
+	for {
+		conn, err := l.ln.Accept(ctx)
+		if err != nil {
+			return
+		}
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			l.serve(conn)
+		}()
+	}
+}
+
+func (l *Lobby) serve(conn *quic.Conn) {
+	defer conn.CloseWithError(0, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	st, err := conn.AcceptStream(ctx)
+	cancel()
+	if err != nil {
+		return
+	}
+	tls := conn.ConnectionState().TLS
+	answer := func(m admitMsg) {
+		m.V = lobbyVersion
+		if m.Code == 0 {
+			p, err := proof(l.token, tls.ExportKeyingMaterial, labelSeed)
+			if err != nil {
+				return
+			}
+			m.Proof = p
+		}
+		st.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		_ = writeFrame(st, m)
+		st.Close()
+		select { // let the joiner read it before the connection closes
+		case <-conn.Context().Done():
+		case <-time.After(2 * time.Second):
+		case <-l.done:
+		}
+	}
+	refuse := func(code int, format string, args ...any) {
+		msg := fmt.Sprintf(format, args...)
+		l.log.Warn("nexar lobby: refused joiner", "remote", conn.RemoteAddr().String(), "why", msg)
+		answer(admitMsg{Code: code, Err: msg})
+	}
+	st.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var h lobbyHello
+	if err := readFrame(st, maxJoinFrame, &h); err != nil {
+		refuse(abi.ErrInvalidArgument, "bad lobby message: %v", err)
+		return
+	}
+	if h.V != lobbyVersion {
+		refuse(abi.ErrInvalidArgument, "unsupported lobby version %d (this lobby speaks %d)", h.V, lobbyVersion)
+		return
+	}
+	want, err := proof(l.token, tls.ExportKeyingMaterial, labelJoin)
+	if err != nil || !hmac.Equal(want, h.Proof) {
+		refuse(abi.ErrAuth, "wrong token")
+		return
+	}
+	if len(h.ID) != JoinIDSize {
+		refuse(abi.ErrInvalidArgument, "joiner id of %d bytes, want %d", len(h.ID), JoinIDSize)
+		return
+	}
+	w := &lobbyWaiter{id: slices.Clone(h.ID), since: time.Now(), admit: make(chan admitMsg, 1)}
+	l.mu.Lock()
+	if _, dup := l.waiting[string(h.ID)]; dup || len(l.waiting) >= MaxExtra {
+		l.mu.Unlock()
+		refuse(abi.ErrInvalidArgument, "the lobby is full (%d waiting) or this id waits already", MaxExtra)
+		return
+	}
+	l.waiting[string(h.ID)] = w
+	l.mu.Unlock()
+	// Only the answer comes back; a read that ends means the joiner left.
+	st.SetReadDeadline(time.Time{})
+	left := make(chan struct{})
+	go func() {
+		var b [1]byte
+		_, _ = st.Read(b[:])
+		close(left)
+	}()
+	select {
+	case m := <-w.admit:
+		answer(m)
+	case <-left:
+	case <-conn.Context().Done():
+	case <-l.done:
+	}
+	l.mu.Lock()
+	if l.waiting[string(h.ID)] == w {
+		delete(l.waiting, string(h.ID))
+	}
+	l.mu.Unlock()
+}
+
+// ErrLobbyGone is why a joiner's wait at one lobby ended without an
+// answer: the member went away. The joiner tries its next address.
+var ErrLobbyGone = errors.New("the lobby went away")
+
+// AwaitAdmission waits, up to ctx's deadline, in the lobby of a member of
+// a running job until the members grow and admit this process. addrs are
+// tried in turn (one that cannot be reached or that goes away while this
+// process waits sends it to the next), with the same id throughout.
+func AwaitAdmission(ctx context.Context, addrs []string, token []byte) (Admission, error) {
+	if len(addrs) == 0 {
+		return Admission{}, errorf(abi.ErrInvalidArgument, "join", nil, "no lobby address to join through")
+	}
+	id := make([]byte, JoinIDSize)
+	if _, err := rand.Read(id); err != nil {
+		return Admission{}, errorf(abi.ErrInternal, "join", err, "%v", err)
+	}
+	ident, err := nquic.NewIdentity()
+	if err != nil {
+		return Admission{}, errorf(abi.ErrInternal, "join", err, "%v", err)
+	}
+	tc := nquic.ClientTLSConfig(ident, func([32]byte) error { return nil }) // the lobby proves the token instead
+	tc.NextProtos = []string{lobbyALPN}
+	var tried []string
+	backoff := 100 * time.Millisecond
+	for i := 0; ; i++ {
+		addr := strings.TrimSpace(addrs[i%len(addrs)])
+		a, err := awaitOnce(ctx, addr, token, id, tc)
+		if err == nil {
+			return a, nil
+		}
+		var me *Error
+		if errors.As(err, &me) && me.Code != abi.ErrTimeout {
+			return Admission{}, err // refused: a wrong token stays wrong
+		}
+		tried = append(tried, fmt.Sprintf("%s: %v", addr, err))
+		if len(tried) > len(addrs) {
+			tried = tried[1:]
+		}
+		if (i+1)%len(addrs) == 0 {
+			select {
+			case <-ctx.Done():
+				return Admission{}, errorf(abi.ErrTimeout, "join", ctx.Err(), "not admitted to the job in time (%v); last tries: %s", ctx.Err(), strings.Join(tried, "; "))
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, time.Second)
+		} else if ctx.Err() != nil {
+			return Admission{}, errorf(abi.ErrTimeout, "join", ctx.Err(), "not admitted to the job in time (%v); last tries: %s", ctx.Err(), strings.Join(tried, "; "))
+		}
+	}
+}
+
+// awaitOnce waits at one lobby. Errors of code ErrTimeout mean "try the
+// next address"; others are final.
+func awaitOnce(ctx context.Context, addr string, token, id []byte, tc *tls.Config) (Admission, error) {
+	retry := func(err error) (Admission, error) {
+		return Admission{}, errorf(abi.ErrTimeout, "join", err, "%v", err)
+	}
+	sock, err := newDialSocket(addr)
+	if err != nil {
+		return retry(err)
+	}
+	defer sock.close()
+	actx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	conn, err := sock.tr.Dial(actx, sock.raddr, tc, &quic.Config{HandshakeIdleTimeout: 3 * time.Second, MaxIdleTimeout: IdleTimeout, KeepAlivePeriod: rdvKeepAlive})
+	cancel()
+	if err != nil {
+		return retry(err)
+	}
+	defer conn.CloseWithError(0, "")
+	st, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		return retry(err)
+	}
+	cs := conn.ConnectionState().TLS
+	p, err := proof(token, cs.ExportKeyingMaterial, labelJoin)
+	if err != nil {
+		return Admission{}, errorf(abi.ErrInternal, "join", err, "%v", err)
+	}
+	if err := writeFrame(st, lobbyHello{V: lobbyVersion, ID: id, Proof: p}); err != nil {
+		return retry(err)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		st.SetReadDeadline(dl)
+	}
+	var m admitMsg
+	if err := readFrame(st, maxJoinFrame, &m); err != nil {
+		if ctx.Err() != nil {
+			return Admission{}, errorf(abi.ErrTimeout, "join", ctx.Err(), "lobby %s: not admitted in time", addr)
+		}
+		return retry(fmt.Errorf("%w: %v", ErrLobbyGone, err))
+	}
+	if m.V != lobbyVersion {
+		return Admission{}, errorf(abi.ErrInvalidArgument, "join", nil, "lobby %s speaks version %d, want %d", addr, m.V, lobbyVersion)
+	}
+	if m.Code != 0 {
+		code := m.Code
+		if code <= abi.Success || code >= abi.NumResults || code == abi.ErrTimeout {
+			code = abi.ErrInternal
+		}
+		return Admission{}, errorf(code, "join", nil, "lobby %s refused: %s", addr, m.Err[:min(len(m.Err), 512)])
+	}
+	want, err := proof(token, cs.ExportKeyingMaterial, labelSeed)
+	if err != nil || !hmac.Equal(want, m.Proof) {
+		return Admission{}, errorf(abi.ErrAuth, "join", nil, "lobby %s did not prove the token: not our job", addr)
+	}
+	if _, _, err := net.SplitHostPort(m.Seed); err != nil || m.Size < 1 || m.Rank < 0 || m.Rank >= m.Size {
+		return Admission{}, errorf(abi.ErrInternal, "join", nil, "lobby %s sent a bad admission %+v", addr, m.Admission)
+	}
+	return m.Admission, nil
+}

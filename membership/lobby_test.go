@@ -1,0 +1,121 @@
+package membership
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nexar-go/nexar/internal/abi"
+)
+
+func waitWaiting(t *testing.T, l *Lobby, n int) [][]byte {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ids := l.Waiting()
+		if len(ids) == n {
+			return ids
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lobby has %d waiting, want %d", len(ids), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestLobbyAdmits(t *testing.T) {
+	token := []byte("lobby-token")
+	l, err := StartLobby("127.0.0.1:0", token, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	type res struct {
+		a   Admission
+		err error
+	}
+	got := make(chan res, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		a, err := AwaitAdmission(ctx, []string{l.Addr().String()}, token)
+		got <- res{a, err}
+	}()
+	ids := waitWaiting(t, l, 1)
+	want := Admission{Seed: "127.0.0.1:4242", Rank: 3, Size: 4, Gen: 7}
+	if !l.Admit(ids[0], want) {
+		t.Fatal("Admit: the joiner is not waiting")
+	}
+	r := <-got
+	if r.err != nil || r.a != want {
+		t.Fatalf("AwaitAdmission = %+v, %v; want %+v", r.a, r.err, want)
+	}
+	if l.Admit(ids[0], want) {
+		t.Fatal("Admit of a joiner admitted already succeeded")
+	}
+	waitWaiting(t, l, 0)
+}
+
+func TestLobbyWrongToken(t *testing.T) {
+	l, err := StartLobby("127.0.0.1:0", []byte("right"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = AwaitAdmission(ctx, []string{l.Addr().String()}, []byte("wrong"))
+	var me *Error
+	if !errors.As(err, &me) || me.Code != abi.ErrAuth {
+		t.Fatalf("wrong token: %v, want an auth error", err)
+	}
+	if n := len(l.Waiting()); n != 0 {
+		t.Fatalf("a joiner with the wrong token waits in the lobby (%d)", n)
+	}
+}
+
+// TestLobbyMovesOn: a joiner whose lobby closes (its member died) waits at
+// the next address, with the same id, and is admitted there.
+func TestLobbyMovesOn(t *testing.T) {
+	token := []byte("lobby-token")
+	l1, err := StartLobby("127.0.0.1:0", token, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2, err := StartLobby("127.0.0.1:0", token, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	got := make(chan error, 1)
+	var adm Admission
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var err error
+		adm, err = AwaitAdmission(ctx, []string{l1.Addr().String(), l2.Addr().String()}, token)
+		got <- err
+	}()
+	id1 := waitWaiting(t, l1, 1)
+	l1.Close()
+	id2 := waitWaiting(t, l2, 1)
+	if string(id1[0]) != string(id2[0]) {
+		t.Fatal("the joiner changed its id moving to the next lobby")
+	}
+	want := Admission{Seed: "127.0.0.1:1", Rank: 1, Size: 2, Gen: 2}
+	l2.Admit(id2[0], want)
+	if err := <-got; err != nil || adm != want {
+		t.Fatalf("AwaitAdmission = %+v, %v", adm, err)
+	}
+}
+
+func TestLobbyDeadline(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	_, err := AwaitAdmission(ctx, []string{"127.0.0.1:1"}, []byte("t"))
+	var me *Error
+	if !errors.As(err, &me) || me.Code != abi.ErrTimeout {
+		t.Fatalf("no lobby: %v, want a timeout", err)
+	}
+}

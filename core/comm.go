@@ -435,6 +435,8 @@ func (c *Comm) control(src int, h header, payload []byte) {
 		c.revokeMessage(src, payload)
 	case ctlAgree:
 		c.agreeMessage(src, h.seqOrTag, payload)
+	case ctlGrow:
+		c.growMessage(src, h.seqOrTag, payload)
 	case ctlAbort:
 		e := c.decodeCause(payload)
 		if e == nil {

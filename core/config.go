@@ -92,6 +92,24 @@ type Config struct {
 	// from this config (NEXAR_ON_FAILURE=abort|manual|shrink; see
 	// FailurePolicy and docs/fault-tolerance.md). Default PolicyAbort.
 	OnFailure FailurePolicy
+	// MinWorldSize and MaxWorldSize bound the job's size under elastic
+	// membership (NEXAR_MIN_WORLD_SIZE, NEXAR_MAX_WORLD_SIZE): Shrink
+	// refuses to leave fewer than MinWorldSize members (default 1), and
+	// Grow admits joiners up to MaxWorldSize members (default: the
+	// world's size, so a job can replace the ranks it lost).
+	MinWorldSize, MaxWorldSize int
+	// Join makes New join a running job instead of forming one
+	// (NEXAR_JOIN=1): see Join. Seed is then a comma-separated list of
+	// lobby addresses, and Rank and WorldSize are ignored.
+	Join bool
+	// JoinAddr is the UDP host:port of this rank's lobby, where processes
+	// started later (Join) wait to be admitted by Grow (NEXAR_JOIN_ADDR).
+	// A rank runs a lobby when its failure policy is not abort or
+	// MaxWorldSize exceeds the world's size. Default: rank 0 takes the
+	// seed's address once the job has formed (so joiners reach the job
+	// through the seed); the others a free port on their bind IP
+	// (Comm.JoinAddrs lists every member's).
+	JoinAddr string
 	// Tuning chooses and shapes the collective schedules (chunk size,
 	// algorithm thresholds, forced algorithms). It is per communicator
 	// (split children inherit it) and must be equal on every rank: it is
@@ -317,7 +335,10 @@ func (cfg Config) withDefaults() Config {
 //     NEXAR_HEARTBEAT_TIMEOUT (Go durations, e.g. "30s"),
 //     NEXAR_MAX_BUFFERED_BYTES, NEXAR_SPIN_WAIT, NEXAR_BULK (auto|tcp|shm|off),
 //     NEXAR_BULK_CONNS, NEXAR_BULK_PLAINTEXT (1 or true), NEXAR_BULK_REMOTE_MIN,
-//     NEXAR_ON_FAILURE (abort|manual|shrink), NEXAR_MEMORY_PROFILE
+//     NEXAR_ON_FAILURE (abort|manual|shrink), NEXAR_MIN_WORLD_SIZE,
+//     NEXAR_MAX_WORLD_SIZE, NEXAR_JOIN_ADDR, NEXAR_JOIN (1: join a running
+//     job, Config.Join; NEXAR_SEED may then list several addresses),
+//     NEXAR_MEMORY_PROFILE
 //     (default|training|inference), NEXAR_RING_SIZE, NEXAR_RING_BUDGET,
 //     NEXAR_SCRATCH_IDLE_BYTES;
 //   - torchrun: RANK, WORLD_SIZE, MASTER_ADDR + MASTER_PORT;
@@ -369,6 +390,18 @@ func configFromLookup(lookup func(string) (string, bool), readFile func(string) 
 	if err != nil {
 		return cfg, err
 	}
+	if v, _ := get("NEXAR_JOIN"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return cfg, fmt.Errorf("core: NEXAR_JOIN=%q is not a boolean", v)
+		}
+		cfg.Join = b
+	}
+	if cfg.Join {
+		// A joiner's rank and world size come from the members (Join);
+		// these stand in for them so that seed and token are required.
+		rank, size, rankVar, sizeVar = -1, 2, "NEXAR_JOIN", "NEXAR_JOIN"
+	}
 	if sizeVar == "" {
 		return cfg, fmt.Errorf("core: world size not set: set NEXAR_WORLD_SIZE (or WORLD_SIZE, SLURM_NTASKS, OMPI_COMM_WORLD_SIZE)")
 	}
@@ -399,8 +432,14 @@ func configFromLookup(lookup func(string) (string, bool), readFile func(string) 
 		return cfg, fmt.Errorf("core: seed address not set: set NEXAR_SEED=host:port (or MASTER_ADDR and MASTER_PORT)")
 	}
 	if cfg.Seed != "" {
-		if _, _, err := net.SplitHostPort(cfg.Seed); err != nil {
-			return cfg, fmt.Errorf("core: seed address %q is not host:port: %v", cfg.Seed, err)
+		addrs := []string{cfg.Seed}
+		if cfg.Join {
+			addrs = strings.Split(cfg.Seed, ",") // a joiner may list several lobbies
+		}
+		for _, a := range addrs {
+			if _, _, err := net.SplitHostPort(strings.TrimSpace(a)); err != nil {
+				return cfg, fmt.Errorf("core: seed address %q is not host:port: %v", a, err)
+			}
 		}
 	}
 
@@ -481,6 +520,24 @@ func configFromLookup(lookup func(string) (string, bool), readFile func(string) 
 			return cfg, fmt.Errorf("core: NEXAR_ON_FAILURE=%q: want abort, manual or shrink", v)
 		}
 		cfg.OnFailure = p
+	}
+	for _, e := range []struct {
+		name string
+		to   *int
+	}{{"NEXAR_MIN_WORLD_SIZE", &cfg.MinWorldSize}, {"NEXAR_MAX_WORLD_SIZE", &cfg.MaxWorldSize}} {
+		if v, _ := get(e.name); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return cfg, fmt.Errorf("core: %s=%q: want a positive integer", e.name, v)
+			}
+			*e.to = n
+		}
+	}
+	if v, _ := get("NEXAR_JOIN_ADDR"); v != "" {
+		if _, _, err := net.SplitHostPort(v); err != nil {
+			return cfg, fmt.Errorf("core: NEXAR_JOIN_ADDR=%q is not host:port", v)
+		}
+		cfg.JoinAddr = v
 	}
 	if v, _ := get("NEXAR_BULK_PLAINTEXT"); v != "" {
 		b, err := strconv.ParseBool(v)

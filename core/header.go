@@ -70,6 +70,10 @@ const (
 	// ctlAgree (LaneControl): a message of agreement seqOrTag; payload: a
 	// CBOR membership.AgreeMsg (core/recover.go).
 	ctlAgree uint8 = 6
+	// ctlGrow (LaneControl): the leader of the grow decided by agreement
+	// seqOrTag tells the other members its seed's host:port (UTF-8; empty
+	// when it could not start one) (core/grow.go).
+	ctlGrow uint8 = 7
 )
 
 type header struct {

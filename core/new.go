@@ -26,10 +26,26 @@ import (
 // cfg (after Close) forms a new job on the same address; a rank that
 // reaches the earlier job's seed waits for the next one.
 func New(ctx context.Context, cfg Config) (*Comm, error) {
+	if cfg.Join {
+		return Join(ctx, cfg)
+	}
 	return newQUIC(ctx, cfg, true)
 }
 
 func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
+	return form(ctx, cfg, formOpts{embed: embed})
+}
+
+// formOpts are the parts of a formation that New does not take from a
+// Config: how a grown world forms (core/grow.go).
+type formOpts struct {
+	embed bool                  // rank 0 may run the seed embedded
+	seed  *Seed                 // a seed this rank started for this formation (grow's leader)
+	gen   membership.Generation // the world's generation (0: membership.First)
+	lobby *nodeLobby            // a lobby carried over from the grown communicator's node
+}
+
+func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.Tuning.Validate(); err != nil {
 		return nil, invalidArg("new", "Config.Tuning: %v", err)
@@ -60,7 +76,8 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 	defer cancel()
 
 	var closers []func() error
-	var seed *Seed
+	seed := opts.seed
+	var lobby *nodeLobby // started here (not carried over): closed on failure
 	cleanup := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
 			_ = closers[i]()
@@ -68,8 +85,11 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 		if seed != nil {
 			seed.Close()
 		}
+		if lobby != nil && lobby.l != nil {
+			lobby.l.Close()
+		}
 	}
-	if embed && cfg.Rank == 0 && isLocalAddr(ctx, cfg.Seed) {
+	if opts.embed && cfg.Rank == 0 && isLocalAddr(ctx, cfg.Seed) {
 		var err error
 		seed, err = startSeed(seedBindAddr(ctx, cfg.Seed), cfg.WorldSize, cfg.Token, cfg.Logger.With("subsys", SubsysInit))
 		switch {
@@ -103,7 +123,18 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 		cleanup()
 		return nil, err
 	}
-	rank, peers, sl, err := membership.JoinWatched(ctx, cfg.Seed, cfg.Token, cfg.Rank, adv, id.Fingerprint)
+	announce := ""
+	switch {
+	case opts.lobby != nil:
+		announce = opts.lobby.addr
+	case cfg.elastic():
+		if lobby, err = startNodeLobby(cfg, adv, seed != nil && opts.seed == nil); err != nil {
+			cleanup()
+			return nil, err
+		}
+		announce = lobby.addr
+	}
+	rank, peers, lobbies, sl, err := membership.JoinWatchedLobby(ctx, cfg.Seed, cfg.Token, cfg.Rank, adv, id.Fingerprint, announce)
 	if err != nil {
 		cleanup()
 		return nil, fromMembership(err)
@@ -111,6 +142,10 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 	formedOK := false
 	defer func() { sl.Finish(formedOK) }()
 	nd := newNode(cfg, rank, cfg.WorldSize)
+	if opts.gen != 0 {
+		nd.view.Gen = opts.gen
+	}
+	nd.adv, nd.lobbies = adv, lobbies
 	// A peer lost while the mesh and the data path form ends formation at
 	// once: nothing it has not sent yet will come. The transport tells of
 	// peers it was connected to; the seed of those lost before that.
@@ -173,13 +208,22 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 	if seed != nil {
 		// The seed has served its one formation once every rank reported
 		// its mesh formed (or was lost): then it frees its address for the
-		// next job on it. Closing this communicator closes it too, e.g.
-		// for a re-initialisation after Close.
+		// next job on it (or for rank 0's lobby, which takes the address
+		// over: nodeLobby.takeOver). Closing this communicator closes it
+		// too, e.g. for a re-initialisation after Close.
 		seed.CloseWhenSettled(cfg.ConnectTimeout)
 		closers = append(closers, seed.Close)
 	}
 	formedOK = true
 	nd.closers = closers
+	if opts.lobby != nil {
+		nd.lobby = opts.lobby
+	} else if lobby != nil {
+		nd.lobby = lobby
+		if lobby.l == nil && seed != nil {
+			go lobby.takeOver(seed, cfg)
+		}
+	}
 	c := worldComm(nd, bk)
 	nd.start()
 	return c, nil

@@ -43,6 +43,13 @@ type node struct {
 	buffered       atomic.Int64   // payload bytes held for unmatched messages
 	ringBytes      func() int64   // the bulk endpoint's RingBytes; nil without one (set before start)
 
+	// Elastic membership (core/grow.go): this rank's advertised mesh
+	// address, every member's lobby address by world rank ("" for none),
+	// and the world size bounds. Set before start, read-only after.
+	adv                string
+	lobbies            []string
+	minWorld, maxWorld int
+
 	done    chan struct{} // closed by close
 	wg      sync.WaitGroup
 	closers []func() error // run by close after the endpoint (quic node, seed)
@@ -69,6 +76,7 @@ type node struct {
 	left    []error                 // per world rank: closed its endpoint gracefully
 	refs    int
 	closed  bool
+	lobby   *nodeLobby // this rank's lobby while this node owns it (grow hands it on)
 }
 
 type pendingMsg struct {
@@ -88,6 +96,10 @@ func newNode(cfg Config, rank, size int) *node {
 		down:     make([]error, size),
 		left:     make([]error, size),
 		downSig:  make([]downSignal, size),
+		minWorld: max(cfg.MinWorldSize, 1), maxWorld: cfg.MaxWorldSize,
+	}
+	if n.maxWorld <= 0 {
+		n.maxWorld = size
 	}
 	for i := range n.downSig {
 		n.downSig[i].ctx, n.downSig[i].cancel = context.WithCancel(context.Background())
@@ -543,8 +555,13 @@ func (n *node) close() {
 		}
 	}
 	n.pending = nil
+	lb := n.lobby
+	n.lobby = nil
 	n.mu.Unlock()
 	n.release(held)
+	if lb != nil {
+		lb.close()
+	}
 	if n.ep != nil {
 		_ = n.ep.Close()
 	}

@@ -89,6 +89,10 @@ type recovery struct {
 	succDone chan struct{} // closed when succ or succErr is set
 	succ     *Comm
 	succErr  error
+	// grow: the seed address of each grow's leader, by agreement number
+	// (ctlGrow; "" when the leader could not start one), and a wake-up.
+	growSeeds map[uint64]string
+	growWake  chan struct{}
 }
 
 // SetFailurePolicy sets what a member's failure does to c from now on.
@@ -191,20 +195,23 @@ func (c *Comm) sendControl(sub uint8, seq uint64, payload []byte, to int) {
 // PolicyAbort. Members must call Agree (and Shrink, which agrees) in the
 // same order; it is safe for concurrent use with c's other methods.
 func (c *Comm) Agree(ctx context.Context, flag uint64) (uint64, []int, error) {
-	d, _, err := c.agree(ctx, "agree", flag)
+	d, _, err := c.agree(ctx, "agree", flag, nil, false)
 	if err != nil {
 		return 0, nil, err
 	}
 	return d.Flag, d.Failed, nil
 }
 
-// agree runs c's next agreement and returns its decision and its number.
-func (c *Comm) agree(ctx context.Context, op string, flag uint64) (*membership.Decision, uint64, error) {
+// agree runs c's next agreement, with this rank's contribution extra
+// (membership.Agreement.StartWith), and returns its decision and its
+// number. healthyAbort lets it run under PolicyAbort while c has not
+// failed (grow, which is not recovery).
+func (c *Comm) agree(ctx context.Context, op string, flag uint64, extra [][]byte, healthyAbort bool) (*membership.Decision, uint64, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
 	c.mu.Lock()
-	if e := c.recoveryRefusedLocked(op); e != nil {
+	if e := c.recoveryRefusedLocked(op); e != nil && !(healthyAbort && c.err == nil && c.rec.policy == PolicyAbort) {
 		c.mu.Unlock()
 		return nil, 0, e
 	}
@@ -227,7 +234,7 @@ func (c *Comm) agree(ctx context.Context, op string, flag uint64) (*membership.D
 		}
 	}
 	c.mu.Lock()
-	inst.a.Start(flag, suspects)
+	inst.a.StartWith(flag, suspects, extra)
 	c.flushAgreeLocked(k, inst)
 	c.mu.Unlock()
 
@@ -325,7 +332,7 @@ func (c *Comm) flushAgreeLocked(k uint64, inst *agreeInst) {
 // agreeMessage takes an agreement message from comm rank src.
 func (c *Comm) agreeMessage(src int, k uint64, payload []byte) {
 	var m membership.AgreeMsg
-	if len(payload) > 64+16*c.size || cbor.Unmarshal(payload, &m) != nil || m.Validate(c.size) != nil {
+	if len(payload) > maxAgreeMsg(c.size) || cbor.Unmarshal(payload, &m) != nil || m.Validate(c.size) != nil {
 		c.n.log.Warn("nexar: dropping a bad agreement message", "comm", c.id, "from", src)
 		return
 	}
@@ -398,14 +405,25 @@ func (c *Comm) Shrink(ctx context.Context) (*Comm, error) {
 		return nil, refused
 	}
 	c.Revoke()
-	d, k, err := c.agree(ctx, "shrink", ^uint64(0))
+	d, k, err := c.agree(ctx, "shrink", ^uint64(0), nil, false)
 	if err != nil {
 		return nil, err
 	}
-	world := make([]int, 0, c.size-len(d.Failed))
-	me := -1
+	world, me := c.survivors(d.Failed)
+	if least := c.n.minWorld; len(world) < least {
+		return nil, newError(CodeUnavailable, "shrink", -1,
+			"%d members survive (failed: %v), fewer than the minimum world size %d (NEXAR_MIN_WORLD_SIZE)", len(world), d.Failed, least)
+	}
+	return c.successorComm("shrink", k, me, world)
+}
+
+// survivors returns the world ranks of c's members not in failed (comm
+// ranks), in c's order, and this rank's index among them.
+func (c *Comm) survivors(failed []int) (world []int, me int) {
+	world = make([]int, 0, c.size-len(failed))
+	me = -1
 	for r, w := range c.world {
-		if slices.Contains(d.Failed, r) {
+		if slices.Contains(failed, r) {
 			continue
 		}
 		if r == c.rank {
@@ -413,13 +431,20 @@ func (c *Comm) Shrink(ctx context.Context) (*Comm, error) {
 		}
 		world = append(world, w)
 	}
+	return world, me
+}
+
+// successorComm makes the communicator of world (world ranks of c's node)
+// that agreement k of c decided: the next membership generation, c's
+// failure policy, on the connections that exist.
+func (c *Comm) successorComm(op string, k uint64, me int, world []int) (*Comm, error) {
 	child := newComm(c.n, childID(c.id, k|1<<63, -1), me, world)
 	child.gen = c.gen + 1
 	c.mu.Lock()
 	child.rec.policy = c.rec.policy
 	c.mu.Unlock()
 	if err := c.n.register(child); err != nil {
-		return nil, withOp(err, "shrink")
+		return nil, withOp(err, op)
 	}
 	child.startFlight()
 	return child, nil
@@ -498,4 +523,10 @@ func (c *Comm) CloseChain() error {
 		cur = next
 	}
 	return nil
+}
+
+// maxAgreeMsg bounds an encoded agreement message among n members: the
+// suspects, and grow's contributions (a joiner record per waiting joiner).
+func maxAgreeMsg(n int) int {
+	return 64 + 16*n + min((membership.MaxExtraSize+4)*membership.MaxExtra*n, 1<<20)
 }

@@ -1,0 +1,266 @@
+package core
+
+import (
+	"context"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nexar-go/nexar/membership"
+)
+
+// newElasticQUIC builds n ranks over loopback QUIC under policy p, each
+// with a lobby, and returns them with the config a joiner needs.
+func newElasticQUIC(t *testing.T, n int, p FailurePolicy, maxWorld int) ([]*Comm, Config) {
+	t.Helper()
+	cfg := recoverConfig(p)
+	cfg.MaxWorldSize = maxWorld
+	comms, err := NewLocalQUIC(n, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, c := range comms {
+			_ = c.CloseChain()
+		}
+	})
+	jc := cfg
+	jc.Token = comms[0].cfg.Token
+	jc.BindAddr, jc.AdvertiseAddr = "127.0.0.1:0", ""
+	jc.Timeout = 60 * time.Second
+	return comms, jc
+}
+
+// startJoiners starts k joiners through addrs and waits until members'
+// lobbies hold all of them; results arrive on the returned channel.
+func startJoiners(t *testing.T, k int, jc Config, addrs []string, members []*Comm) chan joinResult {
+	t.Helper()
+	lists := make([][]string, k)
+	for i := range lists {
+		lists[i] = addrs
+	}
+	return startJoinersVia(t, lists, jc, members)
+}
+
+// startJoinersVia starts a joiner per list of addresses.
+func startJoinersVia(t *testing.T, lists [][]string, jc Config, members []*Comm) chan joinResult {
+	t.Helper()
+	k := len(lists)
+	out := make(chan joinResult, k)
+	for _, addrs := range lists {
+		jc := jc
+		jc.Seed = strings.Join(addrs, ",")
+		go func() {
+			c, err := Join(context.Background(), jc)
+			out <- joinResult{c, err}
+		}()
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		waiting := 0
+		for _, m := range members {
+			m.n.mu.Lock()
+			lb := m.n.lobby
+			m.n.mu.Unlock()
+			if lb != nil && lb.get() != nil {
+				waiting += len(lb.get().Waiting())
+			}
+		}
+		if waiting == k {
+			return out
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d joiners waiting in the lobbies", waiting, k)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+type joinResult struct {
+	c   *Comm
+	err error
+}
+
+// growAll calls Grow on every member at once and collects the joiners:
+// the grown world in rank order.
+func growAll(t *testing.T, members []*Comm, joiners chan joinResult, k int) []*Comm {
+	t.Helper()
+	grown := make([]*Comm, len(members))
+	errs := each(members, func(c *Comm) error {
+		g, err := c.Grow(context.Background())
+		grown[slices.Index(members, c)] = g
+		return err
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("member %d: grow: %v", members[i].Rank(), err)
+		}
+	}
+	world := slices.Clone(grown)
+	for i := 0; i < k; i++ {
+		r := <-joiners
+		if r.err != nil {
+			t.Fatalf("joiner: %v", r.err)
+		}
+		world = append(world, r.c)
+	}
+	slices.SortFunc(world, func(a, b *Comm) int { return a.Rank() - b.Rank() })
+	t.Cleanup(func() {
+		for _, c := range world {
+			_ = c.CloseChain()
+		}
+	})
+	for i, c := range world {
+		if c.Rank() != i || c.Size() != len(members)+k {
+			t.Fatalf("grown world: rank %d of %d at index %d, want %d of %d", c.Rank(), c.Size(), i, i, len(members)+k)
+		}
+	}
+	return world
+}
+
+// TestGrow: two joiners, one through each member's lobby, come in after
+// the members; the grown world is one generation on and computes right.
+func TestGrow(t *testing.T) {
+	comms, jc := newElasticQUIC(t, 2, PolicyManual, 4)
+	addrs := comms[0].JoinAddrs()
+	if len(addrs) != 2 || addrs[0] == "" || addrs[1] == "" || addrs[0] == addrs[1] {
+		t.Fatalf("JoinAddrs = %q, want two lobbies", addrs)
+	}
+	joined := startJoinersVia(t, [][]string{addrs[:1], addrs[1:]}, jc, comms)
+	world := growAll(t, comms, joined, 2)
+	for i, c := range world {
+		if c.gen != membership.First+1 {
+			t.Fatalf("rank %d: generation %d, want %d", i, c.gen, membership.First+1)
+		}
+	}
+	sumCheck(t, world)
+	checkCollectives(t, world, 3)
+	// The old communicator still works, and the lobbies moved on with the
+	// grown world: the old addresses are the grown world's members'.
+	sumCheck(t, comms)
+	got := world[0].JoinAddrs()
+	if got[0] != addrs[0] || got[1] != addrs[1] || got[2] == "" || got[3] == "" {
+		t.Fatalf("grown world's lobbies %q; the members' were %q", got, addrs)
+	}
+}
+
+// TestGrowNobodyWaiting: with no joiner, Grow is the survivors' (here:
+// everyone's) communicator on the same connections, one generation on.
+func TestGrowNobodyWaiting(t *testing.T) {
+	comms, _ := newElasticQUIC(t, 3, PolicyManual, 0)
+	grown := make([]*Comm, 3)
+	errs := each(comms, func(c *Comm) error {
+		g, err := c.Grow(context.Background())
+		grown[c.Rank()] = g
+		return err
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	defer closeAll(t, grown)
+	for r, g := range grown {
+		if g.Size() != 3 || g.Rank() != r || g.n != comms[r].n || g.gen != comms[r].gen+1 {
+			t.Fatalf("rank %d: grown %d of %d, same node %v, generation %d", r, g.Rank(), g.Size(), g.n == comms[r].n, g.gen)
+		}
+	}
+	sumCheck(t, grown)
+}
+
+// TestGrowReplacesLostRank: rank 0 (which embedded nothing here, and whose
+// lobby is gone with it) stops; the survivors grow through rank 1's lobby
+// with a replacement, which takes the last rank; the lost rank is out.
+func TestGrowReplacesLostRank(t *testing.T) {
+	comms, jc := newElasticQUIC(t, 3, PolicyManual, 0)
+	addrs := comms[1].JoinAddrs()
+	comms[0].n.freeze()
+	comms[0].n.mu.Lock()
+	lb := comms[0].n.lobby
+	comms[0].n.mu.Unlock()
+	lb.close() // its process is gone: so is its lobby
+	live := comms[1:]
+	joiners := startJoiners(t, 1, jc, addrs, live) // tries rank 0's lobby first
+	world := growAll(t, live, joiners, 1)
+	sumCheck(t, world)
+	comms[0].n.thaw()
+}
+
+// TestGrowMaxWorldSize: joiners beyond MaxWorldSize wait for a later grow.
+func TestGrowMaxWorldSize(t *testing.T) {
+	cfg := recoverConfig(PolicyManual)
+	cfg.MaxWorldSize = 3
+	comms, err := NewLocalQUIC(2, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll(t, comms)
+	jc := cfg
+	jc.Token = comms[0].cfg.Token
+	jc.BindAddr = "127.0.0.1:0"
+	joiners := startJoiners(t, 2, jc, comms[0].JoinAddrs(), comms)
+	world := growAll(t, comms, joiners, 1)
+	sumCheck(t, world)
+	waiting := 0
+	for _, c := range world {
+		c.n.mu.Lock()
+		if c.n.lobby != nil && c.n.lobby.get() != nil {
+			waiting += len(c.n.lobby.get().Waiting())
+		}
+		c.n.mu.Unlock()
+	}
+	if waiting != 1 {
+		t.Fatalf("%d joiners still waiting, want 1 (the world is at its maximum)", waiting)
+	}
+	for _, c := range world {
+		c.n.mu.Lock()
+		lb := c.n.lobby
+		c.n.mu.Unlock()
+		if lb != nil {
+			lb.close() // the one left waiting moves on and times out at the test's end
+		}
+	}
+}
+
+// TestShrinkGrowCycles: one job of 3 loses a rank (stopped, then declared
+// down), shrinks to 2, checks an allreduce, grows back to 3 with a new
+// process's rank through a survivor's lobby, checks again; 20 times (5
+// with NEXAR_TEST_QUICK).
+func TestShrinkGrowCycles(t *testing.T) {
+	cycles := 20
+	if testQuick() {
+		cycles = 5
+	}
+	world, jc := newElasticQUIC(t, 3, PolicyManual, 0)
+	for cycle := 0; cycle < cycles; cycle++ {
+		victim := cycle % len(world)
+		world[victim].n.freeze()
+		world[victim].n.mu.Lock()
+		lb := world[victim].n.lobby
+		world[victim].n.mu.Unlock()
+		if lb != nil {
+			lb.close()
+		}
+		live := slices.Delete(slices.Clone(world), victim, victim+1)
+		kids := shrinkAll(t, live)
+		sumCheck(t, kids)
+		addrs := kids[0].JoinAddrs()
+		joiners := startJoiners(t, 1, jc, addrs, kids)
+		grown := growAll(t, kids, joiners, 1)
+		sumCheck(t, grown)
+		world[victim].n.thaw()
+		for _, c := range world {
+			_ = c.Close()
+		}
+		for _, c := range kids {
+			_ = c.Close()
+		}
+		world = grown
+	}
+}
+
+// testQuick reports whether NEXAR_TEST_QUICK=1 asks for short forms (make
+// test's -race run).
+func testQuick() bool { return os.Getenv("NEXAR_TEST_QUICK") == "1" }

@@ -62,7 +62,7 @@ func nxgo_comm_init(config unsafe.Pointer, comm *C.uintptr_t) (r C.int) {
 		return a.fail()
 	}
 	*comm = 0
-	cfg := readConfig(&a, config)
+	cfg := readConfig(&a, config, false)
 	if !a.ok() {
 		return a.fail()
 	}

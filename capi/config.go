@@ -18,7 +18,8 @@ import (
 
 // readConfig converts a nexar_config_t into a core.Config. Strings and the
 // token are copied: C may free them after nexar_comm_init returns.
-func readConfig(a *args, p unsafe.Pointer) core.Config {
+// With join (nexar_comm_join), rank and world_size are not read.
+func readConfig(a *args, p unsafe.Pointer, join bool) core.Config {
 	var cfg core.Config
 	if !a.ok() {
 		return cfg
@@ -31,11 +32,14 @@ func readConfig(a *args, p unsafe.Pointer) core.Config {
 	}
 	cfg.Rank = int(c.rank)
 	cfg.WorldSize = int(c.world_size)
-	if cfg.WorldSize < 1 {
+	if join {
+		// nexar_comm_join: the members decide the rank and world size.
+		cfg.Rank, cfg.WorldSize, cfg.Join = -1, 0, true
+	} else if cfg.WorldSize < 1 {
 		a.failf(resInvalidArgument, "config->world_size %d is not >= 1", cfg.WorldSize)
 		return cfg
 	}
-	if cfg.Rank < -1 || cfg.Rank >= cfg.WorldSize {
+	if !join && (cfg.Rank < -1 || cfg.Rank >= cfg.WorldSize) {
 		a.failf(resInvalidArgument, "config->rank %d is out of range [-1, %d)", cfg.Rank, cfg.WorldSize)
 		return cfg
 	}

@@ -159,6 +159,21 @@ nexar_result_t nexar_comm_shrink(nexar_comm_t comm, nexar_comm_t* newcomm) {
     return (nexar_result_t)nxgo_comm_shrink((uintptr_t)comm, (uintptr_t*)newcomm);
 }
 
+nexar_result_t nexar_comm_grow(nexar_comm_t comm, nexar_comm_t* newcomm) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_comm_grow((uintptr_t)comm, (uintptr_t*)newcomm);
+}
+
+nexar_result_t nexar_comm_join(const nexar_config_t* config, nexar_comm_t* comm) {
+    GUARD(NULL);
+    return (nexar_result_t)nxgo_comm_join((void*)config, (uintptr_t*)comm);
+}
+
+nexar_result_t nexar_comm_get_join_addrs(nexar_comm_t comm, char* buf, size_t len, size_t* needed) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_comm_get_join_addrs((uintptr_t)comm, buf, len, needed);
+}
+
 nexar_result_t nexar_rpc_register(nexar_comm_t comm, uint32_t fn, nexar_rpc_handler_t handler,
                                   void* user) {
     GUARD("communicator");

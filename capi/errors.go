@@ -20,6 +20,7 @@ const (
 	resInvalidHandle   C.int = abi.ErrInvalidHandle
 	resUnavailable     C.int = abi.ErrUnavailable
 	resInternal        C.int = abi.ErrInternal
+	resTruncated       C.int = abi.ErrTruncated
 )
 
 // resultOf maps err to a nexar_result_t: core.Code values are nexar_result_t

@@ -8,6 +8,8 @@ package main
 import "C"
 
 import (
+	"slices"
+	"strings"
 	"unsafe"
 
 	"github.com/nexar-go/nexar/core"
@@ -122,5 +124,84 @@ func nxgo_comm_shrink(comm C.uintptr_t, newcomm *C.uintptr_t) (r C.int) {
 		return result(fn, err)
 	}
 	*newcomm = C.uintptr_t(comms.add(nc))
+	return resSuccess
+}
+
+//export nxgo_comm_grow
+func nxgo_comm_grow(comm C.uintptr_t, newcomm *C.uintptr_t) (r C.int) {
+	const fn = "nexar_comm_grow"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	c := a.comm(comm)
+	a.out("newcomm", unsafe.Pointer(newcomm))
+	if !a.ok() {
+		return a.fail()
+	}
+	*newcomm = 0
+	nc, err := c.Grow(bg)
+	if err != nil {
+		return result(fn, err)
+	}
+	*newcomm = C.uintptr_t(comms.add(nc))
+	return resSuccess
+}
+
+//export nxgo_comm_join
+func nxgo_comm_join(config unsafe.Pointer, comm *C.uintptr_t) (r C.int) {
+	const fn = "nexar_comm_join"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	a.out("config", config)
+	a.out("comm", unsafe.Pointer(comm))
+	if !a.ok() {
+		return a.fail()
+	}
+	*comm = 0
+	cfg := readConfig(&a, config, true)
+	if a.ok() && cfg.Seed == "" {
+		a.failf(resInvalidArgument, "config->seed_addr is NULL: give the seed's or a member's lobby address (a comma-separated list tries each)")
+	}
+	if !a.ok() {
+		return a.fail()
+	}
+	c, err := core.Join(bg, cfg)
+	if err != nil {
+		return result(fn, err)
+	}
+	*comm = C.uintptr_t(comms.add(c))
+	return resSuccess
+}
+
+//export nxgo_comm_get_join_addrs
+func nxgo_comm_get_join_addrs(comm C.uintptr_t, buf *C.char, length C.size_t, needed *C.size_t) (r C.int) {
+	const fn = "nexar_comm_get_join_addrs"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	c := a.comm(comm)
+	if a.ok() && buf == nil && length > 0 {
+		a.failf(resInvalidArgument, "buf is NULL but len is %d", uint64(length))
+	}
+	if !a.ok() {
+		return a.fail()
+	}
+	var live []string
+	for r, addr := range c.JoinAddrs() {
+		if addr != "" && !slices.Contains(c.Failed(), r) {
+			live = append(live, addr)
+		}
+	}
+	s := strings.Join(live, ",")
+	if needed != nil {
+		*needed = C.size_t(len(s) + 1)
+	}
+	if int(length) < len(s)+1 {
+		if length > 0 {
+			*buf = 0
+		}
+		return fail(fn, resTruncated, "the %d addresses need %d bytes with the NUL; len is %d", len(live), len(s)+1, uint64(length))
+	}
+	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(length))
+	copy(dst, s)
+	dst[len(s)] = 0
 	return resSuccess
 }

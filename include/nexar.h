@@ -434,6 +434,56 @@ nexar_result_t nexar_comm_agree(nexar_comm_t comm, uint64_t* flag, int* failed, 
  * Thread-safety: as nexar_comm_agree. */
 nexar_result_t nexar_comm_shrink(nexar_comm_t comm, nexar_comm_t* newcomm);
 
+/* nexar_comm_grow admits the processes waiting to join the job
+ * (nexar_comm_join, or NEXAR_JOIN=1 with nexar_comm_init_from_env) and
+ * stores in *newcomm a communicator of comm's live members, in comm's
+ * order, followed by the joiners: at most NEXAR_MAX_WORLD_SIZE members in
+ * all (default: the world's first size), the rest wait for a later grow.
+ * Every rank of a world of more than one keeps a lobby where joiners wait
+ * (rank 0's on the seed's address once the world has formed; the others'
+ * from nexar_comm_get_join_addrs). The members agree on the failed members
+ * and the joiners, the lowest live member starts the grown world's seed,
+ * and everyone forms the grown world's connections and confirms it. If a
+ * member or joiner fails meanwhile, every member gets an error and keeps
+ * comm; failed members of comm are left out either way. With nobody
+ * waiting, *newcomm is the live members' communicator on the existing
+ * connections (comm is not revoked). It works on a failed or revoked
+ * communicator and under every failure policy (on a failed one, not under
+ * abort). comm stays to be destroyed.
+ * Args: comm; newcomm: out, non-NULL (NEXAR_COMM_NULL on failure).
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE, NEXAR_ERR_INVALID_ARGUMENT,
+ * NEXAR_ERR_UNAVAILABLE (comm failed under policy abort), NEXAR_ERR_PEER_DOWN,
+ * NEXAR_ERR_NO_QUORUM, NEXAR_ERR_TIMEOUT.
+ * Thread-safety: members must call grow, agree and shrink on comm in the
+ * same order; other calls may run concurrently. */
+nexar_result_t nexar_comm_grow(nexar_comm_t comm, nexar_comm_t* newcomm);
+
+/* nexar_comm_join makes this process a member of a running job: it waits
+ * in a member's lobby until the members call nexar_comm_grow, and stores
+ * its communicator in the grown world in *comm. config->seed_addr is the
+ * seed's address or any member's lobby address; a comma-separated list is
+ * tried in turn (a lobby that goes away sends the joiner to the next).
+ * config->rank and config->world_size are ignored (the members decide);
+ * config->token is the job's. The wait is bounded by config->timeout_ms
+ * (default 5 minutes); a grow that fails after admitting this process sends
+ * it back to wait.
+ * Args: config: initialized with NEXAR_CONFIG_INIT; comm: out, non-NULL
+ * (NEXAR_COMM_NULL on failure).
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_ARGUMENT, NEXAR_ERR_AUTH (wrong
+ * token), NEXAR_ERR_TIMEOUT, NEXAR_ERR_FORKED.
+ * Thread-safety: safe from any thread. */
+nexar_result_t nexar_comm_join(const nexar_config_t* config, nexar_comm_t* comm);
+
+/* nexar_comm_get_join_addrs writes the lobby addresses of comm's live
+ * members, comma-separated and NUL-terminated, to buf: what a process
+ * started later passes as its seed address to join (nexar_comm_join).
+ * Args: comm; buf: out, len bytes (NULL when len is 0); needed: out, may be
+ * NULL: the bytes the list needs with its NUL.
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE, NEXAR_ERR_INVALID_ARGUMENT,
+ * NEXAR_ERR_TRUNCATED (buf too small: *needed says how large; buf holds "").
+ * Thread-safety: safe from any thread. */
+nexar_result_t nexar_comm_get_join_addrs(nexar_comm_t comm, char* buf, size_t len, size_t* needed);
+
 /* nexar_seed_t is a rendezvous seed started by nexar_seed_start. */
 typedef struct nexar_seed_s* nexar_seed_t;
 

@@ -235,6 +235,23 @@ int main() {
         std::vector<int> v{r + 1};
         survivors.allreduce(v, nexar::Op::sum);
         EXPECT(v[0] == 3);
+        // Growth: nobody waits, so grow keeps the two survivors; a joiner
+        // with the wrong token is refused.
+        nexar::Comm grown = survivors.grow();
+        EXPECT(grown.size() == 2 && grown.rank() == r);
+        std::vector<int> w{r + 1};
+        grown.allreduce(w, nexar::Op::sum);
+        EXPECT(w[0] == 3);
+        std::string addrs = grown.join_addrs();
+        EXPECT(!addrs.empty() && addrs.find(',') != std::string::npos);
+        if (r == 0) {
+            try {
+                (void)nexar::Comm::join(addrs, "not the token", std::chrono::milliseconds{3000});
+                EXPECT(false);
+            } catch (const nexar::Error& e) {
+                EXPECT(e.code() == NEXAR_ERR_AUTH);
+            }
+        }
         std::printf("rank %d/%d: test_cpp ok (nexar %s)\n", r, n, nexar::version().c_str());
         return 0;
     }

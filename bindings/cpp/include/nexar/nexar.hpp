@@ -21,6 +21,7 @@
 #include <nexar.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -263,6 +264,22 @@ public:
         return Comm(h);
     }
 
+    // join waits in a member's lobby of a running job until the members
+    // grow, and returns this process's communicator in the grown world
+    // (nexar_comm_join). addrs: the seed's or any member's lobby address,
+    // or a comma-separated list; timeout 0: the library default.
+    static Comm join(const std::string& addrs, const std::string& token,
+                     std::chrono::milliseconds timeout = std::chrono::milliseconds{0}) {
+        nexar_config_t cfg = NEXAR_CONFIG_INIT;
+        cfg.seed_addr = addrs.c_str();
+        cfg.token = token.data();
+        cfg.token_len = token.size();
+        cfg.timeout_ms = static_cast<std::int64_t>(timeout.count());
+        nexar_comm_t h = NEXAR_COMM_NULL;
+        detail::check(nexar_comm_join(&cfg, &h));
+        return Comm(h);
+    }
+
     nexar_comm_t handle() const noexcept { return h_; }
     explicit operator bool() const noexcept { return h_ != NEXAR_COMM_NULL; }
     // release gives up ownership of the handle. Handlers set by on_failure
@@ -401,6 +418,29 @@ public:
         nexar_comm_t h = NEXAR_COMM_NULL;
         detail::check(nexar_comm_shrink(h_, &h));
         return Comm(h);
+    }
+
+    // grow admits the processes waiting to join (Comm::join) and returns the
+    // grown communicator: the live members in order, then the joiners
+    // (every live member calls it; nexar_comm_grow).
+    Comm grow() {
+        nexar_comm_t h = NEXAR_COMM_NULL;
+        detail::check(nexar_comm_grow(h_, &h));
+        return Comm(h);
+    }
+
+    // join_addrs lists the live members' lobby addresses, where a process
+    // started later joins (nexar_comm_get_join_addrs), comma-separated.
+    std::string join_addrs() const {
+        std::size_t need = 0;
+        nexar_result_t rc = nexar_comm_get_join_addrs(h_, nullptr, 0, &need);
+        if (rc != NEXAR_SUCCESS && rc != NEXAR_ERR_TRUNCATED) {
+            detail::check(rc);
+        }
+        std::string s(need, '\0');
+        detail::check(nexar_comm_get_join_addrs(h_, s.data(), s.size(), &need));
+        s.resize(need > 0 ? need - 1 : 0);
+        return s;
     }
 
     // --- point-to-point ---------------------------------------------------

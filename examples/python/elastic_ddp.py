@@ -9,16 +9,21 @@ equally. At step KILL_AT, rank VICTIM is SIGKILLed. The survivors' backward
 pass raises; they shrink the process group (nexar agrees on who failed and
 forms the survivors' group on the connections that exist), wrap the model
 in DDP again on the new group, re-shard the global batch among themselves,
-redo the step, and finish as 3. Since every step averages the gradient over
-the whole global batch, the result equals single-process training, which
-tests/test_elastic compares it with. Rank 0 prints the final weights.
-
-What is not here yet: a replacement process joining the running job (grow).
+redo the step. The new rank 0 starts a replacement process, which waits to
+join the running job (ProcessGroupNexar.join, through the survivors'
+lobbies); at step GROW_AT the survivors grow the group to 4 again, the
+replacement receives the step and the model (DDP's constructor broadcasts
+it from rank 0), the batch is re-sharded among 4, and training finishes as
+4. Since every step averages the gradient over the whole global batch, the
+result equals single-process training, which tests/test_elastic compares
+it with. Every rank prints its final weights.
 """
 
 import os
 import signal
+import subprocess
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -29,7 +34,7 @@ import nexar
 import nexar.torch
 from nexar.torch import ProcessGroupNexar
 
-STEPS, KILL_AT, VICTIM, LR = 12, 5, 3, 0.05
+STEPS, KILL_AT, VICTIM, GROW_AT, LR = 12, 5, 3, 8, 0.05
 
 
 def data():
@@ -46,23 +51,47 @@ def nexar_group(pg):
     return pg._get_backend(torch.device("cpu"))
 
 
-def main():
-    nexar.torch.register()
-    dist.init_process_group("nexar")
-    world_rank = dist.get_rank()
-    pg = nexar_group(dist.distributed_c10d._get_default_group())
+def start_replacement(pg):
+    """Start a process that joins the job through the live members' lobbies."""
+    env = dict(os.environ, ELASTIC_JOIN=",".join(pg.join_addrs), ELASTIC_TOKEN=pg.join_token.hex())
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__)], env=env)
+
+
+def grow_until(pg, n, deadline=120.0):
+    """Grow pg (every member calls this at the same step) until it has n
+    ranks: a grow with nobody waiting yet keeps the members."""
+    end = time.monotonic() + deadline
+    while True:
+        g = pg.grow()
+        if g.size() >= n or time.monotonic() > end:
+            return g
+        g.shutdown()
+        time.sleep(0.2)
+
+
+def sync_step(pg, step):
+    """Rank 0's step, for a joiner that does not know it."""
+    t = torch.tensor([step], dtype=torch.int64)
+    pg.broadcast([t], dist.BroadcastOptions()).wait()
+    return int(t.item())
+
+
+def train(pg, model, step, name, shrinks=0, grows=0, child=None):
     x, y = data()
-    model = nn.Linear(8, 1, bias=False)
-    with torch.no_grad():
-        model.weight.zero_()
-    ddp = DDP(model, process_group=pg)
+    ddp = DDP(model, process_group=pg)  # broadcasts the model from rank 0
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    step, shrinks = 0, 0
     while step < STEPS:
+        if step == GROW_AT and pg.size() < 4:
+            old, pg = pg, grow_until(pg, 4)
+            old.shutdown()
+            grows += 1
+            step = sync_step(pg, step)
+            ddp = DDP(model, process_group=pg)
+            print(f"rank {name}: grown to {pg.size()} ranks, now rank {pg.rank()}", flush=True)
         r, n = pg.rank(), pg.size()
         per = x.shape[0] // n
         xs, ys = x[r * per:(r + 1) * per], y[r * per:(r + 1) * per]
-        if step == KILL_AT and world_rank == VICTIM:
+        if step == KILL_AT and name == VICTIM:
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         try:
@@ -75,15 +104,36 @@ def main():
             # A member is gone: the survivors agree and carry on as a
             # smaller group; the step is redone (its gradient was partial,
             # the weights untouched).
-            print(f"rank {world_rank}: step {step}: {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)
+            print(f"rank {name}: step {step}: {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)
             old, pg = pg, pg.shrink()
             shrinks += 1
             ddp = DDP(model, process_group=pg)
-            print(f"rank {world_rank}: continuing as rank {pg.rank()} of {pg.size()}", flush=True)
+            print(f"rank {name}: continuing as rank {pg.rank()} of {pg.size()}", flush=True)
+            if pg.rank() == 0 and child is None:
+                child = start_replacement(pg)
     w = model.weight.detach().flatten().tolist()
-    print(f"rank {world_rank}: done: {step} steps on {pg.size()} ranks after {shrinks} shrink(s); weights "
-          + " ".join(f"{v:.7f}" for v in w), flush=True)
+    print(f"rank {name}: done: {step} steps on {pg.size()} ranks after {shrinks} shrink(s) and {grows} grow(s); "
+          "weights " + " ".join(f"{v:.7f}" for v in w), flush=True)
     pg.shutdown()
+    if child is not None and child.wait() != 0:
+        raise SystemExit(f"the replacement process exited with status {child.returncode}")
+
+
+def main():
+    nexar.torch.register()
+    model = nn.Linear(8, 1, bias=False)
+    with torch.no_grad():
+        model.weight.zero_()
+    if os.environ.get("ELASTIC_JOIN"):
+        # The replacement: it waits until the members grow, then learns the
+        # step and the model from rank 0.
+        pg = ProcessGroupNexar.join(os.environ["ELASTIC_JOIN"], token=bytes.fromhex(os.environ["ELASTIC_TOKEN"]))
+        step = sync_step(pg, 0)
+        print(f"rank joiner: joined as rank {pg.rank()} of {pg.size()} at step {step}", flush=True)
+        train(pg, model, step, "joiner", grows=1)
+        return
+    dist.init_process_group("nexar")
+    train(nexar_group(dist.distributed_c10d._get_default_group()), model, 0, dist.get_rank())
 
 
 if __name__ == "__main__":

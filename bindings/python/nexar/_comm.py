@@ -209,16 +209,43 @@ class Comm:
         self._rank = _lib.comm_rank(h)
         self._size = _lib.comm_size(h)
         if _handle is None:
-            # An explicit configuration has no field for it: the argument,
-            # else NEXAR_ON_FAILURE, as nexar_comm_init_from_env reads it.
-            policy = failure_policy or os.environ.get("NEXAR_ON_FAILURE", "").strip().lower() or None
-            if policy is not None:
-                if policy not in _POLICIES:
-                    self.close()
-                    raise ValueError("nexar: failure policy %r (NEXAR_ON_FAILURE): want one of %s"
-                                     % (policy, ", ".join(_POLICIES)))
-                _lib.comm_set_failure_policy(h, _POLICIES.index(policy))
+            self._apply_policy(failure_policy)
         self._elastic = _lib.comm_get_failure_policy(h) == _POLICIES.index("shrink")
+
+    def _apply_policy(self, failure_policy):
+        # An explicit configuration has no field for it: the argument, else
+        # NEXAR_ON_FAILURE, as nexar_comm_init_from_env reads it.
+        policy = failure_policy or os.environ.get("NEXAR_ON_FAILURE", "").strip().lower() or None
+        if policy is not None:
+            if policy not in _POLICIES:
+                self.close()
+                raise ValueError("nexar: failure policy %r (NEXAR_ON_FAILURE): want one of %s"
+                                 % (policy, ", ".join(_POLICIES)))
+            _lib.comm_set_failure_policy(self._h, _POLICIES.index(policy))
+
+    @classmethod
+    def join(cls, addrs=None, *, token=None, timeout=None, failure_policy: Optional[str] = None) -> "Comm":
+        """Join a running job: wait in a member's lobby until the members
+        call grow(), and return this process's communicator in the grown
+        world. addrs: the seed's or any member's lobby address (a
+        comma-separated string or a list, tried in turn; default
+        NEXAR_SEED); token: the job's (default NEXAR_TOKEN); timeout:
+        seconds to wait (default: the library's, 5 minutes). A process
+        started with NEXAR_JOIN=1 joins the same way from nexar.Comm()."""
+        if addrs is None:
+            addrs = os.environ.get("NEXAR_SEED", "")
+        if not isinstance(addrs, str):
+            addrs = ",".join(addrs)
+        if token is None:
+            token = os.environ.get("NEXAR_TOKEN", "")
+        if isinstance(token, str):
+            token = token.encode()
+        if _FORKED:
+            raise _errors.ForkedProcessError("nexar: cannot join in a child made by fork() without exec()")
+        c = cls(_handle=_lib.comm_join(addrs, bytes(token), _ms(timeout)))
+        c._apply_policy(failure_policy)
+        c._elastic = _lib.comm_get_failure_policy(c._h) == _POLICIES.index("shrink")
+        return c
 
     # ---- lifecycle ------------------------------------------------------
     def _check(self):
@@ -320,6 +347,23 @@ class Comm:
         one is revoked, the live members agree on who failed, and the
         others form a new Comm in this one's rank order. Close this one too."""
         return Comm(_handle=_lib.comm_shrink(self._check()))
+
+    def grow(self) -> "Comm":
+        """Admit the processes waiting to join (Comm.join) and return the
+        grown communicator: this one's live members in order, then the
+        joiners, at most NEXAR_MAX_WORLD_SIZE (default: the first world's
+        size). Every live member calls it at the same point; with nobody
+        waiting it is the live members' communicator. If a member or joiner
+        fails meanwhile, every member gets the error and keeps this one.
+        Close this one too."""
+        return Comm(_handle=_lib.comm_grow(self._check()))
+
+    @property
+    def join_addrs(self) -> List[str]:
+        """The live members' lobby addresses, where a process started later
+        joins (Comm.join, or NEXAR_JOIN=1 with NEXAR_SEED set to them)."""
+        s = _lib.comm_join_addrs(self._check())
+        return [a for a in s.split(",") if a]
 
     @property
     def failed(self) -> List[int]:

@@ -410,6 +410,35 @@ PYBIND11_MODULE(_nexar, m) {
         NX_CALL(nexar_comm_shrink(C(c), &n));
         return reinterpret_cast<handle_t>(n);
     });
+    m.def("comm_grow", [](handle_t c) {
+        nexar_comm_t n = NEXAR_COMM_NULL;
+        NX_CALL(nexar_comm_grow(C(c), &n));
+        return reinterpret_cast<handle_t>(n);
+    });
+    // comm_join(addrs, token, timeout_ms) waits, without the GIL, until the
+    // members grow.
+    m.def("comm_join", [](std::string addrs, py::bytes token, int64_t timeout_ms) {
+        std::string tok = token;
+        nexar_config_t cfg = NEXAR_CONFIG_INIT;
+        cfg.seed_addr = addrs.empty() ? nullptr : addrs.c_str();
+        cfg.token = tok.empty() ? nullptr : tok.data();
+        cfg.token_len = tok.size();
+        cfg.timeout_ms = timeout_ms;
+        nexar_comm_t c = NEXAR_COMM_NULL;
+        NX_CALL(nexar_comm_join(&cfg, &c));
+        return reinterpret_cast<handle_t>(c);
+    });
+    m.def("comm_join_addrs", [](handle_t c) {
+        size_t need = 0;
+        nexar_result_t rc = nexar_comm_get_join_addrs(C(c), nullptr, 0, &need);
+        if (rc != NEXAR_SUCCESS && rc != NEXAR_ERR_TRUNCATED) {
+            check(rc);
+        }
+        std::string s(need, '\0');
+        check(nexar_comm_get_join_addrs(C(c), s.data(), s.size(), &need));
+        s.resize(need > 0 ? need - 1 : 0);
+        return s;
+    });
     // comm_set_failure_handler(c, fn or None) -> a capsule owning fn (None
     // when removed), to keep until the communicator is destroyed.
     m.def("comm_set_failure_handler", [](handle_t c, py::object fn) -> py::object {

@@ -97,6 +97,7 @@ class ProcessGroupNexar(dist.ProcessGroup):
         self._group_id = group_id
         self._store = store
         self._timeout = timeout
+        self._token: Optional[bytes] = None  # the job's secret, when this group knows it (join_token)
         if _comm_ is not None:
             # from_comm, split_group: the communicator exists already; no
             # rendezvous, no seed of its own
@@ -105,6 +106,7 @@ class ProcessGroupNexar(dist.ProcessGroup):
         else:
             rv = rendezvous(store, rank, size)
             self._seed = rv.seed
+            self._token = rv.token
             secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
             try:
                 self._comm = _comm.Comm(rank=rank, world_size=size, seed=rv.seed_addr, token=rv.token,
@@ -141,7 +143,45 @@ class ProcessGroupNexar(dist.ProcessGroup):
         done with it. Needs the failure policy "manual" or "shrink"
         (NEXAR_ON_FAILURE). The way torchft reconfigures its groups: build
         the model's DDP again on the new group."""
-        return ProcessGroupNexar.from_comm(self._comm.shrink(), group_id=f"{self._group_id}-shrunk")
+        pg = ProcessGroupNexar.from_comm(self._comm.shrink(), group_id=f"{self._group_id}-shrunk")
+        pg._token = self._token
+        return pg
+
+    def grow(self) -> "ProcessGroupNexar":
+        """The grown group: this group's live members, in order, then the
+        processes waiting to join (started with ``ProcessGroupNexar.join``,
+        e.g. replacements for lost ranks), at most NEXAR_MAX_WORLD_SIZE.
+        Every live member calls it at the same step; with nobody waiting it
+        is a group of the live members. Build DDP again on it (DDP's
+        constructor broadcasts the model from rank 0 to the joiners). Shut
+        this group down when done with it."""
+        pg = ProcessGroupNexar.from_comm(self._comm.grow(), group_id=f"{self._group_id}-grown")
+        pg._token = self._token
+        return pg
+
+    @classmethod
+    def join(cls, addrs=None, *, token=None, timeout=None, group_id: str = "") -> "ProcessGroupNexar":
+        """This process's group in a running job, once its members grow:
+        see nexar.Comm.join (addrs default NEXAR_SEED, the members' lobby
+        addresses; token default NEXAR_TOKEN)."""
+        pg = cls.from_comm(_comm.Comm.join(addrs, token=token, timeout=timeout), group_id=group_id)
+        if token is not None:
+            pg._token = token.encode() if isinstance(token, str) else bytes(token)
+        return pg
+
+    @property
+    def join_token(self) -> Optional[bytes]:
+        """The job's secret, which a process started to join needs (its
+        NEXAR_TOKEN): the one init_process_group drew, else None (a group
+        made from an existing Comm: the job's token is the one it was made
+        with). Hand it only to processes of this job."""
+        return self._token
+
+    @property
+    def join_addrs(self):
+        """Where a process started later joins this group's job (its live
+        members' lobby addresses)."""
+        return self._comm.join_addrs
 
     # ---- identity -------------------------------------------------------
     # torch keeps a group's name and description in its backends; a Python

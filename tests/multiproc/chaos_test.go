@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -207,4 +208,131 @@ func TestChaosStop(t *testing.T) {
 		t.Fatalf("the resumed rank: %q, want NOQUORUM or EXCLUDED\nstderr:\n%s\nstdout:\n%s", victimOut, errOut.String(), joinLines(all))
 	}
 	t.Logf("resumed rank: %s", victimOut)
+}
+
+var (
+	regrowDoneRE = regexp.MustCompile(`DONE pid=(\d+) size=(\d+) count=(\d+) pidsum=(\d+)`)
+	joinedRE     = regexp.MustCompile(`JOINED pid=(\d+) rank=\d+ size=\d+ at=(\d+) wait_ms=(\d+)`)
+	growingRE    = regexp.MustCompile(`GROWING pid=\d+ size=\d+ at=(\d+)`)
+)
+
+// TestChaosRegrow: jobs of 4 processes under NEXAR_ON_FAILURE=manual lose
+// a rank to SIGKILL inside an allreduce; the survivors shrink, start a
+// replacement process, and grow back to 4 (testprog regrow). In the
+// "inside grow" shape a second member is SIGKILLed as soon as the
+// survivors begin to grow: the grow fails or the grown world loses it, and
+// they shrink, replace and grow again. Every process of the final world
+// must end with the same membership (pid sum), 4 of them, correct results
+// on the way, and no leaked goroutine or descriptor. NEXAR_CHAOS_ROUNDS
+// sets the rounds per shape (default 1; `make chaos` runs 50).
+func TestChaosRegrow(t *testing.T) {
+	rounds := 1
+	if v := os.Getenv("NEXAR_CHAOS_ROUNDS"); v != "" {
+		var err error
+		if rounds, err = strconv.Atoi(v); err != nil || rounds < 1 {
+			t.Fatalf("NEXAR_CHAOS_ROUNDS=%q", v)
+		}
+	}
+	for _, insideGrow := range []bool{false, true} {
+		t.Run(fmt.Sprintf("inside_grow=%v", insideGrow), func(t *testing.T) {
+			var waits, regrows []time.Duration
+			for i := 0; i < rounds; i++ {
+				w, r := regrowRound(t, 4, uint64(time.Now().UnixNano()), insideGrow, i == 0)
+				waits, regrows = append(waits, w...), append(regrows, r...)
+			}
+			for _, f := range []struct {
+				what string
+				ds   []time.Duration
+			}{{"a replacement's Join (process start to grown world)", waits}, {"SIGKILL to the last survivor in the regrown world", regrows}} {
+				slices.Sort(f.ds)
+				if len(f.ds) > 0 {
+					t.Logf("%d rounds: %s: median %v, p90 %v, max %v (%d samples)", rounds, f.what,
+						f.ds[len(f.ds)/2].Round(time.Millisecond), f.ds[len(f.ds)*9/10].Round(time.Millisecond),
+						f.ds[len(f.ds)-1].Round(time.Millisecond), len(f.ds))
+				}
+			}
+		})
+	}
+}
+
+// regrowRound runs one job; it returns the replacements' Join times and,
+// with a single kill, the time from the SIGKILL to the last survivor's
+// entry into the regrown world.
+func regrowRound(t *testing.T, n int, seed uint64, insideGrow, killRank0 bool) (waits, regrow []time.Duration) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, 11))
+	victim := rng.IntN(n)
+	if killRank0 {
+		victim = 0 // rank 0 embeds the seed and its lobby sits on the seed's address
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	env := []string{"NEXAR_ON_FAILURE=manual", "NEXAR_HEARTBEAT_INTERVAL=200ms", "NEXAR_HEARTBEAT_TIMEOUT=1s", "NEXAR_TIMEOUT=60s"}
+	args := []string{"run", "-n", strconv.Itoa(n), "--grace", "60s", "--", testprogBin, "regrow", "20"}
+	cmd, errOut, lines := startRun(t, ctx, args, env...)
+	pids := map[int]int{}
+	looping := 0
+	var killedAt, lastGrown time.Time
+	second := -1
+	var all []string
+	done := map[int][2]uint64{} // pid -> count, pidsum
+	kill := func(r int) {
+		if err := syscall.Kill(pids[r], syscall.SIGKILL); err != nil {
+			t.Errorf("kill rank %d: %v", r, err)
+		}
+	}
+	for line := range lines {
+		all = append(all, line)
+		if m := readyRE.FindStringSubmatch(line); m != nil {
+			r, _ := strconv.Atoi(m[1])
+			pids[r], _ = strconv.Atoi(m[2])
+		}
+		if regexp.MustCompile(`LOOPING rank=`).MatchString(line) {
+			if looping++; looping == n {
+				time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
+				killedAt = time.Now()
+				kill(victim)
+			}
+		}
+		if m := growingRE.FindStringSubmatch(line); m != nil && insideGrow && second < 0 {
+			second = (victim + 1 + rng.IntN(n-1)) % n
+			time.Sleep(time.Duration(rng.IntN(50)) * time.Millisecond)
+			kill(second)
+		}
+		if strings.Contains(line, "GROWN ") || strings.Contains(line, "JOINED ") {
+			lastGrown = time.Now()
+		}
+		if m := joinedRE.FindStringSubmatch(line); m != nil {
+			ms, _ := strconv.Atoi(m[3])
+			waits = append(waits, time.Duration(ms)*time.Millisecond)
+		}
+		if m := regrowDoneRE.FindStringSubmatch(line); m != nil {
+			pid, _ := strconv.Atoi(m[1])
+			c, _ := strconv.ParseUint(m[3], 10, 64)
+			s, _ := strconv.ParseUint(m[4], 10, 64)
+			done[pid] = [2]uint64{c, s}
+		}
+	}
+	_ = cmd.Wait()
+	var sum uint64
+	for pid, d := range done {
+		sum += uint64(pid)
+		if d[0] != uint64(n) {
+			t.Fatalf("seed %d, victims %d %d: pid %d ended in a world of %d, want %d\nstderr:\n%s\nstdout:\n%s",
+				seed, victim, second, pid, d[0], n, errOut.String(), joinLines(all))
+		}
+	}
+	if len(done) != n {
+		t.Fatalf("seed %d, victims %d %d: %d processes ended the job, want %d\nstderr:\n%s\nstdout:\n%s",
+			seed, victim, second, len(done), n, errOut.String(), joinLines(all))
+	}
+	for pid, d := range done {
+		if d[1] != sum {
+			t.Fatalf("seed %d: pid %d ended with members' pid sum %d, the finishers' is %d\nstdout:\n%s", seed, pid, d[1], sum, joinLines(all))
+		}
+	}
+	if !insideGrow && !lastGrown.IsZero() {
+		regrow = append(regrow, lastGrown.Sub(killedAt))
+	}
+	return waits, regrow
 }

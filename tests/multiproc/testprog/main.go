@@ -17,6 +17,11 @@
 //	           (unix nanos) around each loss, then DONE with the final
 //	           membership, after checking that closing leaked no goroutine
 //	           or descriptor
+//	regrow M   under NEXAR_ON_FAILURE=manual: allreduce and check; on a loss
+//	           shrink, start replacements (this program, NEXAR_JOIN=1) and
+//	           grow back to the first size; M more rounds after the last
+//	           regrow, then DONE with the final members' pid sum (prints
+//	           FAULT, GROWING, GROWN, SPAWNED, JOINED with unix nanos)
 //	hold       print FORMED with the time core.New took, run an allreduce
 //	           and a barrier twice, print HOLD with the time each round
 //	           took, and wait for stdin to close
@@ -69,6 +74,10 @@ func run(mode string, args []string) error {
 	if mode == "elastic" {
 		signal.Ignore(syscall.SIGTERM)
 		return elastic(ctx, cfg, args)
+	}
+	if mode == "regrow" {
+		signal.Ignore(syscall.SIGTERM)
+		return regrow(ctx, cfg, args)
 	}
 	if mode == "loop" {
 		// The launcher sends SIGTERM to every rank when one dies; stay up

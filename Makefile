@@ -91,7 +91,7 @@ pytest: python
 # shape, SIGKILLs at random points under the shrink policy. make test runs
 # one round of each.
 chaos: deps
-	NEXAR_CHAOS_ROUNDS=50 $(GO) test -count=1 -timeout 90m -run TestChaosKill -v ./tests/multiproc
+	NEXAR_CHAOS_ROUNDS=50 $(GO) test -count=1 -timeout 90m -run "TestChaosKill|TestChaosRegrow" -v ./tests/multiproc
 
 # --- packages ---------------------------------------------------------------
 # dist/: a manylinux wheel (libnexar.so, nexar._nexar and the `nexar` CLI;

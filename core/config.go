@@ -103,9 +103,9 @@ type Config struct {
 	// lobby addresses, and Rank and WorldSize are ignored.
 	Join bool
 	// JoinAddr is the UDP host:port of this rank's lobby, where processes
-	// started later (Join) wait to be admitted by Grow (NEXAR_JOIN_ADDR).
-	// A rank runs a lobby when its failure policy is not abort or
-	// MaxWorldSize exceeds the world's size. Default: rank 0 takes the
+	// started later (Join) wait to be admitted by Grow (NEXAR_JOIN_ADDR);
+	// every rank of a world of more than one runs one (it answers only
+	// processes that prove the token). Default: rank 0 takes the
 	// seed's address once the job has formed (so joiners reach the job
 	// through the seed); the others a free port on their bind IP
 	// (Comm.JoinAddrs lists every member's).

@@ -17,9 +17,9 @@ import (
 )
 
 // This file is growth (DESIGN §9): processes started later join a running
-// job. Each member of an elastic job runs a lobby (membership.Lobby) where
-// such processes (Join) wait, having proven the job's token. The members
-// call Grow at a point of their choosing:
+// job. Each rank of a world of more than one runs a lobby
+// (membership.Lobby) where such processes (Join) wait, having proven the
+// job's token. The members call Grow at a point of their choosing:
 //
 //  1. An agreement on the communicator (as Shrink's) decides, besides the
 //     failed members, which joiners come in: each member contributes the
@@ -65,11 +65,6 @@ func (lb *nodeLobby) close() {
 	if l != nil {
 		l.Close()
 	}
-}
-
-// elastic reports whether ranks of cfg run a lobby.
-func (cfg Config) elastic() bool {
-	return cfg.OnFailure != PolicyAbort || cfg.MaxWorldSize > cfg.WorldSize || cfg.JoinAddr != ""
 }
 
 // startNodeLobby starts this rank's lobby: on cfg.JoinAddr, else on a free

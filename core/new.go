@@ -123,11 +123,12 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 		cleanup()
 		return nil, err
 	}
+	// Every rank keeps a lobby for processes that join later (grow.go);
+	// a grown world's members bring theirs along.
 	announce := ""
-	switch {
-	case opts.lobby != nil:
+	if opts.lobby != nil {
 		announce = opts.lobby.addr
-	case cfg.elastic():
+	} else {
 		if lobby, err = startNodeLobby(cfg, adv, seed != nil && opts.seed == nil); err != nil {
 			cleanup()
 			return nil, err

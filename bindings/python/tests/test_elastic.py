@@ -58,3 +58,13 @@ def test_elastic_ddp_survives_a_killed_rank_and_takes_a_replacement():
     for r, got in enumerate(finals):
         assert got == finals[0], f"rank {r} ended with other weights than rank 0"
         assert all(abs(a - b) < 1e-5 for a, b in zip(got, want)), (r, got, want)
+
+
+def test_process_group_reconfigured_in_place():
+    worker = os.path.join(os.path.dirname(__file__), "workers", "reconfigure_worker.py")
+    res = run_ranks_status(3, [worker], timeout=180, env={"NEXAR_ON_FAILURE": "manual", "NEXAR_HEARTBEAT_TIMEOUT": "2s"})
+    for r in (0, 2):
+        code, out = res[r]
+        assert code == 0, f"rank {r} exited {code}:\n{out}"
+        assert re.search(rf"rank {r}: reconfigure ok, now rank \d of 2", out), out
+    assert res[1][0] == 0, res[1][1]

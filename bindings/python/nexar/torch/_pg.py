@@ -169,6 +169,87 @@ class ProcessGroupNexar(dist.ProcessGroup):
             pg._token = token.encode() if isinstance(token, str) else bytes(token)
         return pg
 
+    # ---- in-place reconfiguration (torchft's way) -----------------------
+    def rank(self) -> int:
+        return self._rank_
+
+    def size(self) -> int:
+        return self._size_
+
+    def _adopt(self, comm: _comm.Comm, seed=None, token: Optional[bytes] = None) -> None:
+        """Make this group stand for comm from now on (in place): the work
+        queued on the old communicator runs out first, then the old one is
+        closed. rank() and size() follow; C++ code that read them before
+        (DDP's reducer) keeps the old values, so build DDP again."""
+        deadline = time.monotonic() + 60
+        while not self._queue.idle() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        old, old_seed = self._comm, self._seed
+        self._comm, self._raw, self._seed = comm, comm.raw, seed
+        self._rank_, self._size_ = comm.rank, comm.size
+        if token is not None:
+            self._token = token
+        self._at_exit.detach()
+        self._at_exit = weakref.finalize(self, _close_at_exit, self._comm, self._queue, self._completer, self._seed)
+        try:
+            old.close()
+        except _errors.Error:
+            pass
+        if old_seed is not None:
+            old_seed.close()
+
+    def shrink_(self) -> "ProcessGroupNexar":
+        """shrink(), in place: this group becomes the survivors' group
+        (every live member calls it). Returns self."""
+        self._adopt(self._comm.shrink())
+        return self
+
+    def grow_(self) -> "ProcessGroupNexar":
+        """grow(), in place: this group becomes the grown group (every live
+        member calls it). Returns self."""
+        self._adopt(self._comm.grow())
+        return self
+
+    def configure(self, store_addr: str, *args, **kwargs) -> None:
+        """Rebuild this group in place among the processes a coordinator
+        chose, the way torchft reconfigures its process groups each quorum:
+        ``configure(store_addr, rank, world_size)`` (or torchft's newer
+        ``configure(store_addr, replica_id, rank, world_size, ...)``; the
+        other arguments are not used). store_addr is ``host:port`` of a
+        torch TCPStore, optionally ``/prefix`` (a new prefix per quorum);
+        every process of the new group calls it with its rank. The nexar
+        rendezvous runs through that store (its rank 0 starts the seed), the
+        old communicator is closed, and the group carries on with the new
+        one."""
+        if len(args) == 2:
+            rank, world_size = args
+        elif len(args) >= 3:
+            rank, world_size = args[1], args[2]
+        else:
+            rank, world_size = kwargs.get("rank"), kwargs.get("world_size")
+        if rank is None or world_size is None:
+            raise TypeError("nexar: configure(store_addr, rank, world_size): rank and world_size are required")
+        rank, world_size = int(rank), int(world_size)
+        if not 0 <= rank < world_size:
+            raise ValueError(f"nexar: configure: rank {rank} is out of range for world size {world_size}")
+        hostport, _, prefix = store_addr.partition("/")
+        host, _, port = hostport.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"nexar: configure: store address {store_addr!r} is not host:port[/prefix]")
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=self._timeout)
+        if prefix:
+            store = dist.PrefixStore(prefix, store)
+        rv = rendezvous(store, rank, world_size)
+        secs = self._timeout.total_seconds() if isinstance(self._timeout, timedelta) else float(self._timeout)
+        try:
+            comm = _comm.Comm(rank=rank, world_size=world_size, seed=rv.seed_addr, token=rv.token,
+                              advertise_addr=rv.advertise_host, timeout=secs, connect_timeout=secs)
+        except BaseException:
+            if rv.seed is not None:
+                rv.seed.close()
+            raise
+        self._adopt(comm, rv.seed, rv.token)
+
     @property
     def join_token(self) -> Optional[bytes]:
         """The job's secret, which a process started to join needs (its

@@ -316,6 +316,9 @@ func (cfg Config) withDefaults() Config {
 	if err := cfg.memoryFromEnvIfUnset(os.LookupEnv); err != nil {
 		cfg.Logger.Warn("nexar: ignoring a memory variable", "subsys", SubsysInit, "err", err)
 	}
+	if err := cfg.elasticFromEnvIfUnset(os.LookupEnv); err != nil {
+		cfg.Logger.Warn("nexar: ignoring an elastic-membership variable", "subsys", SubsysInit, "err", err)
+	}
 	if m, err := cfg.withMemoryProfile(); err == nil {
 		cfg = m // an unknown profile is reported by validateMemory, which New calls
 	}
@@ -521,23 +524,8 @@ func configFromLookup(lookup func(string) (string, bool), readFile func(string) 
 		}
 		cfg.OnFailure = p
 	}
-	for _, e := range []struct {
-		name string
-		to   *int
-	}{{"NEXAR_MIN_WORLD_SIZE", &cfg.MinWorldSize}, {"NEXAR_MAX_WORLD_SIZE", &cfg.MaxWorldSize}} {
-		if v, _ := get(e.name); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 {
-				return cfg, fmt.Errorf("core: %s=%q: want a positive integer", e.name, v)
-			}
-			*e.to = n
-		}
-	}
-	if v, _ := get("NEXAR_JOIN_ADDR"); v != "" {
-		if _, _, err := net.SplitHostPort(v); err != nil {
-			return cfg, fmt.Errorf("core: NEXAR_JOIN_ADDR=%q is not host:port", v)
-		}
-		cfg.JoinAddr = v
+	if err := cfg.elasticFromEnvIfUnset(lookup); err != nil {
+		return cfg, err
 	}
 	if v, _ := get("NEXAR_BULK_PLAINTEXT"); v != "" {
 		b, err := strconv.ParseBool(v)
@@ -610,4 +598,34 @@ func (cfg *Config) diagnosticsFromLookup(lookup func(string) (string, bool)) err
 		bad(fmt.Errorf("core: NEXAR_FLIGHT_RECORDER_DUMP_ON_SIGNAL needs NEXAR_FLIGHT_RECORDER_DIR (where to dump)"))
 	}
 	return first
+}
+
+// elasticFromEnvIfUnset reads NEXAR_MIN_WORLD_SIZE, NEXAR_MAX_WORLD_SIZE and
+// NEXAR_JOIN_ADDR into the fields left unset, so that explicit
+// configurations (nexar_comm_init, nexar.Comm(...), the torch backend) see
+// them too.
+func (cfg *Config) elasticFromEnvIfUnset(lookup func(string) (string, bool)) error {
+	get := func(name string) string {
+		v, _ := lookup(name)
+		return strings.TrimSpace(v)
+	}
+	for _, e := range []struct {
+		name string
+		to   *int
+	}{{"NEXAR_MIN_WORLD_SIZE", &cfg.MinWorldSize}, {"NEXAR_MAX_WORLD_SIZE", &cfg.MaxWorldSize}} {
+		if v := get(e.name); v != "" && *e.to == 0 {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return fmt.Errorf("core: %s=%q: want a positive integer", e.name, v)
+			}
+			*e.to = n
+		}
+	}
+	if v := get("NEXAR_JOIN_ADDR"); v != "" && cfg.JoinAddr == "" {
+		if _, _, err := net.SplitHostPort(v); err != nil {
+			return fmt.Errorf("core: NEXAR_JOIN_ADDR=%q is not host:port", v)
+		}
+		cfg.JoinAddr = v
+	}
+	return nil
 }

@@ -141,6 +141,15 @@ func TestConfigFromEnv(t *testing.T) {
 		{"no seed", map[string]string{"RANK": "0", "WORLD_SIZE": "2", "NEXAR_TOKEN": "s"}, Config{}, "NEXAR_SEED"},
 		{"bad rank", map[string]string{"NEXAR_RANK": "x", "NEXAR_WORLD_SIZE": "2"}, Config{}, "NEXAR_RANK"},
 		{"single", map[string]string{"WORLD_SIZE": "1"}, Config{Rank: 0, WorldSize: 1}, ""},
+		{"joiner", map[string]string{"NEXAR_JOIN": "1", "NEXAR_SEED": "a:1, b:2", "NEXAR_TOKEN": "s", "NEXAR_RANK": "7"},
+			Config{Rank: -1, WorldSize: 2, Seed: "a:1, b:2", Token: []byte("s"), Join: true}, ""},
+		{"joiner bad list", map[string]string{"NEXAR_JOIN": "1", "NEXAR_SEED": "a:1,b", "NEXAR_TOKEN": "s"}, Config{}, `"b"`},
+		{"joiner no token", map[string]string{"NEXAR_JOIN": "true", "NEXAR_SEED": "a:1"}, Config{}, "NEXAR_TOKEN"},
+		{"bad join flag", map[string]string{"NEXAR_JOIN": "maybe", "WORLD_SIZE": "1"}, Config{}, "NEXAR_JOIN"},
+		{"world bounds", map[string]string{"WORLD_SIZE": "1", "NEXAR_MIN_WORLD_SIZE": "2", "NEXAR_MAX_WORLD_SIZE": "9", "NEXAR_JOIN_ADDR": "0.0.0.0:7"},
+			Config{Rank: 0, WorldSize: 1, MinWorldSize: 2, MaxWorldSize: 9, JoinAddr: "0.0.0.0:7"}, ""},
+		{"bad max", map[string]string{"WORLD_SIZE": "1", "NEXAR_MAX_WORLD_SIZE": "0"}, Config{}, "NEXAR_MAX_WORLD_SIZE"},
+		{"bad join addr", map[string]string{"WORLD_SIZE": "1", "NEXAR_JOIN_ADDR": "nowhere"}, Config{}, "NEXAR_JOIN_ADDR"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -157,7 +166,8 @@ func TestConfigFromEnv(t *testing.T) {
 				t.Fatal(err)
 			}
 			if got.Rank != tc.want.Rank || got.WorldSize != tc.want.WorldSize || got.Seed != tc.want.Seed ||
-				!bytes.Equal(got.Token, tc.want.Token) || got.Timeout != tc.want.Timeout {
+				!bytes.Equal(got.Token, tc.want.Token) || got.Timeout != tc.want.Timeout || got.Join != tc.want.Join ||
+				got.MinWorldSize != tc.want.MinWorldSize || got.MaxWorldSize != tc.want.MaxWorldSize || got.JoinAddr != tc.want.JoinAddr {
 				t.Fatalf("got %+v, want %+v", got, tc.want)
 			}
 		})

@@ -1,0 +1,94 @@
+package bulk
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nexar-go/nexar/transport"
+)
+
+// TestRPCChannel checks that LaneRPC messages go over a channel of their
+// own (a ring on one host, TCP when forced), arrive whole and in order, on
+// LaneRPC, and are not held behind a data lane whose receiver is stuck.
+func TestRPCChannel(t *testing.T) {
+	for _, m := range []struct {
+		name string
+		opt  Options
+		path string
+	}{
+		{"shm", Options{Mode: ModeSHM, RingSize: 1 << 20}, "rpc shm"},
+		{"tcp-tls", Options{Mode: ModeTCP}, "rpc tcp x1 tls"},
+		{"tcp-plain", Options{Mode: ModeTCP, Plaintext: true}, "rpc tcp x1 plaintext"},
+		{"off", Options{Mode: ModeOff}, "quic"},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			type msg struct {
+				lane transport.Lane
+				p    []byte
+			}
+			got := make(chan msg, 64)
+			stuck := make(chan struct{})
+			var once sync.Once
+			unstick := func() { once.Do(func() { close(stuck) }) }
+			defer unstick()
+			h1 := func(from int, lane transport.Lane, h *transport.Header, p []byte) {
+				if lane == transport.LaneData {
+					<-stuck // the data lane's reader hangs here
+					return
+				}
+				got <- msg{lane, p}
+			}
+			eps := mesh(t, 2, m.opt, []transport.Handler{nil, h1}, nil)
+			defer func() {
+				unstick()
+				for _, e := range eps {
+					e.Close()
+				}
+			}()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			var h transport.Header
+			h[0] = 1
+			// Fill the data path to rank 1 (its reader is stuck in the
+			// handler): the sender blocks once ring or socket buffers are full.
+			dataDone := make(chan error, 1)
+			go func() {
+				big := make([]byte, 4<<20)
+				var err error
+				for i := 0; i < 8 && err == nil; i++ {
+					err = eps[0].Send(ctx, 1, transport.LaneData, &h, big)
+				}
+				dataDone <- err
+			}()
+			time.Sleep(50 * time.Millisecond)
+			sizes := []int{8, 4 << 10, 1 << 20, 0, 3 << 20}
+			for i, n := range sizes {
+				p := bytes.Repeat([]byte{byte(i + 1)}, n)
+				if err := eps[0].Send(ctx, 1, transport.LaneRPC, &h, p); err != nil {
+					t.Fatalf("RPC %d: %v", i, err)
+				}
+			}
+			for i, n := range sizes {
+				select {
+				case g := <-got:
+					if g.lane != transport.LaneRPC || len(g.p) != n || (n > 0 && (g.p[0] != byte(i+1) || g.p[n-1] != byte(i+1))) {
+						t.Fatalf("RPC %d: got lane %v, %d bytes; want LaneRPC, %d bytes of %d", i, g.lane, len(g.p), n, i+1)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("RPC %d not delivered while the data lane is stuck", i)
+				}
+			}
+			if p := eps[0].RPCPaths()[1]; !strings.HasPrefix(p, m.path) {
+				t.Fatalf("RPC path to rank 1 is %q, want %q", p, m.path)
+			}
+			unstick()
+			if err := <-dataDone; err != nil {
+				t.Fatalf("data: %v", err)
+			}
+		})
+	}
+}

@@ -290,6 +290,9 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 		if gone := sweepStaleRings(); len(gone) > 0 {
 			e.log.Info("nexar: bulk: removed ring files of dead processes", "rank", self, "files", gone)
 		}
+		if gone := sweepStaleBells(); len(gone) > 0 {
+			e.log.Info("nexar: bulk: removed RPC doorbells of dead processes", "rank", self, "files", gone)
+		}
 	}
 	return e, nil
 }
@@ -600,11 +603,14 @@ func (e *Endpoint) chargeRing(want int) int {
 }
 
 // RingBytes returns the capacity of the shared-memory rings this process
-// created (charged to Options.RingBudget).
+// created: data rings (charged to Options.RingBudget) and RPC rings (a
+// quarter of it on top, rpcchan.go).
 func (e *Endpoint) RingBytes() int64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return int64(e.ringBytes)
+	e.rpc.mu.Lock()
+	defer e.rpc.mu.Unlock()
+	return int64(e.ringBytes + e.rpc.ringBytes)
 }
 
 func (e *Endpoint) refundRing(size int) {

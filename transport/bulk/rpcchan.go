@@ -45,19 +45,22 @@ import (
 const (
 	// rpcRingSize is the largest RPC ring: replies of a few MiB stream
 	// through it in pieces, and most pairs never call at all.
-	rpcRingSize = 1 << 20
+	rpcRingSize = 2 << 20
 	// rpcConnectTimeout bounds how long a first call waits for the
 	// peer's offer before RPC to it stays on QUIC.
 	rpcConnectTimeout = 10 * time.Second
 	rpcMagic          = "NXR1"
 )
 
-// rpcChan carries LaneRPC frames in one direction over one link (a ring or
-// a TCP connection). send is safe for concurrent use; one goroutine reads.
+// rpcChan carries LaneRPC frames in one direction over one link: a TCP
+// connection, or a ring with its doorbell. send is safe for concurrent
+// use; one goroutine reads.
 type rpcChan struct {
 	peer  int
 	desc  string
-	l     link
+	l     link  // TCP; nil for a ring
+	r     *ring // ring, with its doorbell b
+	b     *bell
 	sem   chan struct{} // serialises frames
 	buf   []byte
 	dead  chan struct{}
@@ -70,11 +73,86 @@ func newRPCChan(peer int, desc string, l link) *rpcChan {
 	return &rpcChan{peer: peer, desc: desc, l: l, sem: make(chan struct{}, 1), dead: make(chan struct{})}
 }
 
+func newRPCRing(peer, size int, r *ring, b *bell) *rpcChan {
+	c := newRPCChan(peer, "rpc "+ringDesc(size), nil)
+	c.r, c.b = r, b
+	return c
+}
+
+// bellPiece bounds what the producer publishes before it rings: the
+// reader then copies while the producer writes the rest.
+const bellPiece = 64 << 10
+
 func (c *rpcChan) close() {
 	c.once.Do(func() {
 		close(c.dead)
-		c.l.Close()
+		if c.l != nil {
+			c.l.Close()
+			return
+		}
+		c.r.Close()
+		c.b.ring() // a producer's close: the reader sees it
+		c.b.Close()
 	})
+}
+
+// write writes bufs in order (a ring rings its bell after each piece).
+func (c *rpcChan) write(ctx context.Context, bufs ...[]byte) (int, error) {
+	if c.l != nil {
+		return c.l.write(ctx, nil, bufs...)
+	}
+	n := 0
+	for _, b := range bufs {
+		for len(b) > 0 {
+			k := min(len(b), bellPiece)
+			m, err := c.r.Write(ctx, b[:k], nil)
+			n += m
+			if m > 0 {
+				c.b.ring()
+			}
+			if err != nil {
+				return n, err
+			}
+			b = b[k:]
+		}
+	}
+	return n, nil
+}
+
+// ringSpins is how often the reader re-checks an empty ring before it
+// parks on the doorbell: a reply often follows within a few microseconds.
+const ringSpins = 64
+
+// readFull fills p from the ring, parking on the doorbell while it is
+// empty; it fails once the ring is closed and drained (io.EOF: the
+// producer closed it).
+func (c *rpcChan) readFull(p []byte) error {
+	off, spins := 0, 0
+	for off < len(p) {
+		k := c.r.TryRead(p[off:])
+		off += k
+		if k > 0 {
+			spins = 0
+			continue
+		}
+		if err := c.r.closedErr(); err != nil {
+			if c.r.available() > 0 {
+				continue
+			}
+			return err
+		}
+		if spins < ringSpins {
+			spins++
+			continue
+		}
+		if err := c.b.wait(); err != nil {
+			if cerr := c.r.closedErr(); cerr != nil {
+				err = cerr
+			}
+			return err
+		}
+	}
+	return nil
 }
 
 // send writes one frame; broken reports that the channel is unusable
@@ -99,9 +177,9 @@ func (c *rpcChan) send(ctx context.Context, h *transport.Header, p []byte) (brok
 	var n int
 	if len(p) <= inlineMax {
 		c.buf = append(c.buf, p...)
-		n, err = c.l.write(ctx, nil, c.buf)
+		n, err = c.write(ctx, c.buf)
 	} else {
-		n, err = c.l.write(ctx, nil, c.buf, p)
+		n, err = c.write(ctx, c.buf, p)
 	}
 	if cap(c.buf) > 4*inlineMax {
 		c.buf = nil
@@ -132,7 +210,7 @@ func (c *rpcChan) goodbye(deadline time.Time) {
 	}
 	if !c.bad.Load() {
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		c.l.write(ctx, nil, frame.AppendGoodbye(nil, transport.LaneRPC))
+		c.write(ctx, frame.AppendGoodbye(nil, transport.LaneRPC))
 		cancel()
 	}
 	c.close()
@@ -141,13 +219,17 @@ func (c *rpcChan) goodbye(deadline time.Time) {
 // readLoop delivers frames until the link fails or a goodbye arrives
 // (frame.ErrGoodbye).
 func (c *rpcChan) readLoop(deliver func(h *transport.Header, p []byte)) error {
-	var r io.Reader = c.l
-	if _, ok := c.l.(connLink); ok {
-		r = bufio.NewReaderSize(c.l, readBuf)
+	readFull := c.readFull
+	if c.l != nil {
+		r := bufio.NewReaderSize(c.l, readBuf)
+		readFull = func(p []byte) error {
+			_, err := io.ReadFull(r, p)
+			return err
+		}
 	}
 	var pre [frame.PrefixSize]byte
 	for {
-		if _, err := io.ReadFull(r, pre[:]); err != nil {
+		if err := readFull(pre[:]); err != nil {
 			return err
 		}
 		lane, h, n, err := frame.ParsePrefix(&pre, transport.MaxPayload)
@@ -161,7 +243,7 @@ func (c *rpcChan) readLoop(deliver func(h *transport.Header, p []byte)) error {
 			return fmt.Errorf("%w: lane %v on an RPC channel", frame.ErrMalformed, lane)
 		}
 		p := make([]byte, n) // the handler's to keep
-		if _, err := io.ReadFull(r, p); err != nil {
+		if err := readFull(p); err != nil {
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
 			}
@@ -174,15 +256,16 @@ func (c *rpcChan) readLoop(deliver func(h *transport.Header, p []byte)) error {
 // rpcPaths is the endpoint's RPC channel state; guarded by mu, apart
 // from out.
 type rpcPaths struct {
-	out     []atomic.Pointer[rpcChan] // outbound channel per peer; nil: inner
-	mu      sync.Mutex
-	state   []uint8 // rpcUndecided, rpcAsked, rpcDecided
-	waits   []chan struct{}
-	in      []*rpcChan
-	byeSeen []bool     // inbound channel ended with a goodbye
-	outs    []*rpcChan // every outbound channel made, for Close
-	offers  map[int]*tcpOffer
-	paths   []string
+	out       []atomic.Pointer[rpcChan] // outbound channel per peer; nil: inner
+	mu        sync.Mutex
+	state     []uint8 // rpcUndecided, rpcAsked, rpcDecided
+	waits     []chan struct{}
+	in        []*rpcChan
+	byeSeen   []bool     // inbound channel ended with a goodbye
+	outs      []*rpcChan // every outbound channel made, for Close
+	offers    map[int]*tcpOffer
+	paths     []string
+	ringBytes int // capacity of the RPC rings this process created
 }
 
 const (
@@ -334,21 +417,26 @@ func (e *Endpoint) rpcDecide(peer int, ch *rpcChan) bool {
 // to reach it.
 func (e *Endpoint) rpcOffer(ctx context.Context, from int, m *ctlMsg) {
 	if m.Host == e.opt.HostID && m.SHM && e.opt.Mode.shm() && shmSupported() {
-		size := e.chargeRing(min(rpcRingSize, e.pairRing()/4))
+		size := e.chargeRPCRing()
 		var err error
 		if size == 0 {
-			err = fmt.Errorf("the budget of %d MiB for rings is spent", e.opt.RingBudget>>20)
+			err = fmt.Errorf("the allowance of %d KiB for RPC rings is spent", e.opt.RingBudget/4>>10)
 		} else {
 			var r *ring
 			var path string
 			var cookie []byte
 			if r, path, cookie, err = createRing(size); err == nil {
-				e.addRing(r)
-				e.startRPCReader(from, newRPCChan(from, "rpc "+ringDesc(size), ringLink{r}))
-				e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "rpcoffer", Kind: "shm", Path: path, Cookie: cookie, Size: size})
-				return
+				var b *bell
+				if b, err = createBell(path); err == nil {
+					e.addRing(r)
+					e.startRPCReader(from, newRPCRing(from, size, r, b))
+					e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "rpcoffer", Kind: "shm", Path: path, Cookie: cookie, Size: size, Addr: b.path})
+					return
+				}
+				r.Close()
+				r.release()
 			}
-			e.refundRing(size)
+			e.refundRPCRing(size)
 		}
 		e.log.Debug("nexar: bulk: no shared-memory RPC ring", "rank", e.self, "peer", from, "err", err)
 	}
@@ -374,6 +462,13 @@ func (e *Endpoint) rpcAttach(ctx context.Context, to int, m *ctlMsg) {
 	switch m.Kind {
 	case "shm":
 		r, err := openRing(m.Path, m.Size, m.Cookie)
+		var b *bell
+		if err == nil {
+			if b, err = openBell(m.Addr); err != nil {
+				r.Close()
+				r.release()
+			}
+		}
 		if err != nil {
 			e.log.Debug("nexar: bulk: cannot open the RPC ring; RPC stays on QUIC", "rank", e.self, "peer", to, "err", err)
 			e.rpcDecide(to, nil)
@@ -381,7 +476,7 @@ func (e *Endpoint) rpcAttach(ctx context.Context, to int, m *ctlMsg) {
 			return
 		}
 		e.addRing(r)
-		ok := e.rpcDecide(to, newRPCChan(to, "rpc "+ringDesc(m.Size), ringLink{r}))
+		ok := e.rpcDecide(to, newRPCRing(to, m.Size, r, b))
 		res := &ctlMsg{V: 1, T: "rpcresult", Kind: "shm", OK: ok}
 		if !ok {
 			res.Err = "too late"
@@ -403,12 +498,19 @@ func (e *Endpoint) rpcAttach(ctx context.Context, to int, m *ctlMsg) {
 // rpcResult takes the sender's answer to a ring offer: a ring it did not
 // take is closed (its RPC comes over QUIC).
 func (e *Endpoint) rpcResult(from int, m *ctlMsg) {
-	if m.Kind != "shm" || m.OK {
+	if m.Kind != "shm" {
 		return
 	}
 	s := e.rpc
 	s.mu.Lock()
 	ch := s.in[from]
+	if ch != nil && ch.b != nil {
+		ch.b.unlink() // the producer has it open, or never will
+	}
+	if m.OK {
+		s.mu.Unlock()
+		return
+	}
 	s.in[from] = nil
 	s.mu.Unlock()
 	if ch != nil {
@@ -478,6 +580,31 @@ func (e *Endpoint) startRPCReader(from int, ch *rpcChan) {
 		}
 		e.report(from, exited)
 	}()
+}
+
+// chargeRPCRing takes an RPC ring from the RPC allowance, a quarter of
+// Options.RingBudget on top of it (so RPC never shrinks a data ring), and
+// returns its capacity: a quarter of a data ring, at most rpcRingSize,
+// halved while the allowance lacks room; 0 when not even 64 KiB is left.
+func (e *Endpoint) chargeRPCRing() int {
+	size := min(rpcRingSize, max(e.pairRing()/4, minRing))
+	s := e.rpc
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for size >= minRing && s.ringBytes+size > e.opt.RingBudget/4 {
+		size /= 2
+	}
+	if size < minRing {
+		return 0
+	}
+	s.ringBytes += size
+	return size
+}
+
+func (e *Endpoint) refundRPCRing(size int) {
+	e.rpc.mu.Lock()
+	e.rpc.ringBytes -= size
+	e.rpc.mu.Unlock()
 }
 
 // rpcPending reports whether peer's inbound RPC channel is still open

@@ -3,6 +3,7 @@ package bulk
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -90,5 +91,56 @@ func TestRPCChannel(t *testing.T) {
 				t.Fatalf("data: %v", err)
 			}
 		})
+	}
+}
+
+// BenchmarkRPCChannel times a LaneRPC ping-pong (the echo sent from the
+// receiving handler) over each path: the transport's share of an RPC
+// round trip.
+func BenchmarkRPCChannel(b *testing.B) {
+	for _, m := range []struct {
+		name string
+		opt  Options
+	}{
+		{"shm", Options{Mode: ModeSHM}},
+		{"tcp-tls", Options{Mode: ModeTCP}},
+		{"quic", Options{Mode: ModeOff}},
+	} {
+		for _, size := range []int{8, 1 << 20} {
+			b.Run(fmt.Sprintf("%s/%d", m.name, size), func(b *testing.B) {
+				pong := make(chan struct{}, 1)
+				var eps []*Endpoint
+				ready := make(chan struct{})
+				h1 := func(from int, lane transport.Lane, h *transport.Header, p []byte) {
+					<-ready
+					if lane == transport.LaneRPC {
+						eps[1].Send(context.Background(), 0, transport.LaneRPC, h, p)
+					}
+				}
+				h0 := func(from int, lane transport.Lane, h *transport.Header, p []byte) {
+					if lane == transport.LaneRPC {
+						pong <- struct{}{}
+					}
+				}
+				eps = mesh(b, 2, m.opt, []transport.Handler{h0, h1}, nil)
+				close(ready)
+				defer func() {
+					for _, e := range eps {
+						e.Close()
+					}
+				}()
+				var h transport.Header
+				p := make([]byte, size)
+				ctx := context.Background()
+				b.SetBytes(int64(2 * size))
+				b.ResetTimer()
+				for range b.N {
+					if err := eps[0].Send(ctx, 1, transport.LaneRPC, &h, p); err != nil {
+						b.Fatal(err)
+					}
+					<-pong
+				}
+			})
+		}
 	}
 }

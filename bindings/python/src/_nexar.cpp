@@ -184,6 +184,18 @@ struct RPCHandler {
     py::object fn;
 };
 
+// RPCCall holds what a nexar_rpc_icall needs until its request completes:
+// the request bytes and the reply's out-parameters. A capsule owns it, kept
+// by the Python RPCFuture (in its Comm's pending set until it completes or
+// the Comm is closed), so the library never writes to freed memory: it
+// writes the reply only inside nexar_wait/nexar_test on that request.
+struct RPCCall {
+    std::string req;
+    void* reply = nullptr;
+    size_t len = 0;
+    ~RPCCall() { nexar_free(reply); }
+};
+
 char* c_message(const std::string& s) {
     char* m = static_cast<char*>(std::malloc(s.size() + 1));
     if (m != nullptr) std::memcpy(m, s.c_str(), s.size() + 1);
@@ -435,13 +447,34 @@ PYBIND11_MODULE(_nexar, m) {
         NX_CALL(nexar_rpc_register(C(c), id, call_rpc, h));
         return std::move(owner);
     });
-    m.def("rpc_call", [](handle_t c, int peer, uint32_t id, py::bytes req) {
+    // rpc_call(c, peer, fn_id, request, timeout_ms) -> reply (timeout_ms 0:
+    // the communicator's timeout only).
+    m.def("rpc_call", [](handle_t c, int peer, uint32_t id, py::bytes req, int64_t timeout_ms) {
         std::string r = req;
         void* reply = nullptr;
         size_t len = 0;
-        NX_CALL(nexar_rpc_call(C(c), peer, id, r.data(), r.size(), &reply, &len));
+        NX_CALL(nexar_rpc_call_timeout(C(c), peer, id, r.data(), r.size(), timeout_ms, &reply, &len));
         py::bytes out(static_cast<const char*>(reply), len);
         nexar_free(reply);
+        return out;
+    });
+    // rpc_icall(c, peer, fn_id, request, timeout_ms) -> (request handle, a
+    // capsule owning the RPCCall); rpc_reply(capsule) -> the reply, once the
+    // request completed successfully.
+    m.def("rpc_icall", [](handle_t c, int peer, uint32_t id, py::bytes req, int64_t timeout_ms) {
+        auto* st = new RPCCall{std::string(req)};
+        py::capsule owner(st, [](void* p) { delete static_cast<RPCCall*>(p); });
+        nexar_request_t q = NEXAR_REQUEST_NULL;
+        NX_CALL(nexar_rpc_icall(C(c), peer, id, st->req.data(), st->req.size(), timeout_ms, &st->reply,
+                                &st->len, &q));
+        return py::make_tuple(reinterpret_cast<handle_t>(q), std::move(owner));
+    });
+    m.def("rpc_reply", [](py::capsule owner) {
+        auto* st = owner.get_pointer<RPCCall>();
+        py::bytes out(static_cast<const char*>(st->reply), st->len);
+        nexar_free(st->reply);
+        st->reply = nullptr;
+        st->len = 0;
         return out;
     });
     m.def("comm_get_error", [](handle_t c) {

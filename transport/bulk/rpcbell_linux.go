@@ -51,7 +51,7 @@ func openBell(path string) (*bell, error) {
 	if !strings.HasPrefix(path, shmDir+"/"+ringPrefix) || !strings.HasSuffix(path, bellSuffix) || strings.Contains(path[len(shmDir)+1:], "/") {
 		return nil, fmt.Errorf("bulk: doorbell %q is not under %s", path, shmDir)
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+	f, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, fmt.Errorf("bulk: open doorbell: %w", err)
 	}

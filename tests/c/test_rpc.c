@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "nexar.h"
 #include "testutil.h"
@@ -63,6 +64,23 @@ static nexar_result_t slow(nexar_comm_t comm, int from, uint32_t fn, const void*
     struct timespec ts = {2, 0};
     nanosleep(&ts, NULL);
     return NEXAR_SUCCESS;
+}
+
+/* die ends this process in the middle of a call (exit status 0: the test
+ * wants the caller to see a lost peer). */
+static nexar_result_t die(nexar_comm_t comm, int from, uint32_t fn, const void* req, size_t req_len,
+                          void** reply, size_t* reply_len, void* user) {
+    (void)comm;
+    (void)from;
+    (void)fn;
+    (void)req;
+    (void)req_len;
+    (void)reply;
+    (void)reply_len;
+    (void)user;
+    printf("rank %d: test_rpc ok (exiting in a call)\n", g_rank);
+    fflush(stdout);
+    _exit(0);
 }
 
 /* icall_checks: the non-blocking form and the deadline, against peer. */
@@ -143,6 +161,7 @@ int main(void) {
     CK(nexar_rpc_register(c, 1, echo, &served));
     CK(nexar_rpc_register(c, 2, refuse, NULL));
     CK(nexar_rpc_register(c, 3, slow, NULL));
+    CK(nexar_rpc_register(c, 4, die, NULL));
     CK(nexar_barrier(c)); /* every handler is registered */
     for (int peer = 0; peer < size; peer++) {
         char req[16], want[48];
@@ -170,6 +189,26 @@ int main(void) {
     EXPECT(nexar_rpc_call(c, 0, 1, NULL, 0, NULL, &len) == NEXAR_ERR_INVALID_ARGUMENT, "NULL reply");
     nexar_free(NULL);
     CK(nexar_barrier(c)); /* nobody destroys while others still call it */
+    /* A peer lost in the middle of a call: every form fails naming it. */
+    if (size >= 2 && rank == size - 1) {
+        struct timespec wait = {30, 0};
+        nanosleep(&wait, NULL); /* rank 0's call ends this process first */
+        fprintf(stderr, "rank %d: nobody called function 4\n", rank);
+        return 1;
+    }
+    if (size >= 2 && rank == 0) {
+        nexar_request_t q;
+        CK(nexar_rpc_icall(c, size - 1, 4, NULL, 0, 20000, &reply, &len, &q));
+        nexar_result_t r = nexar_wait(q);
+        EXPECT(r == NEXAR_ERR_PEER_DOWN, "icall to a rank that died: %s: %s", nexar_result_string(r),
+               nexar_last_error());
+        CK(nexar_request_free(q));
+        r = nexar_rpc_call_timeout(c, size - 1, 1, NULL, 0, 5000, &reply, &len);
+        EXPECT(r == NEXAR_ERR_PEER_DOWN, "call_timeout to a dead rank: %s: %s", nexar_result_string(r),
+               nexar_last_error());
+        r = nexar_rpc_call(c, size - 1, 1, NULL, 0, &reply, &len);
+        EXPECT(r == NEXAR_ERR_PEER_DOWN, "call to a dead rank: %s: %s", nexar_result_string(r), nexar_last_error());
+    }
     CK(nexar_comm_destroy(c));
     EXPECT(nexar_rpc_register(c, 1, echo, NULL) == NEXAR_ERR_INVALID_HANDLE, "register on a destroyed comm");
     EXPECT(nexar_rpc_call(c, 0, 1, NULL, 0, &reply, &len) == NEXAR_ERR_INVALID_HANDLE, "call on a destroyed comm");

@@ -2,15 +2,18 @@ package bulk
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/internal/frame"
@@ -67,6 +70,11 @@ type rpcChan struct {
 	once  sync.Once
 	quiet atomic.Bool // closed on purpose: do not report the peer down
 	bad   atomic.Bool // a frame was cut: the stream cannot be framed any more
+	// Cross-memory attach on a ring, as on the data rings: the sender sends
+	// payloads of remoteMin bytes or more (0: never) as remote frames once
+	// the receiver, which knows remotePID, said it can read them.
+	remoteMin int
+	remotePID atomic.Int64
 }
 
 func newRPCChan(peer int, desc string, l link) *rpcChan {
@@ -173,6 +181,9 @@ func (c *rpcChan) send(ctx context.Context, h *transport.Header, p []byte) (brok
 	if c.bad.Load() {
 		return true, errBroken
 	}
+	if c.r != nil && c.remoteMin > 0 && len(p) >= c.remoteMin && c.r.remoteOK() {
+		return c.sendRemote(ctx, h, p)
+	}
 	c.buf = frame.AppendPrefix(c.buf[:0], transport.LaneRPC, h, len(p))
 	var n int
 	if len(p) <= inlineMax {
@@ -190,6 +201,31 @@ func (c *rpcChan) send(ctx context.Context, h *transport.Header, p []byte) (brok
 	if n == 0 && ctx.Err() != nil {
 		return false, ctx.Err()
 	}
+	c.bad.Store(true)
+	c.close()
+	return true, err
+}
+
+// sendRemote writes a remote frame for p and waits until the receiver has
+// copied p out of this process's memory (one copy instead of two; p is at
+// least remoteMin bytes, so on the heap or in C memory, neither of which
+// moves). Called with the semaphore held.
+func (c *rpcChan) sendRemote(ctx context.Context, h *transport.Header, p []byte) (bool, error) {
+	c.buf = frame.AppendRemote(c.buf[:0], transport.LaneRPC, h, len(p), uint64(uintptr(unsafe.Pointer(&p[0]))))
+	k := c.r.sentRemote()
+	n, err := c.write(ctx, c.buf)
+	if err == nil {
+		err = c.r.waitAck(ctx, k, len(p), nil)
+	}
+	runtime.KeepAlive(p)
+	if err == nil {
+		return false, nil
+	}
+	if n == 0 && ctx.Err() != nil {
+		return false, ctx.Err()
+	}
+	// The receiver may be copying p as we return: break the channel so that
+	// what it reads is never delivered as a whole frame.
 	c.bad.Store(true)
 	c.close()
 	return true, err
@@ -232,7 +268,7 @@ func (c *rpcChan) readLoop(deliver func(h *transport.Header, p []byte)) error {
 		if err := readFull(pre[:]); err != nil {
 			return err
 		}
-		lane, h, n, err := frame.ParsePrefix(&pre, transport.MaxPayload)
+		lane, h, n, remote, err := frame.ParsePrefixRemote(&pre, transport.MaxPayload)
 		if err != nil {
 			if errors.Is(err, frame.ErrGoodbye) && lane != transport.LaneRPC {
 				err = fmt.Errorf("%w: goodbye for lane %v on an RPC channel", frame.ErrMalformed, lane)
@@ -242,8 +278,26 @@ func (c *rpcChan) readLoop(deliver func(h *transport.Header, p []byte)) error {
 		if lane != transport.LaneRPC {
 			return fmt.Errorf("%w: lane %v on an RPC channel", frame.ErrMalformed, lane)
 		}
+		pid := c.remotePID.Load()
+		if remote && (c.r == nil || pid == 0) {
+			return fmt.Errorf("%w: remote frame before cross-memory attach was agreed", frame.ErrMalformed)
+		}
 		p := make([]byte, n) // the handler's to keep
-		if err := readFull(p); err != nil {
+		if remote {
+			var d [frame.RemoteSize]byte
+			err := readFull(d[:])
+			var addr uint64
+			if err == nil {
+				addr, err = frame.RemoteAddr(&d)
+			}
+			if err == nil {
+				err = readRemote(int(pid), addr, p)
+			}
+			if err != nil {
+				return err
+			}
+			c.r.ack()
+		} else if err := readFull(p); err != nil {
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
 			}
@@ -291,9 +345,13 @@ func (e *Endpoint) RPCPaths() map[int]string {
 	defer s.mu.Unlock()
 	m := make(map[int]string, e.size)
 	for r, p := range s.paths {
-		if r != e.self {
-			m[r] = p
+		if r == e.self {
+			continue
 		}
+		if ch := s.out[r].Load(); ch != nil && ch.r != nil && ch.remoteMin > 0 && ch.r.remoteOK() {
+			p += fmt.Sprintf(", cross-memory attach from %d KiB", ch.remoteMin>>10)
+		}
+		m[r] = p
 	}
 	return m
 }
@@ -476,10 +534,16 @@ func (e *Endpoint) rpcAttach(ctx context.Context, to int, m *ctlMsg) {
 			return
 		}
 		e.addRing(r)
-		ok := e.rpcDecide(to, newRPCRing(to, m.Size, r, b))
+		ch := newRPCRing(to, m.Size, r, b)
+		ch.remoteMin = max(e.opt.RemoteMin, 0)
+		ok := e.rpcDecide(to, ch)
 		res := &ctlMsg{V: 1, T: "rpcresult", Kind: "shm", OK: ok}
 		if !ok {
 			res.Err = "too late"
+		} else if cmaSupported && e.opt.RemoteMin > 0 {
+			// As for a data ring: the receiver tests whether it may read
+			// this process's memory.
+			res.PID, res.Probe, res.Data = selfPID(), uint64(uintptr(unsafe.Pointer(&e.probe[0]))), e.probe
 		}
 		e.sendCtl(ctx, to, res)
 	case "tcp":
@@ -509,6 +573,15 @@ func (e *Endpoint) rpcResult(from int, m *ctlMsg) {
 	}
 	if m.OK {
 		s.mu.Unlock()
+		if ch != nil && ch.r != nil && cmaSupported && m.PID > 0 && m.Probe != 0 && len(m.Data) == 16 && e.opt.RemoteMin >= 0 {
+			got := make([]byte, 16)
+			if err := readRemote(m.PID, m.Probe, got); err != nil || !bytes.Equal(got, m.Data) {
+				e.log.Debug("nexar: bulk: no cross-memory attach for RPC; payloads go through the ring", "rank", e.self, "peer", from, "err", err)
+				return
+			}
+			ch.remotePID.Store(int64(m.PID))
+			ch.r.setRemoteOK()
+		}
 		return
 	}
 	s.in[from] = nil

@@ -21,7 +21,9 @@ func TestRPCChannel(t *testing.T) {
 		opt  Options
 		path string
 	}{
-		{"shm", Options{Mode: ModeSHM, RingSize: 1 << 20}, "rpc shm"},
+		{"shm-copy", Options{Mode: ModeSHM, RingSize: 1 << 20, RemoteMin: -1}, "rpc shm 256 KiB ring"},
+		// Payloads of 1 KiB or more copied out of the sender's memory.
+		{"shm-remote", Options{Mode: ModeSHM, RingSize: 1 << 20, RemoteMin: 1 << 10}, "rpc shm 256 KiB ring, cross-memory attach from 1 KiB"},
 		{"tcp-tls", Options{Mode: ModeTCP}, "rpc tcp x1 tls"},
 		{"tcp-plain", Options{Mode: ModeTCP, Plaintext: true}, "rpc tcp x1 plaintext"},
 		{"off", Options{Mode: ModeOff}, "quic"},
@@ -66,6 +68,22 @@ func TestRPCChannel(t *testing.T) {
 				dataDone <- err
 			}()
 			time.Sleep(50 * time.Millisecond)
+			if m.opt.RemoteMin > 0 {
+				// Cross-memory attach is agreed a moment after the ring:
+				// a first call makes it, then wait for the agreement.
+				if err := eps[0].Send(ctx, 1, transport.LaneRPC, &h, []byte{9}); err != nil {
+					t.Fatal(err)
+				}
+				if g := <-got; len(g.p) != 1 {
+					t.Fatalf("first RPC: %d bytes", len(g.p))
+				}
+				for deadline := time.Now().Add(5 * time.Second); !strings.Contains(eps[0].RPCPaths()[1], "cross-memory"); {
+					if time.Now().After(deadline) {
+						t.Fatalf("RPC path %q: no cross-memory attach", eps[0].RPCPaths()[1])
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
 			sizes := []int{8, 4 << 10, 1 << 20, 0, 3 << 20}
 			for i, n := range sizes {
 				p := bytes.Repeat([]byte{byte(i + 1)}, n)
@@ -76,7 +94,7 @@ func TestRPCChannel(t *testing.T) {
 			for i, n := range sizes {
 				select {
 				case g := <-got:
-					if g.lane != transport.LaneRPC || len(g.p) != n || (n > 0 && (g.p[0] != byte(i+1) || g.p[n-1] != byte(i+1))) {
+					if g.lane != transport.LaneRPC || !bytes.Equal(g.p, bytes.Repeat([]byte{byte(i + 1)}, n)) {
 						t.Fatalf("RPC %d: got lane %v, %d bytes; want LaneRPC, %d bytes of %d", i, g.lane, len(g.p), n, i+1)
 					}
 				case <-time.After(10 * time.Second):

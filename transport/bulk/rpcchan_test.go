@@ -120,7 +120,8 @@ func BenchmarkRPCChannel(b *testing.B) {
 		name string
 		opt  Options
 	}{
-		{"shm", Options{Mode: ModeSHM}},
+		{"shm", Options{Mode: ModeSHM}}, // cross-memory attach from 256 KiB
+		{"shm-copy", Options{Mode: ModeSHM, RemoteMin: -1}},
 		{"tcp-tls", Options{Mode: ModeTCP}},
 		{"quic", Options{Mode: ModeOff}},
 	} {

@@ -183,8 +183,24 @@ nexar_result_t nexar_rpc_register(nexar_comm_t comm, uint32_t fn, nexar_rpc_hand
 nexar_result_t nexar_rpc_call(nexar_comm_t comm, int peer, uint32_t fn, const void* req,
                               size_t req_len, void** reply, size_t* reply_len) {
     GUARD("communicator");
-    return (nexar_result_t)nxgo_rpc_call((uintptr_t)comm, peer, fn, (void*)req, req_len, reply,
-                                         reply_len);
+    return (nexar_result_t)nxgo_rpc_call((uintptr_t)comm, peer, fn, (void*)req, req_len, 0, 0,
+                                         reply, reply_len);
+}
+
+nexar_result_t nexar_rpc_call_timeout(nexar_comm_t comm, int peer, uint32_t fn, const void* req,
+                                      size_t req_len, int64_t timeout_ms, void** reply,
+                                      size_t* reply_len) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_rpc_call((uintptr_t)comm, peer, fn, (void*)req, req_len, 1,
+                                         timeout_ms, reply, reply_len);
+}
+
+nexar_result_t nexar_rpc_icall(nexar_comm_t comm, int peer, uint32_t fn, const void* req,
+                               size_t req_len, int64_t timeout_ms, void** reply,
+                               size_t* reply_len, nexar_request_t* request) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_rpc_icall((uintptr_t)comm, peer, fn, (void*)req, req_len,
+                                          timeout_ms, reply, reply_len, (uintptr_t*)request);
 }
 
 void nexar_free(void* p) { free(p); }

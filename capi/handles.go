@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 
@@ -50,9 +51,27 @@ func (t *handleTable[T]) remove(h uintptr) (T, bool) {
 
 // request is what a nexar_request_t stands for.
 type request struct {
-	r      *core.Request
-	esize  int  // element size of the receive buffer, for nexar_status_t.count
-	isRecv bool // only receives have a status
+	r      *core.Request // nil for an RPC call
+	call   *rpcCall      // an RPC call (nexar_rpc_icall), else nil
+	esize  int           // element size of the receive buffer, for nexar_status_t.count
+	isRecv bool          // only receives have a status
+}
+
+// wait waits for the operation (or call) and returns its result.
+func (q *request) wait(ctx context.Context) error {
+	if q.call != nil {
+		return q.call.wait(ctx)
+	}
+	return q.r.Wait(ctx)
+}
+
+// test reports, without waiting, whether the operation is done, and then
+// its result.
+func (q *request) test() (bool, error) {
+	if q.call != nil {
+		return q.call.test()
+	}
+	return q.r.Test()
 }
 
 var (

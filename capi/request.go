@@ -33,7 +33,7 @@ func nxgo_wait(req C.uintptr_t) (r C.int) {
 	if !a.ok() {
 		return a.fail()
 	}
-	return result(fn, q.r.Wait(bg))
+	return result(fn, q.wait(bg))
 }
 
 //export nxgo_test
@@ -46,7 +46,7 @@ func nxgo_test(req C.uintptr_t, done *C.int) (r C.int) {
 	if !a.ok() {
 		return a.fail()
 	}
-	ok, err := q.r.Test()
+	ok, err := q.test()
 	if !ok {
 		*done = 0
 		return resSuccess
@@ -65,7 +65,7 @@ func nxgo_request_status(req C.uintptr_t, status unsafe.Pointer) (r C.int) {
 	if !a.ok() {
 		return a.fail()
 	}
-	if ok, _ := q.r.Test(); !ok {
+	if ok, _ := q.test(); !ok {
 		return fail(fn, resInvalidArgument, "req %#x has not completed", uintptr(req))
 	}
 	if !q.isRecv {
@@ -134,7 +134,7 @@ func nxgo_waitall(count C.size_t, reqs *C.uintptr_t, results *C.int) (r C.int) {
 	for i, q := range qs {
 		var err error
 		if q != nil {
-			err = q.r.Wait(bg)
+			err = q.wait(bg)
 		}
 		if res != nil {
 			res[i] = resultOf(err)
@@ -169,7 +169,7 @@ func nxgo_testany(count C.size_t, reqs *C.uintptr_t, index *C.size_t, done *C.in
 			continue
 		}
 		live = true
-		if ok, err := q.r.Test(); ok {
+		if ok, err := q.test(); ok {
 			*index, *done = C.size_t(i), 1
 			if err != nil {
 				return fail(fn, resultOf(err), "reqs[%d]: %v", i, err)

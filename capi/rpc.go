@@ -11,6 +11,8 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/nexar-go/nexar/core"
@@ -69,32 +71,127 @@ func cHandler(comm, handler C.uintptr_t, user unsafe.Pointer, id uint32) core.RP
 }
 
 //export nxgo_rpc_call
-func nxgo_rpc_call(comm C.uintptr_t, peer C.int, id C.uint32_t, req unsafe.Pointer, reqLen C.size_t, reply *unsafe.Pointer, replyLen *C.size_t) (r C.int) {
-	const fn = "nexar_rpc_call"
+func nxgo_rpc_call(comm C.uintptr_t, peer C.int, id C.uint32_t, req unsafe.Pointer, reqLen C.size_t, timed C.int, timeoutMS C.int64_t, reply *unsafe.Pointer, replyLen *C.size_t) (r C.int) {
+	fn := "nexar_rpc_call"
+	if timed != 0 {
+		fn = "nexar_rpc_call_timeout"
+	}
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
 	c := a.comm(comm)
 	a.out("reply", unsafe.Pointer(reply))
 	a.out("reply_len", unsafe.Pointer(replyLen))
-	if uint64(reqLen) > transport.MaxPayload {
-		a.failf(resInvalidArgument, "req_len %d exceeds %d", uint64(reqLen), transport.MaxPayload)
-	}
-	b := a.buf("req", req, int(reqLen))
+	b := a.rpcRequest(req, reqLen, timeoutMS)
 	if !a.ok() {
 		return a.fail()
 	}
 	*reply, *replyLen = nil, 0
-	got, err := c.CallRPC(bg, int(peer), uint32(id), b)
+	ctx, cancel := rpcDeadline(timeoutMS)
+	defer cancel()
+	got, err := c.CallRPC(ctx, int(peer), uint32(id), b)
 	if err != nil {
 		return result(fn, err)
 	}
-	if len(got) > 0 {
-		m := C.malloc(C.size_t(len(got)))
-		if m == nil {
-			return fail(fn, resInternal, "cannot allocate the %d-byte reply", len(got))
-		}
-		copy(unsafe.Slice((*byte)(m), len(got)), got)
-		*reply, *replyLen = m, C.size_t(len(got))
+	if err := copyReply(got, reply, replyLen); err != nil {
+		return result(fn, err)
 	}
+	return resSuccess
+}
+
+// rpcRequest checks a call's request and deadline arguments and returns
+// the request (C memory, not copied).
+func (a *args) rpcRequest(req unsafe.Pointer, reqLen C.size_t, timeoutMS C.int64_t) []byte {
+	if uint64(reqLen) > transport.MaxPayload {
+		a.failf(resInvalidArgument, "req_len %d exceeds %d", uint64(reqLen), transport.MaxPayload)
+	}
+	if timeoutMS < 0 {
+		a.failf(resInvalidArgument, "timeout_ms %d is negative", int64(timeoutMS))
+	}
+	return a.buf("req", req, int(reqLen))
+}
+
+// rpcDeadline is the context of a call with timeout_ms (0: none of its
+// own, the communicator's timeout applies).
+func rpcDeadline(timeoutMS C.int64_t) (context.Context, context.CancelFunc) {
+	if timeoutMS == 0 {
+		return bg, func() {}
+	}
+	return context.WithTimeout(bg, time.Duration(timeoutMS)*time.Millisecond)
+}
+
+// copyReply stores a reply in C memory from malloc (NULL when empty).
+func copyReply(got []byte, reply *unsafe.Pointer, replyLen *C.size_t) error {
+	*reply, *replyLen = nil, 0
+	if len(got) == 0 {
+		return nil
+	}
+	m := C.malloc(C.size_t(len(got)))
+	if m == nil {
+		return &core.Error{Code: core.CodeInternal, Op: "rpc", Rank: -1, Msg: fmt.Sprintf("cannot allocate the %d-byte reply", len(got))}
+	}
+	copy(unsafe.Slice((*byte)(m), len(got)), got)
+	*reply, *replyLen = m, C.size_t(len(got))
+	return nil
+}
+
+// rpcCall is the request of a nexar_rpc_icall: the reply is copied into
+// the caller's out-parameters once, when a wait or test first sees the call
+// done (so a request freed unseen allocates nothing). Safe for concurrent
+// use.
+type rpcCall struct {
+	call     *core.Call
+	cancel   context.CancelFunc // the deadline's
+	reply    *unsafe.Pointer    // C memory, the caller's
+	replyLen *C.size_t
+	once     sync.Once
+	err      error
+}
+
+// deliver completes the request once the call is done: the reply goes to
+// the caller's out-parameters; it returns the call's result.
+func (rc *rpcCall) deliver() error {
+	rc.once.Do(func() {
+		rc.cancel()
+		_, got, err := rc.call.Test()
+		if err == nil {
+			err = copyReply(got, rc.reply, rc.replyLen)
+		}
+		rc.err = err
+	})
+	return rc.err
+}
+
+// wait waits for the call; a wait that times out ends the call, so every
+// later wait or test returns the same error.
+func (rc *rpcCall) wait(ctx context.Context) error {
+	rc.call.Wait(ctx)
+	return rc.deliver()
+}
+
+func (rc *rpcCall) test() (bool, error) {
+	if done, _, _ := rc.call.Test(); !done {
+		return false, nil
+	}
+	return true, rc.deliver()
+}
+
+//export nxgo_rpc_icall
+func nxgo_rpc_icall(comm C.uintptr_t, peer C.int, id C.uint32_t, req unsafe.Pointer, reqLen C.size_t, timeoutMS C.int64_t, reply *unsafe.Pointer, replyLen *C.size_t, out *C.uintptr_t) (r C.int) {
+	const fn = "nexar_rpc_icall"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	c := a.comm(comm)
+	a.out("reply", unsafe.Pointer(reply))
+	a.out("reply_len", unsafe.Pointer(replyLen))
+	a.out("request", unsafe.Pointer(out))
+	b := a.rpcRequest(req, reqLen, timeoutMS)
+	if !a.ok() {
+		return a.fail()
+	}
+	*reply, *replyLen = nil, 0
+	ctx, cancel := rpcDeadline(timeoutMS)
+	rc := &rpcCall{cancel: cancel, reply: reply, replyLen: replyLen}
+	rc.call = c.ICallContext(ctx, int(peer), uint32(id), b)
+	*out = newRequest(&request{call: rc})
 	return resSuccess
 }

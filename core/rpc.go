@@ -10,9 +10,11 @@ import (
 )
 
 // This file is RPC: a member registers handlers under function ids and the
-// others call them by rank. Requests and replies travel on LaneRPC (QUIC
-// streams of their own), so RPC traffic and collectives never wait for each
-// other; replies are matched by call id, any number in flight.
+// others call them by rank. Requests and replies travel on LaneRPC, which
+// the transport keeps apart from the data lane (a ring or TCP connection of
+// its own per peer and direction, else QUIC streams of its own), so RPC
+// traffic and collectives never wait for each other; replies are matched
+// by call id, any number in flight.
 
 // RPCHandler serves one call: from is the caller's rank in the
 // communicator, req the request (the handler's to keep). Its result is the
@@ -54,14 +56,17 @@ func newRPCState(limit int) *rpcState {
 // Call is an RPC in flight (ICall). Its methods are safe for concurrent
 // use.
 type Call struct {
-	c     *Comm
-	id    uint64
-	peer  int
-	fn    uint32
-	done  chan struct{}
-	once  sync.Once
-	reply []byte
-	err   error
+	c        *Comm
+	id       uint64
+	peer     int
+	fn       uint32
+	done     chan struct{}
+	once     sync.Once
+	mu       sync.Mutex // guards stop and finished
+	finished bool
+	reply    []byte
+	err      error
+	stop     func() // ends the deadline's watch (ICallContext)
 }
 
 // Register makes h the handler of function id on c, replacing any earlier
@@ -79,6 +84,7 @@ func (c *Comm) Register(id uint32, h RPCHandler) {
 }
 
 // CallRPC calls function id on rank peer with req and returns its reply.
+// ctx's deadline is the call's deadline.
 // It fails with the handler's error, with CodeInvalidArgument when peer has
 // no handler for id, CodePeerDown when peer is lost (the communicator fails),
 // CodeTimeout at ctx's deadline or the communicator's Timeout, and the
@@ -92,6 +98,34 @@ func (c *Comm) CallRPC(ctx context.Context, peer int, id uint32, req []byte) ([]
 // reply. req must not change until the call is done.
 func (c *Comm) ICall(peer int, id uint32, req []byte) *Call {
 	return c.startCall(peer, id, req, false)
+}
+
+// ICallContext is ICall with a deadline: when ctx ends before the reply
+// comes, the call fails with CodeTimeout (a later reply is dropped),
+// whether or not anyone waits. Wait's own context and the communicator's
+// Timeout still bound a wait.
+func (c *Comm) ICallContext(ctx context.Context, peer int, id uint32, req []byte) *Call {
+	call := c.startCall(peer, id, req, false)
+	if ctx.Done() == nil {
+		return call
+	}
+	stop := context.AfterFunc(ctx, func() { call.expire(ctx.Err()) })
+	call.mu.Lock()
+	done := call.finished
+	if !done {
+		call.stop = func() { stop() }
+	}
+	call.mu.Unlock()
+	if done {
+		stop()
+	}
+	return call
+}
+
+// expire fails the call, if still pending, with CodeTimeout for cause.
+func (call *Call) expire(cause error) {
+	call.c.rpcDone(call.id, -1, nil, &Error{Code: CodeTimeout, Op: "rpc", Rank: call.peer,
+		Msg: fmt.Sprintf("no reply from rank %d to function %d: %v", call.peer, call.fn, cause), Cause: cause})
 }
 
 // startCall registers a call and sends its request: in the caller's
@@ -157,8 +191,7 @@ func (call *Call) Wait(ctx context.Context) ([]byte, error) {
 	select {
 	case <-call.done:
 	case <-ctx.Done():
-		c.rpcDone(call.id, -1, nil, &Error{Code: CodeTimeout, Op: "rpc", Rank: call.peer,
-			Msg: fmt.Sprintf("no reply from rank %d to function %d: %v", call.peer, call.fn, ctx.Err()), Cause: ctx.Err()})
+		call.expire(ctx.Err())
 	}
 	<-call.done
 	return call.reply, call.err
@@ -167,9 +200,27 @@ func (call *Call) Wait(ctx context.Context) ([]byte, error) {
 // Done is closed when the call has its reply or failed.
 func (call *Call) Done() <-chan struct{} { return call.done }
 
+// Test reports, without waiting, whether the call is done, and then its
+// reply or error.
+func (call *Call) Test() (done bool, reply []byte, err error) {
+	select {
+	case <-call.done:
+		return true, call.reply, call.err
+	default:
+		return false, nil, nil
+	}
+}
+
 func (call *Call) finish(reply []byte, err error) {
 	call.once.Do(func() {
 		call.reply, call.err = reply, err
+		call.mu.Lock()
+		call.finished = true
+		stop := call.stop
+		call.mu.Unlock()
+		if stop != nil {
+			stop()
+		}
 		close(call.done)
 	})
 }

@@ -98,6 +98,30 @@ func TestRPCErrors(t *testing.T) {
 	if _, err := comms[0].CallRPC(short, 1, 5, nil); CodeOf(err) != CodeTimeout || time.Since(start) > 2*time.Second {
 		t.Errorf("deadline: %v after %v, want CodeTimeout at once", err, time.Since(start))
 	}
+	// A non-blocking call with a deadline ends at it, with nobody waiting.
+	dl, cancelDL := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancelDL()
+	call := comms[0].ICallContext(dl, 1, 5, nil)
+	if done, _, _ := call.Test(); done {
+		t.Errorf("ICallContext: done at once")
+	}
+	select {
+	case <-call.Done():
+		if done, _, err := call.Test(); !done || CodeOf(err) != CodeTimeout {
+			t.Errorf("ICallContext past its deadline: done %v, %v; want CodeTimeout", done, err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Errorf("ICallContext: not done 2 s after its 100 ms deadline")
+	}
+	// One that finishes in time is not failed by its deadline later.
+	long, cancelLong := context.WithTimeout(ctx, 150*time.Millisecond)
+	defer cancelLong()
+	ok := comms[0].ICallContext(long, 1, 9, nil)
+	<-ok.Done()
+	time.Sleep(200 * time.Millisecond)
+	if _, _, err := ok.Test(); CodeOf(err) != CodeInvalidArgument {
+		t.Errorf("ICallContext to an unknown function: %v, want CodeInvalidArgument", err)
+	}
 	if _, err := comms[0].CallRPC(ctx, 7, 1, nil); CodeOf(err) != CodeInvalidArgument {
 		t.Errorf("peer out of range: %v", err)
 	}

@@ -549,9 +549,11 @@ nexar_result_t nexar_recv_status(void* buf, size_t count, nexar_datatype_t dt, i
  * RPC
  *
  * A member registers handlers under function ids; the others call them by
- * rank and get the reply. Requests and replies travel on a lane of their
- * own: RPC and collectives never wait for each other. Any number of calls
- * may be in flight; replies are matched to their calls.
+ * rank and get the reply (blocking, blocking with a deadline, or
+ * non-blocking). Requests and replies travel on a lane of their own (a
+ * shared-memory ring or TCP connection apart from the data path, else
+ * QUIC): RPC and collectives never wait for each other. Any number of
+ * calls may be in flight; replies are matched to their calls.
  * --------------------------------------------------------------------- */
 
 /* nexar_rpc_handler_t serves one call of function fn from rank from:
@@ -589,6 +591,43 @@ nexar_result_t nexar_rpc_register(nexar_comm_t comm, uint32_t fn, nexar_rpc_hand
  * Thread-safety: safe from several threads on one communicator. */
 nexar_result_t nexar_rpc_call(nexar_comm_t comm, int peer, uint32_t fn, const void* req,
                               size_t req_len, void** reply, size_t* reply_len);
+
+/* nexar_rpc_call_timeout is nexar_rpc_call with a deadline of its own:
+ * timeout_ms > 0 milliseconds from the call (the communicator's timeout
+ * still bounds it: the shorter wins), 0 for the communicator's timeout
+ * alone. At the deadline the call fails with NEXAR_ERR_TIMEOUT naming peer
+ * and fn; a reply that comes later is dropped.
+ * Result: as nexar_rpc_call; NEXAR_ERR_INVALID_ARGUMENT also for a
+ * negative timeout_ms.
+ * Thread-safety: as nexar_rpc_call. */
+nexar_result_t nexar_rpc_call_timeout(nexar_comm_t comm, int peer, uint32_t fn, const void* req,
+                                      size_t req_len, int64_t timeout_ms, void** reply,
+                                      size_t* reply_len);
+
+/* nexar_rpc_icall starts calling function fn on rank peer and returns at
+ * once with *request, which nexar_wait, nexar_test, nexar_waitall and
+ * nexar_testany complete like any request (nexar_request_status reports
+ * an empty status); release it with nexar_request_free.
+ * Buffers: req[0:req_len] must stay valid and unchanged until the request
+ * completes. *reply and *reply_len are set to NULL and 0 now; when a wait
+ * or test first reports the request complete and successful, they receive
+ * the reply (allocated by the library: release it with nexar_free; NULL
+ * when empty), so reply and reply_len must stay valid until then or until
+ * nexar_request_free. A request freed before it was seen complete
+ * allocates no reply. On failure they stay NULL and 0.
+ * Deadline: timeout_ms as nexar_rpc_call_timeout; the call fails with
+ * NEXAR_ERR_TIMEOUT at it whether or not anyone waits. nexar_wait also
+ * stops at the communicator's timeout, which then ends the call.
+ * Result (now): NEXAR_SUCCESS; NEXAR_ERR_INVALID_ARGUMENT (req NULL with
+ * req_len > 0, req_len over the largest message, reply, reply_len or
+ * request NULL, negative timeout_ms); NEXAR_ERR_INVALID_HANDLE.
+ * Result (of the request, from nexar_wait/nexar_test): as nexar_rpc_call
+ * (peer out of range, no handler for fn, the handler's error,
+ * NEXAR_ERR_PEER_DOWN, NEXAR_ERR_TIMEOUT, the communicator's failure).
+ * Thread-safety: safe from several threads on one communicator. */
+nexar_result_t nexar_rpc_icall(nexar_comm_t comm, int peer, uint32_t fn, const void* req,
+                               size_t req_len, int64_t timeout_ms, void** reply,
+                               size_t* reply_len, nexar_request_t* request);
 
 /* nexar_free releases memory the library allocated for the caller (an RPC
  * reply). NULL is ignored. Thread-safety: safe from any thread. */

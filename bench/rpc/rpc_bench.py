@@ -6,7 +6,11 @@ For each payload size, rank 0 calls rank 1's echo handler (the reply is the
 request) --iters times, one call in flight, and reports the median, p99 and
 mean round trip and the throughput (request plus reply bytes over the mean).
 
-  .venv/bin/python bench/rpc/rpc_bench.py [--sizes 8,4096,1048576] [--iters 2000]
+  .venv/bin/python bench/rpc/rpc_bench.py [--sizes 8,4096,1048576] [--iters 2000] [--bulk auto]
+
+--bulk sets NEXAR_BULK for nexar's ranks: auto (RPC over a shared-memory ring
+of its own between these two processes), tcp (a TLS TCP connection of its
+own, as between hosts) or off (QUIC streams).
 """
 
 import argparse
@@ -93,12 +97,12 @@ def child():
         print("RESULT " + json.dumps(res), flush=True)
 
 
-def launch(role, sizes, iters):
+def launch(role, sizes, iters, bulk="auto"):
     port, token = free_port(), secrets.token_hex(16)
     procs = []
     for r in range(2):
         env = dict(os.environ, NEXAR_RANK=str(r), NEXAR_WORLD_SIZE="2", NEXAR_SEED=f"127.0.0.1:{port}",
-                   NEXAR_TOKEN=token)
+                   NEXAR_TOKEN=token, NEXAR_BULK=bulk)
         argv = [sys.executable, __file__, "--child", role, str(r), ",".join(map(str, sizes)), str(iters), str(port)]
         procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=600)[0] for p in procs]
@@ -117,9 +121,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="8,4096,1048576")
     ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--bulk", default="auto", choices=["auto", "tcp", "off"])
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    res = launch("nexar", sizes, args.iters) + launch("torch", sizes, args.iters)
+    res = launch("nexar", sizes, args.iters, args.bulk) + launch("torch", sizes, args.iters)
     by = {(r["system"], r["bytes"]): r for r in res}
     print("| bytes | nexar median µs (p99) | torch-rpc median µs (p99) | torch/nexar median | nexar MB/s | torch-rpc MB/s |")
     print("|---:|---:|---:|---:|---:|---:|")

@@ -1,11 +1,14 @@
-/* test_rpc: every rank serves function 1 (echo, prefixed with "<rank><-<from>:")
- * and function 2 (fails with NEXAR_ERR_UNAVAILABLE and a message), then
- * calls every rank, itself too. Unknown functions, handler errors and bad
- * arguments come back as errors. Run under the launcher. */
+/* test_rpc: every rank serves function 1 (echo, prefixed with "<rank><-<from>:"),
+ * function 2 (fails with NEXAR_ERR_UNAVAILABLE and a message) and function 3
+ * (sleeps 2 s), then calls every rank, itself too, blocking, with a deadline
+ * and non-blocking. Unknown functions, handler errors, deadlines and bad
+ * arguments come back as errors on every form. Run under the launcher. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "nexar.h"
 #include "testutil.h"
@@ -48,6 +51,106 @@ static nexar_result_t refuse(nexar_comm_t comm, int from, uint32_t fn, const voi
     return NEXAR_ERR_UNAVAILABLE;
 }
 
+static nexar_result_t slow(nexar_comm_t comm, int from, uint32_t fn, const void* req,
+                           size_t req_len, void** reply, size_t* reply_len, void* user) {
+    (void)comm;
+    (void)from;
+    (void)fn;
+    (void)req;
+    (void)req_len;
+    (void)reply;
+    (void)reply_len;
+    (void)user;
+    struct timespec ts = {2, 0};
+    nanosleep(&ts, NULL);
+    return NEXAR_SUCCESS;
+}
+
+/* die ends this process in the middle of a call (exit status 0: the test
+ * wants the caller to see a lost peer). */
+static nexar_result_t die(nexar_comm_t comm, int from, uint32_t fn, const void* req, size_t req_len,
+                          void** reply, size_t* reply_len, void* user) {
+    (void)comm;
+    (void)from;
+    (void)fn;
+    (void)req;
+    (void)req_len;
+    (void)reply;
+    (void)reply_len;
+    (void)user;
+    printf("rank %d: test_rpc ok (exiting in a call)\n", g_rank);
+    fflush(stdout);
+    _exit(0);
+}
+
+/* icall_checks: the non-blocking form and the deadline, against peer. */
+static void icall_checks(nexar_comm_t c, int rank, int peer) {
+    enum { N = 8 };
+    nexar_request_t reqs[N];
+    void* replies[N];
+    size_t lens[N];
+    char bufs[N][16];
+    for (int i = 0; i < N; i++) {
+        snprintf(bufs[i], sizeof bufs[i], "i%d", i);
+        CK(nexar_rpc_icall(c, peer, 1, bufs[i], strlen(bufs[i]), 0, &replies[i], &lens[i], &reqs[i]));
+        EXPECT(replies[i] == NULL && lens[i] == 0, "icall: reply set before completion");
+    }
+    /* Some by polling, the rest by waitall. */
+    int done = 0;
+    while (!done) {
+        CK(nexar_test(reqs[0], &done));
+    }
+    nexar_result_t results[N];
+    CK(nexar_waitall(N, reqs, results));
+    for (int i = 0; i < N; i++) {
+        char want[48];
+        snprintf(want, sizeof want, "%d<-%d:%s", peer, rank, bufs[i]);
+        EXPECT(results[i] == NEXAR_SUCCESS && lens[i] == strlen(want) && memcmp(replies[i], want, lens[i]) == 0,
+               "icall %d: reply %.*s, want %s", i, (int)lens[i], replies[i] ? (char*)replies[i] : "", want);
+        nexar_free(replies[i]);
+        CK(nexar_request_free(reqs[i]));
+    }
+    /* Errors come back through the request. */
+    nexar_request_t q;
+    void* reply = NULL;
+    size_t len = 0;
+    CK(nexar_rpc_icall(c, peer, 2, NULL, 0, 0, &reply, &len, &q));
+    nexar_result_t r = nexar_wait(q);
+    EXPECT(r == NEXAR_ERR_UNAVAILABLE && strstr(nexar_last_error(), "no model loaded") != NULL && reply == NULL,
+           "icall refusing handler: %s: %s", nexar_result_string(r), nexar_last_error());
+    EXPECT(nexar_wait(q) == NEXAR_ERR_UNAVAILABLE, "icall: waiting again gives another result");
+    CK(nexar_request_free(q));
+    CK(nexar_rpc_icall(c, peer, 9, "x", 1, 0, &reply, &len, &q));
+    r = nexar_wait(q);
+    EXPECT(r == NEXAR_ERR_INVALID_ARGUMENT && strstr(nexar_last_error(), "no handler for function 9"),
+           "icall unknown function: %s: %s", nexar_result_string(r), nexar_last_error());
+    CK(nexar_request_free(q));
+    /* Deadlines: 200 ms against a 2 s handler, blocking and not. */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    r = nexar_rpc_call_timeout(c, peer, 3, NULL, 0, 200, &reply, &len);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    EXPECT(r == NEXAR_ERR_TIMEOUT && took < 1.5 && strstr(nexar_last_error(), "function 3") != NULL,
+           "call_timeout: %s after %.2f s: %s", nexar_result_string(r), took, nexar_last_error());
+    CK(nexar_rpc_icall(c, peer, 3, NULL, 0, 200, &reply, &len, &q));
+    struct timespec nap = {0, 400 * 1000 * 1000};
+    nanosleep(&nap, NULL); /* nobody waits: the deadline ends it anyway */
+    done = 0;
+    r = nexar_test(q, &done);
+    EXPECT(done == 1 && r == NEXAR_ERR_TIMEOUT, "icall past its deadline: done %d, %s", done, nexar_result_string(r));
+    CK(nexar_request_free(q));
+    EXPECT(nexar_rpc_call_timeout(c, peer, 1, NULL, 0, -1, &reply, &len) == NEXAR_ERR_INVALID_ARGUMENT &&
+               strstr(nexar_last_error(), "nexar_rpc_call_timeout") != NULL,
+           "negative timeout: %s", nexar_last_error());
+    EXPECT(nexar_rpc_icall(c, peer, 1, NULL, 0, 0, &reply, &len, NULL) == NEXAR_ERR_INVALID_ARGUMENT,
+           "icall without a request pointer");
+    /* A call with a deadline that succeeds. */
+    CK(nexar_rpc_call_timeout(c, peer, 1, "t", 1, 10000, &reply, &len));
+    EXPECT(len > 0 && ((char*)reply)[len - 1] == 't', "call_timeout reply");
+    nexar_free(reply);
+}
+
 int main(void) {
     nexar_comm_t c;
     CK(nexar_comm_init_from_env(&c));
@@ -57,6 +160,8 @@ int main(void) {
     g_rank = rank;
     CK(nexar_rpc_register(c, 1, echo, &served));
     CK(nexar_rpc_register(c, 2, refuse, NULL));
+    CK(nexar_rpc_register(c, 3, slow, NULL));
+    CK(nexar_rpc_register(c, 4, die, NULL));
     CK(nexar_barrier(c)); /* every handler is registered */
     for (int peer = 0; peer < size; peer++) {
         char req[16], want[48];
@@ -75,6 +180,7 @@ int main(void) {
         r = nexar_rpc_call(c, peer, 9, "x", 1, &reply, &len);
         EXPECT(r == NEXAR_ERR_INVALID_ARGUMENT && strstr(nexar_last_error(), "no handler for function 9"),
                "unknown function: %s: %s", nexar_result_string(r), nexar_last_error());
+        icall_checks(c, rank, peer);
     }
     void* reply = NULL;
     size_t len = 0;
@@ -83,6 +189,26 @@ int main(void) {
     EXPECT(nexar_rpc_call(c, 0, 1, NULL, 0, NULL, &len) == NEXAR_ERR_INVALID_ARGUMENT, "NULL reply");
     nexar_free(NULL);
     CK(nexar_barrier(c)); /* nobody destroys while others still call it */
+    /* A peer lost in the middle of a call: every form fails naming it. */
+    if (size >= 2 && rank == size - 1) {
+        struct timespec wait = {30, 0};
+        nanosleep(&wait, NULL); /* rank 0's call ends this process first */
+        fprintf(stderr, "rank %d: nobody called function 4\n", rank);
+        return 1;
+    }
+    if (size >= 2 && rank == 0) {
+        nexar_request_t q;
+        CK(nexar_rpc_icall(c, size - 1, 4, NULL, 0, 20000, &reply, &len, &q));
+        nexar_result_t r = nexar_wait(q);
+        EXPECT(r == NEXAR_ERR_PEER_DOWN, "icall to a rank that died: %s: %s", nexar_result_string(r),
+               nexar_last_error());
+        CK(nexar_request_free(q));
+        r = nexar_rpc_call_timeout(c, size - 1, 1, NULL, 0, 5000, &reply, &len);
+        EXPECT(r == NEXAR_ERR_PEER_DOWN, "call_timeout to a dead rank: %s: %s", nexar_result_string(r),
+               nexar_last_error());
+        r = nexar_rpc_call(c, size - 1, 1, NULL, 0, &reply, &len);
+        EXPECT(r == NEXAR_ERR_PEER_DOWN, "call to a dead rank: %s: %s", nexar_result_string(r), nexar_last_error());
+    }
     CK(nexar_comm_destroy(c));
     EXPECT(nexar_rpc_register(c, 1, echo, NULL) == NEXAR_ERR_INVALID_HANDLE, "register on a destroyed comm");
     EXPECT(nexar_rpc_call(c, 0, 1, NULL, 0, &reply, &len) == NEXAR_ERR_INVALID_HANDLE, "call on a destroyed comm");

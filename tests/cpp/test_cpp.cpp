@@ -7,12 +7,14 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #define EXPECT(cond)                                                          \
@@ -176,6 +178,10 @@ int main() {
         return std::to_string(r) + "<-" + std::to_string(from) + ":" + std::string(req);
     });
     world.serve(2, [](int, std::string_view) -> std::string { throw std::runtime_error("nope"); });
+    world.serve(3, [](int, std::string_view) -> std::string {
+        std::this_thread::sleep_for(std::chrono::seconds(2));
+        return "late";
+    });
     world.barrier();
     {
         const int next = (r + 1) % n;
@@ -186,6 +192,44 @@ int main() {
         } catch (const nexar::Error& e) {
             EXPECT(e.code() == NEXAR_ERR_INTERNAL && std::string(e.what()).find("nope") != std::string::npos);
         }
+        // Non-blocking: several in flight, replies matched; errors and the
+        // deadline come back through get() and ready().
+        std::vector<nexar::Call> calls;
+        for (int i = 0; i < 6; i++) calls.push_back(world.icall(i % n, 1, "c" + std::to_string(i)));
+        for (int i = 0; i < 6; i++) {
+            EXPECT(calls[i].get() == std::to_string(i % n) + "<-" + std::to_string(r) + ":c" + std::to_string(i));
+            EXPECT(calls[i].ready());
+        }
+        nexar::Call bad = world.icall(next, 2);
+        try {
+            bad.get();
+            EXPECT(false);
+        } catch (const nexar::Error& e) {
+            EXPECT(e.code() == NEXAR_ERR_INTERNAL && std::string(e.what()).find("nope") != std::string::npos);
+        }
+        nexar::Call unknown = world.icall(next, 9);
+        try {
+            unknown.get();
+            EXPECT(false);
+        } catch (const nexar::Error& e) {
+            EXPECT(e.code() == NEXAR_ERR_INVALID_ARGUMENT);
+        }
+        auto t0 = std::chrono::steady_clock::now();
+        try {
+            world.call(next, 3, "", std::chrono::milliseconds(200));
+            EXPECT(false);
+        } catch (const nexar::Error& e) {
+            EXPECT(e.code() == NEXAR_ERR_TIMEOUT);
+        }
+        nexar::Call late = world.icall(next, 3, "", std::chrono::milliseconds(200));
+        std::this_thread::sleep_for(std::chrono::milliseconds(400));
+        try {
+            late.ready();
+            EXPECT(false);
+        } catch (const nexar::Error& e) {
+            EXPECT(e.code() == NEXAR_ERR_TIMEOUT);
+        }
+        EXPECT(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1800));
     }
     world.barrier();
 

@@ -219,6 +219,8 @@ type Endpoint struct {
 	drainMax  time.Duration   // how long a dead peer's ring may take to drain (procExited)
 	settled   []chan struct{} // closed once peer will not call this process's exit a death
 	settledOK []bool
+
+	rpc *rpcPaths // LaneRPC channels (rpcchan.go)
 }
 
 // New prepares the composite endpoint for rank self of size; h and down
@@ -264,7 +266,8 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 		ready: make(chan struct{}), paths: make([]string, size), in: make([]*channel, size),
 		bye: make([]error, size), byeSeen: make([]bool, size), causes: make([]error, size), offers: map[int]*tcpOffer{}, ctlWG: true,
 		local: make([]bool, size), lazy: make([]atomic.Bool, size), waits: make([]chan struct{}, size),
-		sameProc: make([]bool, size), departing: make([]bool, size), exited: make([]error, size), drainMax: drainMax, settled: make([]chan struct{}, size), settledOK: make([]bool, size)}
+		sameProc: make([]bool, size), departing: make([]bool, size), exited: make([]error, size), drainMax: drainMax, settled: make([]chan struct{}, size), settledOK: make([]bool, size),
+		rpc: newRPCPaths(size)}
 	for r := range e.settled {
 		e.settled[r] = make(chan struct{})
 	}
@@ -286,6 +289,9 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 	if opt.Mode.shm() && shmSupported() && size > 1 {
 		if gone := sweepStaleRings(); len(gone) > 0 {
 			e.log.Info("nexar: bulk: removed ring files of dead processes", "rank", self, "files", gone)
+		}
+		if gone := sweepStaleBells(); len(gone) > 0 {
+			e.log.Info("nexar: bulk: removed RPC doorbells of dead processes", "rank", self, "files", gone)
 		}
 	}
 	return e, nil
@@ -417,6 +423,11 @@ func (e *Endpoint) send(ctx context.Context, peer int, lane transport.Lane, h *t
 	}
 	if e.inner == nil {
 		return errors.New("bulk: Send before Start")
+	}
+	if lane == transport.LaneRPC {
+		if handled, err := e.sendRPC(ctx, peer, h, payload); handled {
+			return err
+		}
 	}
 	if lane == transport.LaneData && peer >= 0 && peer < e.size {
 		ch := e.out[peer].Load()
@@ -592,11 +603,14 @@ func (e *Endpoint) chargeRing(want int) int {
 }
 
 // RingBytes returns the capacity of the shared-memory rings this process
-// created (charged to Options.RingBudget).
+// created: data rings (charged to Options.RingBudget) and RPC rings (a
+// quarter of it on top, rpcchan.go).
 func (e *Endpoint) RingBytes() int64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return int64(e.ringBytes)
+	e.rpc.mu.Lock()
+	defer e.rpc.mu.Unlock()
+	return int64(e.ringBytes + e.rpc.ringBytes)
 }
 
 func (e *Endpoint) refundRing(size int) {
@@ -667,7 +681,7 @@ func (e *Endpoint) peerLost(peer int, err error) {
 	}
 	if errors.Is(err, transport.ErrPeerClosed) {
 		e.mu.Lock()
-		if e.in[peer] != nil && !e.byeSeen[peer] {
+		if (e.in[peer] != nil && !e.byeSeen[peer]) || e.rpcPending(peer) {
 			e.bye[peer] = err
 			e.mu.Unlock()
 			return
@@ -701,6 +715,7 @@ func (e *Endpoint) report(peer int, err error) {
 			ch.close()
 		}
 	}
+	e.rpcPeerDown(peer)
 	e.log.Debug("nexar: bulk: peer down", "rank", e.self, "peer", peer, "err", err)
 	if e.down != nil {
 		e.down(peer, &transport.PeerDownError{Peer: peer, Cause: err})
@@ -772,6 +787,9 @@ func (e *Endpoint) startReader(from int, ch *channel) {
 			e.byeSeen[from] = graceful
 		}
 		bye := e.bye[from]
+		if e.rpcPending(from) {
+			bye = nil // the RPC channel's reader reports the departure once it drained
+		}
 		e.mu.Unlock()
 		switch {
 		case ch.quiet.Load() || e.closed.Load():
@@ -805,6 +823,7 @@ func (e *Endpoint) Close() error {
 				wg.Go(func() { ch.goodbye(deadline) })
 			}
 		}
+		e.rpcGoodbyes(deadline, &wg)
 		if e.inner != nil {
 			for _, p := range e.watchers() {
 				wg.Go(func() { e.sayBye(p, deadline) })
@@ -834,6 +853,7 @@ func (e *Endpoint) Close() error {
 		if watch != nil {
 			watch.close()
 		}
+		e.rpcCloseAll()
 		for _, ch := range chans {
 			if ch != nil {
 				ch.quiet.Store(true)
@@ -870,7 +890,7 @@ func (e *Endpoint) Close() error {
 // ctlMsg is one negotiation message (CBOR, string keys).
 type ctlMsg struct {
 	V      int    `cbor:"v"`
-	T      string `cbor:"t"` // hello, offer, want, result
+	T      string `cbor:"t"` // hello, offer, want, result; rpcwant, rpcoffer, rpcresult (rpcchan.go)
 	Host   string `cbor:"host,omitempty"`
 	SHM    bool   `cbor:"shm,omitempty"`
 	TCP    bool   `cbor:"tcp,omitempty"`
@@ -961,6 +981,12 @@ func (e *Endpoint) control(from int, m *ctlMsg) {
 		e.offer(ctx, from, true, m.TCP, m.Size)
 	case "offer":
 		e.attach(ctx, from, m)
+	case "rpcwant":
+		e.rpcOffer(ctx, from, m)
+	case "rpcoffer":
+		e.rpcAttach(ctx, from, m)
+	case "rpcresult":
+		e.rpcResult(from, m)
 	case "result":
 		if m.Kind == "shm" && m.OK {
 			e.tryRemote(from, m)

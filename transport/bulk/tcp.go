@@ -17,7 +17,7 @@ import (
 
 // TCP connection preamble, sent by the dialer (inside TLS unless plaintext):
 //
-//	0  4  magic "NXB1"
+//	0  4  magic "NXB1" (data channel) or "NXR1" (RPC channel, rpcchan.go)
 //	4  4  dialer rank, u32 LE
 //	8  2  connection index, u16 LE
 //	10 2  connection count, u16 LE
@@ -84,7 +84,7 @@ func (e *Endpoint) authorise(raw net.Conn) {
 		c = tc
 	}
 	var b [preambleSize]byte
-	if _, err := io.ReadFull(c, b[:]); err != nil || string(b[:4]) != "NXB1" {
+	if _, err := io.ReadFull(c, b[:]); err != nil || (string(b[:4]) != "NXB1" && string(b[:4]) != rpcMagic) {
 		e.log.Debug("nexar: bulk: refused TCP connection without preamble", "rank", e.self, "remote", raw.RemoteAddr().String())
 		return
 	}
@@ -98,12 +98,21 @@ func (e *Endpoint) authorise(raw net.Conn) {
 		e.log.Warn("nexar: bulk: TLS certificate does not match the rank named", "rank", e.self, "claimed", from)
 		return
 	}
-	e.mu.Lock()
-	off := e.offers[from]
+	forRPC := string(b[:4]) == rpcMagic
+	mu := &e.mu
+	if forRPC {
+		mu = &e.rpc.mu
+	}
+	mu.Lock()
+	offers := e.offers
+	if forRPC {
+		offers = e.rpc.offers
+	}
+	off := offers[from]
 	valid := off != nil && cnt == len(off.conns) && idx < cnt && off.conns[idx] == nil &&
 		hmac.Equal(b[12:], preambleMAC(off.nonce, from, e.self, idx, cnt))
 	if !valid {
-		e.mu.Unlock()
+		mu.Unlock()
 		e.log.Warn("nexar: bulk: refused unauthorised TCP connection", "rank", e.self, "claimed", from, "remote", raw.RemoteAddr().String())
 		return
 	}
@@ -112,15 +121,17 @@ func (e *Endpoint) authorise(raw net.Conn) {
 	off.got++
 	complete := off.got == len(off.conns)
 	if complete {
-		delete(e.offers, from) // the nonce is single use
+		delete(offers, from) // the nonce is single use
 	}
-	e.mu.Unlock()
+	mu.Unlock()
 	ok = true
 	if _, err := c.Write([]byte{1}); err != nil {
 		return // the dialer sees the failure and falls back; the offer is spent
 	}
 	raw.SetDeadline(time.Time{})
-	if complete {
+	if complete && forRPC {
+		e.rpcAccepted(from, c, raw)
+	} else if complete {
 		links := make([]link, len(off.conns))
 		raws := off.raws
 		for i, cc := range off.conns {
@@ -148,6 +159,12 @@ func (e *Endpoint) knownPeer(fp [32]byte) error {
 // dialTCP opens the connections of an offer from peer and waits for each
 // to be accepted.
 func (e *Endpoint) dialTCP(ctx context.Context, peer int, addr string, nonce []byte, cnt int, useTLS bool) ([]link, error) {
+	return e.dialTCPMagic(ctx, peer, addr, nonce, cnt, useTLS, "NXB1")
+}
+
+// dialTCPMagic is dialTCP with the preamble's magic: "NXB1" for data,
+// rpcMagic for the RPC channel.
+func (e *Endpoint) dialTCPMagic(ctx context.Context, peer int, addr string, nonce []byte, cnt int, useTLS bool, magic string) ([]link, error) {
 	if cnt < 1 || cnt > maxConns || len(nonce) != 32 {
 		return nil, fmt.Errorf("bulk: offer from rank %d: %d connections, %d-byte nonce", peer, cnt, len(nonce))
 	}
@@ -186,7 +203,7 @@ func (e *Endpoint) dialTCP(ctx context.Context, peer int, addr string, nonce []b
 			c = tc
 		}
 		var b [preambleSize]byte
-		copy(b[:], "NXB1")
+		copy(b[:], magic)
 		binary.LittleEndian.PutUint32(b[4:], uint32(e.self))
 		binary.LittleEndian.PutUint16(b[8:], uint16(i))
 		binary.LittleEndian.PutUint16(b[10:], uint16(cnt))

@@ -39,7 +39,7 @@ from ._abi import VERSION as __version__  # internal/abi is its one source
 ANY_SOURCE = -1
 UNDEFINED = -1
 
-_LAZY = {"Comm", "Request", "Status", "init", "version"}
+_LAZY = {"Comm", "Request", "RPCFuture", "Status", "init", "version"}
 
 __all__ = sorted(
     _LAZY

@@ -163,6 +163,42 @@ class Request:
         return requests.index(q)
 
 
+class RPCFuture(Request):
+    """An RPC call in flight (Comm.icall), a future of its reply.
+
+    result() waits and returns the reply (bytes) or raises the call's
+    nexar.Error (the handler's, InvalidArgumentError for an unknown
+    function, PeerDownError, TimeoutError at the call's deadline); test()
+    and done tell without waiting; it also works with Request.waitall and
+    Request.testany. Safe to use from one thread at a time.
+    """
+
+    def __init__(self, comm: "Comm", handle: int, owner):
+        super().__init__(comm, handle, [])
+        self._owner = owner
+        self._reply: Optional[bytes] = None
+
+    def _finish(self, err: Optional[BaseException]):
+        if err is None and self._owner is not None:
+            self._reply = _lib.rpc_reply(self._owner)
+        super()._finish(err)
+        self._owner = None
+
+    def result(self) -> bytes:
+        """Wait for the reply and return it; raises the call's error."""
+        self.wait()
+        return self._reply if self._reply is not None else b""
+
+
+def _timeout_ms(timeout: Optional[float]) -> int:
+    if timeout is None:
+        return 0
+    t = float(timeout)
+    if not t > 0:
+        raise ValueError(f"nexar: timeout must be positive seconds or None, not {timeout!r}")
+    return max(1, int(round(t * 1000)))
+
+
 _POLICIES = ("abort", "manual", "shrink")  # nexar_failure_policy_t order
 
 
@@ -397,13 +433,22 @@ class Comm:
         for a nexar.Error). Handlers stay alive until close()."""
         self._handlers.append(_lib.rpc_register(self._check(), int(fn_id), handler))
 
-    def call(self, peer: int, fn_id: int, request=b"") -> bytes:
+    def call(self, peer: int, fn_id: int, request=b"", timeout: Optional[float] = None) -> bytes:
         """Call RPC function fn_id on rank peer (this rank too) with request
-        (bytes-like) and return the reply. Raises the handler's error,
+        (bytes-like) and return the reply. timeout (seconds) is the call's
+        own deadline, bounded by the communicator's timeout; None leaves
+        the communicator's. Raises the handler's error,
         nexar.InvalidArgumentError when peer has no handler for fn_id,
-        nexar.PeerDownError, nexar.TimeoutError (the communicator's
-        timeout)."""
-        return _lib.rpc_call(self._check(), int(peer), int(fn_id), bytes(request))
+        nexar.PeerDownError, nexar.TimeoutError at the deadline."""
+        return _lib.rpc_call(self._check(), int(peer), int(fn_id), bytes(request), _timeout_ms(timeout))
+
+    def icall(self, peer: int, fn_id: int, request=b"", timeout: Optional[float] = None) -> RPCFuture:
+        """Start calling RPC function fn_id on rank peer and return an
+        RPCFuture at once; its result() is the reply, and raises what
+        call() would. The request is copied. timeout as for call(): the
+        call ends at it even when nobody waits."""
+        h, owner = _lib.rpc_icall(self._check(), int(peer), int(fn_id), bytes(request), _timeout_ms(timeout))
+        return RPCFuture(self, h, owner)
 
     @property
     def error(self) -> Optional[_errors.Error]:

@@ -177,11 +177,48 @@ void call_failure(nexar_comm_t, int rank, nexar_result_t code, const char* messa
     }
 }
 
+// LibraryGIL takes the GIL on a library thread for an RPC handler. The
+// first time on a thread it makes the thread's Python thread state and keeps
+// it (one extra PyGILState count, never released): creating and deleting
+// one per call, as a plain gil_scoped_acquire on a thread without one does,
+// costs microseconds on every call. The state is the PyGILState one, so
+// nested PyGILState_Ensure (pybind11, other extensions) finds it.
+class LibraryGIL {
+public:
+    LibraryGIL() {
+        thread_local bool kept = false;
+        if (!kept) {
+            (void)PyGILState_Ensure();
+            PyEval_SaveThread();
+            kept = true;
+        }
+        st_ = PyGILState_Ensure();
+    }
+    ~LibraryGIL() { PyGILState_Release(st_); }
+    LibraryGIL(const LibraryGIL&) = delete;
+    LibraryGIL& operator=(const LibraryGIL&) = delete;
+
+private:
+    PyGILState_STATE st_;
+};
+
 // RPCHandler holds a Python callable served under a function id
 // (nexar_rpc_register); a capsule owns it, kept by the Python Comm until
 // nexar_comm_destroy has returned (which waits for running handlers).
 struct RPCHandler {
     py::object fn;
+};
+
+// RPCCall holds what a nexar_rpc_icall needs until its request completes:
+// the request bytes and the reply's out-parameters. A capsule owns it, kept
+// by the Python RPCFuture (in its Comm's pending set until it completes or
+// the Comm is closed), so the library never writes to freed memory: it
+// writes the reply only inside nexar_wait/nexar_test on that request.
+struct RPCCall {
+    std::string req;
+    void* reply = nullptr;
+    size_t len = 0;
+    ~RPCCall() { nexar_free(reply); }
 };
 
 char* c_message(const std::string& s) {
@@ -197,18 +234,23 @@ char* c_message(const std::string& s) {
 nexar_result_t call_rpc(nexar_comm_t, int from, uint32_t, const void* req, size_t req_len,
                         void** reply, size_t* reply_len, void* user) {
     if (interpreter_gone()) return NEXAR_ERR_CLOSED;
-    py::gil_scoped_acquire gil;
+    LibraryGIL gil;
     try {
         py::object out = static_cast<RPCHandler*>(user)->fn(
             from, py::bytes(static_cast<const char*>(req), req_len));
         if (out.is_none()) return NEXAR_SUCCESS;
-        std::string b = py::bytes(out);
-        if (!b.empty()) {
-            void* m = std::malloc(b.size());
+        // One copy, straight into the reply the library frees: bytes as
+        // they are, anything else through bytes().
+        py::bytes b = PyBytes_Check(out.ptr()) ? py::reinterpret_borrow<py::bytes>(out) : py::bytes(out);
+        char* data = nullptr;
+        Py_ssize_t n = 0;
+        if (PyBytes_AsStringAndSize(b.ptr(), &data, &n) != 0) throw py::error_already_set();
+        if (n > 0) {
+            void* m = std::malloc(static_cast<size_t>(n));
             if (m == nullptr) return NEXAR_ERR_INTERNAL;
-            std::memcpy(m, b.data(), b.size());
+            std::memcpy(m, data, static_cast<size_t>(n));
             *reply = m;
-            *reply_len = b.size();
+            *reply_len = static_cast<size_t>(n);
         }
         return NEXAR_SUCCESS;
     } catch (py::error_already_set& e) {
@@ -464,13 +506,38 @@ PYBIND11_MODULE(_nexar, m) {
         NX_CALL(nexar_rpc_register(C(c), id, call_rpc, h));
         return std::move(owner);
     });
-    m.def("rpc_call", [](handle_t c, int peer, uint32_t id, py::bytes req) {
-        std::string r = req;
+    // rpc_call(c, peer, fn_id, request, timeout_ms) -> reply (timeout_ms 0:
+    // the communicator's timeout only).
+    m.def("rpc_call", [](handle_t c, int peer, uint32_t id, py::bytes req, int64_t timeout_ms) {
+        // The request is read in place: req (immutable) lives through the
+        // call, which releases the GIL.
+        char* data = nullptr;
+        Py_ssize_t n = 0;
+        if (PyBytes_AsStringAndSize(req.ptr(), &data, &n) != 0) throw py::error_already_set();
         void* reply = nullptr;
         size_t len = 0;
-        NX_CALL(nexar_rpc_call(C(c), peer, id, r.data(), r.size(), &reply, &len));
+        NX_CALL(nexar_rpc_call_timeout(C(c), peer, id, data, static_cast<size_t>(n), timeout_ms, &reply, &len));
         py::bytes out(static_cast<const char*>(reply), len);
         nexar_free(reply);
+        return out;
+    });
+    // rpc_icall(c, peer, fn_id, request, timeout_ms) -> (request handle, a
+    // capsule owning the RPCCall); rpc_reply(capsule) -> the reply, once the
+    // request completed successfully.
+    m.def("rpc_icall", [](handle_t c, int peer, uint32_t id, py::bytes req, int64_t timeout_ms) {
+        auto* st = new RPCCall{std::string(req)};
+        py::capsule owner(st, [](void* p) { delete static_cast<RPCCall*>(p); });
+        nexar_request_t q = NEXAR_REQUEST_NULL;
+        NX_CALL(nexar_rpc_icall(C(c), peer, id, st->req.data(), st->req.size(), timeout_ms, &st->reply,
+                                &st->len, &q));
+        return py::make_tuple(reinterpret_cast<handle_t>(q), std::move(owner));
+    });
+    m.def("rpc_reply", [](py::capsule owner) {
+        auto* st = owner.get_pointer<RPCCall>();
+        py::bytes out(static_cast<const char*>(st->reply), st->len);
+        nexar_free(st->reply);
+        st->reply = nullptr;
+        st->len = 0;
         return out;
     });
     m.def("comm_get_error", [](handle_t c) {

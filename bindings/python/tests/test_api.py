@@ -220,6 +220,11 @@ def test_rpc(n):
         assert f"rank {r}: rpc ok" in o, o
 
 
+def test_rpc_peer_down():
+    outs = run_ranks(2, ["workers/rpc_down_worker.py"], timeout=120)
+    assert "rank 0: rpc down ok" in outs[0], outs[0]
+
+
 def test_rpc_example():
     example = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "python", "rpc.py")
     outs = run_ranks(3, [os.path.abspath(example)], timeout=120)

@@ -192,6 +192,67 @@ private:
     nexar_request_t h_ = NEXAR_REQUEST_NULL;
 };
 
+// Call is an RPC in flight (Comm::icall), a future of its reply: get()
+// waits and returns it (throwing the call's error, every time it is asked),
+// ready() tells without waiting. It owns a copy of the request and the
+// C request; the destructor waits for the call to end (at its deadline at
+// the latest) and frees what the library allocated. Not safe for
+// concurrent use; move it between threads.
+class Call {
+public:
+    Call() = default;
+    Call(Call&& o) noexcept = default;
+    Call& operator=(Call&& o) noexcept {
+        if (this != &o) {
+            req_ = std::move(o.req_);  // waits for our call first: st_ must outlive it
+            st_ = std::move(o.st_);
+        }
+        return *this;
+    }
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+    ~Call() {
+        req_ = Request();  // waits, then frees the request
+        if (st_) nexar_free(st_->reply);
+    }
+
+    // get waits for the reply and returns it; throws the call's error.
+    std::string get() {
+        req_.wait();
+        return take();
+    }
+
+    // ready reports whether the call has ended; throws its error then.
+    bool ready() {
+        if (!req_.test()) return false;
+        take();
+        return true;
+    }
+
+    explicit operator bool() const noexcept { return static_cast<bool>(st_); }
+
+private:
+    friend class Comm;
+    struct State {
+        std::string request;  // kept until the call ends
+        void* reply = nullptr;
+        std::size_t len = 0;
+        std::string result;
+        bool taken = false;
+    };
+    std::string take() {
+        if (!st_->taken) {
+            st_->result.assign(static_cast<const char*>(st_->reply), st_->len);
+            nexar_free(st_->reply);
+            st_->reply = nullptr;
+            st_->taken = true;
+        }
+        return st_->result;
+    }
+    std::unique_ptr<State> st_;
+    Request req_;
+};
+
 // test_any returns the index of a request that has completed (throwing
 // its error), or reqs.size() when none has yet. Empty (moved-from or
 // released) requests are skipped.
@@ -334,14 +395,37 @@ public:
     }
 
     // call calls RPC function id on rank peer and returns the reply; the
-    // handler's error is thrown as nexar::Error.
-    std::string call(int peer, std::uint32_t id, std::string_view request = {}) {
+    // handler's error is thrown as nexar::Error. timeout > 0 is the call's
+    // own deadline (NEXAR_ERR_TIMEOUT at it; the communicator's timeout
+    // still bounds it); 0 leaves the communicator's.
+    std::string call(int peer, std::uint32_t id, std::string_view request = {},
+                     std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
         void* reply = nullptr;
         std::size_t len = 0;
-        detail::check(nexar_rpc_call(h_, peer, id, request.data(), request.size(), &reply, &len));
+        detail::check(nexar_rpc_call_timeout(h_, peer, id, request.data(), request.size(),
+                                             static_cast<std::int64_t>(timeout.count()), &reply,
+                                             &len));
         std::string out(static_cast<const char*>(reply), len);
         nexar_free(reply);
         return out;
+    }
+
+    // icall starts calling RPC function id on rank peer and returns at
+    // once; the Call's get() gives the reply. Errors of the call (the
+    // handler's, an unknown function, a lost peer, the deadline) are thrown
+    // by get() or ready(); bad arguments at once. timeout as call's: the
+    // call ends at it even when nobody waits.
+    Call icall(int peer, std::uint32_t id, std::string_view request = {},
+               std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
+        Call c;
+        c.st_ = std::make_unique<Call::State>();
+        c.st_->request.assign(request.data(), request.size());
+        nexar_request_t q = NEXAR_REQUEST_NULL;
+        detail::check(nexar_rpc_icall(h_, peer, id, c.st_->request.data(), c.st_->request.size(),
+                                      static_cast<std::int64_t>(timeout.count()), &c.st_->reply,
+                                      &c.st_->len, &q));
+        c.req_ = Request(q);
+        return c;
     }
 
     // --- failure notification ---------------------------------------------

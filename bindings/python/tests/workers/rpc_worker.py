@@ -1,6 +1,9 @@
 """RPC from Python: every rank serves function 1 (echo), 2 (raises
-ValueError) and 3 (raises nexar.UnavailableError), then calls every rank,
-itself too. Run as N ranks with the launcher's variables."""
+ValueError), 3 (raises nexar.UnavailableError) and 4 (sleeps 2 s), then
+calls every rank, itself too, blocking, with a deadline and non-blocking
+(icall futures). Run as N ranks with the launcher's variables."""
+
+import time
 
 import nexar
 
@@ -21,6 +24,7 @@ def main():
     c.register(1, echo)
     c.register(2, bad)
     c.register(3, busy)
+    c.register(4, lambda frm, req: time.sleep(2))
     c.barrier()
     for peer in range(n):
         got = c.call(peer, 1, b"hi")
@@ -41,6 +45,48 @@ def main():
             raise AssertionError("an unknown function was served")
         except nexar.InvalidArgumentError as e:
             assert "no handler for function 9" in str(e), e
+        # Non-blocking: several in flight, each reply its own.
+        futs = [c.icall(peer, 1, f"f{i}".encode()) for i in range(8)]
+        assert isinstance(futs[0], nexar.RPCFuture)
+        for i, f in enumerate(futs):
+            assert f.result() == f"{peer}<-{r}:f{i}".encode(), (i, f.result())
+            assert f.done and f.test()
+        f = c.icall(peer, 1, bytearray(b"ba"))
+        while not f.test():
+            pass
+        assert f.result() == f"{peer}<-{r}:ba".encode()
+        assert nexar.Request.testany([c.icall(peer, 1)]) in (None, 0)
+        for fn, err, text in ((2, nexar.InternalError, "ValueError: bad input b'y'"),
+                              (3, nexar.UnavailableError, "model not loaded"),
+                              (9, nexar.InvalidArgumentError, "no handler for function 9")):
+            f = c.icall(peer, fn, b"y")
+            try:
+                f.result()
+                raise AssertionError(f"icall of function {fn} returned")
+            except err as e:
+                assert text in str(e), e
+        # Deadlines: blocking, and non-blocking with nobody waiting.
+        t0 = time.monotonic()
+        try:
+            c.call(peer, 4, timeout=0.2)
+            raise AssertionError("a call past its deadline returned")
+        except nexar.TimeoutError as e:
+            assert "function 4" in str(e), e
+        f = c.icall(peer, 4, timeout=0.2)
+        time.sleep(0.4)
+        try:
+            f.test()
+            raise AssertionError("an icall past its deadline did not fail")
+        except nexar.TimeoutError:
+            pass
+        assert time.monotonic() - t0 < 1.8, time.monotonic() - t0
+        assert c.call(peer, 1, b"t", timeout=10) == f"{peer}<-{r}:t".encode()
+        for bad_timeout in (0, -1):
+            try:
+                c.call(peer, 1, timeout=bad_timeout)
+                raise AssertionError("a non-positive timeout was taken")
+            except ValueError:
+                pass
     c.barrier()  # nobody closes while others still call it
     c.close()
     print(f"rank {r}: rpc ok", flush=True)

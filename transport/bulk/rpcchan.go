@@ -1,0 +1,747 @@
+package bulk
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/nexar-go/nexar/transport"
+	"github.com/nexar-go/nexar/transport/internal/frame"
+)
+
+// This file is the RPC channel: LaneRPC moved, per peer and direction, off
+// the QUIC mesh (where a loopback round trip costs over 100 µs of
+// user-space packet processing on a small host) onto a channel of its own,
+// apart from the data channels, so that RPC never waits behind a
+// collective's payload nor a collective behind RPC:
+//
+//   - a peer on this host (equal host ids, shared memory allowed): a second
+//     shared-memory ring per direction, made (like the data rings) with the
+//     pair's first call and charged to Options.RingBudget;
+//   - another host (or ModeTCP): one TCP connection per direction, TLS
+//     pinned like the data connections, preamble "NXR1";
+//   - else, or when the negotiation fails, the inner endpoint (QUIC).
+//
+// Inbound RPC is never polled by a waiting goroutine (nobody waits for a
+// request): one reader goroutine per channel blocks in the ring's Read
+// (a short spin, then a futex sleep that the producer wakes, because the
+// reader counts itself as a consumer inside a frame) or in the TCP read, and
+// hands each message to the layer above at once.
+//
+// Negotiation (control lane, owner byte 0xB5, like the data channels): the
+// sender of the first call to a peer sends rpcwant {host}; the peer (the
+// receiving side) answers rpcoffer {kind shm|tcp|quic, ...}, having made
+// the ring or armed a one-time nonce; the sender attaches and, for a ring,
+// answers rpcresult {ok}. A sender that cannot attach, or gets no answer
+// within rpcConnectTimeout, keeps RPC to that peer on QUIC.
+
+const (
+	// rpcRingSize is the largest RPC ring: replies of a few MiB stream
+	// through it in pieces, and most pairs never call at all.
+	rpcRingSize = 2 << 20
+	// rpcConnectTimeout bounds how long a first call waits for the
+	// peer's offer before RPC to it stays on QUIC.
+	rpcConnectTimeout = 10 * time.Second
+	rpcMagic          = "NXR1"
+)
+
+// rpcChan carries LaneRPC frames in one direction over one link: a TCP
+// connection, or a ring with its doorbell. send is safe for concurrent
+// use; one goroutine reads.
+type rpcChan struct {
+	peer  int
+	desc  string
+	l     link  // TCP; nil for a ring
+	r     *ring // ring, with its doorbell b
+	b     *bell
+	sem   chan struct{} // serialises frames
+	buf   []byte
+	dead  chan struct{}
+	once  sync.Once
+	quiet atomic.Bool // closed on purpose: do not report the peer down
+	bad   atomic.Bool // a frame was cut: the stream cannot be framed any more
+	// Cross-memory attach on a ring, as on the data rings: the sender sends
+	// payloads of remoteMin bytes or more (0: never) as remote frames once
+	// the receiver, which knows remotePID, said it can read them.
+	remoteMin int
+	remotePID atomic.Int64
+}
+
+func newRPCChan(peer int, desc string, l link) *rpcChan {
+	return &rpcChan{peer: peer, desc: desc, l: l, sem: make(chan struct{}, 1), dead: make(chan struct{})}
+}
+
+func newRPCRing(peer, size int, r *ring, b *bell) *rpcChan {
+	c := newRPCChan(peer, "rpc "+ringDesc(size), nil)
+	c.r, c.b = r, b
+	return c
+}
+
+// bellPiece bounds what the producer publishes before it rings: the
+// reader then copies while the producer writes the rest.
+const bellPiece = 64 << 10
+
+func (c *rpcChan) close() {
+	c.once.Do(func() {
+		close(c.dead)
+		if c.l != nil {
+			c.l.Close()
+			return
+		}
+		c.r.Close()
+		c.b.ring() // a producer's close: the reader sees it
+		c.b.Close()
+	})
+}
+
+// write writes bufs in order (a ring rings its bell after each piece).
+func (c *rpcChan) write(ctx context.Context, bufs ...[]byte) (int, error) {
+	if c.l != nil {
+		return c.l.write(ctx, nil, bufs...)
+	}
+	n := 0
+	for _, b := range bufs {
+		for len(b) > 0 {
+			k := min(len(b), bellPiece)
+			m, err := c.r.Write(ctx, b[:k], nil)
+			n += m
+			if m > 0 {
+				c.b.ring()
+			}
+			if err != nil {
+				return n, err
+			}
+			b = b[k:]
+		}
+	}
+	return n, nil
+}
+
+// ringSpins is how often the reader re-checks an empty ring before it
+// parks on the doorbell: a reply often follows within a few microseconds.
+const ringSpins = 64
+
+// readFull fills p from the ring, parking on the doorbell while it is
+// empty; it fails once the ring is closed and drained (io.EOF: the
+// producer closed it).
+func (c *rpcChan) readFull(p []byte) error {
+	off, spins := 0, 0
+	for off < len(p) {
+		k := c.r.TryRead(p[off:])
+		off += k
+		if k > 0 {
+			spins = 0
+			continue
+		}
+		if err := c.r.closedErr(); err != nil {
+			if c.r.available() > 0 {
+				continue
+			}
+			return err
+		}
+		if spins < ringSpins {
+			spins++
+			continue
+		}
+		if err := c.b.wait(); err != nil {
+			if cerr := c.r.closedErr(); cerr != nil {
+				err = cerr
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// send writes one frame; broken reports that the channel is unusable
+// (some bytes of the frame left).
+func (c *rpcChan) send(ctx context.Context, h *transport.Header, p []byte) (broken bool, err error) {
+	select {
+	case c.sem <- struct{}{}:
+	default:
+		select {
+		case c.sem <- struct{}{}:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-c.dead:
+			return true, errBroken
+		}
+	}
+	defer func() { <-c.sem }()
+	if c.bad.Load() {
+		return true, errBroken
+	}
+	if c.r != nil && c.remoteMin > 0 && len(p) >= c.remoteMin && c.r.remoteOK() {
+		return c.sendRemote(ctx, h, p)
+	}
+	c.buf = frame.AppendPrefix(c.buf[:0], transport.LaneRPC, h, len(p))
+	var n int
+	if len(p) <= inlineMax {
+		c.buf = append(c.buf, p...)
+		n, err = c.write(ctx, c.buf)
+	} else {
+		n, err = c.write(ctx, c.buf, p)
+	}
+	if cap(c.buf) > 4*inlineMax {
+		c.buf = nil
+	}
+	if err == nil {
+		return false, nil
+	}
+	if n == 0 && ctx.Err() != nil {
+		return false, ctx.Err()
+	}
+	c.bad.Store(true)
+	c.close()
+	return true, err
+}
+
+// sendRemote writes a remote frame for p and waits until the receiver has
+// copied p out of this process's memory (one copy instead of two; p is at
+// least remoteMin bytes, so on the heap or in C memory, neither of which
+// moves). Called with the semaphore held.
+func (c *rpcChan) sendRemote(ctx context.Context, h *transport.Header, p []byte) (bool, error) {
+	c.buf = frame.AppendRemote(c.buf[:0], transport.LaneRPC, h, len(p), uint64(uintptr(unsafe.Pointer(&p[0]))))
+	k := c.r.sentRemote()
+	n, err := c.write(ctx, c.buf)
+	if err == nil {
+		err = c.r.waitAck(ctx, k, len(p), nil)
+	}
+	runtime.KeepAlive(p)
+	if err == nil {
+		return false, nil
+	}
+	if n == 0 && ctx.Err() != nil {
+		return false, ctx.Err()
+	}
+	// The receiver may be copying p as we return: break the channel so that
+	// what it reads is never delivered as a whole frame.
+	c.bad.Store(true)
+	c.close()
+	return true, err
+}
+
+// goodbye writes the goodbye frame (waiting until deadline for a frame in
+// flight) and closes the channel.
+func (c *rpcChan) goodbye(deadline time.Time) {
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case c.sem <- struct{}{}:
+	case <-t.C:
+		c.close()
+		return
+	case <-c.dead:
+		return
+	}
+	if !c.bad.Load() {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		c.write(ctx, frame.AppendGoodbye(nil, transport.LaneRPC))
+		cancel()
+	}
+	c.close()
+}
+
+// readLoop delivers frames until the link fails or a goodbye arrives
+// (frame.ErrGoodbye).
+func (c *rpcChan) readLoop(deliver func(h *transport.Header, p []byte)) error {
+	readFull := c.readFull
+	if c.l != nil {
+		r := bufio.NewReaderSize(c.l, readBuf)
+		readFull = func(p []byte) error {
+			_, err := io.ReadFull(r, p)
+			return err
+		}
+	}
+	var pre [frame.PrefixSize]byte
+	for {
+		if err := readFull(pre[:]); err != nil {
+			return err
+		}
+		lane, h, n, remote, err := frame.ParsePrefixRemote(&pre, transport.MaxPayload)
+		if err != nil {
+			if errors.Is(err, frame.ErrGoodbye) && lane != transport.LaneRPC {
+				err = fmt.Errorf("%w: goodbye for lane %v on an RPC channel", frame.ErrMalformed, lane)
+			}
+			return err
+		}
+		if lane != transport.LaneRPC {
+			return fmt.Errorf("%w: lane %v on an RPC channel", frame.ErrMalformed, lane)
+		}
+		pid := c.remotePID.Load()
+		if remote && (c.r == nil || pid == 0) {
+			return fmt.Errorf("%w: remote frame before cross-memory attach was agreed", frame.ErrMalformed)
+		}
+		p := make([]byte, n) // the handler's to keep
+		if remote {
+			var d [frame.RemoteSize]byte
+			err := readFull(d[:])
+			var addr uint64
+			if err == nil {
+				addr, err = frame.RemoteAddr(&d)
+			}
+			if err == nil {
+				err = readRemote(int(pid), addr, p)
+			}
+			if err != nil {
+				return err
+			}
+			c.r.ack()
+		} else if err := readFull(p); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+		deliver(h, p)
+	}
+}
+
+// rpcPaths is the endpoint's RPC channel state; guarded by mu, apart
+// from out.
+type rpcPaths struct {
+	out       []atomic.Pointer[rpcChan] // outbound channel per peer; nil: inner
+	mu        sync.Mutex
+	state     []uint8 // rpcUndecided, rpcAsked, rpcDecided
+	waits     []chan struct{}
+	in        []*rpcChan
+	byeSeen   []bool     // inbound channel ended with a goodbye
+	outs      []*rpcChan // every outbound channel made, for Close
+	offers    map[int]*tcpOffer
+	paths     []string
+	ringBytes int // capacity of the RPC rings this process created
+}
+
+const (
+	rpcUndecided uint8 = iota
+	rpcAsked
+	rpcDecided
+)
+
+func newRPCPaths(size int) *rpcPaths {
+	p := &rpcPaths{out: make([]atomic.Pointer[rpcChan], size), state: make([]uint8, size),
+		waits: make([]chan struct{}, size), in: make([]*rpcChan, size), byeSeen: make([]bool, size), offers: map[int]*tcpOffer{}, paths: make([]string, size)}
+	for i := range p.paths {
+		p.paths[i] = "quic"
+	}
+	return p
+}
+
+// RPCPaths says which path carries this rank's RPC to each peer: "quic"
+// until a first call negotiated a channel. Safe for concurrent use.
+func (e *Endpoint) RPCPaths() map[int]string {
+	s := e.rpc
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := make(map[int]string, e.size)
+	for r, p := range s.paths {
+		if r == e.self {
+			continue
+		}
+		if ch := s.out[r].Load(); ch != nil && ch.r != nil && ch.remoteMin > 0 && ch.r.remoteOK() {
+			p += fmt.Sprintf(", cross-memory attach from %d KiB", ch.remoteMin>>10)
+		}
+		m[r] = p
+	}
+	return m
+}
+
+// sendRPC sends a LaneRPC message to peer over its RPC channel, negotiating
+// the channel with the first one; it reports handled false when the
+// message is to go over the inner endpoint.
+func (e *Endpoint) sendRPC(ctx context.Context, peer int, h *transport.Header, payload []byte) (handled bool, err error) {
+	if e.opt.Mode == ModeOff || peer < 0 || peer >= e.size || peer == e.self {
+		return false, nil
+	}
+	ch := e.rpc.out[peer].Load()
+	if ch == nil {
+		if err := e.rpcConnect(ctx, peer); err != nil {
+			return true, err
+		}
+		if ch = e.rpc.out[peer].Load(); ch == nil {
+			return false, nil
+		}
+	}
+	if e.downed[peer].Load() {
+		return true, &transport.PeerDownError{Peer: peer, Cause: e.cause(peer)}
+	}
+	if len(payload) > transport.MaxPayload {
+		return true, fmt.Errorf("bulk: payload of %d bytes exceeds %d", len(payload), transport.MaxPayload)
+	}
+	broken, err := ch.send(ctx, h, payload)
+	if err == nil {
+		return true, nil
+	}
+	if e.closed.Load() {
+		return true, transport.ErrClosed
+	}
+	if broken {
+		if e.downed[peer].Load() {
+			return true, &transport.PeerDownError{Peer: peer, Cause: e.cause(peer)}
+		}
+		err = fmt.Errorf("bulk: RPC to rank %d over %s: %w", peer, ch.desc, err)
+		if ctx.Err() != nil {
+			e.report(peer, err) // we cut a frame: the peer sees an abrupt loss
+		}
+		return true, &transport.PeerDownError{Peer: peer, Cause: err}
+	}
+	return true, fmt.Errorf("bulk: RPC to rank %d: %w", peer, err)
+}
+
+// rpcConnect waits until the RPC path to peer is decided; the first caller
+// asks the peer for a channel. Nothing went to peer on LaneRPC before, so
+// whichever path is chosen keeps the order.
+func (e *Endpoint) rpcConnect(ctx context.Context, peer int) error {
+	s := e.rpc
+	s.mu.Lock()
+	if s.state[peer] == rpcDecided {
+		s.mu.Unlock()
+		return nil
+	}
+	w := s.waits[peer]
+	ask := s.state[peer] == rpcUndecided
+	if ask {
+		w = make(chan struct{})
+		s.waits[peer] = w
+		s.state[peer] = rpcAsked
+	}
+	s.mu.Unlock()
+	if ask {
+		// On e.ctx: a caller giving up must not lose the request that
+		// later calls wait on.
+		m := &ctlMsg{V: 1, T: "rpcwant", Host: e.opt.HostID, SHM: e.opt.Mode.shm() && shmSupported(), TCP: e.opt.Mode.tcp()}
+		if err := e.sendCtl(e.ctx, peer, m); err != nil {
+			e.rpcDecide(peer, nil)
+		}
+		time.AfterFunc(rpcConnectTimeout, func() { // no answer in time: QUIC
+			s.mu.Lock()
+			late := s.state[peer] != rpcDecided
+			s.mu.Unlock()
+			if late && !e.closed.Load() {
+				e.log.Warn("nexar: bulk: no RPC channel offer from peer; its RPC stays on QUIC", "rank", e.self, "peer", peer)
+				e.rpcDecide(peer, nil)
+			}
+		})
+	}
+	select {
+	case <-w:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("bulk: RPC to rank %d: %w", peer, ctx.Err())
+	case <-e.ctx.Done():
+		return transport.ErrClosed
+	}
+}
+
+// rpcDecide fixes the outbound RPC path to peer (nil: the inner endpoint)
+// and reports whether ch was taken; a channel that comes too late is closed.
+func (e *Endpoint) rpcDecide(peer int, ch *rpcChan) bool {
+	s := e.rpc
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ch != nil && (s.state[peer] == rpcDecided || e.closed.Load() || e.downed[peer].Load()) {
+		ch.quiet.Store(true)
+		ch.close()
+		ch = nil
+	}
+	if s.state[peer] == rpcDecided {
+		return false
+	}
+	if ch != nil {
+		e.rpc.out[peer].Store(ch)
+		s.outs = append(s.outs, ch)
+		s.paths[peer] = ch.desc
+	}
+	s.state[peer] = rpcDecided
+	if s.waits[peer] == nil {
+		s.waits[peer] = make(chan struct{})
+	}
+	close(s.waits[peer])
+	return ch != nil
+}
+
+// rpcOffer answers a peer's rpcwant: this rank receives, so it makes the
+// channel (a ring for a peer on this host, else a TCP offer) and says how
+// to reach it.
+func (e *Endpoint) rpcOffer(ctx context.Context, from int, m *ctlMsg) {
+	if m.Host == e.opt.HostID && m.SHM && e.opt.Mode.shm() && shmSupported() {
+		size := e.chargeRPCRing()
+		var err error
+		if size == 0 {
+			err = fmt.Errorf("the allowance of %d KiB for RPC rings is spent", e.opt.RingBudget/4>>10)
+		} else {
+			var r *ring
+			var path string
+			var cookie []byte
+			if r, path, cookie, err = createRing(size); err == nil {
+				var b *bell
+				if b, err = createBell(path); err == nil {
+					e.addRing(r)
+					e.startRPCReader(from, newRPCRing(from, size, r, b))
+					e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "rpcoffer", Kind: "shm", Path: path, Cookie: cookie, Size: size, Addr: b.path})
+					return
+				}
+				r.Close()
+				r.release()
+			}
+			e.refundRPCRing(size)
+		}
+		e.log.Debug("nexar: bulk: no shared-memory RPC ring", "rank", e.self, "peer", from, "err", err)
+	}
+	if ln := e.tcpListener(m.TCP); ln != nil {
+		nonce := make([]byte, 32)
+		rand.Read(nonce)
+		s := e.rpc
+		s.mu.Lock()
+		if s.offers != nil {
+			s.offers[from] = &tcpOffer{nonce: nonce, conns: make([]net.Conn, 1), raws: make([]net.Conn, 1)}
+		}
+		s.mu.Unlock()
+		port := ln.Addr().(*net.TCPAddr).Port
+		addr := net.JoinHostPort(e.opt.AdvertiseHost, fmt.Sprint(port))
+		e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "rpcoffer", Kind: "tcp", Addr: addr, Nonce: nonce, Conns: 1, TLS: !e.opt.Plaintext})
+		return
+	}
+	e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "rpcoffer", Kind: "quic"})
+}
+
+// rpcAttach opens the RPC channel peer to offered (this rank sends).
+func (e *Endpoint) rpcAttach(ctx context.Context, to int, m *ctlMsg) {
+	switch m.Kind {
+	case "shm":
+		r, err := openRing(m.Path, m.Size, m.Cookie)
+		var b *bell
+		if err == nil {
+			if b, err = openBell(m.Addr); err != nil {
+				r.Close()
+				r.release()
+			}
+		}
+		if err != nil {
+			e.log.Debug("nexar: bulk: cannot open the RPC ring; RPC stays on QUIC", "rank", e.self, "peer", to, "err", err)
+			e.rpcDecide(to, nil)
+			e.sendCtl(ctx, to, &ctlMsg{V: 1, T: "rpcresult", Kind: "shm", Err: err.Error()})
+			return
+		}
+		e.addRing(r)
+		ch := newRPCRing(to, m.Size, r, b)
+		ch.remoteMin = max(e.opt.RemoteMin, 0)
+		ok := e.rpcDecide(to, ch)
+		res := &ctlMsg{V: 1, T: "rpcresult", Kind: "shm", OK: ok}
+		if !ok {
+			res.Err = "too late"
+		} else if cmaSupported && e.opt.RemoteMin > 0 {
+			// As for a data ring: the receiver tests whether it may read
+			// this process's memory.
+			res.PID, res.Probe, res.Data = selfPID(), uint64(uintptr(unsafe.Pointer(&e.probe[0]))), e.probe
+		}
+		e.sendCtl(ctx, to, res)
+	case "tcp":
+		links, err := e.dialTCPMagic(ctx, to, m.Addr, m.Nonce, 1, m.TLS, rpcMagic)
+		if err != nil {
+			e.log.Warn("nexar: bulk: RPC TCP channel failed; RPC stays on QUIC", "rank", e.self, "peer", to, "err", err)
+			e.rpcDecide(to, nil)
+			return
+		}
+		e.rpcDecide(to, newRPCChan(to, "rpc "+e.tcpDesc(1), links[0]))
+	default:
+		e.rpcDecide(to, nil)
+	}
+}
+
+// rpcResult takes the sender's answer to a ring offer: a ring it did not
+// take is closed (its RPC comes over QUIC).
+func (e *Endpoint) rpcResult(from int, m *ctlMsg) {
+	if m.Kind != "shm" {
+		return
+	}
+	s := e.rpc
+	s.mu.Lock()
+	ch := s.in[from]
+	if ch != nil && ch.b != nil {
+		ch.b.unlink() // the producer has it open, or never will
+	}
+	if m.OK {
+		s.mu.Unlock()
+		if ch != nil && ch.r != nil && cmaSupported && m.PID > 0 && m.Probe != 0 && len(m.Data) == 16 && e.opt.RemoteMin >= 0 {
+			got := make([]byte, 16)
+			if err := readRemote(m.PID, m.Probe, got); err != nil || !bytes.Equal(got, m.Data) {
+				e.log.Debug("nexar: bulk: no cross-memory attach for RPC; payloads go through the ring", "rank", e.self, "peer", from, "err", err)
+				return
+			}
+			ch.remotePID.Store(int64(m.PID))
+			ch.r.setRemoteOK()
+		}
+		return
+	}
+	s.in[from] = nil
+	s.mu.Unlock()
+	if ch != nil {
+		ch.quiet.Store(true)
+		ch.close()
+	}
+}
+
+// startRPCReader installs an inbound RPC channel and delivers its frames
+// in a goroutine of its own.
+func (e *Endpoint) startRPCReader(from int, ch *rpcChan) {
+	s := e.rpc
+	e.mu.Lock()
+	if !e.ctlWG || e.downed[from].Load() {
+		e.mu.Unlock()
+		ch.quiet.Store(true)
+		ch.close()
+		return
+	}
+	e.wg.Add(1)
+	e.mu.Unlock()
+	s.mu.Lock()
+	old := s.in[from]
+	s.in[from] = ch
+	s.mu.Unlock()
+	if old != nil {
+		old.quiet.Store(true)
+		old.close()
+	}
+	go func() {
+		defer e.wg.Done()
+		err := ch.readLoop(func(h *transport.Header, p []byte) {
+			if e.h != nil {
+				e.h(from, transport.LaneRPC, h, p)
+			}
+		})
+		ch.close()
+		graceful := errors.Is(err, frame.ErrGoodbye)
+		s.mu.Lock()
+		if s.in[from] == ch {
+			s.in[from] = nil
+			s.byeSeen[from] = graceful
+		}
+		s.mu.Unlock()
+		if ch.quiet.Load() || e.closed.Load() {
+			return
+		}
+		if graceful {
+			// A departure the inner endpoint reported is told once both
+			// inbound channels drained (peerLost).
+			e.mu.Lock()
+			bye := e.bye[from]
+			if e.in[from] != nil && !e.byeSeen[from] {
+				bye = nil // the data channel's reader reports it
+			}
+			e.mu.Unlock()
+			if bye != nil {
+				e.report(from, bye)
+			}
+			return
+		}
+		e.mu.Lock()
+		exited := e.exited[from]
+		e.mu.Unlock()
+		if exited == nil {
+			exited = fmt.Errorf("bulk: RPC from rank %d over %s: %w", from, ch.desc, err)
+		}
+		e.report(from, exited)
+	}()
+}
+
+// chargeRPCRing takes an RPC ring from the RPC allowance, a quarter of
+// Options.RingBudget on top of it (so RPC never shrinks a data ring), and
+// returns its capacity: a quarter of a data ring, at most rpcRingSize,
+// halved while the allowance lacks room; 0 when not even 64 KiB is left.
+func (e *Endpoint) chargeRPCRing() int {
+	size := min(rpcRingSize, max(e.pairRing()/4, minRing))
+	s := e.rpc
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for size >= minRing && s.ringBytes+size > e.opt.RingBudget/4 {
+		size /= 2
+	}
+	if size < minRing {
+		return 0
+	}
+	s.ringBytes += size
+	return size
+}
+
+func (e *Endpoint) refundRPCRing(size int) {
+	e.rpc.mu.Lock()
+	e.rpc.ringBytes -= size
+	e.rpc.mu.Unlock()
+}
+
+// rpcPending reports whether peer's inbound RPC channel is still open
+// (no goodbye read yet). Called with e.mu held (lock order: e.mu, then
+// rpc.mu).
+func (e *Endpoint) rpcPending(peer int) bool {
+	s := e.rpc
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.in[peer] != nil && !s.byeSeen[peer]
+}
+
+// rpcPeerDown closes peer's RPC channels (it is down).
+func (e *Endpoint) rpcPeerDown(peer int) {
+	s := e.rpc
+	s.mu.Lock()
+	in := s.in[peer]
+	s.mu.Unlock()
+	for _, ch := range []*rpcChan{e.rpc.out[peer].Load(), in} {
+		if ch != nil {
+			ch.quiet.Store(true)
+			ch.close()
+		}
+	}
+	// Wake first calls waiting for a channel: they go to the inner
+	// endpoint, which fails them.
+	e.rpcDecide(peer, nil)
+}
+
+// rpcGoodbyes says goodbye on every outbound RPC channel (until deadline).
+func (e *Endpoint) rpcGoodbyes(deadline time.Time, wg *sync.WaitGroup) {
+	s := e.rpc
+	s.mu.Lock()
+	outs := append([]*rpcChan(nil), s.outs...)
+	s.mu.Unlock()
+	for _, ch := range outs {
+		wg.Go(func() { ch.goodbye(deadline) })
+	}
+}
+
+// rpcCloseAll closes every RPC channel and pending TCP offer (Close).
+func (e *Endpoint) rpcCloseAll() {
+	s := e.rpc
+	s.mu.Lock()
+	chans := append(append([]*rpcChan(nil), s.in...), s.outs...)
+	for _, off := range s.offers {
+		for _, c := range off.raws {
+			if c != nil {
+				c.Close()
+			}
+		}
+	}
+	s.offers = nil
+	s.mu.Unlock()
+	for _, ch := range chans {
+		if ch != nil {
+			ch.quiet.Store(true)
+			ch.close()
+		}
+	}
+}
+
+// rpcAccepted attaches an authorised TCP connection to the RPC offer
+// made to from (authorise checked the MAC against it).
+func (e *Endpoint) rpcAccepted(from int, c, raw net.Conn) {
+	e.startRPCReader(from, newRPCChan(from, "rpc "+e.tcpDesc(1), connLink{c, raw}))
+}

@@ -104,6 +104,25 @@ int main(void) {
         expect_rc(nexar_comm_join(&bad, &out), NEXAR_ERR_AUTH, "join with the wrong token");
         EXPECT(out == NEXAR_COMM_NULL, "a refused join returned a handle");
     }
+    /* A destroyed handle, and a revoked communicator (grow works on it:
+     * nobody waits, so the live members' communicator comes back). */
+    nexar_comm_t dup = NEXAR_COMM_NULL;
+    CK(nexar_comm_split(world, 0, rank, &dup));
+    CK(nexar_comm_set_failure_policy(dup, NEXAR_ON_FAILURE_MANUAL));
+    CK(nexar_comm_revoke(dup));
+    nexar_comm_t again = NEXAR_COMM_NULL;
+    CK(nexar_comm_grow(dup, &again));
+    int asize = 0;
+    CK(nexar_comm_size(again, &asize));
+    EXPECT(asize == 3, "grow of a revoked communicator: %d ranks", asize);
+    sum_check(again);
+    CK(nexar_comm_get_join_addrs(dup, addrs, sizeof addrs, NULL));
+    CK(nexar_comm_destroy(again));
+    CK(nexar_comm_destroy(dup));
+    expect_rc(nexar_comm_grow(dup, &out), NEXAR_ERR_INVALID_HANDLE, "grow a destroyed comm");
+    expect_rc(nexar_comm_get_join_addrs(dup, addrs, sizeof addrs, NULL), NEXAR_ERR_INVALID_HANDLE,
+              "get_join_addrs of a destroyed comm");
+    CK(nexar_comm_get_join_addrs(world, addrs, sizeof addrs, NULL));
     CK(nexar_barrier(world));
 
     /* 2. A process started later joins. */

@@ -258,8 +258,24 @@ func (c *Comm) Grow(ctx context.Context) (*Comm, error) {
 	cfg.BindAddr, cfg.AdvertiseAddr = net.JoinHostPort(bindHost, "0"), advHost
 	cfg.MaxWorldSize, cfg.MinWorldSize = c.n.maxWorld, c.n.minWorld
 	cfg.OnFailure = c.FailurePolicy()
-	nc, err := form(ctx, cfg, formOpts{seed: seed, gen: gen, lobby: lb})
+	// A member that dies while the grown world forms is seen here at once
+	// (on the existing connections): formation ends then, rather than when
+	// the grown world's seed finds its connection silent.
+	fctx, lost := context.WithCancelCause(ctx)
+	defer lost(nil)
+	for r, w := range world {
+		if r != me {
+			stop := context.AfterFunc(c.n.downSig[w].ctx, func() {
+				lost(newError(CodePeerDown, op, c.of[w], "rank %d failed while the grown world formed", c.of[w]))
+			})
+			defer stop()
+		}
+	}
+	nc, err := form(fctx, cfg, formOpts{seed: seed, gen: gen, lobby: lb})
 	if err != nil {
+		if cause := context.Cause(fctx); cause != nil && cause != ctx.Err() && ctx.Err() == nil {
+			err = cause
+		}
 		return nil, withOp(err, op)
 	}
 	if err := nc.confirmGrow(ctx); err != nil {

@@ -55,6 +55,13 @@ func cEnv(name string) (string, bool) {
 func nxgo_comm_init(config unsafe.Pointer, comm *C.uintptr_t) (r C.int) {
 	const fn = "nexar_comm_init"
 	defer recoverToResult(fn, &r)
+	return initFrom(fn, config, comm, false)
+}
+
+// initFrom creates a communicator from a nexar_config_t: the world it
+// describes, or with join (nexar_comm_join) this process's place in a
+// running job.
+func initFrom(fn string, config unsafe.Pointer, comm *C.uintptr_t, join bool) C.int {
 	a := args{fn: fn}
 	a.out("config", config)
 	a.out("comm", unsafe.Pointer(comm))
@@ -62,11 +69,14 @@ func nxgo_comm_init(config unsafe.Pointer, comm *C.uintptr_t) (r C.int) {
 		return a.fail()
 	}
 	*comm = 0
-	cfg := readConfig(&a, config, false)
+	cfg := readConfig(&a, config, join)
+	if a.ok() && join && cfg.Seed == "" {
+		a.failf(resInvalidArgument, "config->seed_addr is NULL: give the seed's or a member's lobby address (a comma-separated list tries each)")
+	}
 	if !a.ok() {
 		return a.fail()
 	}
-	return newComm(fn, cfg, comm)
+	return newComm(fn, cfg, comm) // with join, core.New joins (cfg.Join)
 }
 
 func newComm(fn string, cfg core.Config, out *C.uintptr_t) C.int {

@@ -8,6 +8,7 @@ package main
 import "C"
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"unsafe"
@@ -112,25 +113,19 @@ func nxgo_comm_agree(comm C.uintptr_t, flag *C.uint64_t, failed *C.int, capacity
 func nxgo_comm_shrink(comm C.uintptr_t, newcomm *C.uintptr_t) (r C.int) {
 	const fn = "nexar_comm_shrink"
 	defer recoverToResult(fn, &r)
-	a := args{fn: fn}
-	c := a.comm(comm)
-	a.out("newcomm", unsafe.Pointer(newcomm))
-	if !a.ok() {
-		return a.fail()
-	}
-	*newcomm = 0
-	nc, err := c.Shrink(bg)
-	if err != nil {
-		return result(fn, err)
-	}
-	*newcomm = C.uintptr_t(comms.add(nc))
-	return resSuccess
+	return derive(fn, comm, newcomm, (*core.Comm).Shrink)
 }
 
 //export nxgo_comm_grow
 func nxgo_comm_grow(comm C.uintptr_t, newcomm *C.uintptr_t) (r C.int) {
 	const fn = "nexar_comm_grow"
 	defer recoverToResult(fn, &r)
+	return derive(fn, comm, newcomm, (*core.Comm).Grow)
+}
+
+// derive stores in *newcomm the handle of the communicator from derives
+// from comm's (shrink, grow), NEXAR_COMM_NULL on failure.
+func derive(fn string, comm C.uintptr_t, newcomm *C.uintptr_t, from func(*core.Comm, context.Context) (*core.Comm, error)) C.int {
 	a := args{fn: fn}
 	c := a.comm(comm)
 	a.out("newcomm", unsafe.Pointer(newcomm))
@@ -138,7 +133,7 @@ func nxgo_comm_grow(comm C.uintptr_t, newcomm *C.uintptr_t) (r C.int) {
 		return a.fail()
 	}
 	*newcomm = 0
-	nc, err := c.Grow(bg)
+	nc, err := from(c, bg)
 	if err != nil {
 		return result(fn, err)
 	}
@@ -150,26 +145,7 @@ func nxgo_comm_grow(comm C.uintptr_t, newcomm *C.uintptr_t) (r C.int) {
 func nxgo_comm_join(config unsafe.Pointer, comm *C.uintptr_t) (r C.int) {
 	const fn = "nexar_comm_join"
 	defer recoverToResult(fn, &r)
-	a := args{fn: fn}
-	a.out("config", config)
-	a.out("comm", unsafe.Pointer(comm))
-	if !a.ok() {
-		return a.fail()
-	}
-	*comm = 0
-	cfg := readConfig(&a, config, true)
-	if a.ok() && cfg.Seed == "" {
-		a.failf(resInvalidArgument, "config->seed_addr is NULL: give the seed's or a member's lobby address (a comma-separated list tries each)")
-	}
-	if !a.ok() {
-		return a.fail()
-	}
-	c, err := core.Join(bg, cfg)
-	if err != nil {
-		return result(fn, err)
-	}
-	*comm = C.uintptr_t(comms.add(c))
-	return resSuccess
+	return initFrom(fn, config, comm, true)
 }
 
 //export nxgo_comm_get_join_addrs

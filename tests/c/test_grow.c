@@ -26,22 +26,6 @@ static void expect_rc(nexar_result_t got, nexar_result_t want, const char* what)
            nexar_last_error(), nexar_result_string(want));
 }
 
-/* sum_check: allreduce of rank+1 over comm, checked against n(n+1)/2. */
-static void sum_check(nexar_comm_t c) {
-    int rank, size;
-    CK(nexar_comm_rank(c, &rank));
-    CK(nexar_comm_size(c, &size));
-    int64_t v[256];
-    for (int i = 0; i < 256; i++) {
-        v[i] = rank + 1 + i;
-    }
-    CK(nexar_allreduce(v, v, 256, NEXAR_INT64, NEXAR_SUM, c));
-    for (int i = 0; i < 256; i++) {
-        EXPECT(v[i] == (int64_t)size * (size + 1) / 2 + (int64_t)size * i,
-               "element %d: %lld on %d ranks", i, (long long)v[i], size);
-    }
-}
-
 static int joiner(void) {
     nexar_comm_t c = NEXAR_COMM_NULL;
     CK(nexar_comm_init_from_env(&c));

@@ -52,22 +52,6 @@ static void past_barrier_then_die(nexar_comm_t c, int victim) {
     _exit(0); /* dies: no goodbye */
 }
 
-/* sum_check: allreduce of rank+1 over comm, checked against n(n+1)/2. */
-static void sum_check(nexar_comm_t c) {
-    int rank, size;
-    CK(nexar_comm_rank(c, &rank));
-    CK(nexar_comm_size(c, &size));
-    int64_t v[256];
-    for (int i = 0; i < 256; i++) {
-        v[i] = rank + 1 + i;
-    }
-    CK(nexar_allreduce(v, v, 256, NEXAR_INT64, NEXAR_SUM, c));
-    for (int i = 0; i < 256; i++) {
-        EXPECT(v[i] == (int64_t)size * (size + 1) / 2 + (int64_t)size * i,
-               "element %d: %lld on %d ranks", i, (long long)v[i], size);
-    }
-}
-
 int main(void) {
     int rank = atoi(env("NEXAR_RANK")), size = atoi(env("NEXAR_WORLD_SIZE"));
     g_rank = rank;

@@ -2,6 +2,7 @@
  * library's last error. */
 #ifndef NEXAR_TESTUTIL_H
 #define NEXAR_TESTUTIL_H
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -29,5 +30,22 @@ static int g_rank = -1;
             exit(1);                                                                  \
         }                                                                             \
     } while (0)
+
+/* sum_check: allreduce of rank+1 (plus the element's index) over c,
+ * checked against n(n+1)/2 (plus n times the index). */
+static inline void sum_check(nexar_comm_t c) {
+    int rank, size;
+    CK(nexar_comm_rank(c, &rank));
+    CK(nexar_comm_size(c, &size));
+    int64_t v[256];
+    for (int i = 0; i < 256; i++) {
+        v[i] = rank + 1 + i;
+    }
+    CK(nexar_allreduce(v, v, 256, NEXAR_INT64, NEXAR_SUM, c));
+    for (int i = 0; i < 256; i++) {
+        EXPECT(v[i] == (int64_t)size * (size + 1) / 2 + (int64_t)size * i,
+               "element %d: %lld on %d ranks", i, (long long)v[i], size);
+    }
+}
 
 #endif

@@ -141,7 +141,7 @@ func (c *Comm) postColl(key match.Key, buf []byte) (*match.Msg, error) {
 // up (ctx, failure) it withdraws the receive, so that buf is not written
 // after it returns.
 func (c *Comm) waitColl(ctx context.Context, key match.Key, m *match.Msg) error {
-	if c.spin(key.Src, m.Done) {
+	if c.spin(key.Src, m.Done) || c.await(ctx, key.Src, m.Done) {
 		return m.Err
 	}
 	defer c.blocking(key.Src)()

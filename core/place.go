@@ -1,6 +1,7 @@
 package core
 
 import (
+	"context"
 	"time"
 
 	"github.com/nexar-go/nexar/transport"
@@ -119,6 +120,42 @@ func (c *Comm) spin(src int, done <-chan struct{}) bool {
 			osYield() // the peer may be waiting for this core
 		}
 		if i%16 == 0 && time.Since(start) > spinFor {
+			return false
+		}
+	}
+}
+
+// awaitSlot bounds each sleep of await, so that a failure of the
+// communicator or the end of ctx, which do not wake the sleeper, is seen
+// within it.
+const awaitSlot = 2 * time.Millisecond
+
+// await waits for done by sleeping on the channel from comm rank src, where
+// the sender wakes this thread itself (transport.DataPath.Await): after
+// the spin window, a late peer's message then costs a futex wake, not a
+// reader goroutine's wake and a pass through the scheduler. It reports
+// whether done was closed; false when the communicator failed, ctx ended or
+// the channel cannot be slept on, and the caller then blocks as before.
+func (c *Comm) await(ctx context.Context, src int, done <-chan struct{}) bool {
+	if src < 0 || !c.n.caps.Poll {
+		return false
+	}
+	peer := c.world[src]
+	var ctxDone <-chan struct{}
+	if ctx != nil {
+		ctxDone = ctx.Done()
+	}
+	for {
+		select {
+		case <-done:
+			return true
+		case <-c.failed:
+			return false
+		case <-ctxDone:
+			return false
+		default:
+		}
+		if !c.n.ep.Await(peer, done, awaitSlot) {
 			return false
 		}
 	}

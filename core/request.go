@@ -87,7 +87,7 @@ func (r *Request) Wait(ctx context.Context) error {
 	}
 	if r.src != noSource && r.c != nil {
 		// A receive: progress it, then let the transport know we block.
-		if r.src == AnySource || !r.c.spin(r.src, r.done) {
+		if r.src == AnySource || !(r.c.spin(r.src, r.done) || r.c.await(ctx, r.src, r.done)) {
 			defer r.c.blocking(r.src)()
 		}
 	} else if r.worker && r.c != nil {

@@ -115,6 +115,9 @@ type channel struct {
 	end     error // the frame error that ended the channel, once met
 	rx      rxFrame
 	pollFn  func() bool // poll, made once
+	// sleepers counts this process's goroutines asleep in await: a
+	// goroutine that delivers frames while one is wakes them (nudge).
+	sleepers atomic.Int32
 	// remotePID is the sender's process id once this (receiving) side
 	// knows it can copy payloads out of the sender's memory.
 	remotePID atomic.Int64
@@ -362,7 +365,10 @@ func (c *channel) readLoop() error {
 		}
 		idle = lo
 		c.rmu.Lock()
-		_, err := c.stepRing(0)
+		n, err := c.stepRing(0)
+		if n > 0 && c.sleepers.Load() > 0 {
+			c.ring.nudge()
+		}
 		if err == nil && waited != nil && c.ring.available() == 0 {
 			err = c.ring.closedErr()
 			if err == io.EOF && (c.rx.active || c.rx.npre > 0) {
@@ -405,10 +411,40 @@ func (c *channel) poll() bool {
 	n, _ := c.stepRing(pollBudget)
 	ended := c.end != nil
 	c.rmu.Unlock()
+	if n > 0 && c.sleepers.Load() > 0 {
+		c.ring.nudge()
+	}
 	if ended {
 		c.close()
 	}
 	return n > 0
+}
+
+// await sleeps in the calling thread until data arrives on the ring (the
+// producer wakes it directly), d passes, or done is closed, and then
+// consumes what arrived, delivering the frames it completes. It reports
+// false, at once, when the ring is closed: the caller then waits for the
+// read loop's delivery (or the channel's end) instead.
+func (c *channel) await(done <-chan struct{}, d time.Duration) bool {
+	c.sleepers.Add(1)
+	ok := c.ring.sleepData(done, d)
+	c.sleepers.Add(-1)
+	if !ok {
+		return false
+	}
+	// Lock, not TryLock: the read loop may be delivering what woke us,
+	// and the caller checks done as soon as this returns.
+	c.rmu.Lock()
+	n, _ := c.stepRing(pollBudget)
+	ended := c.end != nil
+	c.rmu.Unlock()
+	if n > 0 && c.sleepers.Load() > 0 {
+		c.ring.nudge()
+	}
+	if ended {
+		c.close()
+	}
+	return true
 }
 
 // stepRing consumes what is available on the ring without waiting, at most

@@ -141,19 +141,17 @@ func (c *Comm) await(ctx context.Context, src int, done <-chan struct{}) bool {
 		return false
 	}
 	peer := c.world[src]
-	var ctxDone <-chan struct{}
-	if ctx != nil {
-		ctxDone = ctx.Done()
-	}
 	for {
 		select {
 		case <-done:
 			return true
 		case <-c.failed:
 			return false
-		case <-ctxDone:
-			return false
 		default:
+		}
+		// Err, not Done: an operation's Done starts timers and watchers.
+		if ctx != nil && ctx.Err() != nil {
+			return false
 		}
 		if !c.n.ep.Await(peer, done, awaitSlot) {
 			return false

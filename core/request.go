@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // Request is a pending non-blocking operation. Wait, Test and Status are
@@ -13,7 +14,10 @@ type Request struct {
 	c      *Comm
 	op     string
 	worker bool // a goroutine runs the op and finishes the request itself
-	done   chan struct{}
+	// done is the channel closed when the request completes, made only
+	// when someone waits on it (doneCh): a blocking call, run in its
+	// caller's goroutine, completes before anyone looks and costs none.
+	done   atomic.Pointer[chan struct{}]
 	once   sync.Once
 	err    error
 	st     Status
@@ -41,7 +45,27 @@ func newRequest(c *Comm, op string, worker bool) *Request {
 
 // init prepares a zero Request (one embedded in a larger allocation).
 func (r *Request) init(c *Comm, op string, worker bool) {
-	r.c, r.op, r.worker, r.done, r.src = c, op, worker, make(chan struct{}), noSource
+	r.c, r.op, r.worker, r.src = c, op, worker, noSource
+}
+
+// closedDone is the done channel of every request that completed before
+// anyone asked for one: closed once, never written again.
+var closedDone = func() *chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return &ch
+}()
+
+// doneCh returns the channel closed when r completes.
+func (r *Request) doneCh() <-chan struct{} {
+	if p := r.done.Load(); p != nil {
+		return *p
+	}
+	ch := make(chan struct{})
+	if r.done.CompareAndSwap(nil, &ch) {
+		return ch
+	}
+	return *r.done.Load() // finished meanwhile: closedDone
 }
 
 func doneRequest(c *Comm, op string, err error) *Request {
@@ -56,7 +80,9 @@ func (r *Request) finish(st Status, err error) {
 		if r.fr != 0 {
 			r.c.flightEnd(r.fr, err)
 		}
-		close(r.done)
+		if p := r.done.Swap(closedDone); p != nil {
+			close(*p)
+		}
 	})
 }
 
@@ -87,7 +113,7 @@ func (r *Request) Wait(ctx context.Context) error {
 	}
 	if r.src != noSource && r.c != nil {
 		// A receive: progress it, then let the transport know we block.
-		if r.src == AnySource || !(r.c.spin(r.src, r.done) || r.c.await(ctx, r.src, r.done)) {
+		if r.src == AnySource || !(r.c.spin(r.src, r.doneCh()) || r.c.await(ctx, r.src, r.doneCh())) {
 			defer r.c.blocking(r.src)()
 		}
 	} else if r.worker && r.c != nil {
@@ -97,17 +123,17 @@ func (r *Request) Wait(ctx context.Context) error {
 		// often ends within a short spin, and waking this goroutine (an
 		// OS thread that called in from C) after it blocked costs more.
 		if cc := r.started; cc == nil || !mayRun || !cc.runOnce() {
-			r.c.spinDone(r.done)
+			r.c.spinDone(r.doneCh())
 		}
 	}
 	select {
-	case <-r.done:
+	case <-r.doneCh():
 		return r.err
 	case <-r.failedCh():
 		return r.failedErr()
 	case <-ctx.Done():
 		select {
-		case <-r.done:
+		case <-r.doneCh():
 			return r.err
 		default:
 		}
@@ -143,7 +169,7 @@ func (r *Request) wait() error {
 		cc.run()
 	}
 	select {
-	case <-r.done:
+	case <-r.doneCh():
 		return r.err
 	case <-r.failedCh():
 		return r.failedErr()
@@ -152,7 +178,7 @@ func (r *Request) wait() error {
 
 func (r *Request) failedErr() error {
 	select {
-	case <-r.done:
+	case <-r.doneCh():
 		return r.err
 	default:
 	}
@@ -168,7 +194,7 @@ func (r *Request) Test() (done bool, err error) {
 		r.c.pollOnce(r.src)
 	}
 	select {
-	case <-r.done:
+	case <-r.doneCh():
 		return true, r.err
 	case <-r.failedCh():
 		return true, r.failedErr()
@@ -180,7 +206,7 @@ func (r *Request) Test() (done bool, err error) {
 // Status describes a completed receive (zero for other operations).
 func (r *Request) Status() Status {
 	select {
-	case <-r.done:
+	case <-r.doneCh():
 		return r.st
 	default:
 		return Status{}

@@ -63,6 +63,7 @@ type collCall struct {
 	op   opCtx
 	ctx  context.Context
 	body func(ctx context.Context, l *link) error
+	args collArgs // body's arguments, for bodies that are not closures
 
 	claimed atomic.Bool // run begun, by start's goroutine or by Wait (runOnce)
 
@@ -70,6 +71,14 @@ type collCall struct {
 	sends [2]deadlineCtx // the first destinations' (most calls have one or two)
 	nsend int            // sends in use
 	more  []*deadlineCtx // further destinations'
+}
+
+// collArgs are a collective's arguments, held in its call so that its
+// body need not be a closure (an allocation) over them.
+type collArgs struct {
+	send, recv []byte
+	dt         collective.DType
+	op         collective.Op
 }
 
 // releaseSends releases the send contexts once the call's sends are over.

@@ -19,7 +19,7 @@ import (
 func (c *Comm) settleLocked() {
 	for _, d := range c.match.Ready() {
 		if d.Coll != nil {
-			close(d.Coll.Done)
+			d.Coll.Done.Fire()
 			continue
 		}
 		req := d.Recv.Owner.(*Request)
@@ -131,9 +131,6 @@ func (c *Comm) postColl(key match.Key, buf []byte) (*match.Msg, error) {
 		return nil, e
 	}
 	c.n.release(held)
-	if m != nil {
-		m.Done = make(chan struct{})
-	}
 	return m, nil
 }
 
@@ -141,19 +138,19 @@ func (c *Comm) postColl(key match.Key, buf []byte) (*match.Msg, error) {
 // up (ctx, failure) it withdraws the receive, so that buf is not written
 // after it returns.
 func (c *Comm) waitColl(ctx context.Context, key match.Key, m *match.Msg) error {
-	if c.spin(key.Src, m.Done) || c.await(ctx, key.Src, m.Done) {
+	if c.spin(key.Src, &m.Done) || c.await(ctx, key.Src, &m.Done) {
 		return m.Err
 	}
 	defer c.blocking(key.Src)()
 	select {
-	case <-m.Done:
+	case <-m.Done.C():
 		return m.Err
 	case <-c.failed:
 	case <-ctx.Done():
 	}
 	c.unpostColl(key, m)
 	select {
-	case <-m.Done:
+	case <-m.Done.C():
 		return m.Err
 	default:
 	}

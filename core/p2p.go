@@ -161,7 +161,7 @@ func (c *Comm) Recv(ctx context.Context, buf []byte, peer int, tag uint64) (Stat
 	}
 	ctx, cancel := c.opContext(ctx)
 	defer cancel()
-	if peer == AnySource || !c.spin(peer, req.doneCh()) {
+	if peer == AnySource || !c.spin(peer, req) {
 		defer c.blocking(peer)()
 	}
 	select {

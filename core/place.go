@@ -94,7 +94,7 @@ func (c *Comm) pollOnce(src int) {
 // spin polls the channel from comm rank src until done is closed, for at
 // most the node's spinWait; it reports whether done was closed. It
 // returns false at once when that channel cannot be polled.
-func (c *Comm) spin(src int, done <-chan struct{}) bool {
+func (c *Comm) spin(src int, done completion) bool {
 	spinFor := c.n.spinWait
 	if spinFor <= 0 || src < 0 || !c.n.caps.Poll {
 		return false
@@ -111,10 +111,8 @@ func (c *Comm) spin(src int, done <-chan struct{}) bool {
 	start := time.Now()
 	yield := c.n.oversubscribed
 	for i := 1; ; i++ {
-		select {
-		case <-done:
+		if done.Fired() {
 			return true
-		default:
 		}
 		if !poll() && yield {
 			osYield() // the peer may be waiting for this core
@@ -136,15 +134,16 @@ const awaitSlot = 2 * time.Millisecond
 // reader goroutine's wake and a pass through the scheduler. It reports
 // whether done was closed; false when the communicator failed, ctx ended or
 // the channel cannot be slept on, and the caller then blocks as before.
-func (c *Comm) await(ctx context.Context, src int, done <-chan struct{}) bool {
+func (c *Comm) await(ctx context.Context, src int, done completion) bool {
 	if src < 0 || !c.n.caps.Poll {
 		return false
 	}
 	peer := c.world[src]
 	for {
-		select {
-		case <-done:
+		if done.Fired() {
 			return true
+		}
+		select {
 		case <-c.failed:
 			return false
 		default:
@@ -153,27 +152,32 @@ func (c *Comm) await(ctx context.Context, src int, done <-chan struct{}) bool {
 		if ctx != nil && ctx.Err() != nil {
 			return false
 		}
-		if !c.n.ep.Await(peer, done, awaitSlot) {
+		if !c.n.ep.Await(peer, done.C(), awaitSlot) {
 			return false
 		}
 	}
+}
+
+// completion is what a waiter waits for: a posted receive's match.Signal
+// or a Request. Fired is checked while spinning, C made only to block.
+type completion interface {
+	Fired() bool
+	C() <-chan struct{}
 }
 
 // spinDone waits for done for at most the node's spinWait without
 // blocking, yielding the core between checks where the host is
 // oversubscribed (the goroutine that closes done may need it); it reports
 // whether done was closed.
-func (c *Comm) spinDone(done <-chan struct{}) bool {
+func (c *Comm) spinDone(done completion) bool {
 	spinFor := c.n.spinWait
 	if spinFor <= 0 {
 		return false
 	}
 	start := time.Now()
 	for i := 1; ; i++ {
-		select {
-		case <-done:
+		if done.Fired() {
 			return true
-		default:
 		}
 		// The goroutine that closes done runs on another thread: give
 		// it the core (sched_yield; runtime.Gosched would hand this

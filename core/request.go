@@ -4,7 +4,8 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"sync/atomic"
+
+	"github.com/nexar-go/nexar/core/internal/match"
 )
 
 // Request is a pending non-blocking operation. Wait, Test and Status are
@@ -17,10 +18,10 @@ type Request struct {
 	// done is the channel closed when the request completes, made only
 	// when someone waits on it (doneCh): a blocking call, run in its
 	// caller's goroutine, completes before anyone looks and costs none.
-	done   atomic.Pointer[chan struct{}]
-	once   sync.Once
-	err    error
-	st     Status
+	done match.Signal
+	once sync.Once
+	err  error
+	st   Status
 	// run, when set, performs the operation; it is taken (by the goroutine
 	// that created the request, before the request is shared) by start or
 	// wait, and runs exactly once.
@@ -48,25 +49,14 @@ func (r *Request) init(c *Comm, op string, worker bool) {
 	r.c, r.op, r.worker, r.src = c, op, worker, noSource
 }
 
-// closedDone is the done channel of every request that completed before
-// anyone asked for one: closed once, never written again.
-var closedDone = func() *chan struct{} {
-	ch := make(chan struct{})
-	close(ch)
-	return &ch
-}()
-
 // doneCh returns the channel closed when r completes.
-func (r *Request) doneCh() <-chan struct{} {
-	if p := r.done.Load(); p != nil {
-		return *p
-	}
-	ch := make(chan struct{})
-	if r.done.CompareAndSwap(nil, &ch) {
-		return ch
-	}
-	return *r.done.Load() // finished meanwhile: closedDone
-}
+func (r *Request) doneCh() <-chan struct{} { return r.done.C() }
+
+// Fired reports whether r completed (completion, for spin).
+func (r *Request) Fired() bool { return r.done.Fired() }
+
+// C is doneCh (completion, for spin and await).
+func (r *Request) C() <-chan struct{} { return r.done.C() }
 
 func doneRequest(c *Comm, op string, err error) *Request {
 	r := newRequest(c, op, false)
@@ -80,9 +70,7 @@ func (r *Request) finish(st Status, err error) {
 		if r.fr != 0 {
 			r.c.flightEnd(r.fr, err)
 		}
-		if p := r.done.Swap(closedDone); p != nil {
-			close(*p)
-		}
+		r.done.Fire()
 	})
 }
 
@@ -113,7 +101,7 @@ func (r *Request) Wait(ctx context.Context) error {
 	}
 	if r.src != noSource && r.c != nil {
 		// A receive: progress it, then let the transport know we block.
-		if r.src == AnySource || !(r.c.spin(r.src, r.doneCh()) || r.c.await(ctx, r.src, r.doneCh())) {
+		if r.src == AnySource || !(r.c.spin(r.src, r) || r.c.await(ctx, r.src, r)) {
 			defer r.c.blocking(r.src)()
 		}
 	} else if r.worker && r.c != nil {
@@ -123,7 +111,7 @@ func (r *Request) Wait(ctx context.Context) error {
 		// often ends within a short spin, and waking this goroutine (an
 		// OS thread that called in from C) after it blocked costs more.
 		if cc := r.started; cc == nil || !mayRun || !cc.runOnce() {
-			r.c.spinDone(r.doneCh())
+			r.c.spinDone(r)
 		}
 	}
 	select {

@@ -17,6 +17,8 @@
 // goroutine that wrote a placed chunk.
 package match
 
+import "sync/atomic"
+
 // Key names one collective message: the step of a call (by sequence
 // number) from a source rank.
 type Key struct {
@@ -25,13 +27,48 @@ type Key struct {
 	Step uint32
 }
 
+// Signal is a one-shot completion whose channel is made only when someone
+// blocks on it (C): a waiter that sees it fire while it polls costs no
+// allocation. Safe for concurrent use; the zero Signal is not fired.
+type Signal struct{ ch atomic.Pointer[chan struct{}] }
+
+// fired is the channel of every Signal fired before anyone asked for one:
+// closed once, never written again.
+var fired = func() *chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return &ch
+}()
+
+// Fire marks s fired and closes its channel if one was made; idempotent.
+func (s *Signal) Fire() {
+	if p := s.ch.Swap(fired); p != nil && p != fired {
+		close(*p)
+	}
+}
+
+// Fired reports whether Fire was called.
+func (s *Signal) Fired() bool { return s.ch.Load() == fired }
+
+// C returns a channel closed once s fires.
+func (s *Signal) C() <-chan struct{} {
+	if p := s.ch.Load(); p != nil {
+		return *p
+	}
+	ch := make(chan struct{})
+	if s.ch.CompareAndSwap(nil, &ch) {
+		return ch
+	}
+	return *s.ch.Load()
+}
+
 // Msg is one inbound message, buffered until a receive is posted or
 // matched with one.
 type Msg struct {
-	// Done is the driver's: for a posted collective receive, the channel
-	// it closes when a completion names this message. The engine never
+	// Done is the driver's: for a posted collective receive, what it
+	// fires when a completion names this message. The engine never
 	// touches it.
-	Done chan struct{}
+	Done Signal
 	// Err is the error a Depart completed this collective receive with.
 	Err error
 

@@ -113,7 +113,7 @@ type channel struct {
 	r0      io.Reader  // link 0, buffered for TCP
 	pre     [frame.PrefixSize]byte
 	rxh     transport.Header // a ring frame's header, while rx reads it
-	end     error // the frame error that ended the channel, once met
+	end     error            // the frame error that ended the channel, once met
 	rx      rxFrame
 	pollFn  func() bool // poll, made once
 	// sleepers counts this process's goroutines asleep in await: a

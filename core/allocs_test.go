@@ -10,7 +10,7 @@ import (
 // allreduceAllocs is what one 8-byte allreduce between two ranks over the
 // shared-memory path may allocate, both ranks together (docs/performance.md,
 // issue 15 item 3, says what they are).
-const allreduceAllocs = 12
+const allreduceAllocs = 6
 
 // TestAllreduceAllocs counts the allocations of an 8-byte allreduce
 // between two ranks meshed as two processes on one host (loopback QUIC,

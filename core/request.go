@@ -154,7 +154,10 @@ func (r *Request) wait() error {
 	}
 	if cc := r.coll; cc != nil {
 		r.coll = nil
-		cc.run()
+		cc.run() // finishes r, which is &cc.req: the call is over
+		err := r.err
+		cc.recycle(err) // r is not to be touched after this
+		return err
 	}
 	select {
 	case <-r.doneCh():

@@ -85,9 +85,12 @@ func BenchmarkRPC(b *testing.B) {
 // passed. Reported as wake-median-ns and wake-p99-ns (ns/op includes the
 // late time).
 func BenchmarkAllreduceLate(b *testing.B) {
-	for _, late := range []time.Duration{time.Millisecond} {
-		b.Run(fmt.Sprint(late), func(b *testing.B) {
-			comms, err := NewLocalQUIC(2, testConfig())
+	for _, spin := range []time.Duration{0, 50 * time.Microsecond} {
+		late := time.Millisecond
+		b.Run(fmt.Sprintf("late=%v/spin=%v", late, spin), func(b *testing.B) {
+			cfg := testConfig()
+			cfg.SpinWait = spin
+			comms, err := NewLocalQUIC(2, cfg)
 			if err != nil {
 				b.Fatal(err)
 			}

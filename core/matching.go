@@ -140,7 +140,7 @@ func (c *Comm) postColl(key match.Key, buf []byte) (*match.Msg, error) {
 //
 // m is released to the engine when it returns: the caller must not use it.
 func (c *Comm) waitColl(ctx context.Context, key match.Key, m *match.Msg) error {
-	if c.spin(key.Src, &m.Done) || c.await(ctx, key.Src, &m.Done) {
+	if c.spin(key.Src, postedDone{&m.Done}) || c.await(ctx, key.Src, postedDone{&m.Done}) {
 		err := m.Err
 		c.match.Release(m)
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/nexar-go/nexar/core/internal/match"
 	"github.com/nexar-go/nexar/transport"
 )
 
@@ -111,7 +112,7 @@ func (c *Comm) spin(src int, done completion) bool {
 	start := time.Now()
 	yield := c.n.oversubscribed
 	for i := 1; ; i++ {
-		if done.Fired() {
+		if done.fired() {
 			return true
 		}
 		if !poll() && yield {
@@ -140,7 +141,7 @@ func (c *Comm) await(ctx context.Context, src int, done completion) bool {
 	}
 	peer := c.world[src]
 	for {
-		if done.Fired() {
+		if done.fired() {
 			return true
 		}
 		select {
@@ -152,18 +153,25 @@ func (c *Comm) await(ctx context.Context, src int, done completion) bool {
 		if ctx != nil && ctx.Err() != nil {
 			return false
 		}
-		if !c.n.ep.Await(peer, done.C(), awaitSlot) {
+		if !c.n.ep.Await(peer, done.ch(), awaitSlot) {
 			return false
 		}
 	}
 }
 
-// completion is what a waiter waits for: a posted receive's match.Signal
-// or a Request. Fired is checked while spinning, C made only to block.
+// completion is what a waiter waits for: a posted receive (postedDone) or a
+// Request. fired is checked while spinning, ch made only to block.
 type completion interface {
-	Fired() bool
-	C() <-chan struct{}
+	fired() bool
+	ch() <-chan struct{}
 }
+
+// postedDone is a posted collective receive's completion (one pointer: no
+// allocation as an interface).
+type postedDone struct{ s *match.Signal }
+
+func (p postedDone) fired() bool         { return p.s.Fired() }
+func (p postedDone) ch() <-chan struct{} { return p.s.C() }
 
 // spinDone waits for done for at most the node's spinWait without
 // blocking, yielding the core between checks where the host is
@@ -176,7 +184,7 @@ func (c *Comm) spinDone(done completion) bool {
 	}
 	start := time.Now()
 	for i := 1; ; i++ {
-		if done.Fired() {
+		if done.fired() {
 			return true
 		}
 		// The goroutine that closes done runs on another thread: give

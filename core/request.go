@@ -52,11 +52,9 @@ func (r *Request) init(c *Comm, op string, worker bool) {
 // doneCh returns the channel closed when r completes.
 func (r *Request) doneCh() <-chan struct{} { return r.done.C() }
 
-// Fired reports whether r completed (completion, for spin).
-func (r *Request) Fired() bool { return r.done.Fired() }
-
-// C is doneCh (completion, for spin and await).
-func (r *Request) C() <-chan struct{} { return r.done.C() }
+// fired and ch make r a completion (for spin and await).
+func (r *Request) fired() bool         { return r.done.Fired() }
+func (r *Request) ch() <-chan struct{} { return r.done.C() }
 
 func doneRequest(c *Comm, op string, err error) *Request {
 	r := newRequest(c, op, false)

@@ -3,8 +3,10 @@ package core
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nexar-go/nexar/collective"
 )
@@ -73,6 +75,61 @@ func BenchmarkRPC(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+		})
+	}
+}
+
+// BenchmarkAllreduceLate times how long rank 0, blocked in an 8-byte
+// allreduce because rank 1 computes for late before calling, takes to
+// return after rank 1 calls: the wake-up of a waiter whose spin window has
+// passed. Reported as wake-median-ns and wake-p99-ns (ns/op includes the
+// late time).
+func BenchmarkAllreduceLate(b *testing.B) {
+	for _, spin := range []time.Duration{0, 50 * time.Microsecond} {
+		late := time.Millisecond
+		b.Run(fmt.Sprintf("late=%v/spin=%v", late, spin), func(b *testing.B) {
+			cfg := testConfig()
+			cfg.SpinWait = spin
+			comms, err := NewLocalQUIC(2, cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer closeAll(b, comms)
+			ctx := context.Background()
+			bufs := [2][2][]byte{{make([]byte, 8), make([]byte, 8)}, {make([]byte, 8), make([]byte, 8)}}
+			called := make([]int64, b.N) // when rank 1 called, ns since base
+			ended := make([]int64, b.N)  // when rank 0 returned
+			base := time.Now()
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range b.N {
+					for t := time.Now(); time.Since(t) < late; {
+					} // compute
+					called[i] = int64(time.Since(base))
+					if err := comms[1].Allreduce(ctx, bufs[1][0], bufs[1][1], collective.Float32, collective.Sum); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}()
+			b.ResetTimer()
+			for i := range b.N {
+				if err := comms[0].Allreduce(ctx, bufs[0][0], bufs[0][1], collective.Float32, collective.Sum); err != nil {
+					b.Fatal(err)
+				}
+				ended[i] = int64(time.Since(base))
+			}
+			b.StopTimer()
+			wg.Wait()
+			wake := make([]int64, b.N)
+			for i := range wake {
+				wake[i] = ended[i] - called[i]
+			}
+			slices.Sort(wake)
+			b.ReportMetric(float64(wake[len(wake)/2]), "wake-median-ns")
+			b.ReportMetric(float64(wake[(99*len(wake)+99)/100-1]), "wake-p99-ns")
 		})
 	}
 }

@@ -19,7 +19,11 @@ import (
 func (c *Comm) startColl(ctx context.Context, sig signature, body func(ctx context.Context, l *link) error) *Request {
 	op := sig.kind.String()
 	sig.tuning = c.tuningDigest
-	cc := &collCall{body: body, ctx: ctx}
+	cc, _ := c.calls.Get().(*collCall)
+	if cc == nil {
+		cc = new(collCall)
+	}
+	cc.body, cc.ctx = body, ctx
 	req := &cc.req
 	req.init(c, op, true)
 	c.mu.Lock()
@@ -63,6 +67,7 @@ type collCall struct {
 	op   opCtx
 	ctx  context.Context
 	body func(ctx context.Context, l *link) error
+	args collArgs // body's arguments, for bodies that are not closures
 
 	claimed atomic.Bool // run begun, by start's goroutine or by Wait (runOnce)
 
@@ -70,6 +75,33 @@ type collCall struct {
 	sends [2]deadlineCtx // the first destinations' (most calls have one or two)
 	nsend int            // sends in use
 	more  []*deadlineCtx // further destinations'
+}
+
+// collArgs are a collective's arguments, held in its call so that its
+// body need not be a closure (an allocation) over them.
+type collArgs struct {
+	send, recv []byte
+	dt         collective.DType
+	op         collective.Op
+}
+
+// recycle gives a blocking call's collCall back to its communicator once
+// its request completed with err and nothing can refer to it any more: its
+// caller (Request.wait) is done with it, and no timer, watcher or goroutine
+// was started on its contexts (whose callbacks could still be running), so
+// a call that waited long or failed is left to the collector.
+func (cc *collCall) recycle(err error) {
+	if err != nil || cc.op.ch != nil || len(cc.more) != 0 {
+		return
+	}
+	for i := range cc.nsend {
+		if cc.sends[i].ch != nil {
+			return
+		}
+	}
+	c := cc.l.c
+	*cc = collCall{}
+	c.calls.Put(cc)
 }
 
 // releaseSends releases the send contexts once the call's sends are over.

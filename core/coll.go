@@ -31,9 +31,18 @@ func (c *Comm) iallreduce(ctx context.Context, send, recv []byte, dt collective.
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.run(ctx, signature{collAllreduce, dt, op, -1, uint64(n), 0}, func(ctx context.Context, l *link) error {
-		return collective.Allreduce(ctx, l, send, recv, dt, op)
-	})
+	req := c.run(ctx, signature{collAllreduce, dt, op, -1, uint64(n), 0}, allreduceBody)
+	if cc := req.coll; cc != nil {
+		cc.args = collArgs{send: send, recv: recv, dt: dt, op: op}
+	}
+	return req
+}
+
+// allreduceBody runs an allreduce on its call's arguments: a function, not
+// a closure over them, so that the call makes no allocation for it.
+func allreduceBody(ctx context.Context, l *link) error {
+	a := &l.cc.args
+	return collective.Allreduce(ctx, l, a.send, a.recv, a.dt, a.op)
 }
 
 // Broadcast copies buf from root to every rank.

@@ -75,6 +75,7 @@ type Comm struct {
 
 	// Memory and traffic (core/stats.go).
 	scratch *collective.ScratchPool // the schedules' temporaries, idle ones within cfg.ScratchIdleBytes
+	calls   sync.Pool               // *collCall of blocking calls that ended cleanly (call.go: recycle)
 	traffic traffic                 // messages and bytes of this communicator
 }
 

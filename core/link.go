@@ -36,11 +36,12 @@ func (l *link) ringCheck() {
 	if c.size == 1 || l.checked.Swap(true) {
 		return
 	}
-	var th transport.Header
-	(&header{kind: kindControl, sub: ctlSigCheck, comm: c.id, seqOrTag: l.seq, sig: l.sig}).encode(&th, c.gen)
+	th := c.n.header()
+	(&header{kind: kindControl, sub: ctlSigCheck, comm: c.id, seqOrTag: l.seq, sig: l.sig}).encode(th, c.gen)
 	// On the data lane: on the fast path (shared memory) it costs a few
 	// hundred ns, where the control lane is a QUIC stream.
-	_ = c.n.ep.Send(l.sendCtx((c.rank+1)%c.size), c.world[(c.rank+1)%c.size], transport.LaneData, &th, nil)
+	_ = c.n.ep.Send(l.sendCtx((c.rank+1)%c.size), c.world[(c.rank+1)%c.size], transport.LaneData, th, nil)
+	c.n.putHeader(th)
 }
 
 func (l *link) successor() int { return (l.c.rank + 1) % l.c.size }
@@ -76,6 +77,7 @@ func (l *link) Exchange(ctx context.Context, to int, sbase uint32, data []byte, 
 	unpost := func() {
 		for _, p := range ps {
 			c.unpostColl(p.key, p.m)
+			c.match.Release(p.m)
 		}
 	}
 	if to != l.successor() {
@@ -151,9 +153,10 @@ func (l *link) send(ctx context.Context, peer int, step uint32, data []byte, pro
 	if progress != nil {
 		// One chunk (<= transport.MaxPayload), sent by the caller while
 		// it progresses the receive of an exchange.
-		var th transport.Header
-		h.encode(&th, l.c.gen)
-		err = l.c.n.ep.SendProgress(l.sendCtx(peer), l.c.world[peer], &th, data, progress)
+		th := l.c.n.header()
+		h.encode(th, l.c.gen)
+		err = l.c.n.ep.SendProgress(l.sendCtx(peer), l.c.world[peer], th, data, progress)
+		l.c.n.putHeader(th)
 	} else {
 		err = l.c.sendChunked(l.sendCtx(peer), peer, h, data)
 	}

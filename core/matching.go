@@ -19,7 +19,7 @@ import (
 func (c *Comm) settleLocked() {
 	for _, d := range c.match.Ready() {
 		if d.Coll != nil {
-			close(d.Coll.Done)
+			d.Coll.Done.Fire()
 			continue
 		}
 		req := d.Recv.Owner.(*Request)
@@ -131,32 +131,40 @@ func (c *Comm) postColl(key match.Key, buf []byte) (*match.Msg, error) {
 		return nil, e
 	}
 	c.n.release(held)
-	if m != nil {
-		m.Done = make(chan struct{})
-	}
 	return m, nil
 }
 
 // waitColl waits for the posted message m (key) to complete. When it gives
 // up (ctx, failure) it withdraws the receive, so that buf is not written
 // after it returns.
+//
+// m is released to the engine when it returns: the caller must not use it.
 func (c *Comm) waitColl(ctx context.Context, key match.Key, m *match.Msg) error {
-	if c.spin(key.Src, m.Done) {
-		return m.Err
+	if c.spin(key.Src, postedDone{&m.Done}) || c.await(ctx, key.Src, postedDone{&m.Done}) {
+		err := m.Err
+		c.match.Release(m)
+		return err
 	}
-	defer c.blocking(key.Src)()
+	done := c.blocking(key.Src)
 	select {
-	case <-m.Done:
-		return m.Err
+	case <-m.Done.C():
+		err := m.Err
+		done()
+		c.match.Release(m)
+		return err
 	case <-c.failed:
 	case <-ctx.Done():
 	}
+	done()
 	c.unpostColl(key, m)
 	select {
-	case <-m.Done:
-		return m.Err
+	case <-m.Done.C():
+		err := m.Err
+		c.match.Release(m)
+		return err
 	default:
 	}
+	c.match.Release(m)
 	if err := c.Err(); err != nil {
 		return err
 	}
@@ -188,13 +196,17 @@ func (c *Comm) placeColl(src int, h header, size int) ([]byte, func(error)) {
 		return nil, nil
 	}
 	c.traffic.bytesRecv.Add(int64(size))
-	return dst, func(err error) {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		c.match.FilledColl(key, m, size, err == nil) // on error the transport reports the peer down: c fails
-		c.settleLocked()
-		c.filled.Broadcast()
+	m.FillSize = size
+	if m.Fill == nil { // made once per Msg, which the engine reuses
+		m.Fill = func(err error) {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.match.FilledColl(m.Key(), m, m.FillSize, err == nil) // on error the transport reports the peer down: c fails
+			c.settleLocked()
+			c.filled.Broadcast()
+		}
 	}
+	return dst, m.Fill
 }
 
 // placeP2P places a chunk of a point-to-point message from src when a

@@ -42,6 +42,10 @@ type node struct {
 	downSig        []downSignal   // per world rank: declared down (ends sends to it)
 	buffered       atomic.Int64   // payload bytes held for unmatched messages
 	ringBytes      func() int64   // the bulk endpoint's RingBytes; nil without one (set before start)
+	// headers recycles the transport headers of outbound messages: one
+	// passed to the endpoint (an interface) escapes, and the hot path
+	// makes no allocation.
+	headers sync.Pool
 
 	// Elastic membership (core/grow.go): this rank's advertised mesh
 	// address, every member's lobby address by world rank ("" for none),
@@ -78,6 +82,17 @@ type node struct {
 	closed  bool
 	lobby   *nodeLobby // this rank's lobby while this node owns it (grow hands it on)
 }
+
+// header returns a transport header to encode into; give it back with
+// putHeader once the send returned (transports copy it before then).
+func (n *node) header() *transport.Header {
+	if h, _ := n.headers.Get().(*transport.Header); h != nil {
+		return h
+	}
+	return new(transport.Header)
+}
+
+func (n *node) putHeader(h *transport.Header) { n.headers.Put(h) }
 
 type pendingMsg struct {
 	from    int

@@ -63,15 +63,16 @@ func (c *Comm) opError(op string, ctx context.Context, err error) error {
 func (c *Comm) sendChunked(ctx context.Context, peer int, h header, data []byte) error {
 	h.comm = c.id
 	h.total = uint64(len(data))
-	var th transport.Header
-	h.encode(&th, c.gen)
+	th := c.n.header()
+	defer c.n.putHeader(th)
+	h.encode(th, c.gen)
 	w := c.world[peer]
 	if len(data) == 0 {
-		return c.n.ep.Send(ctx, w, transport.LaneData, &th, nil)
+		return c.n.ep.Send(ctx, w, transport.LaneData, th, nil)
 	}
 	for off := 0; off < len(data); off += transport.MaxPayload {
 		end := min(off+transport.MaxPayload, len(data))
-		if err := c.n.ep.Send(ctx, w, transport.LaneData, &th, data[off:end]); err != nil {
+		if err := c.n.ep.Send(ctx, w, transport.LaneData, th, data[off:end]); err != nil {
 			if off > 0 {
 				// The receiver holds a partial message; the stream from
 				// here to peer can no longer be framed.
@@ -160,11 +161,11 @@ func (c *Comm) Recv(ctx context.Context, buf []byte, peer int, tag uint64) (Stat
 	}
 	ctx, cancel := c.opContext(ctx)
 	defer cancel()
-	if peer == AnySource || !c.spin(peer, req.done) {
+	if peer == AnySource || !c.spin(peer, req) {
 		defer c.blocking(peer)()
 	}
 	select {
-	case <-req.done:
+	case <-req.doneCh():
 	case <-req.failedCh():
 	case <-ctx.Done():
 		c.mu.Lock()

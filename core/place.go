@@ -1,8 +1,10 @@
 package core
 
 import (
+	"context"
 	"time"
 
+	"github.com/nexar-go/nexar/core/internal/match"
 	"github.com/nexar-go/nexar/transport"
 )
 
@@ -93,7 +95,7 @@ func (c *Comm) pollOnce(src int) {
 // spin polls the channel from comm rank src until done is closed, for at
 // most the node's spinWait; it reports whether done was closed. It
 // returns false at once when that channel cannot be polled.
-func (c *Comm) spin(src int, done <-chan struct{}) bool {
+func (c *Comm) spin(src int, done completion) bool {
 	spinFor := c.n.spinWait
 	if spinFor <= 0 || src < 0 || !c.n.caps.Poll {
 		return false
@@ -110,10 +112,8 @@ func (c *Comm) spin(src int, done <-chan struct{}) bool {
 	start := time.Now()
 	yield := c.n.oversubscribed
 	for i := 1; ; i++ {
-		select {
-		case <-done:
+		if done.fired() {
 			return true
-		default:
 		}
 		if !poll() && yield {
 			osYield() // the peer may be waiting for this core
@@ -124,21 +124,68 @@ func (c *Comm) spin(src int, done <-chan struct{}) bool {
 	}
 }
 
+// awaitSlot bounds each sleep of await, so that a failure of the
+// communicator or the end of ctx, which do not wake the sleeper, is seen
+// within it.
+const awaitSlot = 2 * time.Millisecond
+
+// await waits for done by sleeping on the channel from comm rank src, where
+// the sender wakes this thread itself (transport.DataPath.Await): after
+// the spin window, a late peer's message then costs a futex wake, not a
+// reader goroutine's wake and a pass through the scheduler. It reports
+// whether done was closed; false when the communicator failed, ctx ended or
+// the channel cannot be slept on, and the caller then blocks as before.
+func (c *Comm) await(ctx context.Context, src int, done completion) bool {
+	if src < 0 || !c.n.caps.Poll {
+		return false
+	}
+	peer := c.world[src]
+	for {
+		if done.fired() {
+			return true
+		}
+		select {
+		case <-c.failed:
+			return false
+		default:
+		}
+		// Err, not Done: an operation's Done starts timers and watchers.
+		if ctx != nil && ctx.Err() != nil {
+			return false
+		}
+		if !c.n.ep.Await(peer, done.ch(), awaitSlot) {
+			return false
+		}
+	}
+}
+
+// completion is what a waiter waits for: a posted receive (postedDone) or a
+// Request. fired is checked while spinning, ch made only to block.
+type completion interface {
+	fired() bool
+	ch() <-chan struct{}
+}
+
+// postedDone is a posted collective receive's completion (one pointer: no
+// allocation as an interface).
+type postedDone struct{ s *match.Signal }
+
+func (p postedDone) fired() bool         { return p.s.Fired() }
+func (p postedDone) ch() <-chan struct{} { return p.s.C() }
+
 // spinDone waits for done for at most the node's spinWait without
 // blocking, yielding the core between checks where the host is
 // oversubscribed (the goroutine that closes done may need it); it reports
 // whether done was closed.
-func (c *Comm) spinDone(done <-chan struct{}) bool {
+func (c *Comm) spinDone(done completion) bool {
 	spinFor := c.n.spinWait
 	if spinFor <= 0 {
 		return false
 	}
 	start := time.Now()
 	for i := 1; ; i++ {
-		select {
-		case <-done:
+		if done.fired() {
 			return true
-		default:
 		}
 		// The goroutine that closes done runs on another thread: give
 		// it the core (sched_yield; runtime.Gosched would hand this

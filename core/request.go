@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"sync"
+
+	"github.com/nexar-go/nexar/core/internal/match"
 )
 
 // Request is a pending non-blocking operation. Wait, Test and Status are
@@ -13,10 +15,13 @@ type Request struct {
 	c      *Comm
 	op     string
 	worker bool // a goroutine runs the op and finishes the request itself
-	done   chan struct{}
-	once   sync.Once
-	err    error
-	st     Status
+	// done is the channel closed when the request completes, made only
+	// when someone waits on it (doneCh): a blocking call, run in its
+	// caller's goroutine, completes before anyone looks and costs none.
+	done match.Signal
+	once sync.Once
+	err  error
+	st   Status
 	// run, when set, performs the operation; it is taken (by the goroutine
 	// that created the request, before the request is shared) by start or
 	// wait, and runs exactly once.
@@ -41,8 +46,15 @@ func newRequest(c *Comm, op string, worker bool) *Request {
 
 // init prepares a zero Request (one embedded in a larger allocation).
 func (r *Request) init(c *Comm, op string, worker bool) {
-	r.c, r.op, r.worker, r.done, r.src = c, op, worker, make(chan struct{}), noSource
+	r.c, r.op, r.worker, r.src = c, op, worker, noSource
 }
+
+// doneCh returns the channel closed when r completes.
+func (r *Request) doneCh() <-chan struct{} { return r.done.C() }
+
+// fired and ch make r a completion (for spin and await).
+func (r *Request) fired() bool         { return r.done.Fired() }
+func (r *Request) ch() <-chan struct{} { return r.done.C() }
 
 func doneRequest(c *Comm, op string, err error) *Request {
 	r := newRequest(c, op, false)
@@ -56,7 +68,7 @@ func (r *Request) finish(st Status, err error) {
 		if r.fr != 0 {
 			r.c.flightEnd(r.fr, err)
 		}
-		close(r.done)
+		r.done.Fire()
 	})
 }
 
@@ -87,7 +99,7 @@ func (r *Request) Wait(ctx context.Context) error {
 	}
 	if r.src != noSource && r.c != nil {
 		// A receive: progress it, then let the transport know we block.
-		if r.src == AnySource || !r.c.spin(r.src, r.done) {
+		if r.src == AnySource || !(r.c.spin(r.src, r) || r.c.await(ctx, r.src, r)) {
 			defer r.c.blocking(r.src)()
 		}
 	} else if r.worker && r.c != nil {
@@ -97,17 +109,17 @@ func (r *Request) Wait(ctx context.Context) error {
 		// often ends within a short spin, and waking this goroutine (an
 		// OS thread that called in from C) after it blocked costs more.
 		if cc := r.started; cc == nil || !mayRun || !cc.runOnce() {
-			r.c.spinDone(r.done)
+			r.c.spinDone(r)
 		}
 	}
 	select {
-	case <-r.done:
+	case <-r.doneCh():
 		return r.err
 	case <-r.failedCh():
 		return r.failedErr()
 	case <-ctx.Done():
 		select {
-		case <-r.done:
+		case <-r.doneCh():
 			return r.err
 		default:
 		}
@@ -140,10 +152,13 @@ func (r *Request) wait() error {
 	}
 	if cc := r.coll; cc != nil {
 		r.coll = nil
-		cc.run()
+		cc.run() // finishes r, which is &cc.req: the call is over
+		err := r.err
+		cc.recycle(err) // r is not to be touched after this
+		return err
 	}
 	select {
-	case <-r.done:
+	case <-r.doneCh():
 		return r.err
 	case <-r.failedCh():
 		return r.failedErr()
@@ -152,7 +167,7 @@ func (r *Request) wait() error {
 
 func (r *Request) failedErr() error {
 	select {
-	case <-r.done:
+	case <-r.doneCh():
 		return r.err
 	default:
 	}
@@ -168,7 +183,7 @@ func (r *Request) Test() (done bool, err error) {
 		r.c.pollOnce(r.src)
 	}
 	select {
-	case <-r.done:
+	case <-r.doneCh():
 		return true, r.err
 	case <-r.failedCh():
 		return true, r.failedErr()
@@ -180,7 +195,7 @@ func (r *Request) Test() (done bool, err error) {
 // Status describes a completed receive (zero for other operations).
 func (r *Request) Status() Status {
 	select {
-	case <-r.done:
+	case <-r.doneCh():
 		return r.st
 	default:
 		return Status{}

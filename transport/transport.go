@@ -15,6 +15,7 @@ package transport
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 // Lane separates kinds of traffic so that control and heartbeats never wait
@@ -139,6 +140,14 @@ type DataPath interface {
 	// data from peer is delivered; call done when the wait ends. A no-op
 	// where it changes nothing.
 	Waiting(peer int) (done func())
+	// Await sleeps until data from peer may have arrived, d passes or
+	// done is closed, and then consumes what arrived (as poll does); the
+	// sender wakes the sleeping thread itself, which costs microseconds
+	// where a hand-off through a reader goroutine costs a scheduler round
+	// trip. It reports false, without sleeping, where it cannot (no
+	// Caps().Poll, no pollable channel to peer, or that channel closed):
+	// the caller then blocks as usual (Waiting). Every Await ends by d.
+	Await(peer int, done <-chan struct{}, d time.Duration) bool
 	// SharedMemory reports whether LaneData to peer goes over shared
 	// memory (where polling and spinning pay off).
 	SharedMemory(peer int) bool

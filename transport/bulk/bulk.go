@@ -667,6 +667,27 @@ func (e *Endpoint) Waiting(peer int) (done func()) {
 	}
 }
 
+// Await sleeps until data from peer arrives on its shared-memory ring, d
+// passes or done is closed, then consumes what arrived in the calling
+// goroutine (see channel.await): the producer wakes this thread itself,
+// so a waiter whose peer is late is back within microseconds. It reports
+// false at once when peer's data does not come over an open ring.
+func (e *Endpoint) Await(peer int, done <-chan struct{}, d time.Duration) bool {
+	if peer < 0 || peer >= e.size {
+		return false
+	}
+	ch := e.polled[peer].Load()
+	if ch == nil {
+		return false
+	}
+	e.using.Add(1) // as StartPolling: Close does not unmap the ring under it
+	defer e.using.Add(-1)
+	if e.closed.Load() {
+		return false
+	}
+	return ch.await(done, d)
+}
+
 // peerLost is the inner endpoint's DownHandler. A graceful departure is
 // held back until the peer's inbound bulk channel has drained too, so that
 // every message it sent is delivered before the notification.

@@ -112,9 +112,13 @@ type channel struct {
 	rmu     sync.Mutex // guards what follows: one reader at a time
 	r0      io.Reader  // link 0, buffered for TCP
 	pre     [frame.PrefixSize]byte
-	end     error // the frame error that ended the channel, once met
+	rxh     transport.Header // a ring frame's header, while rx reads it
+	end     error            // the frame error that ended the channel, once met
 	rx      rxFrame
 	pollFn  func() bool // poll, made once
+	// sleepers counts this process's goroutines asleep in await: a
+	// goroutine that delivers frames while one is wakes them (nudge).
+	sleepers atomic.Int32
 	// remotePID is the sender's process id once this (receiving) side
 	// knows it can copy payloads out of the sender's memory.
 	remotePID atomic.Int64
@@ -362,7 +366,10 @@ func (c *channel) readLoop() error {
 		}
 		idle = lo
 		c.rmu.Lock()
-		_, err := c.stepRing(0)
+		n, err := c.stepRing(0)
+		if n > 0 && c.sleepers.Load() > 0 {
+			c.ring.nudge()
+		}
 		if err == nil && waited != nil && c.ring.available() == 0 {
 			err = c.ring.closedErr()
 			if err == io.EOF && (c.rx.active || c.rx.npre > 0) {
@@ -405,10 +412,40 @@ func (c *channel) poll() bool {
 	n, _ := c.stepRing(pollBudget)
 	ended := c.end != nil
 	c.rmu.Unlock()
+	if n > 0 && c.sleepers.Load() > 0 {
+		c.ring.nudge()
+	}
 	if ended {
 		c.close()
 	}
 	return n > 0
+}
+
+// await sleeps in the calling thread until data arrives on the ring (the
+// producer wakes it directly), d passes, or done is closed, and then
+// consumes what arrived, delivering the frames it completes. It reports
+// false, at once, when the ring is closed: the caller then waits for the
+// read loop's delivery (or the channel's end) instead.
+func (c *channel) await(done <-chan struct{}, d time.Duration) bool {
+	c.sleepers.Add(1)
+	ok := c.ring.sleepData(done, d)
+	c.sleepers.Add(-1)
+	if !ok {
+		return false
+	}
+	// Lock, not TryLock: the read loop may be delivering what woke us,
+	// and the caller checks done as soon as this returns.
+	c.rmu.Lock()
+	n, _ := c.stepRing(pollBudget)
+	ended := c.end != nil
+	c.rmu.Unlock()
+	if n > 0 && c.sleepers.Load() > 0 {
+		c.ring.nudge()
+	}
+	if ended {
+		c.close()
+	}
+	return true
 }
 
 // stepRing consumes what is available on the ring without waiting, at most
@@ -427,7 +464,8 @@ func (c *channel) stepRing(budget int) (int, error) {
 				continue
 			}
 			rx.npre = 0
-			h, n, remote, err := c.parse()
+			h := &c.rxh
+			n, remote, err := c.parse(h)
 			if err == nil && remote && c.remotePID.Load() == 0 {
 				err = fmt.Errorf("%w: remote frame before cross-memory attach was agreed", frame.ErrMalformed)
 			}
@@ -488,7 +526,8 @@ func (c *channel) stepRing(budget int) (int, error) {
 		if done != nil {
 			done(nil)
 		} else {
-			c.deliver(h, p)
+			hc := *h // deliver may keep it; c.rxh is the next frame's
+			c.deliver(&hc, p)
 		}
 	}
 	return used, c.end
@@ -505,21 +544,22 @@ func (c *channel) readPart(buf []byte, have *int) (int, bool) {
 // parse checks the prefix in c.pre: a LaneData frame's header and length,
 // and whether it is remote (rings only), else the error that ends the
 // channel (frame.ErrGoodbye for a goodbye).
-func (c *channel) parse() (*transport.Header, int, bool, error) {
-	lane, h, n, remote, err := frame.ParsePrefixRemote(&c.pre, transport.MaxPayload)
+// The header goes into h.
+func (c *channel) parse(h *transport.Header) (int, bool, error) {
+	lane, n, remote, err := frame.ParsePrefixInto(&c.pre, transport.MaxPayload, h)
 	if err != nil {
 		if errors.Is(err, frame.ErrGoodbye) && lane != transport.LaneData {
 			err = fmt.Errorf("%w: goodbye for lane %v on a bulk channel", frame.ErrMalformed, lane)
 		}
-		return nil, 0, false, err
+		return 0, false, err
 	}
 	if lane != transport.LaneData {
-		return nil, 0, false, fmt.Errorf("%w: lane %v on a bulk channel", frame.ErrMalformed, lane)
+		return 0, false, fmt.Errorf("%w: lane %v on a bulk channel", frame.ErrMalformed, lane)
 	}
 	if remote && c.ring == nil {
-		return nil, 0, false, fmt.Errorf("%w: remote frame on a TCP channel", frame.ErrMalformed)
+		return 0, false, fmt.Errorf("%w: remote frame on a TCP channel", frame.ErrMalformed)
 	}
-	return h, n, remote, nil
+	return n, remote, nil
 }
 
 // destination is where the n payload bytes of a frame go: the placed
@@ -566,7 +606,8 @@ func (c *channel) readFrameLocked() error {
 	if _, err := io.ReadFull(c.r0, c.pre[:]); err != nil {
 		return err
 	}
-	h, n, _, err := c.parse() // remote frames only come on rings
+	h := new(transport.Header)
+	n, _, err := c.parse(h) // remote frames only come on rings
 	if err != nil {
 		return err
 	}

@@ -32,6 +32,7 @@ const (
 	offDataWait   = 196 // u32, consumers sleeping on offDataSeq inside a frame
 	offIdleWait   = 200 // u32, the idle reader sleeping on offDataSeq between frames
 	offWaiting    = 204 // u32, consumer goroutines blocked until data arrives
+	offCallWait   = 208 // u32, consumer threads asleep in a call on offDataSeq (sleepData)
 	offSpaceSeq   = 256 // u32 futex word, bumped by the consumer
 	offSpaceWait  = 260 // u32, producers sleeping on offSpaceSeq
 	offProdClosed = 320 // u32
@@ -57,8 +58,17 @@ const (
 )
 
 const (
-	futexWait = 0
-	futexWake = 1
+	futexWait       = 0
+	futexWake       = 1
+	futexWaitBitset = 9
+	futexWakeBitset = 10
+
+	// Sleepers on offDataSeq say whom a wake is for, so that the producer
+	// wakes the thread that needs the data and no other: the idle reader
+	// (waitData) and a caller's own thread (sleepData). Plain FUTEX_WAIT
+	// sleepers match every bit.
+	bitIdle = 1
+	bitCall = 2
 )
 
 var shmDir = "/dev/shm"
@@ -278,6 +288,22 @@ func futex(addr *uint32, op int, val uint32, d time.Duration) {
 	syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), uintptr(op), uintptr(val), uintptr(unsafe.Pointer(ts)), 0, 0)
 }
 
+// futexSleep sleeps on addr while it holds val, for at most d, as one of
+// the sleepers bits names (FUTEX_WAIT_BITSET: its timeout is absolute, on
+// CLOCK_MONOTONIC).
+func futexSleep(addr *uint32, val uint32, d time.Duration, bits uint32) {
+	var now syscall.Timespec
+	const clockMonotonic = 1
+	syscall.Syscall(syscall.SYS_CLOCK_GETTIME, clockMonotonic, uintptr(unsafe.Pointer(&now)), 0)
+	t := syscall.NsecToTimespec(syscall.TimespecToNsec(now) + int64(d))
+	syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWaitBitset, uintptr(val), uintptr(unsafe.Pointer(&t)), 0, uintptr(bits))
+}
+
+// futexWakeBits wakes every sleeper on addr that bits name.
+func futexWakeBits(addr *uint32, bits uint32) {
+	syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWakeBitset, 1<<30, 0, 0, uintptr(bits))
+}
+
 // wait blocks until ready reports true, spinning briefly and then sleeping
 // on the futex word seq. It fails when either side closed or ctx ends.
 // progress, when not nil, is other work the waiter does meanwhile (the
@@ -360,15 +386,53 @@ func (r *ring) bump(seq, waiters int) {
 // exchange) takes the data, and a futex wake, which costs both processes
 // a thread switch, is saved; data nobody asks for is drained when the
 // idle reader's sleep times out (wakeIdle's timeouts).
+//
+// A thread asleep in a call for this data (sleepData) is woken directly,
+// and only it: one futex wake, a few microseconds, where a wake of the
+// idle reader that then wakes the waiting goroutine costs two thread
+// switches and a pass through the Go scheduler.
 func (r *ring) bumpData() {
 	atomic.AddUint32(r.u32(offDataSeq), 1)
-	wake := atomic.LoadUint32(r.u32(offDataWait)) != 0
-	if !wake && atomic.LoadUint32(r.u32(offIdleWait)) != 0 {
-		wake = atomic.LoadUint32(r.u32(offWaiting)) != 0 || r.available() > (r.mask+1)/2
+	var bits uint32
+	if atomic.LoadUint32(r.u32(offDataWait)) != 0 || atomic.LoadUint32(r.u32(offCallWait)) != 0 {
+		bits = bitCall // Read's plain waits match any bit
 	}
-	if wake {
-		futex(r.u32(offDataSeq), futexWake, 1<<30, 0)
+	if atomic.LoadUint32(r.u32(offIdleWait)) != 0 &&
+		(atomic.LoadUint32(r.u32(offWaiting)) != 0 || r.available() > (r.mask+1)/2) {
+		bits |= bitIdle
 	}
+	if bits != 0 {
+		futexWakeBits(r.u32(offDataSeq), bits)
+	}
+}
+
+// sleepData puts the calling thread to sleep until the producer publishes
+// data, d passes, either side closes, or done is closed (checked after the
+// sleep is announced, so a delivery by another goroutine that then calls
+// nudge is not missed). It reports false, without sleeping, when the ring
+// is closed: the caller must wait some other way.
+func (r *ring) sleepData(done <-chan struct{}, d time.Duration) bool {
+	if r.closed.Load() || atomic.LoadUint32(r.u32(offProdClosed)) != 0 || atomic.LoadUint32(r.u32(offConsClosed)) != 0 {
+		return false
+	}
+	atomic.AddUint32(r.u32(offCallWait), 1)
+	s := atomic.LoadUint32(r.u32(offDataSeq))
+	select {
+	case <-done:
+	default:
+		if r.available() == 0 {
+			futexSleep(r.u32(offDataSeq), s, d, bitCall)
+		}
+	}
+	atomic.AddUint32(r.u32(offCallWait), ^uint32(0))
+	return true
+}
+
+// nudge wakes the threads asleep in sleepData on this (consumer) side: a
+// goroutine of this process delivered data one of them may wait for.
+func (r *ring) nudge() {
+	atomic.AddUint32(r.u32(offDataSeq), 1)
+	futexWakeBits(r.u32(offDataSeq), bitCall)
 }
 
 // wakeIdle wakes the idle reader if it sleeps.
@@ -397,7 +461,7 @@ func (r *ring) waitData(d time.Duration) (bool, error) {
 	atomic.AddUint32(r.u32(offIdleWait), 1)
 	s := atomic.LoadUint32(r.u32(offDataSeq))
 	if r.available() == 0 {
-		futex(r.u32(offDataSeq), futexWait, s, d)
+		futexSleep(r.u32(offDataSeq), s, d, bitIdle)
 	}
 	atomic.AddUint32(r.u32(offIdleWait), ^uint32(0))
 	return r.available() > 0, nil

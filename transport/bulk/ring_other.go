@@ -35,6 +35,8 @@ func sweepStaleRings() []string                                         { return
 func (r *ring) available() uint64                                       { return 0 }
 func (r *ring) waitData(time.Duration) (bool, error)                    { return false, errNoShm }
 func (r *ring) setWaiting(int)                                          {}
+func (r *ring) sleepData(<-chan struct{}, time.Duration) bool           { return false }
+func (r *ring) nudge()                                                  {}
 func (r *ring) remoteOK() bool                                          { return false }
 func (r *ring) setRemoteOK()                                            {}
 func (r *ring) sentRemote() uint32                                      { return 0 }

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/internal/inbox"
@@ -248,6 +249,9 @@ func (e *Endpoint) Caps() transport.Caps { return transport.Caps{} }
 func (e *Endpoint) SendProgress(ctx context.Context, peer int, h *transport.Header, payload []byte, _ func() bool) error {
 	return e.Send(ctx, peer, transport.LaneData, h, payload)
 }
+
+// Await returns false: nothing here can be waited on but the delivery.
+func (e *Endpoint) Await(int, <-chan struct{}, time.Duration) bool { return false }
 
 // StartPolling returns nil, nil: nothing here can be polled.
 func (e *Endpoint) StartPolling(int) (poll func() bool, stop func()) { return nil, nil }

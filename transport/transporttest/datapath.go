@@ -44,7 +44,8 @@ func closePaths(t *testing.T, eps []transport.DataPath) {
 // testDeclarations: Caps and Oversubscribed are constant; Paths names every
 // peer; a path that cannot poll returns no poll function; DataUnused is
 // never true without LazyData and false once a message went; Waiting's
-// done can be called.
+// done can be called; Await keeps its bound and sleeps only where it can
+// poll.
 func testDeclarations(t *testing.T, newPaths NewDataPaths) {
 	const n = 3
 	c := newCollector(n)
@@ -113,6 +114,23 @@ func testDeclarations(t *testing.T, newPaths NewDataPaths) {
 			if poll != nil {
 				poll() // nothing pending: must not block
 				stop()
+			}
+			// Await sleeps at most d, returns at once for a done
+			// already closed, and can sleep only where it can poll.
+			closed := make(chan struct{})
+			close(closed)
+			for _, done := range []chan struct{}{nil, closed} {
+				t0 := time.Now()
+				slept := e.Await(p, done, 20*time.Millisecond)
+				if took := time.Since(t0); took > 2*time.Second {
+					t.Errorf("rank %d: Await(%d) took %v with a 20ms bound", i, p, took)
+				}
+				if slept && !caps.Poll {
+					t.Errorf("rank %d: Await(%d) slept but Caps().Poll is false", i, p)
+				}
+				if slept && poll == nil {
+					t.Errorf("rank %d: Await(%d) slept but StartPolling gives nothing to poll", i, p)
+				}
 			}
 		}
 	}

@@ -17,6 +17,11 @@
 // goroutine that wrote a placed chunk.
 package match
 
+import (
+	"sync"
+	"sync/atomic"
+)
+
 // Key names one collective message: the step of a call (by sequence
 // number) from a source rank.
 type Key struct {
@@ -25,15 +30,58 @@ type Key struct {
 	Step uint32
 }
 
+// Signal is a one-shot completion whose channel is made only when someone
+// blocks on it (C): a waiter that sees it fire while it polls costs no
+// allocation. Safe for concurrent use; the zero Signal is not fired.
+type Signal struct{ ch atomic.Pointer[chan struct{}] }
+
+// fired is the channel of every Signal fired before anyone asked for one:
+// closed once, never written again.
+var fired = func() *chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return &ch
+}()
+
+// Fire marks s fired and closes its channel if one was made; idempotent.
+func (s *Signal) Fire() {
+	if p := s.ch.Swap(fired); p != nil && p != fired {
+		close(*p)
+	}
+}
+
+// Fired reports whether Fire was called.
+func (s *Signal) Fired() bool { return s.ch.Load() == fired }
+
+// C returns a channel closed once s fires.
+func (s *Signal) C() <-chan struct{} {
+	if p := s.ch.Load(); p != nil {
+		return *p
+	}
+	ch := make(chan struct{})
+	if s.ch.CompareAndSwap(nil, &ch) {
+		return ch
+	}
+	return *s.ch.Load()
+}
+
 // Msg is one inbound message, buffered until a receive is posted or
 // matched with one.
 type Msg struct {
-	// Done is the driver's: for a posted collective receive, the channel
-	// it closes when a completion names this message. The engine never
+	// Done is the driver's: for a posted collective receive, what it
+	// fires when a completion names this message. The engine never
 	// touches it.
-	Done chan struct{}
+	Done Signal
 	// Err is the error a Depart completed this collective receive with.
 	Err error
+	// Fill is the driver's too: the callback it hands the transport for
+	// a chunk placed into this collective receive (see PlaceColl), made
+	// once and kept while the Msg is reused (Release), with FillSize the
+	// chunk's length. The engine never touches them.
+	Fill     func(error)
+	FillSize int
+
+	key Key // a collective message's
 
 	src      int
 	tag      uint64
@@ -112,6 +160,7 @@ const (
 
 // Engine holds the matching state of one communicator of size ranks.
 type Engine struct {
+	msgs       sync.Pool // *Msg of collective messages done with (Release)
 	coll       map[Key]*Msg
 	posted     []*Recv // point-to-point receives, in posting order
 	unexpected []*Msg  // point-to-point messages not matched, in arrival order
@@ -123,6 +172,31 @@ type Engine struct {
 // New returns an empty engine for a communicator of size ranks.
 func New(size int) *Engine {
 	return &Engine{coll: make(map[Key]*Msg), cur: make([]*Msg, size)}
+}
+
+// newColl returns a collective message for k, reusing a released one.
+func (e *Engine) newColl(k Key) *Msg {
+	m, _ := e.msgs.Get().(*Msg)
+	if m == nil {
+		return &Msg{key: k, src: k.Src}
+	}
+	fill := m.Fill
+	*m = Msg{key: k, src: k.Src, Fill: fill}
+	return m
+}
+
+// Key names a collective message.
+func (m *Msg) Key() Key { return m.key }
+
+// Release gives back a collective message that nothing refers to any more:
+// its receive completed (the waiter read Err), or was withdrawn
+// (UnpostColl) with no chunk Filling. It may be called concurrently with
+// the engine's other calls (the free list is safe for that), and must be
+// called at most once per Msg that PostColl returned.
+func (e *Engine) Release(m *Msg) {
+	if m != nil {
+		e.msgs.Put(m)
+	}
 }
 
 // Ready returns the completions since the previous call; the slice is
@@ -148,7 +222,8 @@ func (e *Engine) Arrived(k Key) bool {
 func (e *Engine) PostColl(k Key, buf []byte) (m *Msg, released int64, mm *Mismatch) {
 	m = e.coll[k]
 	if m == nil {
-		m = &Msg{src: k.Src, total: -1, buf: buf, posted: true}
+		m = e.newColl(k)
+		m.total, m.buf, m.posted = -1, buf, true
 		e.coll[k] = m
 		return m, 0, nil
 	}
@@ -164,6 +239,7 @@ func (e *Engine) PostColl(k Key, buf []byte) (m *Msg, released int64, mm *Mismat
 	m.chunks, m.held, m.buf, m.posted = nil, 0, buf, true
 	if m.got >= m.total {
 		delete(e.coll, k)
+		e.Release(m) // arrived whole: no one else refers to it
 		return nil, released, nil
 	}
 	return m, released, nil
@@ -202,7 +278,8 @@ func (e *Engine) DeliverColl(k Key, total int, payload []byte, room func(int64) 
 		return NoRoom, nil
 	}
 	if m == nil {
-		m = &Msg{src: k.Src, total: total}
+		m = e.newColl(k)
+		m.total = total
 		e.coll[k] = m
 	}
 	m.chunks = append(m.chunks, payload)

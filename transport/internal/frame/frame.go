@@ -114,32 +114,48 @@ func ParsePrefixRemote(b *[PrefixSize]byte, max uint32) (lane transport.Lane, h 
 }
 
 func parsePrefix(b *[PrefixSize]byte, max uint32) (transport.Lane, *transport.Header, int, error) {
+	h := new(transport.Header)
+	lane, n, err := parsePrefixInto(b, max, h)
+	if err != nil {
+		return lane, nil, 0, err
+	}
+	return lane, h, n, nil
+}
+
+// ParsePrefixInto is ParsePrefixRemote writing the header into h, which
+// the caller owns (no allocation: the shared-memory reader keeps one per
+// channel). On error h is undefined.
+func ParsePrefixInto(b *[PrefixSize]byte, max uint32, h *transport.Header) (lane transport.Lane, n int, remote bool, err error) {
+	lane, n, err = parsePrefixInto(b, max, h)
+	return lane, n, err == nil && b[3]&FlagRemote != 0, err
+}
+
+func parsePrefixInto(b *[PrefixSize]byte, max uint32, h *transport.Header) (transport.Lane, int, error) {
 	if b[0] != Magic0 || b[1] != Magic1 {
-		return 0, nil, 0, fmt.Errorf("%w: bad magic %#02x%02x", ErrMalformed, b[0], b[1])
+		return 0, 0, fmt.Errorf("%w: bad magic %#02x%02x", ErrMalformed, b[0], b[1])
 	}
 	if b[2] != Version {
-		return 0, nil, 0, fmt.Errorf("%w: unknown version %d", ErrMalformed, b[2])
+		return 0, 0, fmt.Errorf("%w: unknown version %d", ErrMalformed, b[2])
 	}
 	lane := transport.Lane(b[3] &^ (FlagGoodbye | FlagRemote))
 	if lane >= transport.NumLanes {
-		return 0, nil, 0, fmt.Errorf("%w: unknown lane %d", ErrMalformed, b[3])
+		return 0, 0, fmt.Errorf("%w: unknown lane %d", ErrMalformed, b[3])
 	}
 	n := binary.LittleEndian.Uint32(b[4:8])
 	if b[3]&FlagGoodbye != 0 {
 		if b[3]&FlagRemote != 0 {
-			return 0, nil, 0, fmt.Errorf("%w: goodbye frame marked remote", ErrMalformed)
+			return 0, 0, fmt.Errorf("%w: goodbye frame marked remote", ErrMalformed)
 		}
 		if n != 0 || *(*transport.Header)(b[8:]) != (transport.Header{}) {
-			return 0, nil, 0, fmt.Errorf("%w: goodbye frame with a payload or header", ErrMalformed)
+			return 0, 0, fmt.Errorf("%w: goodbye frame with a payload or header", ErrMalformed)
 		}
-		return lane, nil, 0, ErrGoodbye
+		return lane, 0, ErrGoodbye
 	}
 	if n > max {
-		return 0, nil, 0, fmt.Errorf("%w: payload length %d exceeds %d", ErrMalformed, n, max)
+		return 0, 0, fmt.Errorf("%w: payload length %d exceeds %d", ErrMalformed, n, max)
 	}
-	h := new(transport.Header)
 	copy(h[:], b[8:])
-	return lane, h, int(n), nil
+	return lane, int(n), nil
 }
 
 // Reader decodes frames from a byte stream. It is not safe for concurrent use.

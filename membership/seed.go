@@ -393,6 +393,14 @@ func (s *Seed) watch(conn *quic.Conn, st *quic.Stream, m *member) {
 		s.lost(m, fmt.Sprintf("%s before it reported the mesh formed: %v", why, err))
 		return
 	}
+	if !rep.OK {
+		// Its formation failed: the others will not complete theirs with
+		// it, so they are told at once rather than when its connection ends.
+		s.lost(m, "its formation of the mesh failed")
+		st.Close()
+		s.linger(conn)
+		return
+	}
 	s.settle(m)
 	st.Close()
 	s.linger(conn)

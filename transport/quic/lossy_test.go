@@ -35,6 +35,12 @@ func newLossyProxy(t testing.TB, target *net.UDPAddr, loss float64, delay time.D
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The queue below models the link's buffer: the sockets' own must not
+	// drop a burst before it (the default 208 KiB holds ~150 datagrams).
+	for _, c := range []*net.UDPConn{ln, up} {
+		c.SetReadBuffer(4 << 20)
+		c.SetWriteBuffer(4 << 20)
+	}
 	p := &lossyProxy{ln: ln, up: up}
 	var client sync.Mutex
 	var from *net.UDPAddr
@@ -190,19 +196,21 @@ func TestLossyLink(t *testing.T) {
 // TestStripedSizes: payloads around the striping threshold and of odd
 // lengths arrive whole and in order across several data connections.
 func TestStripedSizes(t *testing.T) {
-	nodes, peers := listenN(t, 2, Options{DataConns: 3})
+	nodes, peers := listenN(t, 2, Options{DataConns: 8})
 	got := make(chan []byte, 64)
 	eps := connectAll(t, nodes, peers, []transport.Handler{nil, func(from int, lane transport.Lane, _ *transport.Header, p []byte) {
 		got <- p
 	}}, nil)
 	defer eps[0].Close()
 	defer eps[1].Close()
-	if n := len(eps[0].(*endpoint).conns[1].stripes) + 1; n != 3 {
-		t.Fatalf("%d data connections, want 3", n)
+	if n := len(eps[0].(*endpoint).conns[1].stripes) + 1; n != 8 {
+		t.Fatalf("%d data connections, want 8", n)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sizes := []int{0, 1, stripeMin - 1, stripeMin, stripeMin + 1, 3*stripeMin + 2, 1<<20 + 7, 5 << 20}
+	// From stripeMin up to 8*partMin a payload uses fewer parts than
+	// connections.
+	sizes := []int{0, 1, stripeMin - 1, stripeMin, stripeMin + 1, 5*partMin + 3, 3*stripeMin + 2, 1<<20 + 7, 5 << 20, stripeMin}
 	msgs := make([][]byte, len(sizes))
 	for i, n := range sizes {
 		msgs[i] = make([]byte, n)
@@ -269,6 +277,28 @@ func TestStripeLost(t *testing.T) {
 	}
 }
 
+func TestPartsOf(t *testing.T) {
+	for _, c := range []struct {
+		n, stripes int
+		lossy      bool
+		want       int
+	}{
+		{stripeMin, 32, false, stripeMin / partMin},
+		{stripeMin, 32, true, stripeMin / lossyPartMin},
+		{stripeMin, 1, true, 1},
+		{5*lossyPartMin + lossyPartMin - 1, 32, true, 5},
+		{1 << 19, 32, false, 16},
+		{1 << 19, 32, true, 32},
+		{1 << 20, 32, false, 32},
+		{1 << 20, 16, true, 16},
+		{lossyPartMin - 1, 8, true, 1},
+	} {
+		if got := partsOf(c.n, c.stripes, c.lossy); got != c.want {
+			t.Errorf("partsOf(%d, %d, %v) = %d, want %d", c.n, c.stripes, c.lossy, got, c.want)
+		}
+	}
+}
+
 func TestStripesTo(t *testing.T) {
 	lo := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}
 	remote := &net.UDPAddr{IP: net.IPv4(10, 0, 0, 2)}
@@ -279,7 +309,8 @@ func TestStripesTo(t *testing.T) {
 		want int
 	}{
 		{Options{}, lo, 2, 1},
-		{Options{}, remote, 2, 16},
+		{Options{}, remote, 2, 32},
+		{Options{}, remote, 9, 32},
 		{Options{}, remote, 17, 16},
 		{Options{}, remote, 65, 4},
 		{Options{}, remote, 1000, 1},

@@ -1,6 +1,7 @@
 package quictransport
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	crand "crypto/rand"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nexar-go/nexar/transport"
+	"github.com/nexar-go/nexar/transport/internal/frame"
 	"github.com/nexar-go/nexar/transport/transporttest"
 )
 
@@ -295,6 +297,29 @@ func TestPartsOf(t *testing.T) {
 	} {
 		if got := partsOf(c.n, c.stripes, c.lossy); got != c.want {
 			t.Errorf("partsOf(%d, %d, %v) = %d, want %d", c.n, c.stripes, c.lossy, got, c.want)
+		}
+	}
+}
+
+// TestBadPartCount: a striped frame whose part count does not fit the
+// pair's connections or leaves parts under lossyPartMin is malformed.
+func TestBadPartCount(t *testing.T) {
+	e := &endpoint{}
+	pc := &peerConn{stripes: make([]stripe, 7)} // 8 connections
+	for _, c := range []struct {
+		n     int
+		parts byte
+	}{
+		{stripeMin, 0},
+		{stripeMin, 5}, // parts under lossyPartMin
+		{1 << 20, 9},   // more parts than connections
+	} {
+		b := frame.AppendPrefix(nil, transport.LaneData, nil, c.n)
+		b = append(b, c.parts)
+		b = append(b, make([]byte, c.n)...)
+		_, _, _, err := e.nextFrame(pc, bufio.NewReader(bytes.NewReader(b)), new([frame.PrefixSize]byte))
+		if !errors.Is(err, frame.ErrMalformed) {
+			t.Errorf("%d bytes in %d parts over 8 connections: %v, want a malformed frame", c.n, c.parts, err)
 		}
 	}
 }

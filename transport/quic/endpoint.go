@@ -716,9 +716,11 @@ func (e *endpoint) writeStriped(pc *peerConn, sl *sendLane, payload []byte, part
 // so without probes the loss of one of them, or of the acknowledgement of
 // the last ones, waits for the probe timeout (srtt + 4 rttvar + the peer's
 // 26 ms max_ack_delay, doubled on each repetition), and the unacknowledged
-// packets hold the congestion window against the next message meanwhile:
-// at 5% loss most slow parts were slow for that. The probes carry no data
-// and the peer drops them. A plain Write returns with the part's last bytes
+// packets hold the congestion window against the next message meanwhile
+// (at 5% loss, about half the parts that waited for a probe timeout). The
+// probes carry no data and the peer drops them; SendDatagram waits only
+// while quic-go's queue of 32 datagrams is full, which ends at the latest
+// with the connection. A plain Write returns with the part's last bytes
 // still buffered, and quic-go packs datagrams ahead of stream data, so the
 // probes would ride with the tail instead of after it: with a write
 // limiter (one that limits nothing) Write returns only once every byte is

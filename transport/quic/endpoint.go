@@ -32,6 +32,14 @@ const (
 	loopbackDepth                           = 16 // messages per loopback lane
 	inlineMax                               = 16 << 10
 	readBuffer                              = 64 << 10
+	// tailProbes datagrams of tailProbeSize bytes follow a striped part on
+	// a connection that has lost more than 1 packet in lossyRatio (see
+	// writePart). Two, each too large to share a packet with the other, so
+	// that the receiver acknowledges at once (it does after two
+	// ack-eliciting packets) rather than after its 25 ms ack delay.
+	tailProbes    = 2
+	tailProbeSize = 800
+	lossyRatio    = 200
 )
 
 // endpoint is one rank's side of the mesh. All methods are safe for
@@ -307,6 +315,7 @@ func (e *endpoint) register(r int, conn *quic.Conn, k, stripes int) error {
 		e.pending += stripes - 1
 		e.wg.Go(func() { e.monitor(pc) })
 		e.wg.Go(func() { e.acceptStreams(pc) })
+		e.wg.Go(func() { e.dropDatagrams(conn) })
 	} else {
 		if pc == nil || stripes != len(pc.stripes)+1 || k >= stripes || pc.stripes[k-1].conn != nil {
 			return fmt.Errorf("rank %d: unexpected data connection %d of %d", r, k, stripes)
@@ -314,12 +323,23 @@ func (e *endpoint) register(r int, conn *quic.Conn, k, stripes int) error {
 		st := &pc.stripes[k-1]
 		st.conn = conn
 		e.wg.Go(func() { e.monitorStripe(pc, k, st) })
+		e.wg.Go(func() { e.dropDatagrams(conn) })
 	}
 	e.pending--
 	if e.pending == 0 {
 		close(e.ready)
 	}
 	return nil
+}
+
+// dropDatagrams reads and discards the peer's tail probes on conn until
+// it or the endpoint ends, so that they do not sit in quic-go's queue.
+func (e *endpoint) dropDatagrams(conn *quic.Conn) {
+	for {
+		if _, err := conn.ReceiveDatagram(e.ctx); err != nil {
+			return
+		}
+	}
 }
 
 // monitorStripe takes the peer's stream on stripe k and ends the pair with
@@ -453,11 +473,19 @@ func (e *endpoint) nextFrame(pc *peerConn, br *bufio.Reader, pre *[frame.PrefixS
 		}
 		return lane, h, p, nil
 	}
-	_, b := stripeBounds(n, stripes, 0)
+	c, err := br.ReadByte()
+	if err != nil {
+		return 0, nil, nil, unexpectedEOF(err)
+	}
+	parts := int(c)
+	if parts < 1 || parts > stripes || n/parts < lossyPartMin {
+		return 0, nil, nil, fmt.Errorf("%w: %d-byte payload in %d parts over %d connections", frame.ErrMalformed, n, parts, stripes)
+	}
+	_, b := stripeBounds(n, parts, 0)
 	if _, err := io.ReadFull(br, p[:b]); err != nil {
 		return 0, nil, nil, unexpectedEOF(err)
 	}
-	for k := 1; k < stripes; k++ {
+	for k := 1; k < parts; k++ {
 		st := &pc.stripes[k-1]
 		if st.rs == nil {
 			select {
@@ -468,7 +496,7 @@ func (e *endpoint) nextFrame(pc *peerConn, br *bufio.Reader, pre *[frame.PrefixS
 				return 0, nil, nil, transport.ErrClosed
 			}
 		}
-		a, b := stripeBounds(n, stripes, k)
+		a, b := stripeBounds(n, parts, k)
 		if _, err := io.ReadFull(st.rs, p[a:b]); err != nil {
 			return 0, nil, nil, fmt.Errorf("data connection %d: %w", k, unexpectedEOF(err))
 		}
@@ -554,8 +582,10 @@ func (e *endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 		sl.s = s
 	}
 	striped := lane == transport.LaneData && len(pc.stripes) > 0 && len(payload) >= stripeMin
+	parts := 1 // connections the payload is split across
 	if striped {
-		for k := range pc.stripes {
+		parts = partsOf(len(payload), len(pc.stripes)+1, lossy(pc.conn))
+		for k := range parts - 1 {
 			st := &pc.stripes[k]
 			if st.out == nil {
 				s, err := st.conn.OpenUniStreamSync(ctx)
@@ -570,18 +600,19 @@ func (e *endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 	fired := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		sl.s.SetWriteDeadline(time.Unix(1, 0))
-		if striped {
-			for k := range pc.stripes {
-				pc.stripes[k].out.SetWriteDeadline(time.Unix(1, 0))
-			}
+		for k := range parts - 1 {
+			pc.stripes[k].out.SetWriteDeadline(time.Unix(1, 0))
 		}
 		close(fired)
 	})
 	sl.buf = frame.AppendPrefix(sl.buf[:0], lane, h, len(payload))
+	if striped {
+		sl.buf = append(sl.buf, byte(parts))
+	}
 	var n int
 	var err error
 	if striped {
-		n, err = e.writeStriped(pc, sl, payload)
+		n, err = e.writeStriped(pc, sl, payload, parts)
 	} else if len(payload) <= inlineMax {
 		sl.buf = append(sl.buf, payload...)
 		n, err = sl.s.Write(sl.buf)
@@ -593,10 +624,8 @@ func (e *endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 	if !stop() {
 		<-fired
 		sl.s.SetWriteDeadline(time.Time{})
-		if striped {
-			for k := range pc.stripes {
-				pc.stripes[k].out.SetWriteDeadline(time.Time{})
-			}
+		for k := range parts - 1 {
+			pc.stripes[k].out.SetWriteDeadline(time.Time{})
 		}
 	}
 	if cap(sl.buf) > 4*inlineMax {
@@ -616,38 +645,56 @@ func (e *endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 	return e.sendErr(pc, ctx, err)
 }
 
-// stripeBounds returns where part k of an n-byte payload split across
-// stripes connections starts and ends.
-func stripeBounds(n, stripes, k int) (int, int) {
-	part := n / stripes
-	if k == stripes-1 {
+// partsOf says across how many of a pair's stripes connections an n-byte
+// LaneData payload of at least stripeMin bytes is split: all of them, or
+// fewer so that no part is under partMin, or lossyPartMin if the pair's
+// link is lossy. The frame tells the receiver.
+func partsOf(n, stripes int, lossy bool) int {
+	least := partMin
+	if lossy {
+		least = lossyPartMin
+	}
+	return max(1, min(stripes, n/least))
+}
+
+// lossy says whether conn has lost more than 1 packet in lossyRatio so far.
+func lossy(conn *quic.Conn) bool {
+	s := conn.ConnectionStats()
+	return s.PacketsLost*lossyRatio > s.PacketsSent
+}
+
+// stripeBounds returns where part k of an n-byte payload split in parts
+// starts and ends.
+func stripeBounds(n, parts, k int) (int, int) {
+	part := n / parts
+	if k == parts-1 {
 		return k * part, n
 	}
 	return k * part, (k + 1) * part
 }
 
 // writeStriped writes the prefix in sl.buf and part 0 of payload on the data
-// lane stream and part k on stripe k, all at once: each connection sends
-// within its own congestion window. It returns the bytes written and the
-// first error.
-func (e *endpoint) writeStriped(pc *peerConn, sl *sendLane, payload []byte) (int, error) {
-	stripes := len(pc.stripes) + 1
+// lane stream and part k on stripe k (k < parts), all at once: each
+// connection sends within its own congestion window. It returns the bytes
+// written and the first error.
+func (e *endpoint) writeStriped(pc *peerConn, sl *sendLane, payload []byte, parts int) (int, error) {
 	var n atomic.Int64
-	errs := make([]error, stripes)
+	errs := make([]error, parts)
 	var wg sync.WaitGroup
-	for k := 1; k < stripes; k++ {
+	for k := 1; k < parts; k++ {
 		wg.Go(func() {
-			a, b := stripeBounds(len(payload), stripes, k)
-			m, err := pc.stripes[k-1].out.Write(payload[a:b])
+			a, b := stripeBounds(len(payload), parts, k)
+			st := &pc.stripes[k-1]
+			m, err := writePart(st.conn, st.out, payload[a:b])
 			n.Add(int64(m))
 			errs[k] = err
 		})
 	}
-	_, b := stripeBounds(len(payload), stripes, 0)
+	_, b := stripeBounds(len(payload), parts, 0)
 	m, err := sl.s.Write(sl.buf)
 	if err == nil {
 		var m2 int
-		m2, err = sl.s.Write(payload[:b])
+		m2, err = writePart(pc.conn, sl.s, payload[:b])
 		m += m2
 	}
 	n.Add(int64(m))
@@ -660,6 +707,45 @@ func (e *endpoint) writeStriped(pc *peerConn, sl *sendLane, payload []byte) (int
 	}
 	return int(n.Load()), nil
 }
+
+// writePart writes one part of a striped payload on s, a stream of conn.
+// If conn has lost more than 1 packet in lossyRatio so far, it follows the
+// part with tailProbes datagrams. quic-go declares a packet lost only once
+// a later one is acknowledged, and repeats a lost acknowledgement only
+// when new packets arrive; a part's last packets have nothing after them,
+// so without probes the loss of one of them, or of the acknowledgement of
+// the last ones, waits for the probe timeout (srtt + 4 rttvar + the peer's
+// 26 ms max_ack_delay, doubled on each repetition), and the unacknowledged
+// packets hold the congestion window against the next message meanwhile
+// (at 5% loss, about half the parts that waited for a probe timeout). The
+// probes carry no data and the peer drops them; SendDatagram waits only
+// while quic-go's queue of 32 datagrams is full, which ends at the latest
+// with the connection. A plain Write returns with the part's last bytes
+// still buffered, and quic-go packs datagrams ahead of stream data, so the
+// probes would ride with the tail instead of after it: with a write
+// limiter (one that limits nothing) Write returns only once every byte is
+// in a packet. Probes are best effort: an error (connection closed,
+// datagram too large for the path) only ends them. On a clean link none
+// is sent and the write is a plain one.
+func writePart(conn *quic.Conn, s *quic.SendStream, part []byte) (int, error) {
+	if !lossy(conn) {
+		return s.Write(part)
+	}
+	n, err := s.WriteWithLimit(part, noLimit)
+	if err != nil {
+		return n, err
+	}
+	var probe [tailProbeSize]byte
+	for range tailProbes {
+		if conn.SendDatagram(probe[:]) != nil {
+			break
+		}
+	}
+	return n, nil
+}
+
+// noLimit is the write limiter of writePart: it allows every byte.
+func noLimit(n int) int { return n }
 
 func (e *endpoint) sendErr(pc *peerConn, ctx context.Context, err error) error {
 	if e.closing.Load() {

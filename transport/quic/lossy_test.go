@@ -1,6 +1,7 @@
 package quictransport
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	crand "crypto/rand"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nexar-go/nexar/transport"
+	"github.com/nexar-go/nexar/transport/internal/frame"
 	"github.com/nexar-go/nexar/transport/transporttest"
 )
 
@@ -34,6 +36,12 @@ func newLossyProxy(t testing.TB, target *net.UDPAddr, loss float64, delay time.D
 	up, err := net.DialUDP("udp", nil, target)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The queue below models the link's buffer: the sockets' own must not
+	// drop a burst before it (the default 208 KiB holds ~150 datagrams).
+	for _, c := range []*net.UDPConn{ln, up} {
+		c.SetReadBuffer(4 << 20)
+		c.SetWriteBuffer(4 << 20)
 	}
 	p := &lossyProxy{ln: ln, up: up}
 	var client sync.Mutex
@@ -190,19 +198,21 @@ func TestLossyLink(t *testing.T) {
 // TestStripedSizes: payloads around the striping threshold and of odd
 // lengths arrive whole and in order across several data connections.
 func TestStripedSizes(t *testing.T) {
-	nodes, peers := listenN(t, 2, Options{DataConns: 3})
+	nodes, peers := listenN(t, 2, Options{DataConns: 8})
 	got := make(chan []byte, 64)
 	eps := connectAll(t, nodes, peers, []transport.Handler{nil, func(from int, lane transport.Lane, _ *transport.Header, p []byte) {
 		got <- p
 	}}, nil)
 	defer eps[0].Close()
 	defer eps[1].Close()
-	if n := len(eps[0].(*endpoint).conns[1].stripes) + 1; n != 3 {
-		t.Fatalf("%d data connections, want 3", n)
+	if n := len(eps[0].(*endpoint).conns[1].stripes) + 1; n != 8 {
+		t.Fatalf("%d data connections, want 8", n)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sizes := []int{0, 1, stripeMin - 1, stripeMin, stripeMin + 1, 3*stripeMin + 2, 1<<20 + 7, 5 << 20}
+	// From stripeMin up to 8*partMin a payload uses fewer parts than
+	// connections.
+	sizes := []int{0, 1, stripeMin - 1, stripeMin, stripeMin + 1, 5*partMin + 3, 3*stripeMin + 2, 1<<20 + 7, 5 << 20, stripeMin}
 	msgs := make([][]byte, len(sizes))
 	for i, n := range sizes {
 		msgs[i] = make([]byte, n)
@@ -269,6 +279,51 @@ func TestStripeLost(t *testing.T) {
 	}
 }
 
+func TestPartsOf(t *testing.T) {
+	for _, c := range []struct {
+		n, stripes int
+		lossy      bool
+		want       int
+	}{
+		{stripeMin, 32, false, stripeMin / partMin},
+		{stripeMin, 32, true, stripeMin / lossyPartMin},
+		{stripeMin, 1, true, 1},
+		{5*lossyPartMin + lossyPartMin - 1, 32, true, 5},
+		{1 << 19, 32, false, 16},
+		{1 << 19, 32, true, 32},
+		{1 << 20, 32, false, 32},
+		{1 << 20, 16, true, 16},
+		{lossyPartMin - 1, 8, true, 1},
+	} {
+		if got := partsOf(c.n, c.stripes, c.lossy); got != c.want {
+			t.Errorf("partsOf(%d, %d, %v) = %d, want %d", c.n, c.stripes, c.lossy, got, c.want)
+		}
+	}
+}
+
+// TestBadPartCount: a striped frame whose part count does not fit the
+// pair's connections or leaves parts under lossyPartMin is malformed.
+func TestBadPartCount(t *testing.T) {
+	e := &endpoint{}
+	pc := &peerConn{stripes: make([]stripe, 7)} // 8 connections
+	for _, c := range []struct {
+		n     int
+		parts byte
+	}{
+		{stripeMin, 0},
+		{stripeMin, 5}, // parts under lossyPartMin
+		{1 << 20, 9},   // more parts than connections
+	} {
+		b := frame.AppendPrefix(nil, transport.LaneData, nil, c.n)
+		b = append(b, c.parts)
+		b = append(b, make([]byte, c.n)...)
+		_, _, _, err := e.nextFrame(pc, bufio.NewReader(bytes.NewReader(b)), new([frame.PrefixSize]byte))
+		if !errors.Is(err, frame.ErrMalformed) {
+			t.Errorf("%d bytes in %d parts over 8 connections: %v, want a malformed frame", c.n, c.parts, err)
+		}
+	}
+}
+
 func TestStripesTo(t *testing.T) {
 	lo := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}
 	remote := &net.UDPAddr{IP: net.IPv4(10, 0, 0, 2)}
@@ -279,7 +334,8 @@ func TestStripesTo(t *testing.T) {
 		want int
 	}{
 		{Options{}, lo, 2, 1},
-		{Options{}, remote, 2, 16},
+		{Options{}, remote, 2, 32},
+		{Options{}, remote, 9, 32},
 		{Options{}, remote, 17, 16},
 		{Options{}, remote, 65, 4},
 		{Options{}, remote, 1000, 1},

@@ -18,11 +18,16 @@
 // Between hosts a pair has more connections for LaneData only (stripes,
 // Options.DataConns), each with one unidirectional stream per direction
 // that carries raw bytes: a payload of stripeMin or more is cut into as
-// many equal parts as there are stripes (the last takes the remainder);
-// the frame on the data lane stream carries the full length and part 0,
-// stripe k carries part k. A Send holds the data lane for the whole frame,
-// so each stripe carries its parts in frame order. Losing any stripe
-// closes the pair's first connection: the peer is lost.
+// many equal parts as there are stripes, or fewer so that no part is under
+// partMin (lossyPartMin once the pair has lost packets; the last part
+// takes the remainder); the frame on the data lane stream carries the full
+// length, one byte with the number of parts and part 0, stripe k carries
+// part k. A
+// Send holds the data lane for the whole frame, so each stripe carries its
+// parts in frame order. On a connection that has lost packets, each part
+// is followed by two datagrams, tail probes that the peer discards (see
+// writePart). Losing any stripe closes the pair's first connection: the
+// peer is lost.
 //
 // Close is graceful and bounded: the closer ends every lane stream to every
 // live peer with a goodbye frame and a FIN (opening the lanes it never
@@ -78,27 +83,39 @@ type Options struct {
 	// handlers stall cannot use up the window of the others.
 	MaxConnWindow uint64
 	// DataConns is how many QUIC connections carry LaneData to one peer
-	// (at most 16): the pair's first connection and DataConns-1 more, each
+	// (at most 32): the pair's first connection and DataConns-1 more, each
 	// with a congestion window of its own, across which payloads of 64 KiB
-	// or more are split. One connection's window collapses under random
-	// packet loss: on a link that drops 5% of the packets and delays them
-	// 5 ms, 50 x 1 MiB allreduces took 78 s on one connection, 26 s on 4,
-	// 12-13 s on 16, and 5-7 s on the bulk path's 2 TCP connections. The lower
-	// rank of a pair chooses. Default: to a peer whose address is not a
-	// loopback address (another host) 16, or 256/(ranks-1) if fewer, at
-	// least 1; to a loopback address 1.
+	// or more are split in parts of at least 32 KiB (16 KiB once the pair
+	// has lost packets). One connection's window
+	// collapses under random packet loss (quic-go's Cubic keeps 10-20
+	// packets at 5% loss, where Linux TCP keeps hundreds): on a link that
+	// drops 5% of the packets and delays them 5 ms, 50 x 1 MiB allreduces
+	// took 78 s on one connection, 26 s on 4, 11-13 s on 16, and 6.5-7.5 s on
+	// the bulk path's 2 TCP connections (docs/bulk-path.md, "Under loss").
+	// The lower rank of a pair chooses. Default: to a peer whose address is
+	// not a loopback address (another host) 32, or 256/(ranks-1) if fewer,
+	// at least 1; to a loopback address 1.
 	DataConns int
 }
 
 const (
-	maxStripes       = 16
-	defaultDataConns = 16
+	maxStripes       = 32
+	defaultDataConns = 32
 	// maxDataConnsTotal bounds the default's data connections per rank:
 	// a large mesh gets fewer per peer.
 	maxDataConnsTotal = 256
 	// stripeMin is the smallest LaneData payload split across a pair's
 	// data connections; smaller ones travel whole on the first.
 	stripeMin = 64 << 10
+	// partMin is the smallest part of a split payload: a payload of n
+	// bytes uses n/partMin of the pair's connections if that is fewer.
+	// On a clean link parts of 32 KiB fill 16 connections with a 512 KiB
+	// message: more, smaller parts only cost CPU. Once the pair's first
+	// connection has lost more than 1 packet in lossyRatio, parts go down
+	// to lossyPartMin: every connection's window is small then, and a
+	// part that fits in one window needs no second round trip.
+	partMin      = 32 << 10
+	lossyPartMin = 16 << 10
 )
 
 func (o Options) withDefaults() Options {
@@ -150,6 +167,9 @@ func (o Options) quicConfig() *quic.Config {
 		MaxIncomingStreams:         1,
 		MaxIncomingUniStreams:      int64(transport.NumLanes),
 		RequireStreamCreditRelease: true,
+		// Datagrams are the tail probes of striped parts (see
+		// writePart); what arrives is read and dropped.
+		EnableDatagrams: true,
 	}
 }
 

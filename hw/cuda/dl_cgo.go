@@ -92,9 +92,9 @@ type Runtime struct {
 	path string
 	f    struct {
 		count, setDevice, getDevice, malloc, free, memcpy, attr, errstr, lastErr unsafe.Pointer
-		hostAlloc, freeHost, memcpyAsync                                       unsafe.Pointer
-		streamCreate, streamDestroy, streamSync, streamWait                    unsafe.Pointer
-		eventCreate, eventDestroy, eventRecord, eventQuery, eventSync           unsafe.Pointer
+		hostAlloc, freeHost, memcpyAsync                                         unsafe.Pointer
+		streamCreate, streamDestroy, streamSync, streamWait                      unsafe.Pointer
+		eventCreate, eventDestroy, eventRecord, eventQuery, eventSync            unsafe.Pointer
 	}
 }
 

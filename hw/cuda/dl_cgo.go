@@ -157,21 +157,21 @@ func Open(path string) (*Runtime, error) {
 }
 
 // InProcess returns the runtime the process uses already, without loading
-// one: $NEXAR_CUDART if set (loaded if need be: the operator named it), else
-// whichever of the usual names the process has loaded (a CUDA program, or
-// torch with CUDA, loads it at start). It returns nil and no error when the
-// process has no CUDA runtime: then no pointer it holds can be device memory.
-func InProcess() (*Runtime, error) {
-	if p := os.Getenv("NEXAR_CUDART"); p != "" {
-		return Default()
+// one: the library at override if it is not empty (loaded if need be: the
+// operator named it, e.g. through NEXAR_CUDART), else whichever of the usual
+// names the process has loaded (a CUDA program, or torch with CUDA, loads it
+// at start). It returns nil and no error when the process has no CUDA
+// runtime: then no pointer it holds can be device memory.
+func InProcess(override string) (*Runtime, error) {
+	if override != "" {
+		return Open(override)
 	}
 	for _, n := range libNames {
 		cn := C.CString(n)
 		h := C.nx_loaded(cn)
 		C.free(unsafe.Pointer(cn))
 		if h != nil {
-			C.dlclose(h) // nx_loaded took a reference
-			return Default()
+			return bind(h, n) // keeps the reference nx_loaded took
 		}
 	}
 	return nil, nil

@@ -16,7 +16,7 @@ func Default() (*Runtime, error) { return nil, errNoCgo }
 func Open(path string) (*Runtime, error) { return nil, errNoCgo }
 
 // InProcess reports no runtime: without cgo none can be reached.
-func InProcess() (*Runtime, error) { return nil, nil }
+func InProcess(override string) (*Runtime, error) { return nil, nil }
 
 // LibraryPath fails: a build without cgo cannot dlopen.
 func LibraryPath() (string, error) { return "", errNoCgo }

@@ -257,6 +257,20 @@ func (c *Call) Run(stream cuda.Stream, blocking bool, fn func() error) (err erro
 	return nil
 }
 
+// WaitStream waits (within WaitTimeout) for the work enqueued on stream so
+// far: a call on host buffers ordered after a caller's stream.
+func (s *Stager) WaitStream(stream cuda.Stream) error {
+	evs, err := s.getEvents(1)
+	if err != nil {
+		return err
+	}
+	defer s.putEvents(evs)
+	if err := s.rt.EventRecord(evs[0], stream); err != nil {
+		return fmt.Errorf("stage: recording an event on the caller's stream %#x: %w", uintptr(stream), err)
+	}
+	return s.wait(evs[0], "the caller's stream")
+}
+
 // returnNow gives the buffers back when nothing was enqueued for them.
 func (c *Call) returnNow() {
 	c.s.mu.Lock()

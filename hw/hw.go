@@ -16,6 +16,7 @@ import (
 	"fmt"
 
 	"github.com/nexar-go/nexar/hw/cuda"
+	"github.com/nexar-go/nexar/hw/cuda/stage"
 	"github.com/nexar-go/nexar/hw/nccl"
 	"github.com/nexar-go/nexar/hw/rdma"
 )
@@ -59,11 +60,11 @@ func probeRDMA() Status {
 
 func probeCUDA() Status {
 	if err := cuda.Available(); err != nil {
-		return Status{Name: "cuda", Detail: err.Error()}
+		return Status{Name: "cuda", Detail: err.Error() + "; " + stage.Verified}
 	}
 	n, _ := cuda.DeviceCount()
 	path, _ := cuda.LibraryPath()
-	return Status{Name: "cuda", OK: true, Detail: fmt.Sprintf("%d device(s), %s", n, path)}
+	return Status{Name: "cuda", OK: true, Detail: fmt.Sprintf("%d device(s), %s; %s", n, path, stage.Verified)}
 }
 
 func probeNCCL() Status {

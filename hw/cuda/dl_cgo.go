@@ -148,7 +148,9 @@ func Default() (*Runtime, error) { return load() }
 // references); the Runtime holds it for the life of the process.
 func Open(path string) (*Runtime, error) {
 	cn := C.CString(path)
-	h := C.dlopen(cn, C.RTLD_NOW|C.RTLD_GLOBAL)
+	// Local: its symbols must not interpose on another CUDA runtime the
+	// process has loaded globally.
+	h := C.dlopen(cn, C.RTLD_NOW|C.RTLD_LOCAL)
 	C.free(unsafe.Pointer(cn))
 	if h == nil {
 		return nil, fmt.Errorf("%w: %s: %s", ErrNoLibrary, path, dlerror())

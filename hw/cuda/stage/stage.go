@@ -37,6 +37,10 @@ import (
 	"github.com/nexar-go/nexar/hw/cuda"
 )
 
+// Verified says, for `nexar info`, where staging has been run: kept in step
+// with docs/device-memory.md.
+const Verified = "device-memory staging (C ABI, torch): tested against the fake CUDA runtime (tests/fakes/cudart) only, not yet run on a GPU"
+
 // Runtime is what staging needs of the CUDA runtime; *cuda.Runtime has it.
 type Runtime interface {
 	PointerType(p uintptr) (cuda.MemoryType, int, error)

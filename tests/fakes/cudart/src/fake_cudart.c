@@ -168,8 +168,10 @@ static cudaError_t release(void* p, int type) {
 
 cudaError_t cudaFree(void* devPtr) { return release(devPtr, typeDevice); }
 
-cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int flags) {
-    (void)flags;
+// Internal calls go to static functions, never to the exported names: a
+// process may have the real libcudart loaded globally (torch with CUDA),
+// whose symbols would interpose the fake's own calls through the PLT.
+static cudaError_t host_alloc(void** pHost, size_t size) {
     if (pHost == NULL) {
         return ret(cudaErrorInvalidValue);
     }
@@ -191,7 +193,12 @@ cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int flags) {
     return cudaSuccess;
 }
 
-cudaError_t cudaMallocHost(void** ptr, size_t size) { return cudaHostAlloc(ptr, size, 0); }
+cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int flags) {
+    (void)flags;
+    return host_alloc(pHost, size);
+}
+
+cudaError_t cudaMallocHost(void** ptr, size_t size) { return host_alloc(ptr, size); }
 
 cudaError_t cudaFreeHost(void* ptr) { return release(ptr, typeHost); }
 
@@ -434,8 +441,7 @@ static void drain(struct fstream* s) {
     pthread_mutex_unlock(&s->mu);
 }
 
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags) {
-    (void)flags;
+static cudaError_t stream_create(cudaStream_t* pStream) {
     if (pStream == NULL) {
         return ret(cudaErrorInvalidValue);
     }
@@ -443,7 +449,12 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags)
     return cudaSuccess;
 }
 
-cudaError_t cudaStreamCreate(cudaStream_t* pStream) { return cudaStreamCreateWithFlags(pStream, 0); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags) {
+    (void)flags;
+    return stream_create(pStream);
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* pStream) { return stream_create(pStream); }
 
 cudaError_t cudaStreamDestroy(cudaStream_t st) {
     struct fstream* s = stream(st);
@@ -462,7 +473,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t st) {
     return cudaSuccess;
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t st) {
+static cudaError_t stream_sync(cudaStream_t st) {
     struct fstream* s = stream(st);
     if (s == NULL) {
         return ret(cudaErrorInvalidResourceHandle);
@@ -470,6 +481,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t st) {
     drain(s);
     return cudaSuccess;
 }
+
+cudaError_t cudaStreamSynchronize(cudaStream_t st) { return stream_sync(st); }
 
 cudaError_t cudaStreamQuery(cudaStream_t st) {
     struct fstream* s = stream(st);
@@ -482,8 +495,7 @@ cudaError_t cudaStreamQuery(cudaStream_t st) {
     return idle ? cudaSuccess : cudaErrorNotReady;
 }
 
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
-    (void)flags;
+static cudaError_t event_create(cudaEvent_t* event) {
     if (event == NULL) {
         return ret(cudaErrorInvalidValue);
     }
@@ -493,7 +505,12 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
     return cudaSuccess;
 }
 
-cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+    (void)flags;
+    return event_create(event);
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) { return event_create(event); }
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
     if (event == NULL || event->magic != EVENT_MAGIC) {
@@ -597,7 +614,7 @@ static cudaError_t prepare(void* dst, const void* src, size_t n, int kind, char*
     return cudaErrorInvalidValue;
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, int kind, cudaStream_t st) {
+static cudaError_t memcpy_async(void* dst, const void* src, size_t count, int kind, cudaStream_t st) {
     struct fstream* s = stream(st);
     if (s == NULL) {
         return ret(cudaErrorInvalidResourceHandle);
@@ -619,12 +636,16 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, int kind, 
     return cudaSuccess;
 }
 
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, int kind, cudaStream_t st) {
+    return memcpy_async(dst, src, count, kind, st);
+}
+
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, int kind) {
-    cudaError_t e = cudaMemcpyAsync(dst, src, count, kind, NULL);
+    cudaError_t e = memcpy_async(dst, src, count, kind, NULL);
     if (e != cudaSuccess) {
         return e;
     }
-    return cudaStreamSynchronize(NULL);
+    return stream_sync(NULL);
 }
 
 cudaError_t cudaMemset(void* devPtr, int value, size_t count) {
@@ -633,7 +654,7 @@ cudaError_t cudaMemset(void* devPtr, int value, size_t count) {
     if (resolve(devPtr, count, &d, &isdev) != 0 || !isdev) {
         return ret(cudaErrorInvalidValue);
     }
-    cudaStreamSynchronize(NULL);
+    stream_sync(NULL);
     memset(d, value, count);
     return cudaSuccess;
 }

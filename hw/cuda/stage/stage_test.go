@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -20,34 +21,47 @@ import (
 	"github.com/nexar-go/nexar/tests/fakes/cudart"
 )
 
-// fakePath is the fake libcudart built for this test binary (TestMain).
-var fakePath string
+// fakePath is the fake libcudart built for this test binary, on first
+// need (so that the real-hardware test runs where no C compiler is).
+var (
+	fakeOnce sync.Once
+	fakePath string
+	fakeErr  error
+)
 
 func TestMain(m *testing.M) {
-	if p := os.Getenv("STAGE_TEST_FAKE"); p != "" {
-		fakePath = p // a child of TestHostReadOfDeviceMemoryCrashes
-		os.Exit(m.Run())
-	}
-	dir, err := os.MkdirTemp("", "nexar-fakecudart")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	fakePath, err = cudart.Build(dir)
-	if err != nil {
-		// Failing, not skipping: these tests are the only check of staging
-		// on this machine.
-		fmt.Fprintln(os.Stderr, "hw/cuda/stage: cannot build the fake CUDA runtime:", err)
-		os.Exit(1)
-	}
+	child := os.Getenv("STAGE_TEST_FAKE") // a child of TestHostReadOfDeviceMemoryCrashes
+	fakePath = child
 	code := m.Run()
-	os.RemoveAll(dir)
+	if fakePath != "" && child == "" {
+		os.RemoveAll(filepath.Dir(fakePath))
+	}
 	os.Exit(code)
+}
+
+// fakeLib returns the fake's path, building it once. Failing, not
+// skipping: these tests are the only check of staging without a GPU.
+func fakeLib(t testing.TB) string {
+	t.Helper()
+	fakeOnce.Do(func() {
+		if fakePath != "" {
+			return
+		}
+		// Not t.TempDir: the library stays loaded after this test.
+		var dir string
+		if dir, fakeErr = os.MkdirTemp("", "nexar-fakecudart"); fakeErr == nil {
+			fakePath, fakeErr = cudart.Build(dir)
+		}
+	})
+	if fakeErr != nil {
+		t.Fatalf("cannot build the fake CUDA runtime: %v", fakeErr)
+	}
+	return fakePath
 }
 
 func fake(t testing.TB) *cuda.Runtime {
 	t.Helper()
-	rt, err := cuda.Open(fakePath)
+	rt, err := cuda.Open(fakeLib(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +343,7 @@ func TestWaitsForCallersStream(t *testing.T) {
 	t.Cleanup(func() { st.Close() })
 	s := newStream(t, rt)
 	d := newDev(t, rt, 64)
-	g, err := cudart.NewGate(fakePath, uintptr(s))
+	g, err := cudart.NewGate(fakeLib(t), uintptr(s))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,7 +395,7 @@ func TestCompletionChainedToCallersStream(t *testing.T) {
 			st.mu.Lock()
 			lib := st.streams[0]
 			st.mu.Unlock()
-			g, err = cudart.NewGate(fakePath, uintptr(lib))
+			g, err = cudart.NewGate(fakeLib(t), uintptr(lib))
 			if err == nil {
 				t.Cleanup(g.Open)
 			}
@@ -477,7 +491,7 @@ func TestHostReadOfDeviceMemoryCrashes(t *testing.T) {
 		os.Exit(0)
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHostReadOfDeviceMemoryCrashes$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "STAGE_TEST_CRASH=1", "STAGE_TEST_FAKE="+fakePath)
+	cmd.Env = append(os.Environ(), "STAGE_TEST_CRASH=1", "STAGE_TEST_FAKE="+fakeLib(t))
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) {

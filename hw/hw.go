@@ -1,7 +1,8 @@
 // Package hw gathers nexar's optional hardware backends and reports which of
 // them this process can use.
 //
-// hw/ is the only place besides capi/ that imports "C". Each backend has a
+// hw/ is the only place besides capi/ (and the test helper tests/fakes/cudart)
+// that imports "C". Each backend has a
 // stub, so the module builds and its tests pass with no GPU, no RDMA NIC and
 // no CUDA installed:
 //

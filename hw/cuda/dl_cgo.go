@@ -233,6 +233,15 @@ func (l *Runtime) SetDevice(dev int) error {
 	return l.check("cudaSetDevice", C.nx_setdev(l.f.setDevice, C.int(dev)))
 }
 
+// GetDevice returns the calling OS thread's current device.
+func (l *Runtime) GetDevice() (int, error) {
+	var d C.int
+	if err := l.check("cudaGetDevice", C.nx_int(l.f.getDevice, &d)); err != nil {
+		return -1, err
+	}
+	return int(d), nil
+}
+
 // Malloc allocates n bytes of device memory.
 func (l *Runtime) Malloc(n int) (DevicePtr, error) {
 	var p C.uintptr_t

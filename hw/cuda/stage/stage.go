@@ -44,6 +44,7 @@ const Verified = "device-memory staging (C ABI, torch): tested against the fake 
 // Runtime is what staging needs of the CUDA runtime; *cuda.Runtime has it.
 type Runtime interface {
 	PointerType(p uintptr) (cuda.MemoryType, int, error)
+	GetDevice() (int, error)
 	SetDevice(dev int) error
 	MallocHost(n int) ([]byte, error)
 	FreeHost(b []byte) error
@@ -186,12 +187,22 @@ func (c *Call) Run(stream cuda.Stream, blocking bool, fn func() error) (err erro
 	if len(c.bufs) == 0 {
 		return fn()
 	}
-	// Device selection is per OS thread in CUDA.
+	// Device selection is per OS thread in CUDA, and this thread may be
+	// the application's (a call from C runs Go on the caller's thread):
+	// its current device is put back after the call.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	if err := s.rt.SetDevice(c.dev); err != nil {
+	prev, err := s.rt.GetDevice()
+	if err != nil {
 		c.returnNow()
-		return fmt.Errorf("stage: cudaSetDevice(%d): %w", c.dev, err)
+		return fmt.Errorf("stage: cudaGetDevice: %w", err)
+	}
+	if prev != c.dev {
+		if err := s.rt.SetDevice(c.dev); err != nil {
+			c.returnNow()
+			return fmt.Errorf("stage: cudaSetDevice(%d): %w", c.dev, err)
+		}
+		defer s.rt.SetDevice(prev)
 	}
 	lib, err := s.stream(c.dev)
 	if err != nil {

@@ -113,6 +113,18 @@ int main(void) {
                (long long)want[i]);
     }
 
+    /* Host buffers on a stream: the call waits for the copy into them that
+     * is queued on the stream (early, it would see the fake's 0xA5). */
+    int64_t* hb;
+    CU(cudaMallocHost((void**)&hb, count * sizeof *hb));
+    CU(cudaMemcpyAsync(hb, send, count * sizeof *hb, D2H, s));
+    CK(nexar_allreduce_stream(hb, hb, count, NEXAR_INT64, NEXAR_SUM, c, s));
+    for (size_t i = 0; i < count; i++) {
+        EXPECT(hb[i] == want[i], "allreduce_stream of host memory [%zu] = %lld, want %lld", i,
+               (long long)hb[i], (long long)want[i]);
+    }
+    CU(cudaFreeHost(hb));
+
     void* bc = dev_of(r == 0 ? in : NULL, count);
     CK(nexar_broadcast_stream(bc, count, NEXAR_INT64, 0, c, s));
     CU(cudaStreamSynchronize(s));

@@ -72,7 +72,7 @@ func (d *devMem) reason() string {
 	return d.why
 }
 
-// Device use of one call. devOK: the entry point stages device buffers
+// devCall is the device use of one call. ok: the entry point stages device buffers
 // (blocking calls and the _stream variants); the others refuse them.
 type devCall struct {
 	ok     bool

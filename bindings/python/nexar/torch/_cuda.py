@@ -54,10 +54,15 @@ class CudaOps:
 
 
 def is_cuda(tensors) -> bool:
-    """Whether the call's tensors are CUDA tensors (all of them must be)."""
-    kinds = {t.device.type for t in tensors}
-    if "cuda" not in kinds:
+    """Whether the call's tensors are CUDA tensors (all of them must be).
+    One attribute read for the common single CPU tensor: this is on the
+    8-byte all_reduce fast path."""
+    if len(tensors) == 1:
+        if not tensors[0].is_cuda:
+            return False
+    elif not any(t.is_cuda for t in tensors):
         return False
+    kinds = {t.device.type for t in tensors}
     if kinds != {"cuda"} or len({t.device for t in tensors}) != 1:
         raise ValueError(f"nexar: a call's tensors must all be on one CUDA device, got {sorted(str(t.device) for t in tensors)}")
     return True

@@ -57,6 +57,8 @@ class FakeOps:
 class FakeCudaTensor:
     """What the backend reads of a CUDA tensor, over fake device memory."""
 
+    is_cuda = True
+
     def __init__(self, n, dtype=torch.float32, contiguous=True):
         self.device = torch.device("cuda", 0)
         self.dtype = dtype

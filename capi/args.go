@@ -22,6 +22,7 @@ type args struct {
 	fn   string
 	code C.int
 	msg  string
+	dev  devCall // device buffers of the call (capi/devmem.go)
 }
 
 func (a *args) ok() bool { return a.code == resSuccess }
@@ -32,8 +33,14 @@ func (a *args) failf(code C.int, format string, v ...any) {
 	}
 }
 
-// fail reports the recorded failure as the call's result.
-func (a *args) fail() C.int { return fail(a.fn, a.code, "%s", a.msg) }
+// fail reports the recorded failure as the call's result (returning any
+// staging buffers lent to the call).
+func (a *args) fail() C.int {
+	if a.dev.call != nil {
+		a.dev.call.Release()
+	}
+	return fail(a.fn, a.code, "%s", a.msg)
+}
 
 // comm returns the communicator handle h stands for now: the one it was
 // made with or, under the shrink policy, the survivors' communicator that
@@ -109,19 +116,11 @@ func (a *args) bytes(name string, count C.size_t, mult int, dt collective.DType)
 }
 
 // buf wraps n bytes of C memory at p. Empty buffers are a non-nil empty
-// slice, because nil means "in place" to core.
+// slice, because nil means "in place" to core. Device memory is refused, or
+// staged where the entry point allows it (dbuf, capi/devmem.go): a
+// "sendbuf" is only read, any other buffer is read and written.
 func (a *args) buf(name string, p unsafe.Pointer, n int) []byte {
-	if !a.ok() {
-		return nil
-	}
-	if n == 0 {
-		return []byte{}
-	}
-	if p == nil {
-		a.failf(resInvalidArgument, "%s is NULL but must hold %d bytes", name, n)
-		return nil
-	}
-	return unsafe.Slice((*byte)(p), n)
+	return a.dbuf(name, p, n, true, name != "sendbuf")
 }
 
 // rank checks that r names a member of a world of size n.

@@ -22,6 +22,18 @@ type reduceArgs struct {
 	dt         collective.DType
 	op         collective.Op
 	root       int
+	asideLen   int // reduce-scatter in place: recv's result length, input to copy aside
+}
+
+// aside copies an in-place reduce-scatter's input aside (see
+// prepReduceScatter), when the call runs: a staged device buffer holds its
+// data only then.
+func (x *reduceArgs) aside() {
+	if x.asideLen > 0 {
+		x.send = append([]byte{}, x.recv...)
+		x.recv = x.recv[:x.asideLen:x.asideLen]
+		x.asideLen = 0
+	}
 }
 
 // prepElementwise serves allreduce, scan and exscan (and reduce with
@@ -56,11 +68,12 @@ func nxgo_allreduce(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.in
 	const fn = "nexar_allreduce"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
+	a.allowDevice(false, nil)
 	x := prepElementwise(&a, sendbuf, recvbuf, count, dt, op, 0, false, comm)
 	if !a.ok() {
 		return a.fail()
 	}
-	return result(fn, x.c.Allreduce(bg, x.send, x.recv, x.dt, x.op))
+	return a.run(func() error { return x.c.Allreduce(bg, x.send, x.recv, x.dt, x.op) })
 }
 
 //export nxgo_iallreduce
@@ -82,11 +95,12 @@ func nxgo_reduce(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, 
 	const fn = "nexar_reduce"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
+	a.allowDevice(false, nil)
 	x := prepElementwise(&a, sendbuf, recvbuf, count, dt, op, root, true, comm)
 	if !a.ok() {
 		return a.fail()
 	}
-	return result(fn, x.c.Reduce(bg, x.send, x.recv, x.dt, x.op, x.root))
+	return a.run(func() error { return x.c.Reduce(bg, x.send, x.recv, x.dt, x.op, x.root) })
 }
 
 //export nxgo_ireduce
@@ -108,11 +122,12 @@ func nxgo_scan(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, co
 	const fn = "nexar_scan"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
+	a.allowDevice(false, nil)
 	x := prepElementwise(&a, sendbuf, recvbuf, count, dt, op, 0, false, comm)
 	if !a.ok() {
 		return a.fail()
 	}
-	return result(fn, x.c.Scan(bg, x.send, x.recv, x.dt, x.op))
+	return a.run(func() error { return x.c.Scan(bg, x.send, x.recv, x.dt, x.op) })
 }
 
 //export nxgo_exscan
@@ -120,11 +135,12 @@ func nxgo_exscan(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, 
 	const fn = "nexar_exscan"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
+	a.allowDevice(false, nil)
 	x := prepElementwise(&a, sendbuf, recvbuf, count, dt, op, 0, false, comm)
 	if !a.ok() {
 		return a.fail()
 	}
-	return result(fn, x.c.Exscan(bg, x.send, x.recv, x.dt, x.op))
+	return a.run(func() error { return x.c.Exscan(bg, x.send, x.recv, x.dt, x.op) })
 }
 
 //export nxgo_iscan
@@ -170,11 +186,12 @@ func nxgo_broadcast(buf unsafe.Pointer, count C.size_t, dt, root C.int, comm C.u
 	const fn = "nexar_broadcast"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
+	a.allowDevice(false, nil)
 	c, b, t, rt := prepBroadcast(&a, buf, count, dt, root, comm)
 	if !a.ok() {
 		return a.fail()
 	}
-	return result(fn, c.Broadcast(bg, b, t, rt))
+	return a.run(func() error { return c.Broadcast(bg, b, t, rt) })
 }
 
 //export nxgo_ibroadcast
@@ -224,11 +241,12 @@ func nxgo_allgather(sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, dt C.in
 	const fn = "nexar_allgather"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
+	a.allowDevice(false, nil)
 	x := prepGatherLike(&a, sendbuf, recvbuf, sendcount, dt, comm, false)
 	if !a.ok() {
 		return a.fail()
 	}
-	return result(fn, x.c.Allgather(bg, x.send, x.recv, x.dt))
+	return a.run(func() error { return x.c.Allgather(bg, x.send, x.recv, x.dt) })
 }
 
 //export nxgo_iallgather
@@ -250,11 +268,12 @@ func nxgo_alltoall(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt C.int, co
 	const fn = "nexar_alltoall"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
+	a.allowDevice(false, nil)
 	x := prepGatherLike(&a, sendbuf, recvbuf, count, dt, comm, true)
 	if !a.ok() {
 		return a.fail()
 	}
-	return result(fn, x.c.Alltoall(bg, x.send, x.recv, x.dt))
+	return a.run(func() error { return x.c.Alltoall(bg, x.send, x.recv, x.dt) })
 }
 
 //export nxgo_ialltoall
@@ -285,12 +304,11 @@ func prepReduceScatter(a *args, sendbuf, recvbuf unsafe.Pointer, count C.size_t,
 	ns := a.bytes("recvcount", count, x.c.Size(), x.dt)
 	nr := a.bytes("recvcount", count, 1, x.dt)
 	if same(sendbuf, recvbuf) {
-		b := a.buf("recvbuf", recvbuf, ns)
-		if !a.ok() {
-			return x
+		x.recv = a.buf("recvbuf", recvbuf, ns)
+		x.asideLen = nr
+		if nr == 0 {
+			x.send, x.recv = []byte{}, []byte{}
 		}
-		x.send = append([]byte{}, b...)
-		x.recv = b[:nr:nr]
 		return x
 	}
 	x.send = a.buf("sendbuf", sendbuf, ns)
@@ -303,11 +321,12 @@ func nxgo_reduce_scatter(sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, dt
 	const fn = "nexar_reduce_scatter"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
+	a.allowDevice(false, nil)
 	x := prepReduceScatter(&a, sendbuf, recvbuf, recvcount, dt, op, comm)
 	if !a.ok() {
 		return a.fail()
 	}
-	return result(fn, x.c.ReduceScatter(bg, x.send, x.recv, x.dt, x.op))
+	return a.run(func() error { x.aside(); return x.c.ReduceScatter(bg, x.send, x.recv, x.dt, x.op) })
 }
 
 //export nxgo_ireduce_scatter
@@ -320,6 +339,7 @@ func nxgo_ireduce_scatter(sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, d
 	if !a.ok() {
 		return a.fail()
 	}
+	x.aside()
 	*req = newRequest(&request{r: x.c.IReduceScatter(x.send, x.recv, x.dt, x.op)})
 	return resSuccess
 }
@@ -363,11 +383,12 @@ func nxgo_gather(sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, dt, root C
 	const fn = "nexar_gather"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
+	a.allowDevice(false, nil)
 	x := prepGather(&a, sendbuf, recvbuf, sendcount, dt, root, comm)
 	if !a.ok() {
 		return a.fail()
 	}
-	return result(fn, x.c.Gather(bg, x.send, x.recv, x.dt, x.root))
+	return a.run(func() error { return x.c.Gather(bg, x.send, x.recv, x.dt, x.root) })
 }
 
 //export nxgo_igather
@@ -411,11 +432,12 @@ func nxgo_scatter(sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, dt, root 
 	const fn = "nexar_scatter"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
+	a.allowDevice(false, nil)
 	x := prepScatter(&a, sendbuf, recvbuf, recvcount, dt, root, comm)
 	if !a.ok() {
 		return a.fail()
 	}
-	return result(fn, x.c.Scatter(bg, x.send, x.recv, x.dt, x.root))
+	return a.run(func() error { return x.c.Scatter(bg, x.send, x.recv, x.dt, x.root) })
 }
 
 //export nxgo_iscatter
@@ -456,11 +478,12 @@ func nxgo_allgatherv(sendbuf unsafe.Pointer, sendcount C.size_t, recvbuf unsafe.
 	const fn = "nexar_allgatherv"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
+	a.allowDevice(false, nil)
 	x := prepAllgatherv(&a, sendbuf, sendcount, recvbuf, recvcounts, displs, dt, comm)
 	if !a.ok() {
 		return a.fail()
 	}
-	return result(fn, x.c.Allgatherv(bg, x.send, x.recv, x.counts, x.displs, x.dt))
+	return a.run(func() error { return x.c.Allgatherv(bg, x.send, x.recv, x.counts, x.displs, x.dt) })
 }
 
 //export nxgo_iallgatherv
@@ -506,11 +529,12 @@ func nxgo_gatherv(sendbuf unsafe.Pointer, sendcount C.size_t, recvbuf unsafe.Poi
 	const fn = "nexar_gatherv"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
+	a.allowDevice(false, nil)
 	x := prepGatherv(&a, sendbuf, sendcount, recvbuf, recvcounts, displs, dt, root, comm)
 	if !a.ok() {
 		return a.fail()
 	}
-	return result(fn, x.c.Gatherv(bg, x.send, x.recv, x.counts, x.displs, x.dt, x.root))
+	return a.run(func() error { return x.c.Gatherv(bg, x.send, x.recv, x.counts, x.displs, x.dt, x.root) })
 }
 
 //export nxgo_igatherv
@@ -556,11 +580,12 @@ func nxgo_scatterv(sendbuf unsafe.Pointer, sendcounts, displs *C.size_t, recvbuf
 	const fn = "nexar_scatterv"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
+	a.allowDevice(false, nil)
 	x := prepScatterv(&a, sendbuf, sendcounts, displs, recvbuf, recvcount, dt, root, comm)
 	if !a.ok() {
 		return a.fail()
 	}
-	return result(fn, x.c.Scatterv(bg, x.send, x.counts, x.displs, x.recv, x.dt, x.root))
+	return a.run(func() error { return x.c.Scatterv(bg, x.send, x.counts, x.displs, x.recv, x.dt, x.root) })
 }
 
 //export nxgo_iscatterv
@@ -601,11 +626,12 @@ func nxgo_alltoallv(sendbuf unsafe.Pointer, sendcounts, sdispls *C.size_t, recvb
 	const fn = "nexar_alltoallv"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
+	a.allowDevice(false, nil)
 	x := prepAlltoallv(&a, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dt, comm)
 	if !a.ok() {
 		return a.fail()
 	}
-	return result(fn, x.c.Alltoallv(bg, x.send, x.counts, x.displs, x.recv, x.rcounts, x.rdispls, x.dt))
+	return a.run(func() error { return x.c.Alltoallv(bg, x.send, x.counts, x.displs, x.recv, x.rcounts, x.rdispls, x.dt) })
 }
 
 //export nxgo_ialltoallv

@@ -85,6 +85,7 @@ func newComm(fn string, cfg core.Config, out *C.uintptr_t) C.int {
 		return result(fn, err)
 	}
 	*out = C.uintptr_t(comms.add(c))
+	devices.probe()
 	return resSuccess
 }
 
@@ -164,6 +165,7 @@ func nxgo_comm_split(comm C.uintptr_t, color, key C.int, newcomm *C.uintptr_t) (
 	}
 	if nc != nil {
 		*newcomm = C.uintptr_t(comms.add(nc))
+		devices.probe()
 	}
 	return resSuccess
 }

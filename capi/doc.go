@@ -23,7 +23,11 @@
 //     NEXAR_ERR_INVALID_HANDLE.
 //   - Buffers are C memory wrapped with unsafe.Slice for the duration of the
 //     operation, never copied and never retained by C code, so the cgo
-//     pointer rules hold: no Go pointer is ever handed to C.
+//     pointer rules hold: no Go pointer is ever handed to C. CUDA device
+//     pointers are the exception (devmem.go): detected in args.buf once a
+//     CUDA runtime is in the process, they are staged through pinned host
+//     buffers by hw/cuda/stage, or refused by the entry points that do not
+//     stage; a device pointer is never dereferenced.
 //   - core errors map to nexar_result_t in one table (errors.go).
 //   - The last error is a C11 _Thread_local buffer (lasterror.c): a C→Go
 //     call runs on the caller's OS thread for its whole duration, so a C

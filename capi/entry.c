@@ -519,3 +519,45 @@ nexar_result_t nexar_comm_get_stats(nexar_comm_t comm, nexar_stats_t* stats) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_comm_get_stats((uintptr_t)comm, (void*)stats);
 }
+
+nexar_result_t nexar_allreduce_stream(const void* sendbuf, void* recvbuf, size_t count,
+                                      nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm,
+                                      void* stream) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_allreduce_stream((void*)sendbuf, recvbuf, count, dt, op,
+        (uintptr_t)comm, stream);
+}
+
+nexar_result_t nexar_broadcast_stream(void* buf, size_t count, nexar_datatype_t dt, int root,
+                                      nexar_comm_t comm, void* stream) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_broadcast_stream(buf, count, dt, root, (uintptr_t)comm, stream);
+}
+
+nexar_result_t nexar_allgather_stream(const void* sendbuf, void* recvbuf, size_t sendcount,
+                                      nexar_datatype_t dt, nexar_comm_t comm, void* stream) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_allgather_stream((void*)sendbuf, recvbuf, sendcount, dt,
+        (uintptr_t)comm, stream);
+}
+
+nexar_result_t nexar_reduce_scatter_stream(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                           nexar_datatype_t dt, nexar_op_t op,
+                                           nexar_comm_t comm, void* stream) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_reduce_scatter_stream((void*)sendbuf, recvbuf, recvcount, dt, op,
+        (uintptr_t)comm, stream);
+}
+
+nexar_result_t nexar_send_stream(const void* buf, size_t count, nexar_datatype_t dt, int peer,
+                                 uint64_t tag, nexar_comm_t comm, void* stream) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_send_stream((void*)buf, count, dt, peer, tag, (uintptr_t)comm,
+        stream);
+}
+
+nexar_result_t nexar_recv_stream(void* buf, size_t count, nexar_datatype_t dt, int peer,
+                                 uint64_t tag, nexar_comm_t comm, void* stream) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_recv_stream(buf, count, dt, peer, tag, (uintptr_t)comm, stream);
+}

@@ -5,16 +5,25 @@ package main
 */
 import "C"
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"github.com/nexar-go/nexar/core"
+)
 
 //export nxgo_send
 func nxgo_send(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_send"
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
+	a.allowDevice(false, nil)
+	return send(&a, buf, count, dt, peer, tag, comm)
+}
+
+func send(a *args, buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t) C.int {
 	c := a.comm(comm)
 	t := a.dtype(dt)
-	b := a.buf("buf", buf, a.bytes("count", count, 1, t))
+	b := a.dbuf("buf", buf, a.bytes("count", count, 1, t), true, false)
 	if !a.ok() {
 		return a.fail()
 	}
@@ -22,28 +31,32 @@ func nxgo_send(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.u
 	if !a.ok() {
 		return a.fail()
 	}
-	return result(fn, c.Send(bg, b, p, uint64(tag)))
+	return a.run(func() error { return c.Send(bg, b, p, uint64(tag)) })
 }
 
 //export nxgo_recv
 func nxgo_recv(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t) (r C.int) {
 	const fn = "nexar_recv"
 	defer recoverToResult(fn, &r)
-	return recv(fn, buf, count, dt, peer, tag, comm, nil)
+	a := args{fn: fn}
+	a.allowDevice(false, nil)
+	return recv(&a, buf, count, dt, peer, tag, comm, nil)
 }
 
 //export nxgo_recv_status
 func nxgo_recv_status(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t, status unsafe.Pointer) (r C.int) {
 	const fn = "nexar_recv_status"
 	defer recoverToResult(fn, &r)
-	return recv(fn, buf, count, dt, peer, tag, comm, status)
+	a := args{fn: fn}
+	a.allowDevice(false, nil)
+	return recv(&a, buf, count, dt, peer, tag, comm, status)
 }
 
-func recv(fn string, buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t, status unsafe.Pointer) C.int {
-	a := args{fn: fn}
+func recv(a *args, buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t, status unsafe.Pointer) C.int {
 	c := a.comm(comm)
 	t := a.dtype(dt)
-	b := a.buf("buf", buf, a.bytes("count", count, 1, t))
+	// Read as well as written: a shorter message leaves the tail as it was.
+	b := a.dbuf("buf", buf, a.bytes("count", count, 1, t), true, true)
 	if !a.ok() {
 		return a.fail()
 	}
@@ -51,9 +64,9 @@ func recv(fn string, buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, t
 	if !a.ok() {
 		return a.fail()
 	}
-	st, err := c.Recv(bg, b, p, uint64(tag))
-	if err != nil {
-		return result(fn, err)
+	var st core.Status
+	if r := a.run(func() (err error) { st, err = c.Recv(bg, b, p, uint64(tag)); return err }); r != resSuccess {
+		return r
 	}
 	writeStatus(status, st, t.Size())
 	return resSuccess

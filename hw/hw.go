@@ -1,7 +1,8 @@
 // Package hw gathers nexar's optional hardware backends and reports which of
 // them this process can use.
 //
-// hw/ is the only place besides capi/ that imports "C". Each backend has a
+// hw/ is the only place besides capi/ (and the test helper tests/fakes/cudart)
+// that imports "C". Each backend has a
 // stub, so the module builds and its tests pass with no GPU, no RDMA NIC and
 // no CUDA installed:
 //
@@ -16,6 +17,7 @@ import (
 	"fmt"
 
 	"github.com/nexar-go/nexar/hw/cuda"
+	"github.com/nexar-go/nexar/hw/cuda/stage"
 	"github.com/nexar-go/nexar/hw/nccl"
 	"github.com/nexar-go/nexar/hw/rdma"
 )
@@ -59,11 +61,11 @@ func probeRDMA() Status {
 
 func probeCUDA() Status {
 	if err := cuda.Available(); err != nil {
-		return Status{Name: "cuda", Detail: err.Error()}
+		return Status{Name: "cuda", Detail: err.Error() + "; " + stage.Verified}
 	}
 	n, _ := cuda.DeviceCount()
 	path, _ := cuda.LibraryPath()
-	return Status{Name: "cuda", OK: true, Detail: fmt.Sprintf("%d device(s), %s", n, path)}
+	return Status{Name: "cuda", OK: true, Detail: fmt.Sprintf("%d device(s), %s; %s", n, path, stage.Verified)}
 }
 
 func probeNCCL() Status {

@@ -795,6 +795,68 @@ nexar_result_t nexar_allreduce_compressed(void* buf, void* residual, size_t coun
                                           double ratio, uint64_t seed, nexar_comm_t comm);
 
 /* ------------------------------------------------------------------------
+ * CUDA device memory and streams (docs/device-memory.md)
+ *
+ * The blocking collectives (all of those above except the bucketed and
+ * compressed allreduce), nexar_send, nexar_recv and nexar_recv_status take
+ * CUDA device pointers as well as host pointers: each buffer is checked
+ * with cudaPointerGetAttributes, and device memory is staged through
+ * page-locked host buffers (copied in after the work already on the legacy
+ * default stream, the call run on the host, the results copied back before
+ * the call returns). The library never dereferences a device pointer. The
+ * non-blocking forms, nexar_allreduce_multi and nexar_allreduce_compressed
+ * refuse device memory with NEXAR_ERR_INVALID_ARGUMENT naming the argument.
+ *
+ * Device memory is recognised when the process had a CUDA runtime loaded
+ * (or named one in the NEXAR_CUDART environment variable) and saw a device
+ * when a communicator was created; otherwise every pointer is taken as host
+ * memory at the cost of one atomic load per call. Managed memory
+ * (cudaMallocManaged) is taken as host memory.
+ *
+ * The _stream variants take the arguments of the blocking form and then
+ * stream, a cudaStream_t (NULL: the legacy default stream). The call is
+ * ordered after the work enqueued on stream before it; it returns once the
+ * host part of the operation is done, and the copies of device results
+ * back go on the library's own stream, which stream is made to wait for
+ * (cudaStreamWaitEvent): work enqueued on stream after the call sees the
+ * results, the host must synchronize stream before reading them. Host
+ * buffers are complete when the call returns. Errors as the blocking form;
+ * NEXAR_ERR_INVALID_ARGUMENT also for a non-NULL stream in a process where
+ * CUDA is not usable (the message says why); NEXAR_ERR_TIMEOUT when work
+ * on stream did not reach the call within 5 minutes; NEXAR_ERR_UNAVAILABLE
+ * for a CUDA runtime error (the message names the CUDA call). A device
+ * buffer of a _stream call that fails in the host part keeps its contents.
+ * Thread-safety: as the blocking forms.
+ * --------------------------------------------------------------------- */
+
+/* nexar_allreduce_stream: nexar_allreduce ordered on stream. */
+nexar_result_t nexar_allreduce_stream(const void* sendbuf, void* recvbuf, size_t count,
+                                      nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm,
+                                      void* stream);
+
+/* nexar_broadcast_stream: nexar_broadcast ordered on stream. */
+nexar_result_t nexar_broadcast_stream(void* buf, size_t count, nexar_datatype_t dt, int root,
+                                      nexar_comm_t comm, void* stream);
+
+/* nexar_allgather_stream: nexar_allgather ordered on stream. */
+nexar_result_t nexar_allgather_stream(const void* sendbuf, void* recvbuf, size_t sendcount,
+                                      nexar_datatype_t dt, nexar_comm_t comm, void* stream);
+
+/* nexar_reduce_scatter_stream: nexar_reduce_scatter ordered on stream. */
+nexar_result_t nexar_reduce_scatter_stream(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                           nexar_datatype_t dt, nexar_op_t op,
+                                           nexar_comm_t comm, void* stream);
+
+/* nexar_send_stream: nexar_send of buf as stream has it when the work
+ * enqueued before the call is done. */
+nexar_result_t nexar_send_stream(const void* buf, size_t count, nexar_datatype_t dt, int peer,
+                                 uint64_t tag, nexar_comm_t comm, void* stream);
+
+/* nexar_recv_stream: nexar_recv whose result reaches buf in stream order. */
+nexar_result_t nexar_recv_stream(void* buf, size_t count, nexar_datatype_t dt, int peer,
+                                 uint64_t tag, nexar_comm_t comm, void* stream);
+
+/* ------------------------------------------------------------------------
  * Non-blocking operations
  *
  * Each takes the arguments of its blocking form, then req (out, non-NULL),

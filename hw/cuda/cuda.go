@@ -2,15 +2,19 @@
 // time with dlopen so that nexar builds and runs with no CUDA installed.
 //
 // Only what a collective library needs is bound: the device count, device
-// memory allocation, copies, and cudaPointerGetAttributes to tell device
-// pointers from host ones. No CUDA header is needed to build: the few
+// and page-locked host memory, synchronous and stream-ordered copies,
+// streams and events, and cudaPointerGetAttributes to tell device pointers
+// from host ones (hw/cuda/stage builds staging on these). No CUDA header is needed to build: the few
 // function types are declared here. The library is looked up as
 // $NEXAR_CUDART, then libcudart.so, libcudart.so.13, .12 and .11.0 on the
 // dynamic linker's path.
 //
+// A Runtime is one loaded library (Default: the process-wide one, loaded
+// once on first use; Open: a given path; InProcess: the one the process has
+// loaded already, if any). The package-level functions use Default.
 // Device pointers are carried as DevicePtr (a uintptr), never as Go
 // pointers. All functions are safe for concurrent use (the CUDA runtime is
-// thread-safe); the library is loaded once, on first use.
+// thread-safe).
 package cuda
 
 import (
@@ -59,8 +63,27 @@ var ErrNoDevice = errors.New("hw/cuda: no CUDA device")
 // libNames is the dlopen search order after $NEXAR_CUDART.
 var libNames = []string{"libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"}
 
-// memcpyDefault is cudaMemcpyDefault: unified addressing infers the direction.
-const memcpyDefault = 4
+// MemcpyKind is cudaMemcpyKind: the direction of a copy.
+type MemcpyKind int
+
+// Values of cudaMemcpyKind.
+const (
+	MemcpyHostToHost     MemcpyKind = 0
+	MemcpyHostToDevice   MemcpyKind = 1
+	MemcpyDeviceToHost   MemcpyKind = 2
+	MemcpyDeviceToDevice MemcpyKind = 3
+	MemcpyDefault        MemcpyKind = 4 // unified addressing infers the direction
+)
+
+// Stream is a cudaStream_t, carried opaquely. Zero is the legacy default
+// stream.
+type Stream uintptr
+
+// Event is a cudaEvent_t, carried opaquely.
+type Event uintptr
+
+// errNotReady is cudaErrorNotReady: an event or stream with work pending.
+const errNotReady = 600
 
 // Error is a CUDA runtime error code with its message.
 type Error struct {

@@ -6,6 +6,18 @@ import "fmt"
 
 var errNoCgo = fmt.Errorf("%w (built without cgo)", ErrNoLibrary)
 
+// Runtime cannot be loaded without cgo; no value of it exists.
+type Runtime struct{}
+
+// Default fails: a build without cgo cannot dlopen.
+func Default() (*Runtime, error) { return nil, errNoCgo }
+
+// Open fails: a build without cgo cannot dlopen.
+func Open(path string) (*Runtime, error) { return nil, errNoCgo }
+
+// InProcess reports no runtime: without cgo none can be reached.
+func InProcess(override string) (*Runtime, error) { return nil, nil }
+
 // LibraryPath fails: a build without cgo cannot dlopen.
 func LibraryPath() (string, error) { return "", errNoCgo }
 

@@ -49,6 +49,14 @@ int main(void) {
     EXPECT(ma == NEXAR_VERSION_MAJOR && mi == NEXAR_VERSION_MINOR && pa == NEXAR_VERSION_PATCH,
            "version %d.%d.%d", ma, mi, pa);
 
+    /* A CUDA stream where no CUDA runtime is loaded (this test runs
+     * without NEXAR_CUDART): refused, saying why. A NULL stream is a
+     * host call. */
+    BAD(nexar_allreduce_stream(f, g, 4, NEXAR_FLOAT32, NEXAR_SUM, c, (void*)f), ARG,
+        "nexar_allreduce_stream", "CUDA is not usable");
+    BAD(nexar_recv_stream(g, 4, NEXAR_FLOAT32, 0, 0, c, (void*)f), ARG, "nexar_recv_stream",
+        "stream");
+
     /* NULL buffers with a non-zero count */
     BAD(nexar_allreduce(NULL, g, 4, NEXAR_FLOAT32, NEXAR_SUM, c), ARG, "nexar_allreduce", "sendbuf");
     BAD(nexar_allreduce(f, NULL, 4, NEXAR_FLOAT32, NEXAR_SUM, c), ARG, "nexar_allreduce", "recvbuf");

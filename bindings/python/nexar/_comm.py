@@ -982,6 +982,27 @@ class RawComm:
     def allreduce(self, send: int, recv: int, count: int, dtype, op):
         _lib.allreduce(send, recv, count, int(dtype), int(op), self._comm._check())
 
+    # The _stream variants (nexar.h): ordered on a CUDA stream (a
+    # cudaStream_t as an integer, 0 for the legacy default stream); device
+    # pointers' results reach them in stream order.
+    def allreduce_stream(self, send: int, recv: int, count: int, dtype, op, stream: int):
+        _lib.allreduce_stream(send, recv, count, int(dtype), int(op), self._comm._check(), stream)
+
+    def broadcast_stream(self, buf: int, count: int, dtype, root: int, stream: int):
+        _lib.broadcast_stream(buf, count, int(dtype), root, self._comm._check(), stream)
+
+    def allgather_stream(self, send: int, recv: int, count: int, dtype, stream: int):
+        _lib.allgather_stream(send, recv, count, int(dtype), self._comm._check(), stream)
+
+    def reduce_scatter_stream(self, send: int, recv: int, recvcount: int, dtype, op, stream: int):
+        _lib.reduce_scatter_stream(send, recv, recvcount, int(dtype), int(op), self._comm._check(), stream)
+
+    def send_stream(self, buf: int, count: int, dtype, peer: int, tag: int, stream: int):
+        _lib.send_stream(buf, count, int(dtype), peer, tag, self._comm._check(), stream)
+
+    def recv_stream(self, buf: int, count: int, dtype, peer: int, tag: int, stream: int):
+        _lib.recv_stream(buf, count, int(dtype), peer, tag, self._comm._check(), stream)
+
     def reduce(self, send: int, recv: int, count: int, dtype, op, root: int):
         _lib.reduce(send, recv, count, int(dtype), int(op), root, self._comm._check())
 

@@ -609,6 +609,30 @@ PYBIND11_MODULE(_nexar, m) {
     });
     m.def("barrier", [](handle_t c) { NX_CALL(nexar_barrier(C(c))); });
 
+    // ---- stream-ordered variants (CUDA device memory; stream: a cudaStream_t)
+    m.def("allreduce_stream", [](addr_t s, addr_t r, size_t n, int dt, int op, handle_t c,
+                                 addr_t st) {
+        NX_CALL(nexar_allreduce_stream(P(s), P(r), n, D(dt), O(op), C(c), P(st)));
+    });
+    m.def("broadcast_stream", [](addr_t b, size_t n, int dt, int root, handle_t c, addr_t st) {
+        NX_CALL(nexar_broadcast_stream(P(b), n, D(dt), root, C(c), P(st)));
+    });
+    m.def("allgather_stream", [](addr_t s, addr_t r, size_t n, int dt, handle_t c, addr_t st) {
+        NX_CALL(nexar_allgather_stream(P(s), P(r), n, D(dt), C(c), P(st)));
+    });
+    m.def("reduce_scatter_stream", [](addr_t s, addr_t r, size_t n, int dt, int op, handle_t c,
+                                      addr_t st) {
+        NX_CALL(nexar_reduce_scatter_stream(P(s), P(r), n, D(dt), O(op), C(c), P(st)));
+    });
+    m.def("send_stream", [](addr_t buf, size_t count, int dt, int peer, uint64_t tag, handle_t c,
+                            addr_t st) {
+        NX_CALL(nexar_send_stream(P(buf), count, D(dt), peer, tag, C(c), P(st)));
+    });
+    m.def("recv_stream", [](addr_t buf, size_t count, int dt, int peer, uint64_t tag, handle_t c,
+                            addr_t st) {
+        NX_CALL(nexar_recv_stream(P(buf), count, D(dt), peer, tag, C(c), P(st)));
+    });
+
     // ---- fast paths ---------------------------------------------------------
     // The blocking collectives most called with small buffers, taking the
     // objects themselves: for a contiguous numpy array (or any buffer export

@@ -40,7 +40,7 @@ def register() -> None:
         return
     kwargs = {}
     if "devices" in inspect.signature(dist.Backend.register_backend).parameters:
-        kwargs["devices"] = ["cpu"]
+        kwargs["devices"] = ["cpu", "cuda"]
     dist.Backend.register_backend("nexar", _create, extended_api=True, **kwargs)
     # A nexar group is a Python ProcessGroup with no C++ backend registered
     # on it, so torch's flight recorder, which files entries under the C++

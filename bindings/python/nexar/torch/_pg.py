@@ -40,6 +40,7 @@ from .._types import AVG, BAND, BOR, BXOR, SUM, Datatype
 from ._rendezvous import rendezvous
 from ._staging import (BYTE, Reduction, Staged, bytes_cat, copy_blocks, flat_cat, nbytes, offsets,
                        op_of, tag64)
+from ._cuda import CudaOps, CudaP2PWork, CudaWork, check_cuda, is_cuda
 from ._work import Completer, DoneWork, NexarWork, StartedWork, WorkQueue, complete_in_thread
 
 
@@ -78,7 +79,9 @@ _INT64 = int(Datatype.INT64)
 
 
 class ProcessGroupNexar(dist.ProcessGroup):
-    """torch.distributed backend "nexar" (CPU tensors).
+    """torch.distributed backend "nexar" (CPU tensors; CUDA tensors for
+    all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor,
+    send and recv, staged by libnexar: _cuda.py).
 
     Created by torch through the registered creator; one nexar.Comm per
     group. Methods are called by torch from any thread; collectives are
@@ -116,6 +119,9 @@ class ProcessGroupNexar(dist.ProcessGroup):
                     self._seed.close()
                 raise
         self._raw = self._comm.raw
+        # What of CUDA the CUDA tensor path uses (_cuda.py); tests without
+        # a GPU put a stand-in over the fake CUDA runtime here.
+        self._cuda = CudaOps()
         self._closed = False
         self._coalescing: Optional[list] = None
         self._queue = WorkQueue(f"nexar-pg-{group_id or 'x'}-r{rank}")
@@ -429,10 +435,71 @@ class ProcessGroupNexar(dist.ProcessGroup):
     def _root(self, opts) -> int:
         return opts.rootRank if opts is not None else 0
 
+    # ---- CUDA tensors (_cuda.py, docs/device-memory.md) --------------------------
+    def _on_cuda(self, name: str, tensors, run) -> dist.Work:
+        """Run run(stream), which makes the libnexar _stream calls of a
+        collective on CUDA tensors, with stream torch's current stream at
+        issue: in the caller's thread when no queued collective is ahead of
+        it, else after them on the worker (the caller waits for its host
+        part either way, as the staged path must). The Work holds an event
+        recorded on that stream after the call."""
+        if self._closed:
+            raise _errors.ClosedError(7, f"nexar: {name} on a process group that was shut down")
+        self._comm.check()
+        ops, dev = self._cuda, tensors[0].device
+        stream = ops.stream(dev)
+        exc = None
+        if self._fast():
+            try:
+                run(stream)
+            except _errors.Error as e:
+                exc = e
+        else:
+            w = self._enqueue(name, tensors, lambda: run(stream))
+            try:
+                w.wait()
+            except _errors.Error as e:
+                exc = e
+        w = CudaWork(tensors, name, ops, None if exc else ops.record(stream, dev), dev, exc)
+        if self._coalescing is not None:
+            self._coalescing.append(w)
+        return w
+
+    def _p2p_cuda(self, name, t, peer, tag, recv) -> dist.Work:
+        """A send or receive of a CUDA tensor on a helper thread (a receive
+        must not block the caller, who may send next), ordered on the
+        caller's current stream at issue."""
+        dt = check_cuda(name, t, _FAST_DT)
+        self._comm.check()
+        ops, dev = self._cuda, t.device
+        stream = ops.stream(dev)
+        w = CudaP2PWork([t], name, ops, dev)
+        a, n, tg = t.data_ptr(), t.numel(), tag64(tag)
+
+        def fn():
+            if recv:
+                self._raw.recv_stream(a, n, dt, int(peer), tg, stream)
+            else:
+                self._raw.send_stream(a, n, dt, int(peer), tg, stream)
+            w._ev = ops.record(stream, dev)
+        complete_in_thread(f"nexar-{name}", fn, w)
+        if self._coalescing is not None:
+            self._coalescing.append(w)
+        return w
+
     # ---- allreduce -------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         op, factor = op_of(opts)
         raw = self._raw
+        if is_cuda(tensors):
+            if factor is not None:
+                raise ValueError("nexar: allreduce: PREMUL_SUM is not supported for CUDA tensors")
+            args = [(t.data_ptr(), t.numel(), check_cuda("allreduce", t, _FAST_DT)) for t in tensors]
+
+            def run(stream):
+                for a, n, dt in args:
+                    raw.allreduce_stream(a, a, n, dt, int(op), stream)
+            return self._on_cuda("allreduce", tensors, run)
         if len(tensors) == 1 and factor is None and self._fast():
             t = tensors[0]
             dt = _FAST_DT.get(t.dtype)
@@ -537,6 +604,15 @@ class ProcessGroupNexar(dist.ProcessGroup):
         root = self._root(opts)
         raw = self._raw
         me = self._rank_
+        if is_cuda(tensors):
+            for t in tensors:
+                check_cuda("broadcast", t, _FAST_DT)
+            args = [(t.data_ptr(), t.numel() * t.element_size()) for t in tensors]
+
+            def run(stream):
+                for a, n in args:
+                    raw.broadcast_stream(a, n, BYTE, root, stream)
+            return self._on_cuda("broadcast", tensors, run)
         if len(tensors) == 1 and self._fast() and _plain(tensors[0]):
             t = tensors[0]
             a, n = t.data_ptr(), t.numel() * t.element_size()
@@ -603,6 +679,14 @@ class ProcessGroupNexar(dist.ProcessGroup):
         o.back()
 
     def _allgather_base(self, output, input, opts=None):
+        if is_cuda([output, input]):
+            check_cuda("all_gather_into_tensor", input, _FAST_DT)
+            check_cuda("all_gather_into_tensor", output, _FAST_DT)
+            ns, no = input.numel() * input.element_size(), output.numel() * output.element_size()
+            if no != self._size_ * ns:
+                raise ValueError(f"nexar: all_gather_into_tensor: output has {no} bytes, expected {self._size_} x {ns}")
+            a, b, raw = input.data_ptr(), output.data_ptr(), self._raw
+            return self._on_cuda("_allgather_base", [output], lambda stream: raw.allgather_stream(a, b, ns, BYTE, stream))
         return self._enqueue("_allgather_base", [output],
                              lambda: self._allgather_tensor("all_gather_into_tensor", output, input))
 
@@ -639,6 +723,17 @@ class ProcessGroupNexar(dist.ProcessGroup):
 
     def _reduce_scatter_base(self, output, input, opts=None):
         op, factor = op_of(opts)
+        if is_cuda([output, input]):
+            if factor is not None:
+                raise ValueError("nexar: reduce_scatter_tensor: PREMUL_SUM is not supported for CUDA tensors")
+            dt = check_cuda("reduce_scatter_tensor", output, _FAST_DT)
+            check_cuda("reduce_scatter_tensor", input, _FAST_DT)
+            if input.dtype != output.dtype or input.numel() != self._size_ * output.numel():
+                raise ValueError(f"nexar: reduce_scatter_tensor: input has {input.numel()} {input.dtype} elements, "
+                                 f"expected {self._size_} x {output.numel()} {output.dtype}")
+            a, b, n, raw = input.data_ptr(), output.data_ptr(), output.numel(), self._raw
+            return self._on_cuda("_reduce_scatter_base", [output],
+                                 lambda stream: raw.reduce_scatter_stream(a, b, n, dt, int(op), stream))
         return self._enqueue("_reduce_scatter_base", [output],
                              lambda: self._reduce_scatter_one(output, input, op, factor))
 
@@ -814,6 +909,8 @@ class ProcessGroupNexar(dist.ProcessGroup):
     def _p2p(self, name, tensors, peer, tag, recv):
         if len(tensors) != 1:
             raise ValueError(f"nexar: {name} takes exactly one tensor")
+        if is_cuda(tensors):
+            return self._p2p_cuda(name, tensors[0], peer, tag, recv)
         self._comm.check()
         s = Staged(tensors[0], writable=recv)
         post = self._raw.irecv if recv else self._raw.isend

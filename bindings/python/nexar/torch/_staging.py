@@ -55,7 +55,9 @@ class Staged(Buffer):
     def __init__(self, t: torch.Tensor, dtype: Optional[torch.dtype] = None, force_copy: bool = False,
                  writable: bool = True):
         if t.device.type != "cpu":
-            raise ValueError(f"nexar: only CPU tensors are supported, got one on {t.device}")
+            raise ValueError(f"nexar: this call takes CPU tensors only, got one on {t.device} (CUDA tensors go "
+                             f"through all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor, "
+                             f"send and recv)")
         w = t.detach()
         if w.is_conj():
             w = w.resolve_conj()

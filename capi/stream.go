@@ -1,0 +1,84 @@
+package main
+
+/*
+#include "capi.h"
+*/
+import "C"
+
+import "unsafe"
+
+// The _stream variants: the blocking call's arguments and a cudaStream_t
+// (opaque). The call is ordered after the work enqueued on stream so far;
+// device buffers' results are copied back on the library's stream and the
+// caller's stream waits for them (the call returns once the host part is
+// done, without waiting for those copies). See hw/cuda/stage.
+
+//export nxgo_allreduce_stream
+func nxgo_allreduce_stream(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, comm C.uintptr_t, stream unsafe.Pointer) (r C.int) {
+	const fn = "nexar_allreduce_stream"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	a.allowDevice(true, stream)
+	x := prepElementwise(&a, sendbuf, recvbuf, count, dt, op, 0, false, comm)
+	if !a.ok() {
+		return a.fail()
+	}
+	return a.run(func() error { return x.c.Allreduce(bg, x.send, x.recv, x.dt, x.op) })
+}
+
+//export nxgo_broadcast_stream
+func nxgo_broadcast_stream(buf unsafe.Pointer, count C.size_t, dt, root C.int, comm C.uintptr_t, stream unsafe.Pointer) (r C.int) {
+	const fn = "nexar_broadcast_stream"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	a.allowDevice(true, stream)
+	c, b, t, rt := prepBroadcast(&a, buf, count, dt, root, comm)
+	if !a.ok() {
+		return a.fail()
+	}
+	return a.run(func() error { return c.Broadcast(bg, b, t, rt) })
+}
+
+//export nxgo_allgather_stream
+func nxgo_allgather_stream(sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, dt C.int, comm C.uintptr_t, stream unsafe.Pointer) (r C.int) {
+	const fn = "nexar_allgather_stream"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	a.allowDevice(true, stream)
+	x := prepGatherLike(&a, sendbuf, recvbuf, sendcount, dt, comm, false)
+	if !a.ok() {
+		return a.fail()
+	}
+	return a.run(func() error { return x.c.Allgather(bg, x.send, x.recv, x.dt) })
+}
+
+//export nxgo_reduce_scatter_stream
+func nxgo_reduce_scatter_stream(sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, dt, op C.int, comm C.uintptr_t, stream unsafe.Pointer) (r C.int) {
+	const fn = "nexar_reduce_scatter_stream"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	a.allowDevice(true, stream)
+	x := prepReduceScatter(&a, sendbuf, recvbuf, recvcount, dt, op, comm)
+	if !a.ok() {
+		return a.fail()
+	}
+	return a.run(func() error { x.aside(); return x.c.ReduceScatter(bg, x.send, x.recv, x.dt, x.op) })
+}
+
+//export nxgo_send_stream
+func nxgo_send_stream(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t, stream unsafe.Pointer) (r C.int) {
+	const fn = "nexar_send_stream"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	a.allowDevice(true, stream)
+	return send(&a, buf, count, dt, peer, tag, comm)
+}
+
+//export nxgo_recv_stream
+func nxgo_recv_stream(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t, stream unsafe.Pointer) (r C.int) {
+	const fn = "nexar_recv_stream"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	a.allowDevice(true, stream)
+	return recv(&a, buf, count, dt, peer, tag, comm, nil)
+}

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"slices"
@@ -264,3 +265,34 @@ func TestShrinkGrowCycles(t *testing.T) {
 // testQuick reports whether NEXAR_TEST_QUICK=1 asks for short forms (make
 // test's -race run).
 func testQuick() bool { return os.Getenv("NEXAR_TEST_QUICK") == "1" }
+
+// TestAdmitted: the joiners a decision names, in its order, without those
+// of failed members, repeated ids or malformed records, at most room.
+func TestAdmitted(t *testing.T) {
+	id := func(b byte) []byte { return bytes.Repeat([]byte{b}, membership.JoinIDSize) }
+	d := &membership.Decision{Failed: []int{1}, Extra: [][]byte{
+		joinRecord(0, id(1)),
+		joinRecord(1, id(2)), // its member failed: its lobby is gone
+		joinRecord(2, id(1)), // the same joiner seen in two lobbies: the first counts
+		joinRecord(2, id(3)),
+		joinRecord(9, id(4)), // no such member
+		{1, 2, 3},            // malformed
+		joinRecord(0, id(5)),
+	}}
+	got := admitted(d, 3, 10)
+	want := []joiner{{0, id(1)}, {2, id(3)}, {0, id(5)}}
+	if len(got) != len(want) {
+		t.Fatalf("admitted %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i].member != want[i].member || !bytes.Equal(got[i].id, want[i].id) {
+			t.Fatalf("admitted[%d] = %v, want %v", i, got[i], want[i])
+		}
+	}
+	if got := admitted(d, 3, 2); len(got) != 2 {
+		t.Fatalf("room 2: %d admitted", len(got))
+	}
+	if got := admitted(d, 3, -1); len(got) != 0 {
+		t.Fatalf("no room: %d admitted", len(got))
+	}
+}

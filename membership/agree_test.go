@@ -441,13 +441,17 @@ func TestAgreeMsgValidate(t *testing.T) {
 		{Kind: AgreePropose, Suspects: []int{7}},
 		{Kind: AgreeCommit, Value: &Decision{Failed: []int{-1}}},
 		{Kind: AgreePropose, Suspects: []int{0, 1, 2, 3, 0}},
+		{Kind: AgreePropose, Extra: [][]byte{{}}},
+		{Kind: AgreePropose, Extra: [][]byte{make([]byte, MaxExtraSize+1)}},
+		{Kind: AgreePropose, Extra: make([][]byte, MaxExtra+1)},
+		{Kind: AgreeCommit, Value: &Decision{Extra: [][]byte{nil}}},
 	}
 	for _, m := range bad {
 		if m.Validate(4) == nil {
 			t.Errorf("%+v validated", m)
 		}
 	}
-	good := AgreeMsg{Kind: AgreeAccept, Ballot: 3, Suspects: []int{0, 1, 2}, Value: &Decision{Failed: []int{0}}, VBallot: -1}
+	good := AgreeMsg{Kind: AgreeAccept, Ballot: 3, Suspects: []int{0, 1, 2}, Value: &Decision{Failed: []int{0}, Extra: [][]byte{{1}}}, VBallot: -1, Extra: [][]byte{make([]byte, MaxExtraSize)}}
 	if err := good.Validate(4); err != nil {
 		t.Error(err)
 	}

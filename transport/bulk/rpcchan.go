@@ -253,8 +253,10 @@ func (c *rpcChan) goodbye(deadline time.Time) {
 }
 
 // readLoop delivers frames until the link fails or a goodbye arrives
-// (frame.ErrGoodbye).
-func (c *rpcChan) readLoop(deliver func(h *transport.Header, p []byte)) error {
+// (frame.ErrGoodbye). place (may be nil) is asked for each payload's
+// buffer first, as on the data channels (transport.PlaceFunc): the layer
+// above then reads large payloads straight into buffers it reuses.
+func (c *rpcChan) readLoop(place transport.PlaceFunc, from int, deliver func(h *transport.Header, p []byte)) error {
 	readFull := c.readFull
 	if c.l != nil {
 		r := bufio.NewReaderSize(c.l, readBuf)
@@ -282,29 +284,57 @@ func (c *rpcChan) readLoop(deliver func(h *transport.Header, p []byte)) error {
 		if remote && (c.r == nil || pid == 0) {
 			return fmt.Errorf("%w: remote frame before cross-memory attach was agreed", frame.ErrMalformed)
 		}
-		p := make([]byte, n) // the handler's to keep
-		if remote {
-			var d [frame.RemoteSize]byte
-			err := readFull(d[:])
-			var addr uint64
-			if err == nil {
-				addr, err = frame.RemoteAddr(&d)
-			}
-			if err == nil {
-				err = readRemote(int(pid), addr, p)
-			}
-			if err != nil {
+		var p []byte
+		var done func(error)
+		if place != nil && n > 0 {
+			p, done = place(from, h, n)
+			if p != nil && len(p) != n {
+				err := fmt.Errorf("bulk: RPC placement of %d bytes for a %d-byte payload", len(p), n)
+				done(err)
 				return err
 			}
-			c.r.ack()
-		} else if err := readFull(p); err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
+		}
+		if p == nil {
+			p, done = make([]byte, n), nil // the handler's to keep
+		}
+		if err := c.readPayload(readFull, remote, pid, p); err != nil {
+			if done != nil {
+				done(err)
 			}
 			return err
 		}
+		if done != nil {
+			done(nil)
+			continue
+		}
 		deliver(h, p)
 	}
+}
+
+// readPayload fills p with a frame's payload: from the stream, or for a
+// remote frame from the sender's memory (acknowledged once copied).
+func (c *rpcChan) readPayload(readFull func([]byte) error, remote bool, pid int64, p []byte) error {
+	if !remote {
+		err := readFull(p)
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return err
+	}
+	var d [frame.RemoteSize]byte
+	err := readFull(d[:])
+	var addr uint64
+	if err == nil {
+		addr, err = frame.RemoteAddr(&d)
+	}
+	if err == nil {
+		err = readRemote(int(pid), addr, p)
+	}
+	if err != nil {
+		return err
+	}
+	c.r.ack()
+	return nil
 }
 
 // rpcPaths is the endpoint's RPC channel state; guarded by mu, apart
@@ -615,7 +645,7 @@ func (e *Endpoint) startRPCReader(from int, ch *rpcChan) {
 	}
 	go func() {
 		defer e.wg.Done()
-		err := ch.readLoop(func(h *transport.Header, p []byte) {
+		err := ch.readLoop(e.opt.Place, from, func(h *transport.Header, p []byte) {
 			if e.h != nil {
 				e.h(from, transport.LaneRPC, h, p)
 			}

@@ -195,6 +195,14 @@ nexar_result_t nexar_rpc_call_timeout(nexar_comm_t comm, int peer, uint32_t fn, 
                                          timeout_ms, reply, reply_len);
 }
 
+nexar_result_t nexar_rpc_call_into(nexar_comm_t comm, int peer, uint32_t fn, const void* req,
+                                   size_t req_len, int64_t timeout_ms, nexar_rpc_alloc_t alloc,
+                                   void* user, size_t* reply_len) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_rpc_call_into((uintptr_t)comm, peer, fn, (void*)req, req_len,
+                                              timeout_ms, (uintptr_t)alloc, user, reply_len);
+}
+
 nexar_result_t nexar_rpc_icall(nexar_comm_t comm, int peer, uint32_t fn, const void* req,
                                size_t req_len, int64_t timeout_ms, void** reply,
                                size_t* reply_len, nexar_request_t* request) {

@@ -1,7 +1,8 @@
 /* test_rpc: every rank serves function 1 (echo, prefixed with "<rank><-<from>:"),
  * function 2 (fails with NEXAR_ERR_UNAVAILABLE and a message) and function 3
  * (sleeps 2 s), then calls every rank, itself too, blocking, with a deadline
- * and non-blocking. Unknown functions, handler errors, deadlines and bad
+ * non-blocking and into the caller's buffer (nexar_rpc_call_into, 1 MiB
+ * too). Unknown functions, handler errors, deadlines and bad
  * arguments come back as errors on every form. Run under the launcher. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -81,6 +82,69 @@ static nexar_result_t die(nexar_comm_t comm, int from, uint32_t fn, const void* 
     printf("rank %d: test_rpc ok (exiting in a call)\n", g_rank);
     fflush(stdout);
     _exit(0);
+}
+
+/* into is the nexar_rpc_alloc_t of into_checks: a fixed buffer, handed
+ * out when the reply fits, and a count of the calls. */
+struct into {
+    char* buf;
+    size_t cap;
+    int calls;
+    size_t asked;
+};
+
+static void* into_alloc(size_t len, void* user) {
+    struct into* in = user;
+    in->calls++;
+    in->asked = len;
+    return len <= in->cap ? in->buf : NULL;
+}
+
+/* into_checks: nexar_rpc_call_into against peer: a small and a 1 MiB reply
+ * into the caller's buffer, a buffer too small, errors that never call
+ * alloc, bad arguments. */
+static void into_checks(nexar_comm_t c, int rank, int peer) {
+    enum { BIG = 1 << 20 };
+    char* req = malloc(BIG);
+    char* buf = malloc(BIG + 64);
+    EXPECT(req != NULL && buf != NULL, "no memory");
+    for (size_t i = 0; i < BIG; i++) {
+        req[i] = (char)(i * 31 + (size_t)rank);
+    }
+    char head[32];
+    int n = snprintf(head, sizeof head, "%d<-%d:", peer, rank);
+    for (int round = 0; round < 3; round++) { /* again: the library reuses its buffers */
+        struct into in = {buf, BIG + 64, 0, 0};
+        size_t len = 0;
+        CK(nexar_rpc_call_into(c, peer, 1, req, BIG, 0, into_alloc, &in, &len));
+        EXPECT(in.calls == 1 && len == (size_t)n + BIG && in.asked == len && memcmp(buf, head, (size_t)n) == 0 &&
+                   memcmp(buf + n, req, BIG) == 0,
+               "call_into 1 MiB (round %d): %d allocs, len %zu, reply %s", round, in.calls, len,
+               memcmp(buf + n, req, BIG) == 0 ? "right" : "wrong");
+    }
+    struct into small = {buf, 4, 0, 0};
+    size_t len = 0;
+    nexar_result_t r = nexar_rpc_call_into(c, peer, 1, "abc", 3, 0, into_alloc, &small, &len);
+    EXPECT(r == NEXAR_ERR_TRUNCATED && small.calls == 1 && len == (size_t)n + 3 &&
+               strstr(nexar_last_error(), "function 1") != NULL,
+           "call_into, buffer too small: %s, %d allocs, len %zu: %s", nexar_result_string(r), small.calls, len,
+           nexar_last_error());
+    struct into none = {buf, BIG, 0, 0};
+    r = nexar_rpc_call_into(c, peer, 2, NULL, 0, 0, into_alloc, &none, &len);
+    EXPECT(r == NEXAR_ERR_UNAVAILABLE && none.calls == 0 && strstr(nexar_last_error(), "no model loaded") != NULL,
+           "call_into refusing handler: %s, %d allocs: %s", nexar_result_string(r), none.calls, nexar_last_error());
+    r = nexar_rpc_call_into(c, peer, 9, "x", 1, 0, into_alloc, &none, &len);
+    EXPECT(r == NEXAR_ERR_INVALID_ARGUMENT && none.calls == 0 && strstr(nexar_last_error(), "no handler for function 9"),
+           "call_into unknown function: %s: %s", nexar_result_string(r), nexar_last_error());
+    r = nexar_rpc_call_into(c, peer, 3, NULL, 0, 200, into_alloc, &none, &len);
+    EXPECT(r == NEXAR_ERR_TIMEOUT && none.calls == 0, "call_into past its deadline: %s", nexar_result_string(r));
+    EXPECT(nexar_rpc_call_into(c, peer, 1, NULL, 0, 0, NULL, &none, &len) == NEXAR_ERR_INVALID_ARGUMENT &&
+               strstr(nexar_last_error(), "alloc") != NULL,
+           "call_into without alloc: %s", nexar_last_error());
+    EXPECT(nexar_rpc_call_into(c, peer, 1, NULL, 0, 0, into_alloc, &none, NULL) == NEXAR_ERR_INVALID_ARGUMENT,
+           "call_into without reply_len");
+    free(req);
+    free(buf);
 }
 
 /* icall_checks: the non-blocking form and the deadline, against peer. */
@@ -181,6 +245,7 @@ int main(void) {
         EXPECT(r == NEXAR_ERR_INVALID_ARGUMENT && strstr(nexar_last_error(), "no handler for function 9"),
                "unknown function: %s: %s", nexar_result_string(r), nexar_last_error());
         icall_checks(c, rank, peer);
+        into_checks(c, rank, peer);
     }
     void* reply = NULL;
     size_t len = 0;
@@ -208,6 +273,10 @@ int main(void) {
                nexar_last_error());
         r = nexar_rpc_call(c, size - 1, 1, NULL, 0, &reply, &len);
         EXPECT(r == NEXAR_ERR_PEER_DOWN, "call to a dead rank: %s: %s", nexar_result_string(r), nexar_last_error());
+        struct into none = {NULL, 0, 0, 0};
+        r = nexar_rpc_call_into(c, size - 1, 1, NULL, 0, 0, into_alloc, &none, &len);
+        EXPECT(r == NEXAR_ERR_PEER_DOWN && none.calls == 0, "call_into to a dead rank: %s: %s",
+               nexar_result_string(r), nexar_last_error());
     }
     CK(nexar_comm_destroy(c));
     EXPECT(nexar_rpc_register(c, 1, echo, NULL) == NEXAR_ERR_INVALID_HANDLE, "register on a destroyed comm");

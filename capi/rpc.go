@@ -5,8 +5,23 @@ package main
 #include <string.h>
 
 #include "capi.h"
+#include "nexar.h"
 
 typedef void* (*nxcapi_rpc_alloc_fn)(size_t len, void* user);
+
+// nxcapi_call_lent calls the nexar_rpc_lent_handler_t fn, and
+// nxcapi_release the release function of its reply.
+static inline int nxcapi_call_lent(uintptr_t fn, uintptr_t comm, int from, uint32_t id, const void* req,
+		size_t req_len, nexar_rpc_reply_t* reply, void* user) {
+	memset(reply, 0, sizeof *reply);
+	return (int)((nexar_rpc_lent_handler_t)fn)((nexar_comm_t)comm, from, id, req, req_len, reply, user);
+}
+
+static inline void nxcapi_release(nexar_rpc_reply_t* reply) {
+	if (reply->release != NULL) {
+		reply->release(reply->owner);
+	}
+}
 
 // nxcapi_rpc_alloc calls the nexar_rpc_alloc_t fn (Go cannot call a C
 // function pointer itself).
@@ -43,6 +58,71 @@ func nxgo_rpc_register(comm C.uintptr_t, id C.uint32_t, handler C.uintptr_t, use
 	}
 	c.RegisterLent(uint32(id), cHandler(comm, handler, user, uint32(id)))
 	return resSuccess
+}
+
+//export nxgo_rpc_register_lent
+func nxgo_rpc_register_lent(comm C.uintptr_t, id C.uint32_t, handler C.uintptr_t, user unsafe.Pointer) (r C.int) {
+	const fn = "nexar_rpc_register_lent"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	c := a.comm(comm)
+	if !a.ok() {
+		return a.fail()
+	}
+	if handler == 0 {
+		c.RegisterLent(uint32(id), nil)
+		return resSuccess
+	}
+	c.RegisterLent(uint32(id), cLentHandler(comm, handler, user, uint32(id)))
+	return resSuccess
+}
+
+// cLentHandler adapts a nexar_rpc_lent_handler_t: the request is passed
+// as it is, the reply sent from the handler's memory and released once
+// sent. The reply descriptor lives in C memory (cgo may not keep a Go
+// pointer to it across the call's end).
+func cLentHandler(comm, handler C.uintptr_t, user unsafe.Pointer, id uint32) core.RPCLentHandler {
+	return func(_ context.Context, from int, req []byte) ([]byte, func(), error) {
+		var p unsafe.Pointer
+		if len(req) > 0 {
+			p = unsafe.Pointer(&req[0])
+		}
+		d := (*C.nexar_rpc_reply_t)(C.malloc(C.size_t(unsafe.Sizeof(C.nexar_rpc_reply_t{}))))
+		if d == nil {
+			return nil, nil, &core.Error{Code: core.CodeInternal, Op: "rpc", Rank: -1, Msg: "cannot allocate a reply descriptor"}
+		}
+		rc := C.nxcapi_call_lent(handler, comm, C.int(from), C.uint32_t(id), p, C.size_t(len(req)), d, user)
+		release := func() {
+			C.nxcapi_release(d)
+			C.free(unsafe.Pointer(d))
+		}
+		data, n := d.data, uint64(d.len)
+		if rc != resSuccess {
+			defer release()
+			msg := fmt.Sprintf("handler returned %s", core.Code(rc))
+			if data != nil {
+				msg = C.GoStringN((*C.char)(data), C.int(C.strnlen((*C.char)(data), 4096)))
+			}
+			code := core.Code(rc)
+			if rc < 0 || rc >= abi.NumResults {
+				code = core.CodeInternal
+			}
+			return nil, nil, &core.Error{Code: code, Op: "rpc", Rank: -1, Msg: msg}
+		}
+		if n > 0 && data == nil {
+			release()
+			return nil, nil, &core.Error{Code: core.CodeInternal, Op: "rpc", Rank: -1, Msg: fmt.Sprintf("handler returned a NULL reply of %d bytes", n)}
+		}
+		if n > transport.MaxPayload {
+			release()
+			return nil, nil, &core.Error{Code: core.CodeInvalidArgument, Op: "rpc", Rank: -1, Msg: fmt.Sprintf("handler's reply of %d bytes exceeds %d", n, transport.MaxPayload)}
+		}
+		if n == 0 {
+			release()
+			return nil, nil, nil
+		}
+		return unsafe.Slice((*byte)(data), int(n)), release, nil
+	}
 }
 
 // cHandler adapts a nexar_rpc_handler_t: the request is passed as it is (C

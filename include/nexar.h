@@ -579,6 +579,36 @@ typedef nexar_result_t (*nexar_rpc_handler_t)(nexar_comm_t comm, int from, uint3
 nexar_result_t nexar_rpc_register(nexar_comm_t comm, uint32_t fn, nexar_rpc_handler_t handler,
                                   void* user);
 
+/* nexar_rpc_reply_t is the reply of a nexar_rpc_lent_handler_t: data[0:len]
+ * is sent from where it is, without a copy, and then release(owner) is
+ * called exactly once (when release is not NULL), on a library thread,
+ * also when the reply is not sent (the call failed, the communicator
+ * closed). data must stay valid and unchanged until then. */
+typedef struct nexar_rpc_reply {
+    const void* data;
+    size_t len;
+    void (*release)(void* owner);
+    void* owner;
+} nexar_rpc_reply_t;
+
+/* nexar_rpc_lent_handler_t serves one call like nexar_rpc_handler_t but
+ * lends its reply instead of handing over malloc() memory: on success it
+ * fills *reply (zeroed on entry: an empty reply) and returns
+ * NEXAR_SUCCESS. Any other result fails the call with that code;
+ * reply->data may then point to a NUL-terminated message for the caller
+ * (released as above). It runs as nexar_rpc_handler_t does. */
+typedef nexar_result_t (*nexar_rpc_lent_handler_t)(nexar_comm_t comm, int from, uint32_t fn,
+                                                   const void* req, size_t req_len,
+                                                   nexar_rpc_reply_t* reply, void* user);
+
+/* nexar_rpc_register_lent is nexar_rpc_register for a handler that lends
+ * its reply (no copy of it into or out of library memory); handler NULL
+ * removes the handler of fn.
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE.
+ * Thread-safety: safe from any thread. */
+nexar_result_t nexar_rpc_register_lent(nexar_comm_t comm, uint32_t fn,
+                                       nexar_rpc_lent_handler_t handler, void* user);
+
 /* nexar_rpc_call calls function fn on rank peer (this rank too) with
  * req[0:req_len] and waits for the reply, which it stores in *reply
  * (allocated by the library: release it with nexar_free; NULL when empty)

@@ -67,6 +67,64 @@ static nexar_result_t slow(nexar_comm_t comm, int from, uint32_t fn, const void*
     return NEXAR_SUCCESS;
 }
 
+/* lent_echo serves function 5 with nexar_rpc_register_lent: the reply is
+ * lent from a static buffer (the request, copied), released through
+ * count_release; function 6 fails with a lent message. */
+static int released; /* lent replies released (atomic) */
+static char lent_buf[1 << 20];
+static char lent_msg[] = "lent refusal";
+
+static void count_release(void* owner) {
+    EXPECT(owner == lent_buf || owner == lent_msg, "release of a wrong owner");
+    __atomic_add_fetch(&released, 1, __ATOMIC_SEQ_CST);
+}
+
+static nexar_result_t lent_echo(nexar_comm_t comm, int from, uint32_t fn, const void* req, size_t req_len,
+                                nexar_rpc_reply_t* reply, void* user) {
+    (void)comm;
+    (void)from;
+    (void)user;
+    EXPECT(reply->data == NULL && reply->len == 0 && reply->release == NULL, "reply not zeroed");
+    if (fn == 6) {
+        reply->data = lent_msg;
+        reply->release = count_release;
+        reply->owner = lent_msg;
+        return NEXAR_ERR_UNAVAILABLE;
+    }
+    EXPECT(req_len <= sizeof lent_buf, "request of %zu bytes", req_len);
+    if (req_len > 0) {
+        memcpy(lent_buf, req, req_len);
+    }
+    reply->data = lent_buf;
+    reply->len = req_len;
+    reply->release = count_release;
+    reply->owner = lent_buf;
+    return NEXAR_SUCCESS;
+}
+
+/* lent_checks: nexar_rpc_register_lent's handlers against peer, one call
+ * at a time (lent_buf is shared), each reply released once. */
+static void lent_checks(nexar_comm_t c, int rank, int peer) {
+    enum { BIG = 1 << 20 };
+    char* req = malloc(BIG);
+    EXPECT(req != NULL, "no memory");
+    for (size_t i = 0; i < BIG; i++) {
+        req[i] = (char)(i * 13 + (size_t)rank);
+    }
+    void* reply = NULL;
+    size_t len = 0;
+    CK(nexar_rpc_call(c, peer, 5, req, BIG, &reply, &len));
+    EXPECT(len == BIG && memcmp(reply, req, BIG) == 0, "lent 1 MiB echo: %zu bytes", len);
+    nexar_free(reply);
+    CK(nexar_rpc_call(c, peer, 5, "ab", 2, &reply, &len));
+    EXPECT(len == 2 && memcmp(reply, "ab", 2) == 0, "lent echo: %zu bytes", len);
+    nexar_free(reply);
+    nexar_result_t r = nexar_rpc_call(c, peer, 6, NULL, 0, &reply, &len);
+    EXPECT(r == NEXAR_ERR_UNAVAILABLE && strstr(nexar_last_error(), "lent refusal") != NULL,
+           "lent refusal: %s: %s", nexar_result_string(r), nexar_last_error());
+    free(req);
+}
+
 /* die ends this process in the middle of a call (exit status 0: the test
  * wants the caller to see a lost peer). */
 static nexar_result_t die(nexar_comm_t comm, int from, uint32_t fn, const void* req, size_t req_len,
@@ -226,6 +284,8 @@ int main(void) {
     CK(nexar_rpc_register(c, 2, refuse, NULL));
     CK(nexar_rpc_register(c, 3, slow, NULL));
     CK(nexar_rpc_register(c, 4, die, NULL));
+    CK(nexar_rpc_register_lent(c, 5, lent_echo, NULL));
+    CK(nexar_rpc_register_lent(c, 6, lent_echo, NULL));
     CK(nexar_barrier(c)); /* every handler is registered */
     for (int peer = 0; peer < size; peer++) {
         char req[16], want[48];
@@ -247,6 +307,22 @@ int main(void) {
         icall_checks(c, rank, peer);
         into_checks(c, rank, peer);
     }
+    /* Lent replies, one rank calling at a time (lent_buf is per process). */
+    for (int caller = 0; caller < size; caller++) {
+        if (caller == rank) {
+            for (int peer = 0; peer < size; peer++) {
+                lent_checks(c, rank, peer);
+            }
+        }
+        CK(nexar_barrier(c));
+    }
+    /* Every call served here released its reply once: 3 per caller. */
+    for (int i = 0; i < 1000 && __atomic_load_n(&released, __ATOMIC_SEQ_CST) < 3 * size; i++) {
+        struct timespec ms = {0, 1000 * 1000};
+        nanosleep(&ms, NULL);
+    }
+    EXPECT(__atomic_load_n(&released, __ATOMIC_SEQ_CST) == 3 * size, "%d lent replies released, want %d",
+           __atomic_load_n(&released, __ATOMIC_SEQ_CST), 3 * size);
     void* reply = NULL;
     size_t len = 0;
     EXPECT(nexar_rpc_call(c, size, 1, NULL, 0, &reply, &len) == NEXAR_ERR_INVALID_ARGUMENT, "peer out of range");

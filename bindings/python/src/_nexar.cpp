@@ -258,31 +258,53 @@ char* c_message(const std::string& s) {
     return m;
 }
 
-// call_rpc runs on a library thread: it takes the GIL and calls
-// fn(from, request: bytes); the result's bytes are the reply. An exception
-// fails the call with its type name and message (and its nexar code when it
-// is a nexar.Error, else NEXAR_ERR_INTERNAL).
+// release_reply releases the bytes object a handler's reply was sent from
+// (on a library thread: it takes the GIL).
+void release_reply(void* owner) {
+    if (interpreter_gone()) return;  // leaked: nothing may run Python now
+    LibraryGIL gil;
+    Py_DECREF(static_cast<PyObject*>(owner));
+}
+
+// reply_lend_min is the smallest reply lent to the library as the bytes
+// object itself: below it a copy costs less than taking the GIL again to
+// release the object once the reply is sent.
+constexpr Py_ssize_t reply_lend_min = 64 << 10;
+
+// call_rpc runs on a library thread (a nexar_rpc_lent_handler_t): it takes
+// the GIL and calls fn(from, request: bytes); the result's bytes are the
+// reply, sent straight from the bytes object when large. An exception
+// fails the call with its type name and message (and its nexar code when
+// it is a nexar.Error, else NEXAR_ERR_INTERNAL).
 nexar_result_t call_rpc(nexar_comm_t, int from, uint32_t, const void* req, size_t req_len,
-                        void** reply, size_t* reply_len, void* user) {
+                        nexar_rpc_reply_t* reply, void* user) {
     if (interpreter_gone()) return NEXAR_ERR_CLOSED;
     LibraryGIL gil;
     try {
         py::object out = static_cast<RPCHandler*>(user)->fn(
             from, py::bytes(static_cast<const char*>(req), req_len));
         if (out.is_none()) return NEXAR_SUCCESS;
-        // One copy, straight into the reply the library frees: bytes as
-        // they are, anything else through bytes().
+        // bytes as they are, anything else through bytes().
         py::bytes b = PyBytes_Check(out.ptr()) ? py::reinterpret_borrow<py::bytes>(out) : py::bytes(out);
         char* data = nullptr;
         Py_ssize_t n = 0;
         if (PyBytes_AsStringAndSize(b.ptr(), &data, &n) != 0) throw py::error_already_set();
-        if (n > 0) {
-            void* m = std::malloc(static_cast<size_t>(n));
-            if (m == nullptr) return NEXAR_ERR_INTERNAL;
-            std::memcpy(m, data, static_cast<size_t>(n));
-            *reply = m;
-            *reply_len = static_cast<size_t>(n);
+        if (n == 0) return NEXAR_SUCCESS;
+        if (n >= reply_lend_min) {
+            // Lent: bytes are immutable and the reference keeps them.
+            reply->data = data;
+            reply->len = static_cast<size_t>(n);
+            reply->release = release_reply;
+            reply->owner = b.release().ptr();
+            return NEXAR_SUCCESS;
         }
+        void* m = std::malloc(static_cast<size_t>(n));
+        if (m == nullptr) return NEXAR_ERR_INTERNAL;
+        std::memcpy(m, data, static_cast<size_t>(n));
+        reply->data = m;
+        reply->len = static_cast<size_t>(n);
+        reply->release = std::free;
+        reply->owner = m;
         return NEXAR_SUCCESS;
     } catch (py::error_already_set& e) {
         int code = NEXAR_ERR_INTERNAL;
@@ -295,10 +317,16 @@ nexar_result_t call_rpc(nexar_comm_t, int from, uint32_t, const void* req, size_
         }
         std::string type = py::str(e.type().attr("__name__"));
         std::string msg = py::str(e.value());
-        *reply = c_message(type + ": " + msg);
+        char* m = c_message(type + ": " + msg);
+        reply->data = m;
+        reply->release = std::free;
+        reply->owner = m;
         return static_cast<nexar_result_t>(code);
     } catch (std::exception& e) {
-        *reply = c_message(e.what());
+        char* m = c_message(e.what());
+        reply->data = m;
+        reply->release = std::free;
+        reply->owner = m;
         return NEXAR_ERR_INTERNAL;
     }
 }
@@ -529,12 +557,12 @@ PYBIND11_MODULE(_nexar, m) {
     // destroyed.
     m.def("rpc_register", [](handle_t c, uint32_t id, py::object fn) -> py::object {
         if (fn.is_none()) {
-            NX_CALL(nexar_rpc_register(C(c), id, nullptr, nullptr));
+            NX_CALL(nexar_rpc_register_lent(C(c), id, nullptr, nullptr));
             return py::none();
         }
         auto* h = new RPCHandler{fn};
         py::capsule owner(h, [](void* p) { delete static_cast<RPCHandler*>(p); });
-        NX_CALL(nexar_rpc_register(C(c), id, call_rpc, h));
+        NX_CALL(nexar_rpc_register_lent(C(c), id, call_rpc, h));
         return std::move(owner);
     });
     // rpc_call(c, peer, fn_id, request, timeout_ms) -> reply (timeout_ms 0:

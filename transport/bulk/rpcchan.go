@@ -87,6 +87,21 @@ func newRPCRing(peer, size int, r *ring, b *bell) *rpcChan {
 	return c
 }
 
+// rpcRemoteMin is the smallest RPC payload sent as a remote frame
+// (cross-memory attach) for Options.RemoteMin, 0 for never: only where
+// RemoteMin was set below DefaultRemoteMin. By default RPC payloads go
+// through the ring: a call has one frame in flight, and the ring's two
+// copies run side by side (the reader copies out each piece the writer
+// has published), while a remote frame's one copy leaves the sender
+// spinning until the receiver is done; on a 2-core host the ring was as
+// fast or faster at every size from 256 KiB to 16 MiB (docs/performance.md).
+func rpcRemoteMin(remoteMin int) int {
+	if remoteMin <= 0 || remoteMin >= DefaultRemoteMin {
+		return 0
+	}
+	return remoteMin
+}
+
 // bellPiece bounds what the producer publishes before it rings: the
 // reader then copies while the producer writes the rest.
 const bellPiece = 64 << 10
@@ -565,12 +580,12 @@ func (e *Endpoint) rpcAttach(ctx context.Context, to int, m *ctlMsg) {
 		}
 		e.addRing(r)
 		ch := newRPCRing(to, m.Size, r, b)
-		ch.remoteMin = max(e.opt.RemoteMin, 0)
+		ch.remoteMin = rpcRemoteMin(e.opt.RemoteMin)
 		ok := e.rpcDecide(to, ch)
 		res := &ctlMsg{V: 1, T: "rpcresult", Kind: "shm", OK: ok}
 		if !ok {
 			res.Err = "too late"
-		} else if cmaSupported && e.opt.RemoteMin > 0 {
+		} else if cmaSupported && ch.remoteMin > 0 {
 			// As for a data ring: the receiver tests whether it may read
 			// this process's memory.
 			res.PID, res.Probe, res.Data = selfPID(), uint64(uintptr(unsafe.Pointer(&e.probe[0]))), e.probe

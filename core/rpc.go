@@ -515,6 +515,9 @@ func (c *Comm) serveRPC(src int, id uint64, fn uint32, req []byte, pooled, wait 
 		if h.lent != nil {
 			reply, release, err = runLentHandler(c.ctx, h.lent, src, req)
 			defer recycle() // after the reply is sent: it may be req itself
+			if release == nil {
+				release = func() {} // still lent: a call to oneself gets a copy
+			}
 		} else {
 			reply, err = runHandler(c.ctx, h.own, src, req)
 		}

@@ -62,6 +62,7 @@ func TestRPCLent(t *testing.T) {
 
 func testRPCLent(t *testing.T, comms []*Comm) {
 	var released atomic.Int64
+	var early atomic.Bool
 	for _, c := range comms {
 		rank := c.Rank()
 		c.RegisterLent(1, func(_ context.Context, from int, req []byte) ([]byte, func(), error) {
@@ -75,6 +76,16 @@ func testRPCLent(t *testing.T, comms []*Comm) {
 		})
 		c.RegisterLent(3, func(context.Context, int, []byte) ([]byte, func(), error) { panic("boom") })
 		c.RegisterLent(4, func(_ context.Context, _ int, req []byte) ([]byte, func(), error) { return req, nil, nil })
+		pool := &c.rpc.pool
+		c.RegisterLent(5, func(_ context.Context, _ int, req []byte) ([]byte, func(), error) {
+			// Released once sent: the request's buffer, which is the
+			// reply, must not be back in the pool before then.
+			return req, func() {
+				if inPool(pool, req) {
+					early.Store(true)
+				}
+			}, nil
+		})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -139,9 +150,25 @@ func testRPCLent(t *testing.T, comms []*Comm) {
 			if err != nil || !bytes.Equal(got, reqs[i]) {
 				t.Fatalf("echo %d from rank %d: err %v, reply right %v", i, c.Rank(), err, bytes.Equal(got, reqs[i]))
 			}
+			if &got[0] == &reqs[i][0] {
+				t.Fatalf("echo %d from rank %d: the reply is the request's own memory", i, c.Rank())
+			}
 			call.Recycle()
 			call.Recycle()
 		}
+	}
+	big := make([]byte, 1<<20)
+	for _, c := range comms {
+		for peer := range comms {
+			for range 3 {
+				if got, err := c.CallRPC(ctx, peer, 5, big); err != nil || len(got) != len(big) {
+					t.Fatalf("echo from rank %d: %v", peer, err)
+				}
+			}
+		}
+	}
+	if early.Load() {
+		t.Fatal("a request's buffer went back to the pool before its reply was sent")
 	}
 	// Releases run after the reply is sent, so the last may trail the call.
 	deadline := time.Now().Add(10 * time.Second)
@@ -151,4 +178,21 @@ func testRPCLent(t *testing.T, comms []*Comm) {
 	if got := released.Load(); got != calls {
 		t.Fatalf("%d releases for %d lent replies", got, calls)
 	}
+}
+
+// inPool reports whether b's memory is among p's idle buffers.
+func inPool(p *rpcPool, b []byte) bool {
+	if cap(b) == 0 {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.class {
+		for _, x := range l {
+			if &x[:1][0] == &b[:1][0] {
+				return true
+			}
+		}
+	}
+	return false
 }

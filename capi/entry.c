@@ -180,6 +180,12 @@ nexar_result_t nexar_rpc_register(nexar_comm_t comm, uint32_t fn, nexar_rpc_hand
     return (nexar_result_t)nxgo_rpc_register((uintptr_t)comm, fn, (uintptr_t)handler, user);
 }
 
+nexar_result_t nexar_rpc_register_lent(nexar_comm_t comm, uint32_t fn,
+                                       nexar_rpc_lent_handler_t handler, void* user) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_rpc_register_lent((uintptr_t)comm, fn, (uintptr_t)handler, user);
+}
+
 nexar_result_t nexar_rpc_call(nexar_comm_t comm, int peer, uint32_t fn, const void* req,
                               size_t req_len, void** reply, size_t* reply_len) {
     GUARD("communicator");
@@ -193,6 +199,14 @@ nexar_result_t nexar_rpc_call_timeout(nexar_comm_t comm, int peer, uint32_t fn, 
     GUARD("communicator");
     return (nexar_result_t)nxgo_rpc_call((uintptr_t)comm, peer, fn, (void*)req, req_len, 1,
                                          timeout_ms, reply, reply_len);
+}
+
+nexar_result_t nexar_rpc_call_into(nexar_comm_t comm, int peer, uint32_t fn, const void* req,
+                                   size_t req_len, int64_t timeout_ms, nexar_rpc_alloc_t alloc,
+                                   void* user, size_t* reply_len) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_rpc_call_into((uintptr_t)comm, peer, fn, (void*)req, req_len,
+                                              timeout_ms, (uintptr_t)alloc, user, reply_len);
 }
 
 nexar_result_t nexar_rpc_icall(nexar_comm_t comm, int peer, uint32_t fn, const void* req,

@@ -5,6 +5,29 @@ package main
 #include <string.h>
 
 #include "capi.h"
+#include "nexar.h"
+
+typedef void* (*nxcapi_rpc_alloc_fn)(size_t len, void* user);
+
+// nxcapi_call_lent calls the nexar_rpc_lent_handler_t fn, and
+// nxcapi_release the release function of its reply.
+static inline int nxcapi_call_lent(uintptr_t fn, uintptr_t comm, int from, uint32_t id, const void* req,
+		size_t req_len, nexar_rpc_reply_t* reply, void* user) {
+	memset(reply, 0, sizeof *reply);
+	return (int)((nexar_rpc_lent_handler_t)fn)((nexar_comm_t)comm, from, id, req, req_len, reply, user);
+}
+
+static inline void nxcapi_release(nexar_rpc_reply_t* reply) {
+	if (reply->release != NULL) {
+		reply->release(reply->owner);
+	}
+}
+
+// nxcapi_rpc_alloc calls the nexar_rpc_alloc_t fn (Go cannot call a C
+// function pointer itself).
+static inline void* nxcapi_rpc_alloc(uintptr_t fn, size_t len, void* user) {
+	return ((nxcapi_rpc_alloc_fn)fn)(len, user);
+}
 */
 import "C"
 
@@ -33,14 +56,80 @@ func nxgo_rpc_register(comm C.uintptr_t, id C.uint32_t, handler C.uintptr_t, use
 		c.Register(uint32(id), nil)
 		return resSuccess
 	}
-	c.Register(uint32(id), cHandler(comm, handler, user, uint32(id)))
+	c.RegisterLent(uint32(id), cHandler(comm, handler, user, uint32(id)))
 	return resSuccess
 }
 
+//export nxgo_rpc_register_lent
+func nxgo_rpc_register_lent(comm C.uintptr_t, id C.uint32_t, handler C.uintptr_t, user unsafe.Pointer) (r C.int) {
+	const fn = "nexar_rpc_register_lent"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	c := a.comm(comm)
+	if !a.ok() {
+		return a.fail()
+	}
+	if handler == 0 {
+		c.RegisterLent(uint32(id), nil)
+		return resSuccess
+	}
+	c.RegisterLent(uint32(id), cLentHandler(comm, handler, user, uint32(id)))
+	return resSuccess
+}
+
+// cLentHandler adapts a nexar_rpc_lent_handler_t: the request is passed
+// as it is, the reply sent from the handler's memory and released once
+// sent. The reply descriptor lives in C memory (cgo may not keep a Go
+// pointer to it across the call's end).
+func cLentHandler(comm, handler C.uintptr_t, user unsafe.Pointer, id uint32) core.RPCLentHandler {
+	return func(_ context.Context, from int, req []byte) ([]byte, func(), error) {
+		var p unsafe.Pointer
+		if len(req) > 0 {
+			p = unsafe.Pointer(&req[0])
+		}
+		d := (*C.nexar_rpc_reply_t)(C.malloc(C.size_t(unsafe.Sizeof(C.nexar_rpc_reply_t{}))))
+		if d == nil {
+			return nil, nil, &core.Error{Code: core.CodeInternal, Op: "rpc", Rank: -1, Msg: "cannot allocate a reply descriptor"}
+		}
+		rc := C.nxcapi_call_lent(handler, comm, C.int(from), C.uint32_t(id), p, C.size_t(len(req)), d, user)
+		release := func() {
+			C.nxcapi_release(d)
+			C.free(unsafe.Pointer(d))
+		}
+		data, n := d.data, uint64(d.len)
+		if rc != resSuccess {
+			defer release()
+			msg := fmt.Sprintf("handler returned %s", core.Code(rc))
+			if data != nil {
+				msg = C.GoStringN((*C.char)(data), C.int(C.strnlen((*C.char)(data), 4096)))
+			}
+			code := core.Code(rc)
+			if rc < 0 || rc >= abi.NumResults {
+				code = core.CodeInternal
+			}
+			return nil, nil, &core.Error{Code: code, Op: "rpc", Rank: -1, Msg: msg}
+		}
+		if n > 0 && data == nil {
+			release()
+			return nil, nil, &core.Error{Code: core.CodeInternal, Op: "rpc", Rank: -1, Msg: fmt.Sprintf("handler returned a NULL reply of %d bytes", n)}
+		}
+		if n > transport.MaxPayload {
+			release()
+			return nil, nil, &core.Error{Code: core.CodeInvalidArgument, Op: "rpc", Rank: -1, Msg: fmt.Sprintf("handler's reply of %d bytes exceeds %d", n, transport.MaxPayload)}
+		}
+		if n == 0 {
+			release()
+			return nil, nil, nil
+		}
+		return unsafe.Slice((*byte)(data), int(n)), release, nil
+	}
+}
+
 // cHandler adapts a nexar_rpc_handler_t: the request is passed as it is (C
-// must not keep it), the reply copied out of C memory and freed.
-func cHandler(comm, handler C.uintptr_t, user unsafe.Pointer, id uint32) core.RPCHandler {
-	return func(_ context.Context, from int, req []byte) ([]byte, error) {
+// must not keep it: core reuses its buffer), the reply sent straight from
+// the C memory the handler made and freed once sent.
+func cHandler(comm, handler C.uintptr_t, user unsafe.Pointer, id uint32) core.RPCLentHandler {
+	return func(_ context.Context, from int, req []byte) ([]byte, func(), error) {
 		var reply unsafe.Pointer
 		var n C.size_t
 		var p unsafe.Pointer
@@ -48,8 +137,9 @@ func cHandler(comm, handler C.uintptr_t, user unsafe.Pointer, id uint32) core.RP
 			p = unsafe.Pointer(&req[0])
 		}
 		rc := C.nxcapi_call_rpc(handler, comm, C.int(from), C.uint32_t(id), p, C.size_t(len(req)), &reply, &n, user)
-		defer C.free(reply)
+		release := func() { C.free(reply) }
 		if rc != resSuccess {
+			defer release()
 			msg := fmt.Sprintf("handler returned %s", core.Code(rc))
 			if reply != nil {
 				msg = C.GoStringN((*C.char)(reply), C.int(C.strnlen((*C.char)(reply), 4096)))
@@ -58,15 +148,20 @@ func cHandler(comm, handler C.uintptr_t, user unsafe.Pointer, id uint32) core.RP
 			if rc < 0 || rc >= abi.NumResults {
 				code = core.CodeInternal
 			}
-			return nil, &core.Error{Code: code, Op: "rpc", Rank: -1, Msg: msg}
+			return nil, nil, &core.Error{Code: code, Op: "rpc", Rank: -1, Msg: msg}
 		}
 		if n > 0 && reply == nil {
-			return nil, &core.Error{Code: core.CodeInternal, Op: "rpc", Rank: -1, Msg: fmt.Sprintf("handler returned a NULL reply of %d bytes", uint64(n))}
+			return nil, nil, &core.Error{Code: core.CodeInternal, Op: "rpc", Rank: -1, Msg: fmt.Sprintf("handler returned a NULL reply of %d bytes", uint64(n))}
 		}
 		if uint64(n) > transport.MaxPayload {
-			return nil, &core.Error{Code: core.CodeInvalidArgument, Op: "rpc", Rank: -1, Msg: fmt.Sprintf("handler's reply of %d bytes exceeds %d", uint64(n), transport.MaxPayload)}
+			release()
+			return nil, nil, &core.Error{Code: core.CodeInvalidArgument, Op: "rpc", Rank: -1, Msg: fmt.Sprintf("handler's reply of %d bytes exceeds %d", uint64(n), transport.MaxPayload)}
 		}
-		return C.GoBytes(reply, C.int(n)), nil
+		if n == 0 {
+			release()
+			return nil, nil, nil
+		}
+		return unsafe.Slice((*byte)(reply), int(n)), release, nil
 	}
 }
 
@@ -88,11 +183,44 @@ func nxgo_rpc_call(comm C.uintptr_t, peer C.int, id C.uint32_t, req unsafe.Point
 	*reply, *replyLen = nil, 0
 	ctx, cancel := rpcDeadline(timeoutMS)
 	defer cancel()
-	got, err := c.CallRPC(ctx, int(peer), uint32(id), b)
+	err := c.CallRPCInto(ctx, int(peer), uint32(id), b, func(got []byte) error { return copyReply(got, reply, replyLen) })
 	if err != nil {
 		return result(fn, err)
 	}
-	if err := copyReply(got, reply, replyLen); err != nil {
+	return resSuccess
+}
+
+//export nxgo_rpc_call_into
+func nxgo_rpc_call_into(comm C.uintptr_t, peer C.int, id C.uint32_t, req unsafe.Pointer, reqLen C.size_t, timeoutMS C.int64_t, alloc C.uintptr_t, user unsafe.Pointer, replyLen *C.size_t) (r C.int) {
+	const fn = "nexar_rpc_call_into"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	c := a.comm(comm)
+	if alloc == 0 {
+		a.failf(resInvalidArgument, "alloc is NULL")
+	}
+	a.out("reply_len", unsafe.Pointer(replyLen))
+	b := a.rpcRequest(req, reqLen, timeoutMS)
+	if !a.ok() {
+		return a.fail()
+	}
+	*replyLen = 0
+	ctx, cancel := rpcDeadline(timeoutMS)
+	defer cancel()
+	err := c.CallRPCInto(ctx, int(peer), uint32(id), b, func(got []byte) error {
+		*replyLen = C.size_t(len(got))
+		if len(got) == 0 {
+			return nil
+		}
+		m := C.nxcapi_rpc_alloc(alloc, C.size_t(len(got)), user)
+		if m == nil {
+			return &core.Error{Code: core.CodeTruncated, Op: "rpc", Rank: int(peer),
+				Msg: fmt.Sprintf("alloc gave no buffer for the %d-byte reply of rank %d, function %d", len(got), int(peer), uint32(id))}
+		}
+		copy(unsafe.Slice((*byte)(m), len(got)), got)
+		return nil
+	})
+	if err != nil {
 		return result(fn, err)
 	}
 	return resSuccess
@@ -155,6 +283,7 @@ func (rc *rpcCall) deliver() error {
 		_, got, err := rc.call.Test()
 		if err == nil {
 			err = copyReply(got, rc.reply, rc.replyLen)
+			rc.call.Recycle()
 		}
 		rc.err = err
 	})

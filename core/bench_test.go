@@ -133,3 +133,31 @@ func BenchmarkAllreduceLate(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRPCLent is BenchmarkRPC the way the C and Python layers call:
+// a lent handler (request borrowed, reply lent back) and CallRPCInto
+// copying the reply out, so large payloads come from the RPC pool.
+func BenchmarkRPCLent(b *testing.B) {
+	for _, size := range []int{8, 4096, 1 << 20} {
+		b.Run(fmt.Sprint(size), func(b *testing.B) {
+			comms, err := NewLocalQUIC(2, testConfig())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer closeAll(b, comms)
+			comms[1].RegisterLent(1, func(_ context.Context, _ int, req []byte) ([]byte, func(), error) { return req, nil, nil })
+			req := make([]byte, size)
+			out := make([]byte, size)
+			use := func(r []byte) error { copy(out, r); return nil }
+			ctx := context.Background()
+			b.SetBytes(int64(2 * size))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				if err := comms[0].CallRPCInto(ctx, 1, 1, req, use); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -106,7 +106,7 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 		gone:       make(map[int]departure),
 		collLimit:  math.MaxUint64,
 		lost:       newFailures(len(world)),
-		rpc:        newRPCState(n.cfg.RPCHandlers),
+		rpc:        newRPCState(n.cfg.RPCHandlers, rpcPoolBytes(n.cfg)),
 		rec:        recovery{policy: n.cfg.OnFailure, stop: make(chan struct{})},
 		flight:     newFlightRecorder(n.cfg, n.log, id, rank),
 		scratch:    collective.NewScratchPool(n.cfg.ScratchIdleBytes),

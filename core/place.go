@@ -20,7 +20,7 @@ func (n *node) place(from int, th *transport.Header, size int) ([]byte, func(err
 		return nil, nil
 	}
 	h, err := decodeHeader(th)
-	if err != nil || (h.kind != kindColl && h.kind != kindP2P) || h.total > 1<<62 || uint64(size) > h.total {
+	if err != nil || (h.kind != kindColl && h.kind != kindP2P && h.kind != kindRPC) || h.total > 1<<62 || uint64(size) > h.total {
 		return nil, nil // the Handler reports what is wrong
 	}
 	n.lastSeen[from].Store(time.Now().UnixNano())
@@ -34,8 +34,11 @@ func (n *node) place(from int, th *transport.Header, size int) ([]byte, func(err
 	if !ok {
 		return nil, nil
 	}
-	if h.kind == kindColl {
+	switch h.kind {
+	case kindColl:
 		return c.placeColl(src, h, size)
+	case kindRPC:
+		return c.placeRPC(src, h, size) // from RPC channels (transport/bulk)
 	}
 	return c.placeP2P(src, h, size)
 }

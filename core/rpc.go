@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"sync"
 
 	"github.com/nexar-go/nexar/transport"
@@ -23,6 +24,16 @@ import (
 // the communicator fails or is closed.
 type RPCHandler func(ctx context.Context, from int, req []byte) ([]byte, error)
 
+// RPCLentHandler serves one call like RPCHandler, but borrows instead of
+// owning: req stays valid only until the reply has been sent (its buffer
+// is then reused; the reply may be req itself or part of it), and the
+// reply is lent back: it is sent as it is, without a copy, and then
+// release (when not nil) is called exactly once, also when the reply is
+// not sent (an error, the communicator closing). The reply must not change
+// until release. This is how the C and Python handlers serve large
+// payloads without copying them into and out of Go memory.
+type RPCLentHandler func(ctx context.Context, from int, req []byte) (reply []byte, release func(), err error)
+
 // Wire: kind rpc; sub is the message; seqOrTag the call id (the caller's);
 // step the function id; total the payload length.
 const (
@@ -38,19 +49,95 @@ const DefaultRPCHandlers = 64
 // rpcState is a communicator's RPC state; guarded by its mu.
 type rpcState struct {
 	mu       sync.Mutex
-	handlers map[uint32]RPCHandler
+	handlers map[uint32]rpcHandler
 	nextID   uint64
 	calls    map[uint64]*Call
 	err      error         // the communicator's failure: no call starts, every call in flight ended
 	sem      chan struct{} // one slot per running handler
 	running  sync.WaitGroup
+	pool     rpcPool // payload buffers of 64 KiB and more (its own lock)
 }
 
-func newRPCState(limit int) *rpcState {
+// rpcHandler is a registered handler: exactly one of the two is set.
+type rpcHandler struct {
+	own  RPCHandler
+	lent RPCLentHandler
+}
+
+func newRPCState(limit, poolBytes int) *rpcState {
 	if limit <= 0 {
 		limit = DefaultRPCHandlers
 	}
-	return &rpcState{handlers: make(map[uint32]RPCHandler), calls: make(map[uint64]*Call), sem: make(chan struct{}, limit)}
+	return &rpcState{handlers: make(map[uint32]rpcHandler), calls: make(map[uint64]*Call), sem: make(chan struct{}, limit),
+		pool: rpcPool{max: poolBytes}}
+}
+
+// rpcPoolBytes bounds a communicator's idle RPC buffers: the RPC share of
+// the ring budget (a quarter, as for the RPC rings), or 16 MiB without one.
+func rpcPoolBytes(cfg Config) int {
+	if cfg.RingBudget > 0 {
+		return cfg.RingBudget / 4
+	}
+	return 16 << 20
+}
+
+// rpcPoolMin is the smallest payload read into a pooled buffer: below it
+// a fresh allocation costs less than the bookkeeping.
+const rpcPoolMin = 64 << 10
+
+// rpcPool keeps the buffers of large RPC payloads (requests served by lent
+// handlers, replies that the C and Python layers copy out) for reuse: a
+// fresh 1 MiB buffer is zeroed by the Go runtime and, in C, page-faulted
+// by malloc, each costing about as much as the copy it receives. Buffers
+// are kept by power-of-two size class, at most max bytes idle in all
+// (Comm's RPC share of the ring budget, so the memory profile bounds it).
+// Safe for concurrent use.
+type rpcPool struct {
+	mu    sync.Mutex
+	max   int
+	idle  int
+	class [27][][]byte // class k: capacity 1<<k (k <= log2 MaxPayload)
+}
+
+// get returns a buffer of n bytes (pooled when n >= rpcPoolMin).
+func (p *rpcPool) get(n int) []byte {
+	k := poolClass(n)
+	if k < 0 {
+		return make([]byte, n)
+	}
+	p.mu.Lock()
+	if l := len(p.class[k]); l > 0 {
+		b := p.class[k][l-1]
+		p.class[k][l-1] = nil
+		p.class[k] = p.class[k][:l-1]
+		p.idle -= cap(b)
+		p.mu.Unlock()
+		return b[:n]
+	}
+	p.mu.Unlock()
+	return make([]byte, n, 1<<k)
+}
+
+// put gives b back for reuse; b must come from get and not be used after.
+func (p *rpcPool) put(b []byte) {
+	k := poolClass(cap(b))
+	if k < 0 || cap(b) != 1<<k {
+		return
+	}
+	p.mu.Lock()
+	if p.idle+cap(b) <= p.max {
+		p.class[k] = append(p.class[k], b[:0])
+		p.idle += cap(b)
+	}
+	p.mu.Unlock()
+}
+
+// poolClass is the size class of n bytes, or -1 when n is not pooled.
+func poolClass(n int) int {
+	if n < rpcPoolMin || n > transport.MaxPayload {
+		return -1
+	}
+	return bits.Len(uint(n - 1))
 }
 
 // Call is an RPC in flight (ICall). Its methods are safe for concurrent
@@ -65,6 +152,8 @@ type Call struct {
 	mu       sync.Mutex // guards stop and finished
 	finished bool
 	reply    []byte
+	pooled   bool // reply is from the pool: Recycle may give it back
+	recycled bool // guarded by mu
 	err      error
 	stop     func() // ends the deadline's watch (ICallContext)
 }
@@ -80,7 +169,21 @@ func (c *Comm) Register(id uint32, h RPCHandler) {
 		delete(s.handlers, id)
 		return
 	}
-	s.handlers[id] = h
+	s.handlers[id] = rpcHandler{own: h}
+}
+
+// RegisterLent is Register for a handler that borrows its request and
+// lends its reply (RPCLentHandler); h nil removes the handler of id.
+// Safe for concurrent use.
+func (c *Comm) RegisterLent(id uint32, h RPCLentHandler) {
+	s := c.rpc
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h == nil {
+		delete(s.handlers, id)
+		return
+	}
+	s.handlers[id] = rpcHandler{lent: h}
 }
 
 // CallRPC calls function id on rank peer with req and returns its reply.
@@ -92,6 +195,21 @@ func (c *Comm) Register(id uint32, h RPCHandler) {
 // returns.
 func (c *Comm) CallRPC(ctx context.Context, peer int, id uint32, req []byte) ([]byte, error) {
 	return c.startCall(peer, id, req, true).Wait(ctx)
+}
+
+// CallRPCInto is CallRPC that lends the reply to use instead of returning
+// it: the reply is valid only while use runs (its buffer is then reused),
+// so a caller that copies it elsewhere (the C and Python layers) saves an
+// allocation per call. use runs only on success; its error is returned.
+func (c *Comm) CallRPCInto(ctx context.Context, peer int, id uint32, req []byte, use func(reply []byte) error) error {
+	call := c.startCall(peer, id, req, true)
+	reply, err := call.Wait(ctx)
+	if err != nil {
+		return err
+	}
+	err = use(reply)
+	call.Recycle()
+	return err
 }
 
 // ICall starts calling function id on rank peer with req; Wait returns the
@@ -153,7 +271,7 @@ func (c *Comm) startCall(peer int, id uint32, req []byte, inline bool) *Call {
 	s.calls[call.id] = call
 	s.mu.Unlock()
 	if peer == c.rank {
-		c.serveRPC(c.rank, call.id, id, req, false) // no transport to oneself
+		c.serveRPC(c.rank, call.id, id, req, false, false) // no transport to oneself
 		return call
 	}
 	send := func() {
@@ -204,6 +322,24 @@ func (call *Call) Wait(ctx context.Context) ([]byte, error) {
 	return call.reply, call.err
 }
 
+// Recycle says that the caller is done with the reply of a finished call:
+// its buffer may be reused, so the reply (from Wait or Test) must not be
+// used any more. Optional; later calls do nothing.
+func (call *Call) Recycle() {
+	select {
+	case <-call.done:
+	default:
+		return
+	}
+	call.mu.Lock()
+	again := call.recycled
+	call.recycled = true
+	call.mu.Unlock()
+	if !again && call.pooled {
+		call.c.rpc.pool.put(call.reply)
+	}
+}
+
 // Done is closed when the call has its reply or failed.
 func (call *Call) Done() <-chan struct{} { return call.done }
 
@@ -219,8 +355,15 @@ func (call *Call) Test() (done bool, reply []byte, err error) {
 }
 
 func (call *Call) finish(reply []byte, err error) {
+	call.finishPooled(reply, false, err)
+}
+
+// finishPooled is finish with a reply from the pool when pooled; it
+// reports whether the call took the reply.
+func (call *Call) finishPooled(reply []byte, pooled bool, err error) (took bool) {
 	call.once.Do(func() {
-		call.reply, call.err = reply, err
+		took = true
+		call.reply, call.pooled, call.err = reply, pooled, err
 		call.mu.Lock()
 		call.finished = true
 		stop := call.stop
@@ -230,6 +373,7 @@ func (call *Call) finish(reply []byte, err error) {
 		}
 		close(call.done)
 	})
+	return took
 }
 
 // failAll fails every call in flight, and every later one, with err (the
@@ -249,16 +393,27 @@ func (s *rpcState) failAll(err error) {
 // from (ignored when it is not the rank called) or, for from < 0, with
 // what this rank found.
 func (c *Comm) rpcDone(id uint64, from int, reply []byte, err error) {
+	c.rpcDonePooled(id, from, reply, false, err)
+}
+
+// rpcDonePooled is rpcDone with a reply from the pool when pooled: it goes
+// back to the pool when no call takes it.
+func (c *Comm) rpcDonePooled(id uint64, from int, reply []byte, pooled bool, err error) {
 	s := c.rpc
 	s.mu.Lock()
 	call := s.calls[id]
 	if call == nil || (from >= 0 && call.peer != from) {
 		s.mu.Unlock()
+		if pooled {
+			s.pool.put(reply)
+		}
 		return
 	}
 	delete(s.calls, id)
 	s.mu.Unlock()
-	call.finish(reply, err)
+	if !call.finishPooled(reply, pooled, err) && pooled {
+		s.pool.put(reply)
+	}
 }
 
 func (c *Comm) sendRPC(ctx context.Context, peer int, sub uint8, id uint64, fn uint32, payload []byte) error {
@@ -267,39 +422,77 @@ func (c *Comm) sendRPC(ctx context.Context, peer int, sub uint8, id uint64, fn u
 	return c.n.ep.Send(ctx, c.world[peer], transport.LaneRPC, &th, payload)
 }
 
+// placeRPC is the transport.PlaceFunc part for RPC (node.place): a large
+// request or reply is read straight into a pooled buffer and delivered
+// from there, so that neither the Go runtime's zeroing of a fresh buffer
+// nor the garbage it leaves is paid per call.
+func (c *Comm) placeRPC(src int, h header, size int) ([]byte, func(error)) {
+	if uint64(size) != h.total || poolClass(size) < 0 {
+		return nil, nil // the Handler takes it (and reports what is wrong)
+	}
+	b := c.rpc.pool.get(size)
+	return b, func(err error) {
+		if err != nil {
+			c.rpc.pool.put(b)
+			return
+		}
+		c.deliverRPCPooled(src, h, b, true, false)
+	}
+}
+
 // deliverRPC takes an RPC message from comm rank src. A request waits for
 // a handler slot (back-pressure on src's RPC lane only) unless mustNotBlock.
 func (c *Comm) deliverRPC(src int, h header, payload []byte, mustNotBlock bool) {
+	c.deliverRPCPooled(src, h, payload, false, mustNotBlock)
+}
+
+// deliverRPCPooled is deliverRPC for a payload from the pool when pooled.
+func (c *Comm) deliverRPCPooled(src int, h header, payload []byte, pooled, mustNotBlock bool) {
 	switch h.sub {
 	case rpcRequest:
-		c.serveRPC(src, h.seqOrTag, h.step, payload, !mustNotBlock)
+		c.serveRPC(src, h.seqOrTag, h.step, payload, pooled, !mustNotBlock)
 	case rpcReply:
-		c.rpcDone(h.seqOrTag, src, payload, nil)
+		c.rpcDonePooled(h.seqOrTag, src, payload, pooled, nil)
 	case rpcErrReply:
 		e := c.decodeCause(payload)
+		if pooled {
+			c.rpc.pool.put(payload)
+		}
 		if e == nil {
 			e = &Error{Code: CodeInternal, Op: "rpc", Rank: src, Msg: "malformed error reply"}
 		}
 		e.Op = "rpc"
 		c.rpcDone(h.seqOrTag, src, nil, e)
+	default:
+		if pooled {
+			c.rpc.pool.put(payload)
+		}
 	}
 }
 
 // serveRPC runs the handler of fn for a request from comm rank src (this
 // rank for a call to itself) in a goroutine of its own, once a handler slot
 // is free (waiting for it here when wait, else in that goroutine), and
-// sends the reply.
-func (c *Comm) serveRPC(src int, id uint64, fn uint32, req []byte, wait bool) {
+// sends the reply. A pooled request goes back to the pool once a lent
+// handler is done with it (an owning handler keeps it).
+func (c *Comm) serveRPC(src int, id uint64, fn uint32, req []byte, pooled, wait bool) {
+	recycle := func() {
+		if pooled {
+			c.rpc.pool.put(req)
+		}
+	}
 	if err := c.failure("rpc"); err != nil {
-		c.replyRPC(src, id, nil, err)
+		recycle()
+		c.replyRPC(src, id, nil, nil, err)
 		return
 	}
 	s := c.rpc
 	s.mu.Lock()
-	h := s.handlers[fn]
+	h, ok := s.handlers[fn]
 	s.mu.Unlock()
-	if h == nil {
-		c.replyRPC(src, id, nil, &Error{Code: CodeInvalidArgument, Op: "rpc", Rank: c.rank,
+	if !ok {
+		recycle()
+		c.replyRPC(src, id, nil, nil, &Error{Code: CodeInvalidArgument, Op: "rpc", Rank: c.rank,
 			Msg: fmt.Sprintf("rank %d has no handler for function %d", c.rank, fn)})
 		return
 	}
@@ -312,16 +505,29 @@ func (c *Comm) serveRPC(src int, id uint64, fn uint32, req []byte, wait bool) {
 		}
 	}
 	if wait && !acquire() {
+		recycle()
 		return
 	}
 	s.running.Add(1)
 	go func() {
 		defer s.running.Done()
 		if !wait && !acquire() {
+			recycle()
 			return
 		}
 		defer func() { <-s.sem }()
-		reply, err := runHandler(c.ctx, h, src, req)
+		var reply []byte
+		var release func()
+		var err error
+		if h.lent != nil {
+			reply, release, err = runLentHandler(c.ctx, h.lent, src, req)
+			defer recycle() // after the reply is sent: it may be req itself
+			if release == nil {
+				release = func() {} // still lent: a call to oneself gets a copy
+			}
+		} else {
+			reply, err = runHandler(c.ctx, h.own, src, req)
+		}
 		if err != nil {
 			var e *Error
 			if !errors.As(err, &e) {
@@ -332,7 +538,7 @@ func (c *Comm) serveRPC(src int, id uint64, fn uint32, req []byte, wait bool) {
 			err = &Error{Code: CodeInvalidArgument, Op: "rpc", Rank: c.rank,
 				Msg: fmt.Sprintf("rank %d, function %d: reply of %d bytes exceeds %d", c.rank, fn, len(reply), transport.MaxPayload)}
 		}
-		c.replyRPC(src, id, reply, err)
+		c.replyRPC(src, id, reply, release, err)
 	}()
 }
 
@@ -346,9 +552,30 @@ func runHandler(ctx context.Context, h RPCHandler, from int, req []byte) (reply 
 	return h(ctx, from, req)
 }
 
-// replyRPC sends the reply (or err) of call id to comm rank dst.
-func (c *Comm) replyRPC(dst int, id uint64, reply []byte, err error) {
+// runLentHandler calls h, turning a panic into an error.
+func runLentHandler(ctx context.Context, h RPCLentHandler, from int, req []byte) (reply []byte, release func(), err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			reply, release, err = nil, nil, fmt.Errorf("handler panicked: %v", p)
+		}
+	}()
+	return h(ctx, from, req)
+}
+
+// replyRPC sends the reply (or err) of call id to comm rank dst, then
+// calls release (when not nil: the reply was lent).
+func (c *Comm) replyRPC(dst int, id uint64, reply []byte, release func(), err error) {
+	if release != nil {
+		defer release()
+	}
 	if dst == c.rank {
+		if release != nil && err == nil && len(reply) > 0 {
+			// The lent reply is released on return: the caller gets a copy.
+			b := c.rpc.pool.get(len(reply))
+			copy(b, reply)
+			c.rpcDonePooled(id, dst, b, poolClass(len(b)) >= 0, nil)
+			return
+		}
 		c.rpcDone(id, dst, reply, err)
 		return
 	}

@@ -558,9 +558,9 @@ nexar_result_t nexar_recv_status(void* buf, size_t count, nexar_datatype_t dt, i
 
 /* nexar_rpc_handler_t serves one call of function fn from rank from:
  * req[0:req_len] is the request, valid during the call only. On success it
- * stores a reply made with malloc() in *reply (the library frees it with
- * free() once sent; NULL for an empty reply) and its length in *reply_len,
- * and returns NEXAR_SUCCESS. Any other result fails the call with that
+ * stores a reply made with malloc() in *reply (the library sends it from
+ * there, without a copy, and frees it with free() once sent; NULL for an
+ * empty reply) and its length in *reply_len, and returns NEXAR_SUCCESS. Any other result fails the call with that
  * code; *reply may then hold a NUL-terminated message from malloc() that
  * the caller gets (the library frees it). It runs on a library thread, up
  * to the communicator's bound of handlers at once (64), and may call any
@@ -578,6 +578,36 @@ typedef nexar_result_t (*nexar_rpc_handler_t)(nexar_comm_t comm, int from, uint3
  * Thread-safety: safe from any thread. */
 nexar_result_t nexar_rpc_register(nexar_comm_t comm, uint32_t fn, nexar_rpc_handler_t handler,
                                   void* user);
+
+/* nexar_rpc_reply_t is the reply of a nexar_rpc_lent_handler_t: data[0:len]
+ * is sent from where it is, without a copy, and then release(owner) is
+ * called exactly once (when release is not NULL), on a library thread,
+ * also when the reply is not sent (the call failed, the communicator
+ * closed). data must stay valid and unchanged until then. */
+typedef struct nexar_rpc_reply {
+    const void* data;
+    size_t len;
+    void (*release)(void* owner);
+    void* owner;
+} nexar_rpc_reply_t;
+
+/* nexar_rpc_lent_handler_t serves one call like nexar_rpc_handler_t but
+ * lends its reply instead of handing over malloc() memory: on success it
+ * fills *reply (zeroed on entry: an empty reply) and returns
+ * NEXAR_SUCCESS. Any other result fails the call with that code;
+ * reply->data may then point to a NUL-terminated message for the caller
+ * (released as above). It runs as nexar_rpc_handler_t does. */
+typedef nexar_result_t (*nexar_rpc_lent_handler_t)(nexar_comm_t comm, int from, uint32_t fn,
+                                                   const void* req, size_t req_len,
+                                                   nexar_rpc_reply_t* reply, void* user);
+
+/* nexar_rpc_register_lent is nexar_rpc_register for a handler that lends
+ * its reply (no copy of it into or out of library memory); handler NULL
+ * removes the handler of fn.
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE.
+ * Thread-safety: safe from any thread. */
+nexar_result_t nexar_rpc_register_lent(nexar_comm_t comm, uint32_t fn,
+                                       nexar_rpc_lent_handler_t handler, void* user);
 
 /* nexar_rpc_call calls function fn on rank peer (this rank too) with
  * req[0:req_len] and waits for the reply, which it stores in *reply
@@ -603,6 +633,26 @@ nexar_result_t nexar_rpc_call(nexar_comm_t comm, int peer, uint32_t fn, const vo
 nexar_result_t nexar_rpc_call_timeout(nexar_comm_t comm, int peer, uint32_t fn, const void* req,
                                       size_t req_len, int64_t timeout_ms, void** reply,
                                       size_t* reply_len);
+
+/* nexar_rpc_alloc_t returns where a reply of len (> 0) bytes goes: at
+ * least len writable bytes, or NULL to refuse the reply. */
+typedef void* (*nexar_rpc_alloc_t)(size_t len, void* user);
+
+/* nexar_rpc_call_into is nexar_rpc_call_timeout that puts the reply where
+ * the caller says instead of in library memory: once the reply has come,
+ * it calls alloc(len, user) once, on the calling thread before it returns,
+ * and copies the reply to the buffer alloc returns (alloc is not called
+ * for an empty reply nor when the call fails). The reply takes one copy,
+ * from a buffer the library reuses, and no allocation of the library's; a
+ * caller with a buffer of its own returns it from alloc when len fits.
+ * *reply_len receives the reply's length, also when alloc refuses it.
+ * Result: as nexar_rpc_call_timeout; NEXAR_ERR_TRUNCATED when alloc
+ * returned NULL (the reply is then dropped: the call has run);
+ * NEXAR_ERR_INVALID_ARGUMENT also for alloc or reply_len NULL.
+ * Thread-safety: as nexar_rpc_call. */
+nexar_result_t nexar_rpc_call_into(nexar_comm_t comm, int peer, uint32_t fn, const void* req,
+                                   size_t req_len, int64_t timeout_ms, nexar_rpc_alloc_t alloc,
+                                   void* user, size_t* reply_len);
 
 /* nexar_rpc_icall starts calling function fn on rank peer and returns at
  * once with *request, which nexar_wait, nexar_test, nexar_waitall and

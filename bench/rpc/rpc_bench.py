@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """RPC round trip: nexar (Python API, Comm.call) against torch.distributed.rpc
-(TensorPipe, rpc_sync) on this machine, 2 processes, same run.
+(TensorPipe, rpc_sync) on this machine, 2 processes, same run; nexar also
+with the reply written into a buffer of the caller's (Comm.call(out=)).
 
 For each payload size, rank 0 calls rank 1's echo handler (the reply is the
 request) --iters times, one call in flight, and reports the median, p99 and
@@ -54,6 +55,15 @@ def run_nexar(rank, sizes, iters):
                 ts.append(time.perf_counter() - t)
             assert got == req
             out.append({"system": "nexar", "bytes": size, **stats(ts)})
+            # The reply into a buffer of the caller's (Comm.call(out=)).
+            buf = bytearray(size)
+            ts = []
+            for _ in range(iters if size < 1 << 20 else max(50, iters // 20)):
+                t = time.perf_counter()
+                c.call(1, 1, req, out=buf)
+                ts.append(time.perf_counter() - t)
+            assert buf == req
+            out.append({"system": "nexar-out", "bytes": size, **stats(ts)})
     c.barrier()
     c.close()
     return out
@@ -126,13 +136,15 @@ def main():
     sizes = [int(s) for s in args.sizes.split(",")]
     res = launch("nexar", sizes, args.iters, args.bulk) + launch("torch", sizes, args.iters)
     by = {(r["system"], r["bytes"]): r for r in res}
-    print("| bytes | nexar median µs (p99) | torch-rpc median µs (p99) | torch/nexar median | nexar MB/s | torch-rpc MB/s |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("| bytes | nexar median µs (p99) | nexar out= median µs (p99) | torch-rpc median µs (p99) | "
+          "torch/nexar median | torch/nexar out= median | nexar MB/s | nexar out= MB/s | torch-rpc MB/s |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for s in sizes:
-        n, t = by[("nexar", s)], by[("torch-rpc", s)]
+        n, o, t = by[("nexar", s)], by[("nexar-out", s)], by[("torch-rpc", s)]
         mbps = lambda r: 2 * s / r["mean_us"]  # noqa: E731 (bytes per µs = MB/s)
-        print(f"| {s} | {n['median_us']:.1f} ({n['p99_us']:.1f}) | {t['median_us']:.1f} ({t['p99_us']:.1f}) | "
-              f"{t['median_us'] / n['median_us']:.1f}× | {mbps(n):.0f} | {mbps(t):.0f} |")
+        print(f"| {s} | {n['median_us']:.1f} ({n['p99_us']:.1f}) | {o['median_us']:.1f} ({o['p99_us']:.1f}) | "
+              f"{t['median_us']:.1f} ({t['p99_us']:.1f}) | {t['median_us'] / n['median_us']:.1f}× | "
+              f"{t['median_us'] / o['median_us']:.1f}× | {mbps(n):.0f} | {mbps(o):.0f} | {mbps(t):.0f} |")
     print(json.dumps(res))
 
 

@@ -1,7 +1,8 @@
 /* test_rpc: every rank serves function 1 (echo, prefixed with "<rank><-<from>:"),
  * function 2 (fails with NEXAR_ERR_UNAVAILABLE and a message) and function 3
  * (sleeps 2 s), then calls every rank, itself too, blocking, with a deadline
- * and non-blocking. Unknown functions, handler errors, deadlines and bad
+ * non-blocking and into the caller's buffer (nexar_rpc_call_into, 1 MiB
+ * too). Unknown functions, handler errors, deadlines and bad
  * arguments come back as errors on every form. Run under the launcher. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -66,6 +67,64 @@ static nexar_result_t slow(nexar_comm_t comm, int from, uint32_t fn, const void*
     return NEXAR_SUCCESS;
 }
 
+/* lent_echo serves function 5 with nexar_rpc_register_lent: the reply is
+ * lent from a static buffer (the request, copied), released through
+ * count_release; function 6 fails with a lent message. */
+static int released; /* lent replies released (atomic) */
+static char lent_buf[1 << 20];
+static char lent_msg[] = "lent refusal";
+
+static void count_release(void* owner) {
+    EXPECT(owner == lent_buf || owner == lent_msg, "release of a wrong owner");
+    __atomic_add_fetch(&released, 1, __ATOMIC_SEQ_CST);
+}
+
+static nexar_result_t lent_echo(nexar_comm_t comm, int from, uint32_t fn, const void* req, size_t req_len,
+                                nexar_rpc_reply_t* reply, void* user) {
+    (void)comm;
+    (void)from;
+    (void)user;
+    EXPECT(reply->data == NULL && reply->len == 0 && reply->release == NULL, "reply not zeroed");
+    if (fn == 6) {
+        reply->data = lent_msg;
+        reply->release = count_release;
+        reply->owner = lent_msg;
+        return NEXAR_ERR_UNAVAILABLE;
+    }
+    EXPECT(req_len <= sizeof lent_buf, "request of %zu bytes", req_len);
+    if (req_len > 0) {
+        memcpy(lent_buf, req, req_len);
+    }
+    reply->data = lent_buf;
+    reply->len = req_len;
+    reply->release = count_release;
+    reply->owner = lent_buf;
+    return NEXAR_SUCCESS;
+}
+
+/* lent_checks: nexar_rpc_register_lent's handlers against peer, one call
+ * at a time (lent_buf is shared), each reply released once. */
+static void lent_checks(nexar_comm_t c, int rank, int peer) {
+    enum { BIG = 1 << 20 };
+    char* req = malloc(BIG);
+    EXPECT(req != NULL, "no memory");
+    for (size_t i = 0; i < BIG; i++) {
+        req[i] = (char)(i * 13 + (size_t)rank);
+    }
+    void* reply = NULL;
+    size_t len = 0;
+    CK(nexar_rpc_call(c, peer, 5, req, BIG, &reply, &len));
+    EXPECT(len == BIG && memcmp(reply, req, BIG) == 0, "lent 1 MiB echo: %zu bytes", len);
+    nexar_free(reply);
+    CK(nexar_rpc_call(c, peer, 5, "ab", 2, &reply, &len));
+    EXPECT(len == 2 && memcmp(reply, "ab", 2) == 0, "lent echo: %zu bytes", len);
+    nexar_free(reply);
+    nexar_result_t r = nexar_rpc_call(c, peer, 6, NULL, 0, &reply, &len);
+    EXPECT(r == NEXAR_ERR_UNAVAILABLE && strstr(nexar_last_error(), "lent refusal") != NULL,
+           "lent refusal: %s: %s", nexar_result_string(r), nexar_last_error());
+    free(req);
+}
+
 /* die ends this process in the middle of a call (exit status 0: the test
  * wants the caller to see a lost peer). */
 static nexar_result_t die(nexar_comm_t comm, int from, uint32_t fn, const void* req, size_t req_len,
@@ -81,6 +140,69 @@ static nexar_result_t die(nexar_comm_t comm, int from, uint32_t fn, const void* 
     printf("rank %d: test_rpc ok (exiting in a call)\n", g_rank);
     fflush(stdout);
     _exit(0);
+}
+
+/* into is the nexar_rpc_alloc_t of into_checks: a fixed buffer, handed
+ * out when the reply fits, and a count of the calls. */
+struct into {
+    char* buf;
+    size_t cap;
+    int calls;
+    size_t asked;
+};
+
+static void* into_alloc(size_t len, void* user) {
+    struct into* in = user;
+    in->calls++;
+    in->asked = len;
+    return len <= in->cap ? in->buf : NULL;
+}
+
+/* into_checks: nexar_rpc_call_into against peer: a small and a 1 MiB reply
+ * into the caller's buffer, a buffer too small, errors that never call
+ * alloc, bad arguments. */
+static void into_checks(nexar_comm_t c, int rank, int peer) {
+    enum { BIG = 1 << 20 };
+    char* req = malloc(BIG);
+    char* buf = malloc(BIG + 64);
+    EXPECT(req != NULL && buf != NULL, "no memory");
+    for (size_t i = 0; i < BIG; i++) {
+        req[i] = (char)(i * 31 + (size_t)rank);
+    }
+    char head[32];
+    int n = snprintf(head, sizeof head, "%d<-%d:", peer, rank);
+    for (int round = 0; round < 3; round++) { /* again: the library reuses its buffers */
+        struct into in = {buf, BIG + 64, 0, 0};
+        size_t len = 0;
+        CK(nexar_rpc_call_into(c, peer, 1, req, BIG, 0, into_alloc, &in, &len));
+        EXPECT(in.calls == 1 && len == (size_t)n + BIG && in.asked == len && memcmp(buf, head, (size_t)n) == 0 &&
+                   memcmp(buf + n, req, BIG) == 0,
+               "call_into 1 MiB (round %d): %d allocs, len %zu, reply %s", round, in.calls, len,
+               memcmp(buf + n, req, BIG) == 0 ? "right" : "wrong");
+    }
+    struct into small = {buf, 4, 0, 0};
+    size_t len = 0;
+    nexar_result_t r = nexar_rpc_call_into(c, peer, 1, "abc", 3, 0, into_alloc, &small, &len);
+    EXPECT(r == NEXAR_ERR_TRUNCATED && small.calls == 1 && len == (size_t)n + 3 &&
+               strstr(nexar_last_error(), "function 1") != NULL,
+           "call_into, buffer too small: %s, %d allocs, len %zu: %s", nexar_result_string(r), small.calls, len,
+           nexar_last_error());
+    struct into none = {buf, BIG, 0, 0};
+    r = nexar_rpc_call_into(c, peer, 2, NULL, 0, 0, into_alloc, &none, &len);
+    EXPECT(r == NEXAR_ERR_UNAVAILABLE && none.calls == 0 && strstr(nexar_last_error(), "no model loaded") != NULL,
+           "call_into refusing handler: %s, %d allocs: %s", nexar_result_string(r), none.calls, nexar_last_error());
+    r = nexar_rpc_call_into(c, peer, 9, "x", 1, 0, into_alloc, &none, &len);
+    EXPECT(r == NEXAR_ERR_INVALID_ARGUMENT && none.calls == 0 && strstr(nexar_last_error(), "no handler for function 9"),
+           "call_into unknown function: %s: %s", nexar_result_string(r), nexar_last_error());
+    r = nexar_rpc_call_into(c, peer, 3, NULL, 0, 200, into_alloc, &none, &len);
+    EXPECT(r == NEXAR_ERR_TIMEOUT && none.calls == 0, "call_into past its deadline: %s", nexar_result_string(r));
+    EXPECT(nexar_rpc_call_into(c, peer, 1, NULL, 0, 0, NULL, &none, &len) == NEXAR_ERR_INVALID_ARGUMENT &&
+               strstr(nexar_last_error(), "alloc") != NULL,
+           "call_into without alloc: %s", nexar_last_error());
+    EXPECT(nexar_rpc_call_into(c, peer, 1, NULL, 0, 0, into_alloc, &none, NULL) == NEXAR_ERR_INVALID_ARGUMENT,
+           "call_into without reply_len");
+    free(req);
+    free(buf);
 }
 
 /* icall_checks: the non-blocking form and the deadline, against peer. */
@@ -162,6 +284,8 @@ int main(void) {
     CK(nexar_rpc_register(c, 2, refuse, NULL));
     CK(nexar_rpc_register(c, 3, slow, NULL));
     CK(nexar_rpc_register(c, 4, die, NULL));
+    CK(nexar_rpc_register_lent(c, 5, lent_echo, NULL));
+    CK(nexar_rpc_register_lent(c, 6, lent_echo, NULL));
     CK(nexar_barrier(c)); /* every handler is registered */
     for (int peer = 0; peer < size; peer++) {
         char req[16], want[48];
@@ -181,7 +305,24 @@ int main(void) {
         EXPECT(r == NEXAR_ERR_INVALID_ARGUMENT && strstr(nexar_last_error(), "no handler for function 9"),
                "unknown function: %s: %s", nexar_result_string(r), nexar_last_error());
         icall_checks(c, rank, peer);
+        into_checks(c, rank, peer);
     }
+    /* Lent replies, one rank calling at a time (lent_buf is per process). */
+    for (int caller = 0; caller < size; caller++) {
+        if (caller == rank) {
+            for (int peer = 0; peer < size; peer++) {
+                lent_checks(c, rank, peer);
+            }
+        }
+        CK(nexar_barrier(c));
+    }
+    /* Every call served here released its reply once: 3 per caller. */
+    for (int i = 0; i < 1000 && __atomic_load_n(&released, __ATOMIC_SEQ_CST) < 3 * size; i++) {
+        struct timespec ms = {0, 1000 * 1000};
+        nanosleep(&ms, NULL);
+    }
+    EXPECT(__atomic_load_n(&released, __ATOMIC_SEQ_CST) == 3 * size, "%d lent replies released, want %d",
+           __atomic_load_n(&released, __ATOMIC_SEQ_CST), 3 * size);
     void* reply = NULL;
     size_t len = 0;
     EXPECT(nexar_rpc_call(c, size, 1, NULL, 0, &reply, &len) == NEXAR_ERR_INVALID_ARGUMENT, "peer out of range");
@@ -208,6 +349,10 @@ int main(void) {
                nexar_last_error());
         r = nexar_rpc_call(c, size - 1, 1, NULL, 0, &reply, &len);
         EXPECT(r == NEXAR_ERR_PEER_DOWN, "call to a dead rank: %s: %s", nexar_result_string(r), nexar_last_error());
+        struct into none = {NULL, 0, 0, 0};
+        r = nexar_rpc_call_into(c, size - 1, 1, NULL, 0, 0, into_alloc, &none, &len);
+        EXPECT(r == NEXAR_ERR_PEER_DOWN && none.calls == 0, "call_into to a dead rank: %s: %s",
+               nexar_result_string(r), nexar_last_error());
     }
     CK(nexar_comm_destroy(c));
     EXPECT(nexar_rpc_register(c, 1, echo, NULL) == NEXAR_ERR_INVALID_HANDLE, "register on a destroyed comm");

@@ -87,6 +87,21 @@ func newRPCRing(peer, size int, r *ring, b *bell) *rpcChan {
 	return c
 }
 
+// rpcRemoteMin is the smallest RPC payload sent as a remote frame
+// (cross-memory attach) for Options.RemoteMin, 0 for never: only where
+// RemoteMin was set below DefaultRemoteMin. By default RPC payloads go
+// through the ring: a call has one frame in flight, and the ring's two
+// copies run side by side (the reader copies out each piece the writer
+// has published), while a remote frame's one copy leaves the sender
+// spinning until the receiver is done; on a 2-core host the ring was as
+// fast or faster at every size from 256 KiB to 16 MiB (docs/performance.md).
+func rpcRemoteMin(remoteMin int) int {
+	if remoteMin <= 0 || remoteMin >= DefaultRemoteMin {
+		return 0
+	}
+	return remoteMin
+}
+
 // bellPiece bounds what the producer publishes before it rings: the
 // reader then copies while the producer writes the rest.
 const bellPiece = 64 << 10
@@ -253,8 +268,10 @@ func (c *rpcChan) goodbye(deadline time.Time) {
 }
 
 // readLoop delivers frames until the link fails or a goodbye arrives
-// (frame.ErrGoodbye).
-func (c *rpcChan) readLoop(deliver func(h *transport.Header, p []byte)) error {
+// (frame.ErrGoodbye). place (may be nil) is asked for each payload's
+// buffer first, as on the data channels (transport.PlaceFunc): the layer
+// above then reads large payloads straight into buffers it reuses.
+func (c *rpcChan) readLoop(place transport.PlaceFunc, from int, deliver func(h *transport.Header, p []byte)) error {
 	readFull := c.readFull
 	if c.l != nil {
 		r := bufio.NewReaderSize(c.l, readBuf)
@@ -282,29 +299,57 @@ func (c *rpcChan) readLoop(deliver func(h *transport.Header, p []byte)) error {
 		if remote && (c.r == nil || pid == 0) {
 			return fmt.Errorf("%w: remote frame before cross-memory attach was agreed", frame.ErrMalformed)
 		}
-		p := make([]byte, n) // the handler's to keep
-		if remote {
-			var d [frame.RemoteSize]byte
-			err := readFull(d[:])
-			var addr uint64
-			if err == nil {
-				addr, err = frame.RemoteAddr(&d)
-			}
-			if err == nil {
-				err = readRemote(int(pid), addr, p)
-			}
-			if err != nil {
+		var p []byte
+		var done func(error)
+		if place != nil && n > 0 {
+			p, done = place(from, h, n)
+			if p != nil && len(p) != n {
+				err := fmt.Errorf("bulk: RPC placement of %d bytes for a %d-byte payload", len(p), n)
+				done(err)
 				return err
 			}
-			c.r.ack()
-		} else if err := readFull(p); err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
+		}
+		if p == nil {
+			p, done = make([]byte, n), nil // the handler's to keep
+		}
+		if err := c.readPayload(readFull, remote, pid, p); err != nil {
+			if done != nil {
+				done(err)
 			}
 			return err
 		}
+		if done != nil {
+			done(nil)
+			continue
+		}
 		deliver(h, p)
 	}
+}
+
+// readPayload fills p with a frame's payload: from the stream, or for a
+// remote frame from the sender's memory (acknowledged once copied).
+func (c *rpcChan) readPayload(readFull func([]byte) error, remote bool, pid int64, p []byte) error {
+	if !remote {
+		err := readFull(p)
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return err
+	}
+	var d [frame.RemoteSize]byte
+	err := readFull(d[:])
+	var addr uint64
+	if err == nil {
+		addr, err = frame.RemoteAddr(&d)
+	}
+	if err == nil {
+		err = readRemote(int(pid), addr, p)
+	}
+	if err != nil {
+		return err
+	}
+	c.r.ack()
+	return nil
 }
 
 // rpcPaths is the endpoint's RPC channel state; guarded by mu, apart
@@ -535,12 +580,12 @@ func (e *Endpoint) rpcAttach(ctx context.Context, to int, m *ctlMsg) {
 		}
 		e.addRing(r)
 		ch := newRPCRing(to, m.Size, r, b)
-		ch.remoteMin = max(e.opt.RemoteMin, 0)
+		ch.remoteMin = rpcRemoteMin(e.opt.RemoteMin)
 		ok := e.rpcDecide(to, ch)
 		res := &ctlMsg{V: 1, T: "rpcresult", Kind: "shm", OK: ok}
 		if !ok {
 			res.Err = "too late"
-		} else if cmaSupported && e.opt.RemoteMin > 0 {
+		} else if cmaSupported && ch.remoteMin > 0 {
 			// As for a data ring: the receiver tests whether it may read
 			// this process's memory.
 			res.PID, res.Probe, res.Data = selfPID(), uint64(uintptr(unsafe.Pointer(&e.probe[0]))), e.probe
@@ -615,7 +660,7 @@ func (e *Endpoint) startRPCReader(from int, ch *rpcChan) {
 	}
 	go func() {
 		defer e.wg.Done()
-		err := ch.readLoop(func(h *transport.Header, p []byte) {
+		err := ch.readLoop(e.opt.Place, from, func(h *transport.Header, p []byte) {
 			if e.h != nil {
 				e.h(from, transport.LaneRPC, h, p)
 			}

@@ -433,14 +433,19 @@ class Comm:
         for a nexar.Error). Handlers stay alive until close()."""
         self._handlers.append(_lib.rpc_register(self._check(), int(fn_id), handler))
 
-    def call(self, peer: int, fn_id: int, request=b"", timeout: Optional[float] = None) -> bytes:
+    def call(self, peer: int, fn_id: int, request=b"", timeout: Optional[float] = None, out=None):
         """Call RPC function fn_id on rank peer (this rank too) with request
-        (bytes-like) and return the reply. timeout (seconds) is the call's
-        own deadline, bounded by the communicator's timeout; None leaves
-        the communicator's. Raises the handler's error,
+        (a C-contiguous bytes-like object, read in place: it must not
+        change until call returns) and return the reply as bytes, or, with
+        out (a writable C-contiguous buffer: bytearray, memoryview, numpy
+        array), write the reply to out's first bytes and return its length
+        (nexar.TruncatedError when out is too small; the call has then run
+        and its reply is lost). timeout (seconds) is the call's own
+        deadline, bounded by the communicator's timeout; None leaves the
+        communicator's. Raises the handler's error,
         nexar.InvalidArgumentError when peer has no handler for fn_id,
         nexar.PeerDownError, nexar.TimeoutError at the deadline."""
-        return _lib.rpc_call(self._check(), int(peer), int(fn_id), bytes(request), _timeout_ms(timeout))
+        return _lib.rpc_call(self._check(), int(peer), int(fn_id), request, _timeout_ms(timeout), out)
 
     def icall(self, peer: int, fn_id: int, request=b"", timeout: Optional[float] = None) -> RPCFuture:
         """Start calling RPC function fn_id on rank peer and return an

@@ -221,37 +221,90 @@ struct RPCCall {
     ~RPCCall() { nexar_free(reply); }
 };
 
+// ReplyInto is where nexar_rpc_call_into puts a reply: a caller's buffer
+// (dst, cap), else a new bytes object that the library fills without the
+// GIL (one copy, no intermediate malloc).
+struct ReplyInto {
+    void* dst = nullptr;
+    size_t cap = 0;
+    py::object bytes;
+    bool no_memory = false;
+    std::string detail;
+};
+
+void* reply_into_out(size_t len, void* user) {
+    auto* r = static_cast<ReplyInto*>(user);
+    return len <= r->cap ? r->dst : nullptr;
+}
+
+// reply_into_bytes runs on the calling thread, which released the GIL:
+// it takes it back only to make the bytes object.
+void* reply_into_bytes(size_t len, void* user) {
+    auto* r = static_cast<ReplyInto*>(user);
+    py::gil_scoped_acquire gil;
+    PyObject* b = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(len));
+    if (b == nullptr) {
+        PyErr_Clear();
+        r->no_memory = true;
+        return nullptr;
+    }
+    r->bytes = py::reinterpret_steal<py::object>(b);
+    return PyBytes_AS_STRING(b);
+}
+
 char* c_message(const std::string& s) {
     char* m = static_cast<char*>(std::malloc(s.size() + 1));
     if (m != nullptr) std::memcpy(m, s.c_str(), s.size() + 1);
     return m;
 }
 
-// call_rpc runs on a library thread: it takes the GIL and calls
-// fn(from, request: bytes); the result's bytes are the reply. An exception
-// fails the call with its type name and message (and its nexar code when it
-// is a nexar.Error, else NEXAR_ERR_INTERNAL).
+// release_reply releases the bytes object a handler's reply was sent from
+// (on a library thread: it takes the GIL).
+void release_reply(void* owner) {
+    if (interpreter_gone()) return;  // leaked: nothing may run Python now
+    LibraryGIL gil;
+    Py_DECREF(static_cast<PyObject*>(owner));
+}
+
+// reply_lend_min is the smallest reply lent to the library as the bytes
+// object itself: below it a copy costs less than taking the GIL again to
+// release the object once the reply is sent.
+constexpr Py_ssize_t reply_lend_min = 64 << 10;
+
+// call_rpc runs on a library thread (a nexar_rpc_lent_handler_t): it takes
+// the GIL and calls fn(from, request: bytes); the result's bytes are the
+// reply, sent straight from the bytes object when large. An exception
+// fails the call with its type name and message (and its nexar code when
+// it is a nexar.Error, else NEXAR_ERR_INTERNAL).
 nexar_result_t call_rpc(nexar_comm_t, int from, uint32_t, const void* req, size_t req_len,
-                        void** reply, size_t* reply_len, void* user) {
+                        nexar_rpc_reply_t* reply, void* user) {
     if (interpreter_gone()) return NEXAR_ERR_CLOSED;
     LibraryGIL gil;
     try {
         py::object out = static_cast<RPCHandler*>(user)->fn(
             from, py::bytes(static_cast<const char*>(req), req_len));
         if (out.is_none()) return NEXAR_SUCCESS;
-        // One copy, straight into the reply the library frees: bytes as
-        // they are, anything else through bytes().
+        // bytes as they are, anything else through bytes().
         py::bytes b = PyBytes_Check(out.ptr()) ? py::reinterpret_borrow<py::bytes>(out) : py::bytes(out);
         char* data = nullptr;
         Py_ssize_t n = 0;
         if (PyBytes_AsStringAndSize(b.ptr(), &data, &n) != 0) throw py::error_already_set();
-        if (n > 0) {
-            void* m = std::malloc(static_cast<size_t>(n));
-            if (m == nullptr) return NEXAR_ERR_INTERNAL;
-            std::memcpy(m, data, static_cast<size_t>(n));
-            *reply = m;
-            *reply_len = static_cast<size_t>(n);
+        if (n == 0) return NEXAR_SUCCESS;
+        if (n >= reply_lend_min) {
+            // Lent: bytes are immutable and the reference keeps them.
+            reply->data = data;
+            reply->len = static_cast<size_t>(n);
+            reply->release = release_reply;
+            reply->owner = b.release().ptr();
+            return NEXAR_SUCCESS;
         }
+        void* m = std::malloc(static_cast<size_t>(n));
+        if (m == nullptr) return NEXAR_ERR_INTERNAL;
+        std::memcpy(m, data, static_cast<size_t>(n));
+        reply->data = m;
+        reply->len = static_cast<size_t>(n);
+        reply->release = std::free;
+        reply->owner = m;
         return NEXAR_SUCCESS;
     } catch (py::error_already_set& e) {
         int code = NEXAR_ERR_INTERNAL;
@@ -264,10 +317,16 @@ nexar_result_t call_rpc(nexar_comm_t, int from, uint32_t, const void* req, size_
         }
         std::string type = py::str(e.type().attr("__name__"));
         std::string msg = py::str(e.value());
-        *reply = c_message(type + ": " + msg);
+        char* m = c_message(type + ": " + msg);
+        reply->data = m;
+        reply->release = std::free;
+        reply->owner = m;
         return static_cast<nexar_result_t>(code);
     } catch (std::exception& e) {
-        *reply = c_message(e.what());
+        char* m = c_message(e.what());
+        reply->data = m;
+        reply->release = std::free;
+        reply->owner = m;
         return NEXAR_ERR_INTERNAL;
     }
 }
@@ -498,28 +557,57 @@ PYBIND11_MODULE(_nexar, m) {
     // destroyed.
     m.def("rpc_register", [](handle_t c, uint32_t id, py::object fn) -> py::object {
         if (fn.is_none()) {
-            NX_CALL(nexar_rpc_register(C(c), id, nullptr, nullptr));
+            NX_CALL(nexar_rpc_register_lent(C(c), id, nullptr, nullptr));
             return py::none();
         }
         auto* h = new RPCHandler{fn};
         py::capsule owner(h, [](void* p) { delete static_cast<RPCHandler*>(p); });
-        NX_CALL(nexar_rpc_register(C(c), id, call_rpc, h));
+        NX_CALL(nexar_rpc_register_lent(C(c), id, call_rpc, h));
         return std::move(owner);
     });
     // rpc_call(c, peer, fn_id, request, timeout_ms) -> reply (timeout_ms 0:
     // the communicator's timeout only).
-    m.def("rpc_call", [](handle_t c, int peer, uint32_t id, py::bytes req, int64_t timeout_ms) {
-        // The request is read in place: req (immutable) lives through the
-        // call, which releases the GIL.
-        char* data = nullptr;
-        Py_ssize_t n = 0;
-        if (PyBytes_AsStringAndSize(req.ptr(), &data, &n) != 0) throw py::error_already_set();
-        void* reply = nullptr;
+    m.def("rpc_call", [](handle_t c, int peer, uint32_t id, py::object req, int64_t timeout_ms, py::object out) {
+        // The request is read in place: its buffer export pins it through
+        // the call, which releases the GIL.
+        Py_buffer in;
+        if (PyObject_GetBuffer(req.ptr(), &in, PyBUF_C_CONTIGUOUS) != 0) {
+            PyErr_Clear();  // no contiguous buffer: through bytes(), as before
+            req = py::reinterpret_steal<py::object>(PyObject_Bytes(req.ptr()));
+            if (!req || PyObject_GetBuffer(req.ptr(), &in, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
+        }
+        ReplyInto into;
+        Py_buffer ob{};
+        bool have_out = !out.is_none();
+        if (have_out) {
+            if (PyObject_GetBuffer(out.ptr(), &ob, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
+                PyBuffer_Release(&in);
+                throw py::error_already_set();
+            }
+            into.dst = ob.buf;
+            into.cap = static_cast<size_t>(ob.len);
+        }
         size_t len = 0;
-        NX_CALL(nexar_rpc_call_timeout(C(c), peer, id, data, static_cast<size_t>(n), timeout_ms, &reply, &len));
-        py::bytes out(static_cast<const char*>(reply), len);
-        nexar_free(reply);
-        return out;
+        nexar_result_t rc;
+        check_fork();
+        {
+            py::gil_scoped_release release_;
+            rc = nexar_rpc_call_into(C(c), peer, id, in.buf, static_cast<size_t>(in.len), timeout_ms,
+                                     have_out ? reply_into_out : reply_into_bytes, &into, &len);
+            if (rc != NEXAR_SUCCESS) into.detail = nexar_last_error();  // this thread's, before the GIL
+        }
+        PyBuffer_Release(&in);
+        if (have_out) PyBuffer_Release(&ob);
+        if (into.no_memory) throw std::bad_alloc();
+        if (rc != NEXAR_SUCCESS) {
+            std::string msg = !into.detail.empty() ? into.detail : nexar_result_string(rc);
+            if (rc == NEXAR_ERR_TRUNCATED && have_out)
+                msg += " (out holds " + std::to_string(into.cap) + " bytes)";
+            throw NexarError(static_cast<int>(rc), msg);
+        }
+        if (have_out) return py::object(py::int_(len));
+        if (!into.bytes) return py::object(py::bytes());
+        return into.bytes;
     });
     // rpc_icall(c, peer, fn_id, request, timeout_ms) -> (request handle, a
     // capsule owning the RPCCall); rpc_reply(capsule) -> the reply, once the

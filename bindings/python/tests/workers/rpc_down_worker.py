@@ -25,7 +25,8 @@ def main():
         raise AssertionError("a call to a dead rank returned")
     except nexar.PeerDownError as e:
         assert "rank 1" in str(e), e
-    for form in (lambda: c.call(1, 1), lambda: c.call(1, 1, timeout=5), lambda: c.icall(1, 1).result()):
+    for form in (lambda: c.call(1, 1), lambda: c.call(1, 1, timeout=5), lambda: c.icall(1, 1).result(),
+                 lambda: c.call(1, 1, out=bytearray(8))):
         try:
             form()
             raise AssertionError("a call to a dead rank returned")

@@ -81,6 +81,40 @@ def main():
             pass
         assert time.monotonic() - t0 < 1.8, time.monotonic() - t0
         assert c.call(peer, 1, b"t", timeout=10) == f"{peer}<-{r}:t".encode()
+        # Large payloads (pooled buffers reused), requests of any buffer
+        # type, and replies into the caller's buffer (out=).
+        head = f"{peer}<-{r}:".encode()
+        big = bytes((i * 7 + r) % 256 for i in range(256)) * 4096  # 1 MiB
+        for _ in range(3):
+            assert c.call(peer, 1, big) == head + big
+        assert c.call(peer, 1, memoryview(big)[:5]) == head + big[:5]
+        assert c.call(peer, 1, [104, 105]) == head + b"hi"  # through bytes(), as before
+        out = bytearray(len(big) + 100)
+        for _ in range(3):
+            k = c.call(peer, 1, bytearray(big), out=out)
+            assert k == len(head) + len(big) and out[:k] == head + big, k
+        small = bytearray(len(head) + 1)
+        try:
+            c.call(peer, 1, b"ab", out=small)
+            raise AssertionError("a reply larger than out was taken")
+        except nexar.TruncatedError as e:
+            assert f"out holds {len(small)} bytes" in str(e), e
+        try:
+            c.call(peer, 1, b"x", out=b"read-only")
+            raise AssertionError("a read-only out was taken")
+        except (BufferError, TypeError):
+            pass
+        for fn, err in ((2, nexar.InternalError), (9, nexar.InvalidArgumentError)):
+            try:
+                c.call(peer, fn, b"x", out=out)
+                raise AssertionError(f"call of function {fn} into out returned")
+            except err:
+                pass
+        try:
+            c.call(peer, 4, timeout=0.2, out=out)
+            raise AssertionError("a call into out past its deadline returned")
+        except nexar.TimeoutError:
+            pass
         for bad_timeout in (0, -1):
             try:
                 c.call(peer, 1, timeout=bad_timeout)

@@ -18,7 +18,12 @@ Systems:
   nexar    `build/nexar bench --json ...`: Go, one process per rank
   nexar-py adapter_nexar.py (the nexar Python package, numpy buffers) under
            `build/nexar run -n N`: the like-for-like of mpi4py and torch
-A system that is not installed is skipped with a message.
+  nexar-rs the Rust nexar from crates.io (bench/compare/nexar-rs, built with
+           `cargo build --release` on first use), one process per rank
+           joined through its seed; an op it fails is a row with "—" and a
+           footnote, never a number
+A system that is not installed is skipped with a message (nexar-rs instead
+gets "—" rows saying why it could not be built).
 
 --netns runs 2 ranks in two network namespaces joined by a veth pair (no
 shared memory between them; needs root), for gloo, mpi-tcp and nexar (its
@@ -51,7 +56,9 @@ import common  # noqa: E402
 VENV_PY = os.path.join(ROOT, ".venv", "bin", "python")
 SYS_PY = "/usr/bin/python3"
 NEXAR = os.path.join(ROOT, "build", "nexar")
-SYSTEMS = ("gloo", "mpi", "mpi-tcp", "nexar", "nexar-py", "nexar-torch", "nexar-plain")
+SYSTEMS = ("gloo", "mpi", "mpi-tcp", "nexar", "nexar-py", "nexar-torch", "nexar-plain", "nexar-rs")
+NEXAR_RS_DIR = os.path.join(HERE, "nexar-rs")
+NEXAR_RS = os.path.join(NEXAR_RS_DIR, "target", "release", "nexar-rs-bench")
 
 SWEEPS = {
     "quick": [8, 4096, 65536, 1 << 20, 16 << 20],
@@ -192,6 +199,40 @@ def nexar_py_procs(n, ops, sizes):
         return None, "the nexar Python package is not installed in the venv (make python): " + r.stderr.strip()[-200:]
     argv = [NEXAR, "run", "-n", str(n), "--", VENV_PY, os.path.join(HERE, "adapter_nexar.py")] + adapter_args(ops, sizes)
     return [(argv, dict(os.environ))], None
+
+
+def build_nexar_rs():
+    """Build the Rust adapter (a no-op when it is up to date). Returns None,
+    or why it cannot run: the reason goes into the table, not a silent skip."""
+    cargo = shutil.which("cargo") or os.path.expanduser("~/.cargo/bin/cargo")
+    if not os.access(cargo, os.X_OK):
+        return "cargo not found: install Rust (https://rustup.rs) to build bench/compare/nexar-rs"
+    log(f"nexar-rs: cargo build --release in {NEXAR_RS_DIR} (the first build takes minutes)")
+    r = subprocess.run([cargo, "build", "--release", "--locked"], cwd=NEXAR_RS_DIR,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return "cargo build --release failed: " + r.stderr.strip()[-400:]
+    return None
+
+
+def nexar_rs_procs(n, ops, sizes):
+    """One nexar-rs-bench process per rank; rank 0 binds the seed."""
+    seed = f"127.0.0.1:{free_port()}"
+    return [([NEXAR_RS] + adapter_args(ops, sizes),
+             dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), NEXAR_RS_SEED=seed))
+            for r in range(n)]
+
+
+def error_rows(system, n, ops, sizes, why):
+    """Rows that say a system could not run at all, one per (op, size)."""
+    return [{"system": system, "op": op, "bytes": common.layout(op, b, n)[0], "ranks": n, "error": why}
+            for op in ops for b in sizes]
+
+
+def result_text(r):
+    if "error" in r:
+        return f"error: {r['error']}"
+    return f"{r['time_us']} µs, busbw {r['busbw_gbs']} GB/s"
 
 
 # --- two "hosts" in network namespaces -------------------------------------
@@ -383,7 +424,8 @@ def human(b):
 
 
 NEXARS = ("nexar", "nexar-py", "nexar-torch", "nexar-plain")
-OTHERS = ("gloo", "mpi", "mpi-tcp")
+OTHERS = ("gloo", "mpi", "mpi-tcp", "nexar-rs")
+P99_RATIOS = ("nexar-rs",)  # others whose p99 ratio gets its own column too
 
 
 def write_table(results, path, meta):
@@ -393,8 +435,10 @@ def write_table(results, path, meta):
         if not sub:
             continue
         systems = [s for s in SYSTEMS if any(r["system"] == s for r in sub)]
-        ratios = [(f, o) for f in NEXARS if f in systems for o in OTHERS if o in systems]
+        ratios = [(f, o, k) for f in NEXARS if f in systems for o in OTHERS if o in systems
+                  for k in (("time_us", "p99_us") if o in P99_RATIOS else ("time_us",))]
         idx = {(r["system"], r["op"], r["ranks"], r["bytes"]): r for r in sub}
+        notes = []  # distinct error texts, numbered in order of appearance
         lines.append("### Two network namespaces (veth, no shared memory)" if netns else "### One host")
         lines.append("")
         for r in results:
@@ -404,7 +448,7 @@ def write_table(results, path, meta):
                 lines += [f"Two TCP streams, one each way at once (what a collective that sends and receives "
                           f"at the same time can use): {r['busbw_gbs']:.2f} GB/s per direction.", ""]
         hdr = "| op | ranks | bytes | " + " | ".join(f"{s} µs | {s} busbw" for s in systems)
-        hdr += "".join(f" | {f} vs {o}" for f, o in ratios) + " |"
+        hdr += "".join(f" | {f} vs {o}" + (" p99" if k == "p99_us" else "") for f, o, k in ratios) + " |"
         lines += [hdr, "|" + "---|" * (hdr.count("|") - 1)]
         for op in common.OPS:
             for n in sorted({r["ranks"] for r in sub}):
@@ -412,17 +456,27 @@ def write_table(results, path, meta):
                     row = [op, str(n), human(b)]
                     for s in systems:
                         r = idx.get((s, op, n, b))
+                        if r and "error" in r:
+                            if r["error"] not in notes:
+                                notes.append(r["error"])
+                            row += [f"— (note {notes.index(r['error']) + 1})", "—"]
+                            continue
                         p99 = f" ({r['p99_us']:.1f})" if r and "p99_us" in r else ""
                         row += [f"{r['time_us']:.1f}{p99}", f"{r['busbw_gbs']:.3f}"] if r else ["–", "–"]
-                    for f, o in ratios:
+                    for f, o, k in ratios:
                         rf, ro = idx.get((f, op, n, b)), idx.get((o, op, n, b))
-                        row.append(f"{ro['time_us'] / rf['time_us']:.2f}×" if rf and ro else "–")
+                        ok = rf and ro and k in rf and k in ro
+                        row.append(f"{ro[k] / rf[k]:.2f}×" if ok else "–")
                     lines.append("| " + " | ".join(row) + " |")
         lines.append("")
+        for i, e in enumerate(notes):
+            lines += [f"Note {i + 1}: {' '.join(e.split())}", ""]
     lines.append("Times are medians over iterations on rank 0, each iteration started after a barrier, "
                  "with the 99th percentile in parentheses; "
                  "busbw in GB/s as nccl-tests; \"A vs B\" is B's time divided by A's (above 1: A is faster). "
-                 "nexar is the Go `nexar bench`; nexar-py the Python package (numpy), like mpi4py and torch.")
+                 "nexar is the Go `nexar bench`; nexar-py the Python package (numpy), like mpi4py and torch; "
+                 "nexar-rs the Rust nexar from crates.io (bench/compare/nexar-rs); \"vs nexar-rs p99\" "
+                 "compares 99th percentiles. \"—\" marks a run that failed (the note below the table says why).")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -435,6 +489,7 @@ def write_plot(results, path):
     except ImportError:
         log("plot: matplotlib not installed in this interpreter; no PNG")
         return
+    results = [r for r in results if "error" not in r]
     keys = sorted({(r["ranks"], bool(r.get("netns"))) for r in results if not r["op"].startswith("stream")})
     ops = [o for o in common.OPS if any(r["op"] == o for r in results)]
     fig, axes = plt.subplots(len(ops), len(keys), figsize=(4.5 * len(keys), 3 * len(ops)), squeeze=False)
@@ -443,7 +498,7 @@ def write_plot(results, path):
             ax = axes[i][j]
             for s in SYSTEMS:
                 pts = sorted((r["bytes"], r["busbw_gbs"]) for r in results
-                             if r["system"] == s and r["op"] == op and r["ranks"] == n and bool(r.get("netns")) == netns)
+                             if "error" not in r and r["system"] == s and r["op"] == op and r["ranks"] == n and bool(r.get("netns")) == netns)
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=s)
             for r in results:
@@ -480,6 +535,9 @@ def main():
             ap.error(f"unknown system {s}")
 
     results = []
+    rs_why = build_nexar_rs() if "nexar-rs" in args.systems else None
+    if rs_why:
+        log(f"nexar-rs: cannot run: {rs_why}")
     for n in [int(x) for x in args.ranks.split(",")]:
         for s in args.systems:
             if s == "gloo":
@@ -496,6 +554,11 @@ def main():
             elif s == "nexar-torch":
                 why = have_gloo() or have_nexar_torch()
                 procs = None if why else gloo_procs(n, ops, sizes, backend="nexar")
+            elif s == "nexar-rs":
+                if rs_why:
+                    results += error_rows(s, n, ops, sizes, rs_why)
+                    continue
+                why, procs = None, nexar_rs_procs(n, ops, sizes)
             else:
                 continue  # nexar-plain: only across namespaces
             if why:
@@ -504,7 +567,11 @@ def main():
             log(f"{s}: {n} ranks, {len(ops)} ops x {len(sizes)} sizes")
             got = run_adapter(procs, args.timeout, s)
             for r in got:
-                log(f"  {s} {r['op']} n={r['ranks']} {human(r['bytes'])}: {r['time_us']} µs, busbw {r['busbw_gbs']} GB/s")
+                log(f"  {s} {r['op']} n={r['ranks']} {human(r['bytes'])}: {result_text(r)}")
+            if s == "nexar-rs":  # what did not come back is a failure, not a blank
+                done = {(r["op"], r["bytes"]) for r in got}
+                got += [r for r in error_rows(s, n, ops, sizes, "no result: the run failed or timed out before it "
+                                                "(see compare's stderr)") if (r["op"], r["bytes"]) not in done]
             results += got
     if args.netns:
         netns_runs(args, ops, sizes, results)

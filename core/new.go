@@ -43,6 +43,16 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 	if cfg.Rank < -1 || cfg.Rank >= cfg.WorldSize {
 		return nil, invalidArg("new", "rank %d is out of range [0, %d)", cfg.Rank, cfg.WorldSize)
 	}
+	graph, err := topologyGraph(cfg.Topology, cfg.WorldSize)
+	if err != nil {
+		return nil, err
+	}
+	if graph != nil {
+		// The bulk path negotiates with every peer at formation; under a
+		// sparse topology the data stays on the neighbours' QUIC
+		// connections (docs/scale.md).
+		cfg.Bulk = "off"
+	}
 	if cfg.WorldSize == 1 {
 		cs, err := NewLocal(1, cfg)
 		if err != nil {
@@ -92,7 +102,11 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 		cleanup()
 		return nil, err
 	}
-	qn, err := nquic.Listen(id, quicOptions(cfg))
+	qo := quicOptions(cfg)
+	if graph != nil {
+		qo.Neighbors = graph.IsNeighbor
+	}
+	qn, err := nquic.Listen(id, qo)
 	if err != nil {
 		cleanup()
 		return nil, &Error{Code: CodeInternal, Op: "new", Rank: -1, Msg: fmt.Sprintf("bind %s: %v", cfg.BindAddr, err), Cause: err}
@@ -103,7 +117,7 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 		cleanup()
 		return nil, err
 	}
-	rank, peers, sl, err := membership.JoinWatched(ctx, cfg.Seed, cfg.Token, cfg.Rank, adv, id.Fingerprint)
+	rank, peers, sl, err := membership.JoinWatched(ctx, cfg.Seed, cfg.Token, cfg.Rank, adv, id.Fingerprint, joinOptions(cfg))
 	if err != nil {
 		cleanup()
 		return nil, fromMembership(err)
@@ -128,7 +142,10 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 			lost(pl)
 		}
 	})
-	bk, err := newBulk(cfg, rank, adv, id, peers, nd, down)
+	if graph != nil {
+		nd.newRelay(graph, down) // before newBulk: bulk delivers to the relay
+	}
+	bk, err := newBulk(cfg, rank, adv, id, peers, nd, nd.bulkDown(down))
 	if err != nil {
 		cleanup()
 		return nil, err
@@ -180,7 +197,12 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 	}
 	formedOK = true
 	nd.closers = closers
-	c := worldComm(nd, bk)
+	var path transport.DataPath = bk
+	if nd.relay != nil {
+		nd.relay.Start(bk)
+		path = nd.relay
+	}
+	c := worldComm(nd, path)
 	nd.start()
 	return c, nil
 }

@@ -88,6 +88,11 @@ type Options struct {
 	// loopback address (another host) 16, or 256/(ranks-1) if fewer, at
 	// least 1; to a loopback address 1.
 	DataConns int
+	// Neighbors, when set, limits the mesh to the pairs for which it
+	// reports true (a sparse topology; the layer above relays the rest):
+	// only those connections are made at Connect, and a Send to another
+	// rank fails with a *transport.PeerDownError. nil: every pair.
+	Neighbors func(a, b int) bool
 }
 
 const (

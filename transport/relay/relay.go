@@ -213,6 +213,9 @@ func (e *Endpoint) Stats() Stats {
 		RelayedMsgs: e.relayedMsgs.Load(), Dropped: e.dropped.Load(), Lost: e.lost.Load()}
 }
 
+// Inner returns the inner path given to Start (nil before).
+func (e *Endpoint) Inner() transport.DataPath { return e.inner }
+
 // Graph returns the topology the endpoint routes over.
 func (e *Endpoint) Graph() *topology.Graph { return e.g }
 
@@ -595,8 +598,8 @@ func (e *Endpoint) bye(src int, lane transport.Lane, mask uint8) {
 // innerDown: a neighbour failed or left. It relays nothing more; flows
 // that went through it are checked at their destinations.
 func (e *Endpoint) innerDown(peer int, err error) {
-	if peer < 0 || peer >= e.g.Size() || peer == e.rank {
-		return
+	if peer < 0 || peer >= e.g.Size() || !e.g.IsNeighbor(e.rank, peer) {
+		return // never talked to directly (an inner mesh wider than the graph tells of everyone)
 	}
 	e.markFailed(peer)
 	e.notifyUp(peer, err)

@@ -49,6 +49,7 @@ type node struct {
 	// every pair talks directly) and the relaying path over it.
 	graph *topology.Graph
 	relay *relay.Endpoint
+	topo  topoState // under mu
 
 	done    chan struct{} // closed by close
 	wg      sync.WaitGroup
@@ -514,6 +515,7 @@ func (n *node) register(c *Comm) error {
 		return newError(CodeClosed, "split", -1, "communicator is closed")
 	}
 	n.comms[c.id] = c
+	n.noteRegisteredLocked(c)
 	n.refs++
 	for _, w := range c.world {
 		if n.down[w] != nil {
@@ -534,6 +536,7 @@ func (n *node) register(c *Comm) error {
 func (n *node) unregister(c *Comm) {
 	n.mu.Lock()
 	delete(n.comms, c.id)
+	delete(n.topo.born, c.id)
 	n.refs--
 	last := n.refs == 0
 	n.mu.Unlock()

@@ -33,6 +33,10 @@ func topologyGraph(spec topology.Spec, size int) (*topology.Graph, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, invalidArg("new", "Config.Topology: %v", err)
 	}
+	if spec.Kind == topology.OnDemand {
+		// Refused rather than run as the full mesh it would silently be.
+		return nil, invalidArg("new", "Config.Topology %s: connections on demand (opened at first use, at most M kept) are not built yet; use kregular:K or hypercube (docs/scale.md)", spec)
+	}
 	if !spec.Sparse(size) {
 		return nil, nil
 	}
@@ -121,6 +125,7 @@ func (n *node) watches(p int) bool {
 // rank p is down (detected by rank by, for why). Called with n.mu held,
 // once per p (peerDown's guard), so the flood ends.
 func (n *node) gossipFailedLocked(p, by int, why string) {
+	n.noteDownLocked(p)
 	if n.graph == nil || n.ep == nil {
 		return
 	}
@@ -166,12 +171,20 @@ func (n *node) failedNotice(from int, payload []byte) {
 // relayLost is the relay's report that messages from world rank src were
 // lost when relay via failed: every communicator with src fails, naming
 // via (its rank in the communicator when it is a member).
+//
+// A communicator registered after this rank knew via was down sent nothing
+// through it (every member had routed around via before it could agree on
+// the communicator: a shrunk successor), so it is spared; with via unknown,
+// or not yet known down here, every communicator with src fails.
 func (n *node) relayLost(src, via int) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, c := range n.comms {
 		r, ok := c.of[src]
 		if !ok || src == n.rank {
+			continue
+		}
+		if via >= 0 && via < n.size && n.down[via] != nil && n.topo.born[c.id] >= n.topo.downAt[via] {
 			continue
 		}
 		rank := -1
@@ -181,6 +194,36 @@ func (n *node) relayLost(src, via int) {
 		c.fail(&Error{Code: CodePeerDown, Op: "comm", Rank: rank,
 			Msg: fmt.Sprintf("messages from rank %d were lost when world rank %d, a relay on their route, failed", r, via)})
 	}
+}
+
+// topoState is the node's record, under node.mu, of when communicators
+// were registered and ranks declared down, counted in failures learned
+// (relayLost spares communicators made after the failure it reports).
+type topoState struct {
+	failures uint64
+	downAt   map[int]uint64    // world rank -> failures counted when it went down
+	born     map[uint64]uint64 // communicator id -> failures counted at registration
+}
+
+// noteDownLocked records that world rank p was declared down. Called with
+// n.mu held.
+func (n *node) noteDownLocked(p int) {
+	if n.topo.downAt == nil {
+		n.topo.downAt = map[int]uint64{}
+	}
+	n.topo.failures++
+	n.topo.downAt[p] = n.topo.failures
+}
+
+// noteRegisteredLocked records c's registration. Called with n.mu held.
+func (n *node) noteRegisteredLocked(c *Comm) {
+	if n.graph == nil {
+		return
+	}
+	if n.topo.born == nil {
+		n.topo.born = map[uint64]uint64{}
+	}
+	n.topo.born[c.id] = n.topo.failures
 }
 
 // relayedBytes is the payload this node forwarded for other ranks.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -309,6 +310,10 @@ func TestTopologyConfig(t *testing.T) {
 	if _, err := NewLocal(4, bad); CodeOf(err) != CodeInvalidArgument {
 		t.Fatalf("NewLocal with kregular:3: %v, want CodeInvalidArgument", err)
 	}
+	bad.Topology = topology.Spec{Kind: topology.OnDemand, N: 4}
+	if _, err := NewLocal(8, bad); CodeOf(err) != CodeInvalidArgument || !strings.Contains(err.Error(), "ondemand:4") {
+		t.Fatalf("NewLocal with ondemand:4: %v, want CodeInvalidArgument naming it (not built)", err)
+	}
 }
 
 // Real QUIC on loopback: a sparse mesh dials its neighbours only, relays
@@ -390,4 +395,83 @@ func TestTopologySeedMismatch(t *testing.T) {
 			t.Errorf("rank %d: %v, want a topology mismatch naming both values", r, err)
 		}
 	}
+}
+
+// A relay killed mid-collective on a ring (kregular:2): every survivor's
+// call fails naming the dead rank (never a rank routed through it), and
+// under the shrink policy the survivors' successor works, relaying around
+// the gap.
+func TestTopologyRelayKilledShrink(t *testing.T) {
+	const n, dead = 8, 3
+	cfg := recoverConfig(PolicyShrink)
+	cfg.Topology = topology.Spec{Kind: topology.KRegular, N: 2}
+	comms, err := NewLocal(n, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range comms {
+			_ = c.CloseChain()
+		}
+	}()
+	ctx := context.Background()
+	live := slices.Delete(slices.Clone(comms), dead, dead+1)
+	errs := each(comms, func(c *Comm) error {
+		for i := 0; ; i++ {
+			if c.Rank() == dead && i == 3 {
+				// Dies between its calls while the others are in the
+				// next one, waiting for it or for data it relays.
+				mem.Kill(innerOf(c))
+				c.n.freeze()
+				return nil
+			}
+			if err := c.Allreduce(ctx, nil, make([]byte, 1<<16), collective.Float32, collective.Sum); err != nil {
+				return err
+			}
+		}
+	})
+	defer comms[dead].n.thaw()
+	for r, err := range errs {
+		if r == dead {
+			continue
+		}
+		var e *Error
+		if !errors.As(err, &e) || (e.Code != CodePeerDown && e.Code != CodeRevoked) || (e.Code == CodePeerDown && e.Rank != dead) {
+			t.Fatalf("rank %d: %v, want CodePeerDown naming rank %d (or CodeRevoked)", r, err, dead)
+		}
+	}
+	next := make([]*Comm, len(live))
+	for i, c := range live {
+		s, err := c.Successor(ctx)
+		if err != nil || s == c {
+			t.Fatalf("rank %d: successor %v, %v", c.Rank(), s, err)
+		}
+		next[i] = s
+	}
+	sumCheck(t, next)
+}
+
+// Split works on a sparse world: the children (every other rank of a ring,
+// so no two members are neighbours) talk through relays outside them.
+func TestTopologySplit(t *testing.T) {
+	const n = 16
+	comms := newLocalTopo(t, n, topology.Spec{Kind: topology.KRegular, N: 2})
+	defer closeAll(t, comms)
+	kids := make([]*Comm, n)
+	mustAll(t, each(comms, func(c *Comm) error {
+		k, err := c.Split(context.Background(), c.Rank()%2, c.Rank())
+		kids[c.Rank()] = k
+		return err
+	}))
+	defer closeAll(t, kids)
+	var even, odd []*Comm
+	for r, k := range kids {
+		if r%2 == 0 {
+			even = append(even, k)
+		} else {
+			odd = append(odd, k)
+		}
+	}
+	sumCheck(t, even)
+	sumCheck(t, odd)
 }

@@ -161,8 +161,9 @@ type flowKey struct {
 }
 
 type flowState struct {
-	last uint64 // last sequence number handed to hop
-	hop  int32
+	last    uint64 // last sequence number handed to hop
+	hop     int32
+	checked bool // hop failed and the destination was sent a check
 }
 
 type fwdQueue struct {
@@ -361,6 +362,7 @@ func (e *Endpoint) route(ctx context.Context, dst int, lane transport.Lane, fh *
 		if hop < 0 {
 			return &transport.PeerDownError{Peer: dst, Cause: fmt.Errorf("relay: no live route from rank %d to rank %d (%d ranks failed)", e.rank, dst, e.nFailed.Load())}
 		}
+		e.stampReroute(fh, lane, hop)
 		err := e.inner.Send(ctx, hop, lane, fh, p)
 		var pd *transport.PeerDownError
 		if err != nil && errors.As(err, &pd) && pd.Peer == hop && hop != dst {
@@ -377,6 +379,22 @@ func (e *Endpoint) route(ctx context.Context, dst int, lane transport.Lane, fh *
 			e.mu.Unlock()
 		}
 		return nil
+	}
+}
+
+// stampReroute marks a frame that leaves its flow's route because the
+// flow's last hop failed with that hop, so that the destination can name
+// the failed relay should frames be missing.
+func (e *Endpoint) stampReroute(fh *transport.Header, lane transport.Lane, hop int) {
+	if fh[offFlags]&flagCheck != 0 || binary.LittleEndian.Uint32(fh[offVia:]) != 0 {
+		return
+	}
+	k := flowKey{int32(binary.LittleEndian.Uint32(fh[offSrc:])), int32(binary.LittleEndian.Uint32(fh[offDst:])), lane}
+	e.mu.Lock()
+	f, ok := e.flows[k]
+	e.mu.Unlock()
+	if ok && int(f.hop) != hop && e.isFailed(int(f.hop)) {
+		binary.LittleEndian.PutUint32(fh[offVia:], uint32(f.hop+1))
 	}
 }
 
@@ -483,6 +501,7 @@ func (e *Endpoint) drain(q *fwdQueue) {
 			e.enqueue(lane, f)
 			continue
 		}
+		e.stampReroute(&f.h, lane, q.hop)
 		ctx, cancel := context.WithCancel(context.Background())
 		stop := context.AfterFunc(doneCtx(e.kill), cancel)
 		err := e.inner.Send(ctx, q.hop, lane, &f.h, f.p)
@@ -607,7 +626,7 @@ func (e *Endpoint) innerDown(peer int, err error) {
 	var checks []frame
 	var lanes []transport.Lane
 	for k, f := range e.flows {
-		if int(f.hop) != peer || int(k.dst) == peer {
+		if int(f.hop) != peer || int(k.dst) == peer || f.checked {
 			continue
 		}
 		var h transport.Header
@@ -620,7 +639,8 @@ func (e *Endpoint) innerDown(peer int, err error) {
 		binary.LittleEndian.PutUint64(h[offSeq:], f.last)
 		checks = append(checks, frame{h: h})
 		lanes = append(lanes, k.lane)
-		delete(e.flows, k)
+		f.checked = true
+		e.flows[k] = f // kept: the next frame of the flow is stamped with the failed hop
 	}
 	closed := e.closed
 	e.mu.Unlock()

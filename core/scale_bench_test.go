@@ -74,7 +74,12 @@ func scaleOnce(b *testing.B, tr string, n int, spec topology.Spec) {
 		b.Fatal(err)
 	}
 	boot := time.Since(start)
-	defer closeAll(b, comms)
+	closed := false
+	defer func() {
+		if !closed {
+			closeAll(b, comms)
+		}
+	}()
 	runtime.GC()
 	var m1 runtime.MemStats
 	runtime.ReadMemStats(&m1)
@@ -120,6 +125,11 @@ func scaleOnce(b *testing.B, tr string, n int, spec topology.Spec) {
 	for _, c := range comms {
 		relayed += c.Stats().RelayedBytes
 	}
+	// Every rank closes at once, as the processes of a job would.
+	t := time.Now()
+	each(comms, func(c *Comm) error { return c.Close() })
+	closed = true
+	closeTime := time.Since(t)
 	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
 	b.ReportMetric(ms(boot), "boot-ms")
 	b.ReportMetric(float64(direct)/float64(n), "peers/rank")
@@ -131,6 +141,7 @@ func scaleOnce(b *testing.B, tr string, n int, spec topology.Spec) {
 	b.ReportMetric(ms(large[len(large)/2]), "ar1MiB-med-ms")
 	b.ReportMetric(ms(large[len(large)-1]), "ar1MiB-max-ms")
 	b.ReportMetric(float64(relayed)/float64(n)/1024, "relayed-KiB/rank")
+	b.ReportMetric(ms(closeTime), "close-ms")
 }
 
 // hbCounter counts the heartbeats a rank sends.

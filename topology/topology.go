@@ -400,19 +400,91 @@ func (g *Graph) distances(dst int, failed func(int) bool) []int {
 		dist[i] = -1
 	}
 	dist[dst] = 0
-	queue := []int{dst}
-	for len(queue) > 0 {
-		at := queue[0]
-		queue = queue[1:]
-		for _, p := range g.Neighbors(at) {
+	queue := make([]int, 1, g.n)
+	queue[0] = dst
+	for i := 0; i < len(queue); i++ {
+		at := queue[i]
+		g.eachNeighbor(at, func(p int) {
 			if dist[p] >= 0 || (failed != nil && failed(p)) {
-				continue
+				return
 			}
 			dist[p] = dist[at] + 1
 			queue = append(queue, p)
-		}
+		})
 	}
 	return dist
+}
+
+// NextHops returns src's next hop towards every rank over the live ranks
+// (failed may be nil) in one breadth-first search from src: entry dst is a
+// neighbour of src on a shortest live path to dst, -1 for src itself and
+// for failed or unreachable ranks. It is what NextHop gives for each dst
+// without failures; with failures the hop may differ among equally short
+// ones, never in length. O(N x degree), for a relay that routes to many
+// destinations after a failure.
+func (g *Graph) NextHops(src int, failed func(int) bool) []int {
+	first := make([]int, g.n)
+	for i := range first {
+		first[i] = -1
+	}
+	if src < 0 || src >= g.n {
+		return first
+	}
+	if failed == nil {
+		for dst := range first {
+			if h, ok := g.NextHop(src, dst, nil); ok {
+				first[dst] = h
+			}
+		}
+		return first
+	}
+	seen := make([]bool, g.n)
+	seen[src] = true
+	queue := make([]int, 0, g.n)
+	g.eachNeighbor(src, func(p int) {
+		if !failed(p) {
+			seen[p], first[p] = true, p
+			queue = append(queue, p)
+		}
+	})
+	for i := 0; i < len(queue); i++ {
+		at := queue[i]
+		g.eachNeighbor(at, func(p int) {
+			if seen[p] || failed(p) {
+				return
+			}
+			seen[p], first[p] = true, first[at]
+			queue = append(queue, p)
+		})
+	}
+	return first
+}
+
+// eachNeighbor calls f for every neighbour of r, in ascending order for the
+// full mesh and the hypercube, by ring distance for the lattice; no
+// allocation.
+func (g *Graph) eachNeighbor(r int, f func(int)) {
+	switch {
+	case g.full():
+		for p := 0; p < g.n; p++ {
+			if p != r {
+				f(p)
+			}
+		}
+	case g.spec.Kind == KRegular:
+		for i := 1; i <= g.half; i++ {
+			f((r + i) % g.n)
+			if b := (r - i + g.n) % g.n; b != (r+i)%g.n {
+				f(b)
+			}
+		}
+	case g.spec.Kind == Hypercube:
+		for i := 0; i < g.dim; i++ {
+			if p := r ^ (1 << i); p < g.n {
+				f(p)
+			}
+		}
+	}
 }
 
 // Ring returns an order of all ranks for ring schedules: consecutive

@@ -110,6 +110,9 @@ func TestEveryPairRoutableShortest(t *testing.T) {
 						}
 						continue
 					}
+					if h := g.NextHops(src, nil)[dst]; h != path0(g, src, dst) {
+						t.Fatalf("%s n=%d: NextHops(%d)[%d] = %d, NextHop says %d", s, n, src, dst, h, path0(g, src, dst))
+					}
 					path, ok := g.Route(src, dst, nil)
 					if !ok {
 						t.Fatalf("%s n=%d: %d->%d unroutable", s, n, src, dst)
@@ -160,6 +163,9 @@ func TestRoutesAvoidFailed(t *testing.T) {
 					for dst := 0; dst < n; dst++ {
 						if dst == src {
 							continue
+						}
+						if h := g.NextHops(src, isFailed)[dst]; (h < 0) != (failed[dst] || d[dst] < 0) || (h >= 0 && (failed[h] || !g.IsNeighbor(src, h) || (h != dst && bfs(g, h, failed)[dst] != d[dst]-1))) {
+							t.Fatalf("%s n=%d failed=%v: NextHops(%d)[%d] = %d is not on a shortest live path", s, n, fs, src, dst, h)
 						}
 						path, ok := g.Route(src, dst, isFailed)
 						if failed[dst] || d[dst] < 0 {
@@ -254,4 +260,12 @@ func TestSparse(t *testing.T) {
 			t.Errorf("%s n=%d: Sparse=%v, every pair neighbours=%v", c.s, c.n, c.s.Sparse(c.n), full)
 		}
 	}
+}
+
+func path0(g *Graph, src, dst int) int {
+	h, ok := g.NextHop(src, dst, nil)
+	if !ok {
+		return -1
+	}
+	return h
 }

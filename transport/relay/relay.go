@@ -122,9 +122,10 @@ type Endpoint struct {
 	done  chan struct{}      // closed by Close
 	kill  chan struct{}      // closed by Close once forwards had their drain time
 
-	failed  []atomic.Bool  // per rank: failed or gone, never a relay again
-	nFailed atomic.Int32   // how many are set
-	hop     []atomic.Int32 // per destination: cached next hop, -2 unknown
+	failed  []atomic.Bool // per rank: failed or gone, never a relay again
+	nFailed atomic.Int32  // how many are set: the routing generation
+	routes  atomic.Pointer[routeTable]
+	routeMu sync.Mutex // one computation of the table at a time
 
 	fwdMsgs, fwdBytes, relayedMsgs, dropped, lost atomic.Int64
 
@@ -139,6 +140,13 @@ type Endpoint struct {
 	byes    map[int]uint8 // per source: lanes whose goodbye arrived
 	flows   map[flowKey]flowState
 	queues  map[int]*fwdQueue // per next hop*NumLanes+lane
+}
+
+// routeTable is the next hop to every rank around the failed ranks, made
+// once per change of the failed set (one breadth-first search).
+type routeTable struct {
+	gen  int32
+	hops []int
 }
 
 type txState struct {
@@ -187,13 +195,10 @@ func New(g *topology.Graph, rank int, h transport.Handler, down transport.DownHa
 	e := &Endpoint{
 		g: g, rank: rank, up: h, upDn: down, opts: opts,
 		start: make(chan struct{}), done: make(chan struct{}), kill: make(chan struct{}),
-		failed: make([]atomic.Bool, n), hop: make([]atomic.Int32, n),
-		told: make([]bool, n), downErr: make([]error, n),
+		failed: make([]atomic.Bool, n),
+		told:   make([]bool, n), downErr: make([]error, n),
 		tx: map[int]*txState{}, rx: map[int]*rxState{}, byes: map[int]uint8{},
 		flows: map[flowKey]flowState{}, queues: map[int]*fwdQueue{},
-	}
-	for i := range e.hop {
-		e.hop[i].Store(-2)
 	}
 	e.frag = fragMax
 	if opts.FragmentSize > 0 && opts.FragmentSize < fragMax {
@@ -230,21 +235,31 @@ func (e *Endpoint) direct(peer int) bool { return peer == e.rank || e.g.IsNeighb
 
 func (e *Endpoint) isFailed(r int) bool { return e.failed[r].Load() }
 
-// nextHop returns the cached next hop to dst, or -1 when there is none.
+// nextHop returns the next hop to dst, or -1 when there is none: the
+// closed form while no rank failed, else the table for the failed set.
 func (e *Endpoint) nextHop(dst int) int {
-	if h := e.hop[dst].Load(); h != -2 {
-		return int(h)
+	gen := e.nFailed.Load()
+	if gen == 0 {
+		h, ok := e.g.NextHop(e.rank, dst, nil)
+		if !ok {
+			return -1
+		}
+		return h
 	}
-	var f func(int) bool
-	if e.nFailed.Load() > 0 {
-		f = e.isFailed
+	if t := e.routes.Load(); t != nil && t.gen == gen {
+		return t.hops[dst]
 	}
-	h, ok := e.g.NextHop(e.rank, dst, f)
-	if !ok {
-		h = -1
+	e.routeMu.Lock()
+	defer e.routeMu.Unlock()
+	gen = e.nFailed.Load()
+	t := e.routes.Load()
+	if t == nil || t.gen != gen {
+		// A failure while this runs bumps the generation: the next call
+		// computes again.
+		t = &routeTable{gen: gen, hops: e.g.NextHops(e.rank, e.isFailed)}
+		e.routes.Store(t)
 	}
-	e.hop[dst].Store(int32(h))
-	return h
+	return t.hops[dst]
 }
 
 // markFailed takes r out of every route; it reports whether r was live.
@@ -253,9 +268,6 @@ func (e *Endpoint) markFailed(r int) bool {
 		return false
 	}
 	e.nFailed.Add(1)
-	for i := range e.hop {
-		e.hop[i].Store(-2)
-	}
 	return true
 }
 

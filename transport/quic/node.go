@@ -245,11 +245,14 @@ func (n *Node) Close() error {
 
 func (n *Node) closeSocket() {
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	if n.closed {
+		n.mu.Unlock()
 		return
 	}
 	n.closed = true
+	n.mu.Unlock()
+	// Outside n.mu: closing the transport waits for handshakes in
+	// progress, whose verifyClient takes n.mu.
 	n.ln.Close()
 	n.tr.Close()
 	n.udp.Close()

@@ -181,6 +181,9 @@ func newQUIC(ctx context.Context, cfg Config, embed bool) (*Comm, error) {
 	}
 	if err != nil {
 		bk.Close()
+		if nd.relay != nil {
+			nd.relay.Close()
+		}
 		cleanup()
 		if errors.As(err, &pl) {
 			return nil, &Error{Code: CodePeerDown, Op: "new", Rank: pl.peer, Msg: pl.Error(), Cause: pl.err}

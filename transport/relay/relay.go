@@ -495,7 +495,15 @@ func (e *Endpoint) enqueue(lane transport.Lane, f frame) {
 // hop failed is routed again (to another queue).
 func (e *Endpoint) drain(q *fwdQueue) {
 	defer e.wg.Done()
-	<-e.start
+	select {
+	case <-e.start:
+	case <-e.kill: // closed before it started (a formation that failed)
+		e.mu.Lock()
+		e.dropped.Add(int64(len(q.frames)))
+		q.frames, q.running = nil, false
+		e.mu.Unlock()
+		return
+	}
 	for {
 		e.mu.Lock()
 		if len(q.frames) == 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"time"
 
 	"github.com/nexar-go/nexar/membership"
 	"github.com/nexar-go/nexar/topology"
@@ -128,6 +129,9 @@ func (n *node) gossipFailedLocked(p, by int, why string) {
 	n.noteDownLocked(p)
 	if n.graph == nil || n.ep == nil {
 		return
+	}
+	if by == n.rank && n.stalledFor(time.Now()) > 0 {
+		return // this rank was stopped: its neighbours' silence says nothing to pass on
 	}
 	payload := make([]byte, 8, 8+len(why))
 	binary.LittleEndian.PutUint32(payload, uint32(p))

@@ -44,7 +44,7 @@ func newBulk(cfg Config, rank int, adv string, id *nquic.Identity, peers []nquic
 		BindHost: bindHost, AdvertiseHost: advHost,
 		Identity: id, Fingerprints: fps, Logger: cfg.Logger.With("subsys", SubsysNet), Place: nd.place, RemoteMin: cfg.BulkRemoteMin,
 		RingSize: cfg.RingSize, RingBudget: cfg.RingBudget,
-	}, nd.handle, down)
+	}, nd.bulkHandler(), down)
 	if err != nil {
 		return nil, &Error{Code: CodeInternal, Op: "new", Rank: -1, Msg: err.Error(), Cause: err}
 	}

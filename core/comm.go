@@ -13,7 +13,6 @@ import (
 	"github.com/nexar-go/nexar/core/internal/match"
 	"github.com/nexar-go/nexar/membership"
 	"github.com/nexar-go/nexar/transport"
-	"github.com/nexar-go/nexar/transport/mem"
 )
 
 // AnySource lets a receive match a message from any rank.
@@ -139,15 +138,15 @@ func newLocalWrapped(n int, cfg Config, wrap func(int, transport.DataPath) trans
 	if err := cfg.validateMemory(); err != nil {
 		return nil, err
 	}
+	g, err := topologyGraph(cfg.Topology, n)
+	if err != nil {
+		return nil, err
+	}
 	nodes := make([]*node, n)
-	hs := make([]transport.Handler, n)
-	ds := make([]transport.DownHandler, n)
 	for i := range nodes {
 		nodes[i] = newNode(cfg, i, n)
-		hs[i] = nodes[i].handle
-		ds[i] = nodes[i].onDown
 	}
-	eps := mem.NewMesh(n, hs, ds)
+	eps := localMesh(nodes, g)
 	comms := make([]*Comm, n)
 	for i, nd := range nodes {
 		ep := eps[i]

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nexar-go/nexar/collective"
+	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport/bulk"
 )
 
@@ -116,6 +117,13 @@ type Config struct {
 	// part of the signature that ranks compare, so a difference fails the
 	// call as mismatched. Zero fields take collective.DefaultTuning's.
 	Tuning collective.Tuning
+	// Topology is which ranks talk directly (NEXAR_TOPOLOGY: "full",
+	// "kregular:K", "hypercube", "ondemand:M"; package topology and
+	// docs/scale.md): under a sparse one a rank heartbeats its neighbours
+	// only, failures spread by gossip, and messages to other ranks are
+	// relayed (transport/relay). Every rank must use the same: the seed
+	// refuses a join that differs. Zero value: the full mesh.
+	Topology topology.Spec
 
 	// Diagnostics (docs/diagnostics.md). Zero fields take the environment's
 	// NEXAR_FLIGHT_RECORDER_* values, also for a Config not read by
@@ -343,7 +351,7 @@ func (cfg Config) withDefaults() Config {
 //     job, Config.Join; NEXAR_SEED may then list several addresses),
 //     NEXAR_MEMORY_PROFILE
 //     (default|training|inference), NEXAR_RING_SIZE, NEXAR_RING_BUDGET,
-//     NEXAR_SCRATCH_IDLE_BYTES;
+//     NEXAR_SCRATCH_IDLE_BYTES, NEXAR_TOPOLOGY (full|kregular:K|hypercube|ondemand:M);
 //   - torchrun: RANK, WORLD_SIZE, MASTER_ADDR + MASTER_PORT;
 //   - Slurm: SLURM_PROCID, SLURM_NTASKS (the seed must come from NEXAR_SEED
 //     or MASTER_ADDR/MASTER_PORT);
@@ -533,6 +541,13 @@ func configFromLookup(lookup func(string) (string, bool), readFile func(string) 
 			return cfg, fmt.Errorf("core: NEXAR_BULK_PLAINTEXT=%q is not a boolean", v)
 		}
 		cfg.BulkPlaintext = b
+	}
+	if v, name := get("NEXAR_TOPOLOGY"); name != "" {
+		t, err := topology.Parse(v)
+		if err != nil {
+			return cfg, fmt.Errorf("core: NEXAR_TOPOLOGY: %v", err)
+		}
+		cfg.Topology = t
 	}
 	if err := cfg.memoryFromLookup(get); err != nil {
 		return cfg, err

@@ -59,6 +59,16 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 	if cfg.Rank < -1 || cfg.Rank >= cfg.WorldSize {
 		return nil, invalidArg("new", "rank %d is out of range [0, %d)", cfg.Rank, cfg.WorldSize)
 	}
+	graph, err := topologyGraph(cfg.Topology, cfg.WorldSize)
+	if err != nil {
+		return nil, err
+	}
+	if graph != nil {
+		// The bulk path negotiates with every peer at formation; under a
+		// sparse topology the data stays on the neighbours' QUIC
+		// connections (docs/scale.md).
+		cfg.Bulk = "off"
+	}
 	if cfg.WorldSize == 1 {
 		cs, err := NewLocal(1, cfg)
 		if err != nil {
@@ -112,7 +122,11 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 		cleanup()
 		return nil, err
 	}
-	qn, err := nquic.Listen(id, quicOptions(cfg))
+	qo := quicOptions(cfg)
+	if graph != nil {
+		qo.Neighbors = graph.IsNeighbor
+	}
+	qn, err := nquic.Listen(id, qo)
 	if err != nil {
 		cleanup()
 		return nil, &Error{Code: CodeInternal, Op: "new", Rank: -1, Msg: fmt.Sprintf("bind %s: %v", cfg.BindAddr, err), Cause: err}
@@ -125,17 +139,17 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 	}
 	// Every rank keeps a lobby for processes that join later (grow.go);
 	// a grown world's members bring theirs along.
-	announce := ""
+	jo := joinOptions(cfg)
 	if opts.lobby != nil {
-		announce = opts.lobby.addr
+		jo.Lobby = opts.lobby.addr
 	} else {
 		if lobby, err = startNodeLobby(cfg, adv, seed != nil && opts.seed == nil); err != nil {
 			cleanup()
 			return nil, err
 		}
-		announce = lobby.addr
+		jo.Lobby = lobby.addr
 	}
-	rank, peers, lobbies, sl, err := membership.JoinWatchedLobby(ctx, cfg.Seed, cfg.Token, cfg.Rank, adv, id.Fingerprint, announce)
+	rank, peers, lobbies, sl, err := membership.JoinWatchedLobby(ctx, cfg.Seed, cfg.Token, cfg.Rank, adv, id.Fingerprint, jo)
 	if err != nil {
 		cleanup()
 		return nil, fromMembership(err)
@@ -164,7 +178,10 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 			lost(pl)
 		}
 	})
-	bk, err := newBulk(cfg, rank, adv, id, peers, nd, down)
+	if graph != nil {
+		nd.newRelay(graph, down) // before newBulk: bulk delivers to the relay
+	}
+	bk, err := newBulk(cfg, rank, adv, id, peers, nd, nd.bulkDown(down))
 	if err != nil {
 		cleanup()
 		return nil, err
@@ -200,6 +217,9 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 	}
 	if err != nil {
 		bk.Close()
+		if nd.relay != nil {
+			nd.relay.Close()
+		}
 		cleanup()
 		if errors.As(err, &pl) {
 			return nil, &Error{Code: CodePeerDown, Op: "new", Rank: pl.peer, Msg: pl.Error(), Cause: pl.err}
@@ -225,7 +245,12 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 			go lobby.takeOver(seed, cfg)
 		}
 	}
-	c := worldComm(nd, bk)
+	var path transport.DataPath = bk
+	if nd.relay != nil {
+		nd.relay.Start(bk)
+		path = nd.relay
+	}
+	c := worldComm(nd, path)
 	nd.start()
 	return c, nil
 }

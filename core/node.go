@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/nexar-go/nexar/membership"
+	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport"
+	"github.com/nexar-go/nexar/transport/relay"
 )
 
 // node is one rank's attachment to a transport mesh, shared by the world
@@ -53,6 +55,12 @@ type node struct {
 	adv                string
 	lobbies            []string
 	minWorld, maxWorld int
+
+	// Sparse topology (core/topo.go), set before start: the graph (nil:
+	// every pair talks directly) and the relaying path over it.
+	graph *topology.Graph
+	relay *relay.Endpoint
+	topo  topoState // under mu
 
 	done    chan struct{} // closed by close
 	wg      sync.WaitGroup
@@ -139,10 +147,7 @@ func (n *node) start() {
 	if n.size == 1 {
 		return
 	}
-	for p := 0; p < n.size; p++ {
-		if p == n.rank {
-			continue
-		}
+	for _, p := range n.watched() {
 		n.wg.Add(1)
 		go n.heartbeatTo(p)
 	}
@@ -212,7 +217,7 @@ func (n *node) monitor() {
 		prev = now
 		n.tick.Store(now.UnixNano())
 		for p := range n.lastSeen {
-			if p == n.rank {
+			if !n.watches(p) {
 				continue
 			}
 			silent := now.Sub(time.Unix(0, n.lastSeen[p].Load()))
@@ -255,6 +260,11 @@ func (n *node) stalledFor(now time.Time) time.Duration {
 // If this process was just stalled long enough for its peers to declare
 // it unreachable, that is the likelier story, and the error says so.
 func (n *node) peerDown(p int, why string, cause error) {
+	n.peerDownBy(p, n.rank, why, cause)
+}
+
+// peerDownBy is peerDown for a failure that rank by detected.
+func (n *node) peerDownBy(p, by int, why string, cause error) {
 	n.mu.Lock()
 	if n.closed || n.down[p] != nil || n.left[p] != nil {
 		n.mu.Unlock()
@@ -266,6 +276,7 @@ func (n *node) peerDown(p int, why string, cause error) {
 	}
 	err := n.down[p]
 	n.log.Warn("nexar: peer unreachable", "rank", n.rank, "peer", p, "why", why)
+	n.gossipFailedLocked(p, by, why)
 	stalled := n.stalledFor(time.Now())
 	for _, c := range n.comms {
 		if stalled > 0 {
@@ -424,6 +435,10 @@ func (n *node) handle(from int, lane transport.Lane, th *transport.Header, paylo
 		n.declaredDown(from, string(payload))
 		return
 	}
+	if h.kind == kindControl && h.sub == ctlFailed {
+		n.failedNotice(from, payload)
+		return
+	}
 	w := freedWaiter{n: n}
 	defer w.end()
 	for {
@@ -527,6 +542,7 @@ func (n *node) register(c *Comm) error {
 		return newError(CodeClosed, "split", -1, "communicator is closed")
 	}
 	n.comms[c.id] = c
+	n.noteRegisteredLocked(c)
 	n.refs++
 	for _, w := range c.world {
 		if n.down[w] != nil {
@@ -547,6 +563,7 @@ func (n *node) register(c *Comm) error {
 func (n *node) unregister(c *Comm) {
 	n.mu.Lock()
 	delete(n.comms, c.id)
+	delete(n.topo.born, c.id)
 	n.refs--
 	last := n.refs == 0
 	n.mu.Unlock()

@@ -18,8 +18,8 @@ type Stats struct {
 	// created (bounded by Config.RingBudget); 0 without shared memory.
 	// Per process.
 	RingBytes int64
-	// RelayedBytes is the payload this process forwarded for other ranks.
-	// Always 0: nexar relays nothing yet. Per process.
+	// RelayedBytes is the payload this process forwarded for other ranks
+	// under a sparse Config.Topology (0 under the full mesh). Per process.
 	RelayedBytes int64
 	// MessagesSent, BytesSent and BytesReceived count the data messages
 	// (collective steps and point-to-point sends, not control or RPC
@@ -51,6 +51,7 @@ func (c *Comm) Stats() Stats {
 		BytesSent:     c.traffic.bytesSent.Load(),
 		BytesReceived: c.traffic.bytesRecv.Load(),
 	}
+	s.RelayedBytes = c.n.relayedBytes()
 	if f := c.n.ringBytes; f != nil {
 		s.RingBytes = f()
 	}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strconv"
 	"sync"
 	"time"
 
@@ -47,6 +48,9 @@ type joinMsg struct {
 	FP    []byte `cbor:"fp"`   // SHA-256 of the mesh node's certificate
 	Proof []byte `cbor:"proof"`
 	Lobby string `cbor:"lobby,omitempty"` // host:port of the joiner's lobby (Lobby), if it runs one
+	// Topo is the joiner's topology (topology.Spec.String; "" or absent:
+	// the full mesh). Every joiner must send the same.
+	Topo string `cbor:"topo,omitempty"`
 }
 
 type peerMsg struct {
@@ -167,6 +171,10 @@ type Seed struct {
 	table      []peerMsg     // by rank, set when formed
 	settled    int           // members that reported or were lost
 	allSettled chan struct{} // closed when settled reaches size
+	// mismatch is closed, with why set, when a joiner's topology differs
+	// from the first joiner's: every joiner is then refused.
+	mismatch chan struct{}
+	why      string
 }
 
 type member struct {
@@ -175,6 +183,7 @@ type member struct {
 	addr  string
 	lobby string
 	fp    []byte
+	topo  string // its topology ("": full mesh)
 	gone  chan struct{}
 
 	// After the welcome, until it reports: st carries notices to it.
@@ -222,7 +231,7 @@ func StartSeed(addr string, worldSize int, token []byte, log *slog.Logger) (*See
 		return nil, errorf(abi.ErrInternal, "seed", err, "listen on %s: %v", addr, err)
 	}
 	s := &Seed{ln: ln, tr: tr, udp: udp, size: worldSize, token: append([]byte(nil), token...), log: log,
-		formed: make(chan struct{}), done: make(chan struct{}), allSettled: make(chan struct{})}
+		formed: make(chan struct{}), done: make(chan struct{}), allSettled: make(chan struct{}), mismatch: make(chan struct{})}
 	s.life, s.end = context.WithCancel(context.Background())
 	s.wg.Add(1)
 	go s.acceptLoop()
@@ -333,7 +342,7 @@ func (s *Seed) serve(conn *quic.Conn) {
 			return
 		}
 	}
-	m := &member{want: j.Rank, addr: j.Addr, lobby: j.Lobby, fp: j.FP, gone: make(chan struct{})}
+	m := &member{want: j.Rank, addr: j.Addr, lobby: j.Lobby, fp: j.FP, topo: j.Topo, gone: make(chan struct{})}
 	if err := s.add(m); errors.Is(err, errFormed) {
 		s.log.Debug("nexar seed: joiner came after formation", "remote", conn.RemoteAddr().String())
 		_ = writeFrame(st, welcomeMsg{V: rdvVersion, Code: abi.ErrInvalidArgument, Err: err.Error(), Formed: true})
@@ -346,6 +355,13 @@ func (s *Seed) serve(conn *quic.Conn) {
 	}
 	select {
 	case <-s.formed:
+	case <-s.mismatch:
+		s.remove(m)
+		s.mu.Lock()
+		why := s.why
+		s.mu.Unlock()
+		refuse(abi.ErrInvalidArgument, "%s", why)
+		return
 	case <-conn.Context().Done():
 		s.remove(m)
 		return
@@ -457,6 +473,20 @@ func (s *Seed) linger(conn *quic.Conn) {
 
 var errFormed = errors.New("the job is already formed")
 
+func joiner(want int) string {
+	if want < 0 {
+		return "a rank without a requested rank"
+	}
+	return fmt.Sprintf("rank %d", want)
+}
+
+func topoName(t string) string {
+	if t == "" {
+		return `"full"`
+	}
+	return strconv.Quote(t)
+}
+
 func (s *Seed) add(m *member) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -472,6 +502,15 @@ func (s *Seed) add(m *member) error {
 		if m.want >= 0 && o.want == m.want {
 			return fmt.Errorf("rank %d has already joined", m.want)
 		}
+	}
+	if s.why != "" {
+		return errors.New(s.why)
+	}
+	if len(s.members) > 0 && s.members[0].topo != m.topo {
+		s.why = fmt.Sprintf("topology mismatch: %s joined with topology %s, %s with %s (every rank must use the same NEXAR_TOPOLOGY)",
+			joiner(s.members[0].want), topoName(s.members[0].topo), joiner(m.want), topoName(m.topo))
+		close(s.mismatch)
+		return errors.New(s.why)
 	}
 	s.members = append(s.members, m)
 	if len(s.members) < s.size {
@@ -524,6 +563,19 @@ func Join(ctx context.Context, addr string, token []byte, rank int, advertise st
 	return r, peers, err
 }
 
+// JoinOptions is what a joiner tells the seed beyond its address, and
+// what every joiner must agree on.
+type JoinOptions struct {
+	// Topology is the joiner's topology (topology.Spec.String; "" is the
+	// full mesh). A joiner whose topology differs from the first
+	// joiner's fails the formation for every rank, with an error naming
+	// both values.
+	Topology string
+	// Lobby is the host:port of this rank's lobby (core's grow), "" for
+	// none; every member learns every member's (JoinWatchedLobby).
+	Lobby string
+}
+
 // SeedLink is a joiner's connection to the seed after the welcome, kept
 // while it forms the mesh: Watch reports members the seed lost meanwhile,
 // Finish reports the outcome and lets the connection go.
@@ -567,14 +619,20 @@ func (l *SeedLink) Finish(ok bool) {
 }
 
 // JoinWatched is Join that keeps the connection to the seed (see SeedLink).
-func JoinWatched(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte) (int, []nquic.Peer, *SeedLink, error) {
-	r, peers, _, sl, err := JoinWatchedLobby(ctx, addr, token, rank, advertise, fp, "")
+//
+// The options carry what every rank must agree on (JoinOptions).
+func JoinWatched(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte, opts ...JoinOptions) (int, []nquic.Peer, *SeedLink, error) {
+	var o JoinOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	r, peers, _, sl, err := JoinWatchedLobby(ctx, addr, token, rank, advertise, fp, o)
 	return r, peers, sl, err
 }
 
-// JoinWatchedLobby is JoinWatched that announces this rank's lobby address
-// (lobby, or "" for none) and returns every member's, by rank.
-func JoinWatchedLobby(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte, lobby string) (int, []nquic.Peer, []string, *SeedLink, error) {
+// JoinWatchedLobby is JoinWatched that also returns every member's lobby
+// address (JoinOptions.Lobby), by rank ("" for a member without one).
+func JoinWatchedLobby(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte, o JoinOptions) (int, []nquic.Peer, []string, *SeedLink, error) {
 	id, err := nquic.NewIdentity()
 	if err != nil {
 		return 0, nil, nil, nil, err
@@ -611,7 +669,7 @@ func JoinWatchedLobby(ctx context.Context, addr string, token []byte, rank int, 
 				return 0, nil, nil, nil, errorf(abi.ErrTimeout, "rendezvous", err, "cannot reach the seed at %s: %v", addr, err)
 			}
 		}
-		r, peers, lobbies, st, formed, err := joinOnce(ctx, conn, addr, token, rank, advertise, fp, lobby)
+		r, peers, lobbies, st, formed, err := joinOnce(ctx, conn, addr, token, rank, advertise, fp, o)
 		if err == nil {
 			return r, peers, lobbies, &SeedLink{conn: conn, st: st, sock: sock}, nil
 		}
@@ -630,7 +688,7 @@ func JoinWatchedLobby(ctx context.Context, addr string, token []byte, rank int, 
 // joinOnce is one attempt of Join on conn; formed reports that the seed
 // refused because its job has already formed. On success it returns the
 // stream, which the seed keeps until this rank reports (SeedLink).
-func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, rank int, advertise string, fp [32]byte, lobby string) (int, []nquic.Peer, []string, *quic.Stream, bool, error) {
+func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, rank int, advertise string, fp [32]byte, o JoinOptions) (int, []nquic.Peer, []string, *quic.Stream, bool, error) {
 	fail := func(code int, format string, args ...any) (int, []nquic.Peer, []string, *quic.Stream, bool, error) {
 		return 0, nil, nil, nil, false, errorf(code, "rendezvous", nil, format, args...)
 	}
@@ -643,7 +701,7 @@ func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, r
 	if err != nil {
 		return fail(abi.ErrInternal, "%v", err)
 	}
-	if err := writeFrame(st, joinMsg{V: rdvVersion, Rank: rank, Addr: advertise, FP: fp[:], Proof: p, Lobby: lobby}); err != nil {
+	if err := writeFrame(st, joinMsg{V: rdvVersion, Rank: rank, Addr: advertise, FP: fp[:], Proof: p, Lobby: o.Lobby, Topo: o.Topology}); err != nil {
 		return fail(abi.ErrInternal, "seed %s: %v", addr, err)
 	}
 	if dl, ok := ctx.Deadline(); ok {

@@ -36,8 +36,11 @@ type Endpoint struct {
 	rank int
 	down transport.DownHandler
 
-	// in[from*NumLanes+lane] delivers what rank from sent on lane.
+	// in[from*NumLanes+lane] delivers what rank from sent on lane; made
+	// on the first message (under mu), so that a world of many ranks
+	// that talk to few others runs few goroutines.
 	in   []*inbox.Inbox
+	h    transport.Handler
 	done chan struct{} // closed by Close or Kill
 	wg   sync.WaitGroup
 
@@ -63,14 +66,10 @@ func NewMesh(n int, h []transport.Handler, down []transport.DownHandler) []trans
 		if i < len(down) {
 			e.down = down[i]
 		}
-		var hi transport.Handler
 		if i < len(h) {
-			hi = h[i]
+			e.h = h[i]
 		}
 		e.in = make([]*inbox.Inbox, n*int(transport.NumLanes))
-		for j := range e.in {
-			e.in[j] = inbox.Start(&e.wg, QueueDepth, e.done, j/int(transport.NumLanes), hi)
-		}
 		m.eps[i] = e
 	}
 	out := make([]transport.DataPath, n)
@@ -118,13 +117,31 @@ func (e *Endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 	if err := e.sendErr(dst); err != nil || dst.stopped() != nil {
 		return err
 	}
-	q := dst.in[e.rank*int(transport.NumLanes)+int(lane)]
+	q := dst.inbox(e.rank, lane)
+	if q == nil {
+		return e.sendErr(dst)
+	}
 	return q.Put(ctx, lane, h, payload, e.done, func() error {
 		if err := e.stopped(); err != nil {
 			return err
 		}
 		return e.sendErr(dst)
 	})
+}
+
+// inbox returns the queue for what from sends on lane, made on first use;
+// nil once e has stopped.
+func (e *Endpoint) inbox(from int, lane transport.Lane) *inbox.Inbox {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	k := from*int(transport.NumLanes) + int(lane)
+	if e.in[k] == nil {
+		if e.closed {
+			return nil
+		}
+		e.in[k] = inbox.Start(&e.wg, QueueDepth, e.done, from, e.h)
+	}
+	return e.in[k]
 }
 
 // sendErr is what a Send from e to the stopped dst returns: nil (dropped)
@@ -199,12 +216,21 @@ func (e *Endpoint) stop(cause error, graceful bool) {
 			o.notifyDown(e.rank, cause)
 			continue
 		}
+		// Seal the lanes e used (none is made after: e sends no more);
+		// with none, the departure is reported at once.
+		var qs []*inbox.Inbox
 		o.mu.Lock()
-		o.lanesOut[e.rank] = int(transport.NumLanes)
-		o.mu.Unlock()
 		for l := range int(transport.NumLanes) {
-			o.in[e.rank*int(transport.NumLanes)+l].Seal(func() { o.laneDrained(e.rank) })
+			if q := o.in[e.rank*int(transport.NumLanes)+l]; q != nil {
+				qs = append(qs, q)
+			}
 		}
+		o.lanesOut[e.rank] = len(qs) + 1
+		o.mu.Unlock()
+		for _, q := range qs {
+			q.Seal(func() { o.laneDrained(e.rank) })
+		}
+		o.laneDrained(e.rank)
 	}
 }
 

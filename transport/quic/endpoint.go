@@ -98,7 +98,12 @@ type sendLane struct {
 
 func newEndpoint(n *Node, self int, peers []Peer, h transport.Handler, down transport.DownHandler) *endpoint {
 	e := &endpoint{node: n, self: self, peers: peers, h: h, down: down,
-		conns: make([]*peerConn, len(peers)), pending: len(peers) - 1, ready: make(chan struct{})}
+		conns: make([]*peerConn, len(peers)), ready: make(chan struct{})}
+	for r := range peers {
+		if e.linked(r) {
+			e.pending++
+		}
+	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	for l := range e.loop {
 		e.loop[l] = inbox.Start(&e.wg, loopbackDepth, e.ctx.Done(), self, h)
@@ -107,6 +112,11 @@ func newEndpoint(n *Node, self int, peers []Peer, h transport.Handler, down tran
 		close(e.ready)
 	}
 	return e
+}
+
+// linked reports whether this rank connects to rank r (Options.Neighbors).
+func (e *endpoint) linked(r int) bool {
+	return r != e.self && (e.node.opt.Neighbors == nil || e.node.opt.Neighbors(e.self, r))
 }
 
 func (e *endpoint) Rank() int { return e.self }
@@ -118,6 +128,9 @@ func (e *endpoint) connect(ctx context.Context) error {
 		e.wg.Go(e.acceptLoop)
 	}
 	for r := e.self + 1; r < len(e.peers); r++ {
+		if !e.linked(r) {
+			continue
+		}
 		e.wg.Go(func() {
 			if err := e.dial(ctx, r); err != nil {
 				errc <- err
@@ -135,7 +148,7 @@ func (e *endpoint) connect(ctx context.Context) error {
 		e.mu.Lock()
 		missing := []int{}
 		for r, c := range e.conns {
-			if c == nil && r != e.self {
+			if c == nil && e.linked(r) {
 				missing = append(missing, r)
 			}
 		}
@@ -271,7 +284,7 @@ func (e *endpoint) accept(conn *quic.Conn) {
 		return
 	}
 	r := int(hi.rank)
-	if hi.rank >= uint32(e.self) || hi.size != uint32(len(e.peers)) || !Equal(fp, e.peers[r].Fingerprint) {
+	if hi.rank >= uint32(e.self) || hi.size != uint32(len(e.peers)) || !Equal(fp, e.peers[r].Fingerprint) || !e.linked(r) {
 		refuse(fmt.Errorf("hello names rank %d of %d, which does not match the certificate", hi.rank, hi.size))
 		return
 	}

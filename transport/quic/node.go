@@ -96,6 +96,11 @@ type Options struct {
 	// not a loopback address (another host) 32, or 256/(ranks-1) if fewer,
 	// at least 1; to a loopback address 1.
 	DataConns int
+	// Neighbors, when set, limits the mesh to the pairs for which it
+	// reports true (a sparse topology; the layer above relays the rest):
+	// only those connections are made at Connect, and a Send to another
+	// rank fails with a *transport.PeerDownError. nil: every pair.
+	Neighbors func(a, b int) bool
 }
 
 const (
@@ -260,11 +265,14 @@ func (n *Node) Close() error {
 
 func (n *Node) closeSocket() {
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	if n.closed {
+		n.mu.Unlock()
 		return
 	}
 	n.closed = true
+	n.mu.Unlock()
+	// Outside n.mu: closing the transport waits for handshakes in
+	// progress, whose verifyClient takes n.mu.
 	n.ln.Close()
 	n.tr.Close()
 	n.udp.Close()

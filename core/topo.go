@@ -1,0 +1,250 @@
+package core
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"github.com/nexar-go/nexar/membership"
+	"github.com/nexar-go/nexar/topology"
+	"github.com/nexar-go/nexar/transport"
+	"github.com/nexar-go/nexar/transport/mem"
+	"github.com/nexar-go/nexar/transport/relay"
+)
+
+// Sparse topologies (Config.Topology, docs/scale.md). Under one, a node
+// heartbeats and watches its neighbours only, a failure it detects (or
+// hears of) is passed on to its neighbours (ctlFailed: flooding, once per
+// rank and node, so every live rank hears in at most the graph's diameter
+// of hops), and its endpoint is a transport/relay path that carries
+// messages for non-neighbours through neighbours. The full mesh keeps the
+// direct behaviour: every rank watches every other itself.
+
+// ctlFailed (node level, comm 0, LaneControl, to neighbours only): the
+// sender learned that a rank is down. Payload: the failed world rank and
+// the rank that detected it (int32 each, little-endian), then the
+// detector's reason (UTF-8). Numbered apart from the communicator-level
+// subtypes so that new ones do not collide.
+const ctlFailed uint8 = 32
+
+// topologyGraph returns the graph of a sparse topology over size ranks,
+// nil for one where every pair talks directly.
+func topologyGraph(spec topology.Spec, size int) (*topology.Graph, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, invalidArg("new", "Config.Topology: %v", err)
+	}
+	if spec.Kind == topology.OnDemand {
+		// Refused rather than run as the full mesh it would silently be.
+		return nil, invalidArg("new", "Config.Topology %s: connections on demand (opened at first use, at most M kept) are not built yet; use kregular:K or hypercube (docs/scale.md)", spec)
+	}
+	if !spec.Sparse(size) {
+		return nil, nil
+	}
+	g, err := topology.New(spec, size)
+	if err != nil {
+		return nil, invalidArg("new", "Config.Topology: %v", err)
+	}
+	return g, nil
+}
+
+// localMesh makes the in-memory paths of nodes: under a sparse topology
+// each is a relay over an in-memory mesh that the relay uses between
+// neighbours only.
+func localMesh(nodes []*node, g *topology.Graph) []transport.DataPath {
+	n := len(nodes)
+	hs := make([]transport.Handler, n)
+	ds := make([]transport.DownHandler, n)
+	if g == nil {
+		for i, nd := range nodes {
+			hs[i], ds[i] = nd.handle, nd.onDown
+		}
+		return mem.NewMesh(n, hs, ds)
+	}
+	rs := make([]*relay.Endpoint, n)
+	for i, nd := range nodes {
+		rs[i] = nd.newRelay(g, nd.onDown)
+		hs[i], ds[i] = rs[i].Handler(), rs[i].DownHandler()
+	}
+	inner := mem.NewMesh(n, hs, ds)
+	out := make([]transport.DataPath, n)
+	for i, r := range rs {
+		r.Start(inner[i])
+		out[i] = r
+	}
+	return out
+}
+
+// newRelay makes this node's relaying endpoint over g, telling down of
+// lost peers (start it with the inner path made from its Handler and
+// DownHandler).
+func (n *node) newRelay(g *topology.Graph, down transport.DownHandler) *relay.Endpoint {
+	n.graph = g
+	n.relay = relay.New(g, n.rank, n.handle, down, relay.Options{Lost: n.relayLost})
+	return n.relay
+}
+
+// bulkHandler is what the bulk path delivers to: the relay under a sparse
+// topology, else the node.
+func (n *node) bulkHandler() transport.Handler {
+	if n.relay != nil {
+		return n.relay.Handler()
+	}
+	return n.handle
+}
+
+// bulkDown is what the bulk path reports lost peers to: the relay (which
+// tells down) under a sparse topology, else down.
+func (n *node) bulkDown(down transport.DownHandler) transport.DownHandler {
+	if n.relay != nil {
+		return n.relay.DownHandler()
+	}
+	return down
+}
+
+// watched returns the ranks this node heartbeats and watches: its
+// neighbours under a sparse topology, else every other rank.
+func (n *node) watched() []int {
+	if n.graph != nil {
+		return n.graph.Neighbors(n.rank)
+	}
+	out := make([]int, 0, n.size-1)
+	for p := 0; p < n.size; p++ {
+		if p != n.rank {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// watches reports whether the monitor checks world rank p's silence.
+func (n *node) watches(p int) bool {
+	return p != n.rank && (n.graph == nil || n.graph.IsNeighbor(n.rank, p))
+}
+
+// gossipFailedLocked tells the neighbours, in the background, that world
+// rank p is down (detected by rank by, for why). Called with n.mu held,
+// once per p (peerDown's guard), so the flood ends.
+func (n *node) gossipFailedLocked(p, by int, why string) {
+	n.noteDownLocked(p)
+	if n.graph == nil || n.ep == nil {
+		return
+	}
+	if by == n.rank && n.stalledFor(time.Now()) > 0 {
+		return // this rank was stopped: its neighbours' silence says nothing to pass on
+	}
+	payload := make([]byte, 8, 8+len(why))
+	binary.LittleEndian.PutUint32(payload, uint32(p))
+	binary.LittleEndian.PutUint32(payload[4:], uint32(by))
+	payload = append(payload, truncate(why, 512)...)
+	var th transport.Header
+	(&header{kind: kindControl, sub: ctlFailed, total: uint64(len(payload))}).encode(&th, n.view.Gen)
+	var to []int
+	for _, q := range n.graph.Neighbors(n.rank) {
+		if q != p && n.down[q] == nil && n.left[q] == nil {
+			to = append(to, q)
+		}
+	}
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		for _, q := range to {
+			ctx, cancel := context.WithTimeout(context.Background(), n.cfg.HeartbeatTimeout)
+			stop := context.AfterFunc(ctxDone(n.done), cancel)
+			_ = n.ep.Send(ctx, q, transport.LaneControl, &th, payload)
+			stop()
+			cancel()
+		}
+	}()
+}
+
+// failedNotice takes a neighbour's ctlFailed: the rank it names is down
+// here too (and the notice goes on), naming the rank that detected it.
+func (n *node) failedNotice(from int, payload []byte) {
+	if len(payload) < 8 {
+		return
+	}
+	p := int(int32(binary.LittleEndian.Uint32(payload)))
+	by := int(int32(binary.LittleEndian.Uint32(payload[4:])))
+	if p < 0 || p >= n.size || p == n.rank {
+		return // about this rank: its detector tells it directly (ctlDeclaredDown)
+	}
+	n.peerDownBy(p, by, fmt.Sprintf("rank %d found it unreachable (%s), rank %d passed it on", by, payload[8:], from), nil)
+}
+
+// relayLost is the relay's report that messages from world rank src were
+// lost when relay via failed: every communicator with src fails, naming
+// via (its rank in the communicator when it is a member).
+//
+// A communicator registered after this rank knew via was down sent nothing
+// through it (every member had routed around via before it could agree on
+// the communicator: a shrunk successor), so it is spared; with via unknown,
+// or not yet known down here, every communicator with src fails.
+func (n *node) relayLost(src, via int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, c := range n.comms {
+		r, ok := c.of[src]
+		if !ok || src == n.rank {
+			continue
+		}
+		if via >= 0 && via < n.size && n.down[via] != nil && n.topo.born[c.id] >= n.topo.downAt[via] {
+			continue
+		}
+		rank := -1
+		if vr, ok := c.of[via]; ok {
+			rank = vr
+		}
+		c.fail(&Error{Code: CodePeerDown, Op: "comm", Rank: rank,
+			Msg: fmt.Sprintf("messages from rank %d were lost when world rank %d, a relay on their route, failed", r, via)})
+	}
+}
+
+// topoState is the node's record, under node.mu, of when communicators
+// were registered and ranks declared down, counted in failures learned
+// (relayLost spares communicators made after the failure it reports).
+type topoState struct {
+	failures uint64
+	downAt   map[int]uint64    // world rank -> failures counted when it went down
+	born     map[uint64]uint64 // communicator id -> failures counted at registration
+}
+
+// noteDownLocked records that world rank p was declared down. Called with
+// n.mu held.
+func (n *node) noteDownLocked(p int) {
+	if n.topo.downAt == nil {
+		n.topo.downAt = map[int]uint64{}
+	}
+	n.topo.failures++
+	n.topo.downAt[p] = n.topo.failures
+}
+
+// noteRegisteredLocked records c's registration. Called with n.mu held.
+func (n *node) noteRegisteredLocked(c *Comm) {
+	if n.graph == nil {
+		return
+	}
+	if n.topo.born == nil {
+		n.topo.born = map[uint64]uint64{}
+	}
+	n.topo.born[c.id] = n.topo.failures
+}
+
+// relayedBytes is the payload this node forwarded for other ranks.
+func (n *node) relayedBytes() int64 {
+	if n.relay == nil {
+		return 0
+	}
+	return n.relay.Stats().ForwardedBytes
+}
+
+// joinOptions is what the seed checks that every rank agrees on: the
+// topology ("" for the full mesh, as a joiner that predates topologies
+// sends).
+func joinOptions(cfg Config) membership.JoinOptions {
+	var o membership.JoinOptions
+	if cfg.Topology != (topology.Spec{}) {
+		o.Topology = cfg.Topology.String()
+	}
+	return o
+}

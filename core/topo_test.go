@@ -1,0 +1,483 @@
+package core
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nexar-go/nexar/collective"
+	"github.com/nexar-go/nexar/topology"
+	"github.com/nexar-go/nexar/transport/mem"
+)
+
+var sparseSpecs = []topology.Spec{{Kind: topology.KRegular, N: 2}, {Kind: topology.KRegular, N: 4}, {Kind: topology.Hypercube}}
+
+func topoWorlds() []int {
+	if os.Getenv("NEXAR_TEST_QUICK") == "1" || testing.Short() {
+		return []int{2, 3, 5, 8, 13, 16, 31, 64}
+	}
+	ws := make([]int, 0, 63)
+	for n := 2; n <= 64; n++ {
+		ws = append(ws, n)
+	}
+	return ws
+}
+
+func newLocalTopo(t testing.TB, n int, spec topology.Spec) []*Comm {
+	t.Helper()
+	cfg := testConfig()
+	cfg.Topology = spec
+	// 64 ranks under -race on a loaded machine can starve a heartbeat
+	// loop for seconds; these tests are not about failure detection.
+	cfg.HeartbeatTimeout = time.Minute
+	comms, err := NewLocal(n, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return comms
+}
+
+// fval is an input whose float32 sums depend on the order of addition.
+func fval(r, i int) float32 {
+	return float32(math.Sin(float64(r*7919+i*104729))) * float32(1+(r+i)%13) * 1e3
+}
+
+func fill(r, n int) []byte {
+	b := make([]byte, 4*n)
+	for i := 0; i < n; i++ {
+		copy(b[4*i:], f32s(fval(r, i)))
+	}
+	return b
+}
+
+// runEveryCollective runs each collective (and Barrier) once and returns,
+// per rank, everything it received, in call order.
+func runEveryCollective(t *testing.T, comms []*Comm) [][]byte {
+	n := len(comms)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out := make([][]byte, n)
+	errs := each(comms, func(c *Comm) error {
+		r := c.Rank()
+		var acc bytes.Buffer
+		step := func(name string, err error, got ...[]byte) error {
+			if err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			for _, g := range got {
+				acc.Write(g)
+			}
+			return nil
+		}
+		f32 := collective.Float32
+		for _, count := range []int{3, 70000} { // 70000 floats: above the ring threshold
+			recv := make([]byte, 4*count)
+			if err := step("allreduce", c.Allreduce(ctx, fill(r, count), recv, f32, collective.Sum), recv); err != nil {
+				return err
+			}
+		}
+		const k = 5
+		buf := fill(r, k)
+		if err := step("broadcast", c.Broadcast(ctx, buf, f32, n-1), buf); err != nil {
+			return err
+		}
+		red := make([]byte, 4*k)
+		if err := step("reduce", c.Reduce(ctx, fill(r, k), red, f32, collective.Sum, n/2), red); err != nil {
+			return err
+		}
+		ag := make([]byte, 4*k*n)
+		if err := step("allgather", c.Allgather(ctx, fill(r, k), ag, f32), ag); err != nil {
+			return err
+		}
+		counts, displs, total := make([]int, n), make([]int, n), 0
+		for i := range counts {
+			counts[i], displs[i] = 1+i%3, total
+			total += counts[i]
+		}
+		agv := make([]byte, 4*total)
+		if err := step("allgatherv", c.Allgatherv(ctx, fill(r, counts[r]), agv, counts, displs, f32), agv); err != nil {
+			return err
+		}
+		rs := make([]byte, 4*k)
+		if err := step("reducescatter", c.ReduceScatter(ctx, fill(r, k*n), rs, f32, collective.Sum), rs); err != nil {
+			return err
+		}
+		a2a := make([]byte, 4*k*n)
+		if err := step("alltoall", c.Alltoall(ctx, fill(r, k*n), a2a, f32), a2a); err != nil {
+			return err
+		}
+		a2av := make([]byte, 4*total)
+		sd, sc := make([]int, n), make([]int, n)
+		for j := range sd {
+			sc[j], sd[j] = counts[r], j*counts[r]
+		}
+		rc, rd := make([]int, n), make([]int, n)
+		for j := range rc {
+			rc[j], rd[j] = counts[j], displs[j]
+		}
+		if err := step("alltoallv", c.Alltoallv(ctx, fill(r, counts[r]*n), sc, sd, a2av, rc, rd, f32), a2av); err != nil {
+			return err
+		}
+		var g []byte
+		if r == 0 {
+			g = make([]byte, 4*k*n)
+		}
+		if err := step("gather", c.Gather(ctx, fill(r, k), g, f32, 0), g); err != nil {
+			return err
+		}
+		var gv []byte
+		if r == 1%n {
+			gv = make([]byte, 4*total)
+		}
+		if err := step("gatherv", c.Gatherv(ctx, fill(r, counts[r]), gv, counts, displs, f32, 1%n), gv); err != nil {
+			return err
+		}
+		var ss []byte
+		if r == n-1 {
+			ss = fill(r, k*n)
+		}
+		sr := make([]byte, 4*k)
+		if err := step("scatter", c.Scatter(ctx, ss, sr, f32, n-1), sr); err != nil {
+			return err
+		}
+		var svs []byte
+		if r == 0 {
+			svs = fill(r, total)
+		}
+		svr := make([]byte, 4*counts[r])
+		if err := step("scatterv", c.Scatterv(ctx, svs, counts, displs, svr, f32, 0), svr); err != nil {
+			return err
+		}
+		sc1 := make([]byte, 4*k)
+		if err := step("scan", c.Scan(ctx, fill(r, k), sc1, f32, collective.Sum), sc1); err != nil {
+			return err
+		}
+		ex := make([]byte, 4*k)
+		if err := step("exscan", c.Exscan(ctx, fill(r, k), ex, f32, collective.Sum), ex); err != nil {
+			return err
+		}
+		if err := step("barrier", c.Barrier(ctx)); err != nil {
+			return err
+		}
+		out[r] = acc.Bytes()
+		return nil
+	})
+	mustAll(t, errs)
+	return out
+}
+
+// Every collective over every sparse topology, world 2-64 in memory, gives
+// bit for bit what the full mesh gives.
+func TestTopologyCollectivesMatchFullMesh(t *testing.T) {
+	for _, n := range topoWorlds() {
+		full := newLocalTopo(t, n, topology.Spec{})
+		want := runEveryCollective(t, full)
+		closeAll(t, full)
+		for _, spec := range sparseSpecs {
+			comms := newLocalTopo(t, n, spec)
+			got := runEveryCollective(t, comms)
+			var relayed int64
+			for _, c := range comms {
+				relayed += c.Stats().RelayedBytes
+			}
+			closeAll(t, comms)
+			for r := range want {
+				if !bytes.Equal(got[r], want[r]) {
+					t.Fatalf("world %d, %s: rank %d's results differ from the full mesh's", n, spec, r)
+				}
+			}
+			if spec.Sparse(n) && n > 4 && relayed == 0 {
+				t.Fatalf("world %d, %s: nothing was relayed", n, spec)
+			}
+		}
+	}
+}
+
+// Point-to-point between non-neighbours: tags received out of order and
+// any-source receives.
+func TestTopologyP2PNonNeighbours(t *testing.T) {
+	const n = 16
+	comms := newLocalTopo(t, n, topology.Spec{Kind: topology.KRegular, N: 2})
+	defer closeAll(t, comms)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const far = n / 2 // 4 hops on a ring of 16 with K=2
+	errs := each(comms, func(c *Comm) error {
+		r := c.Rank()
+		peer := (r + far) % n
+		for tag := uint64(0); tag < 4; tag++ {
+			if req := c.ISend(fill(r*10+int(tag), 100), peer, tag); req == nil {
+				return errors.New("nil request")
+			}
+		}
+		from := (r - far + n) % n
+		for _, tag := range []uint64{3, 1, 0, 2} { // out of order
+			buf := make([]byte, 400)
+			if _, err := c.Recv(ctx, buf, from, tag); err != nil {
+				return err
+			}
+			if !bytes.Equal(buf, fill(from*10+int(tag), 100)) {
+				return fmt.Errorf("tag %d from %d: wrong data", tag, from)
+			}
+		}
+		// Any source: rank 0 collects one message from every other rank.
+		if r != 0 {
+			return c.Send(ctx, fill(r, 8), 0, 77)
+		}
+		seen := map[int]bool{}
+		for range n - 1 {
+			buf := make([]byte, 32)
+			st, err := c.Recv(ctx, buf, AnySource, 77)
+			if err != nil {
+				return err
+			}
+			if seen[st.Source] || !bytes.Equal(buf, fill(st.Source, 8)) {
+				return fmt.Errorf("any-source: %d twice or wrong data", st.Source)
+			}
+			seen[st.Source] = true
+		}
+		return nil
+	})
+	mustAll(t, errs)
+}
+
+// A relay that stops (no heartbeats, no delivery) is found by its
+// neighbours and the failure spreads by gossip: every other rank's
+// communicator fails naming it, never one of the ranks routed through it.
+func TestTopologyRelayFailureNamesDeadRank(t *testing.T) {
+	const n, dead = 12, 3
+	cfg := testConfig()
+	// The dead rank's neighbours learn of it from its connections (Kill);
+	// a short timeout would only let a starved live rank be declared down.
+	cfg.HeartbeatInterval, cfg.HeartbeatTimeout = 100*time.Millisecond, 10*time.Second
+	cfg.Topology = topology.Spec{Kind: topology.KRegular, N: 2}
+	comms, err := NewLocal(n, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll(t, comms)
+	mem.Kill(innerOf(comms[dead]))
+	comms[dead].n.freeze()
+	var wg sync.WaitGroup
+	for r, c := range comms {
+		if r == dead {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			select {
+			case <-c.failed:
+			case <-ctx.Done():
+				t.Errorf("rank %d: not failed within 10 s", r)
+				return
+			}
+			var e *Error
+			if err := c.Err(); !errors.As(err, &e) || e.Code != CodePeerDown || e.Rank != dead {
+				t.Errorf("rank %d: failed with %v, want CodePeerDown naming rank %d", r, err, dead)
+			}
+			if r != dead-1 && r != dead+1 && !strings.Contains(c.Err().Error(), "passed it on") {
+				t.Errorf("rank %d (not a neighbour of %d): %v, want it learned by gossip", r, dead, c.Err())
+			}
+		}()
+	}
+	wg.Wait()
+	comms[dead].n.thaw()
+}
+
+// innerOf is the in-memory endpoint under c's relay (tests kill it).
+func innerOf(c *Comm) *mem.Endpoint { return c.n.relay.Inner().(*mem.Endpoint) }
+
+func TestTopologyConfig(t *testing.T) {
+	env := map[string]string{"NEXAR_RANK": "0", "NEXAR_WORLD_SIZE": "4", "NEXAR_SEED": "127.0.0.1:1", "NEXAR_TOKEN": "x"}
+	look := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	env["NEXAR_TOPOLOGY"] = "kregular:8"
+	cfg, err := ConfigFromLookup(look)
+	if err != nil || cfg.Topology != (topology.Spec{Kind: topology.KRegular, N: 8}) {
+		t.Fatalf("kregular:8: %v, %v", cfg.Topology, err)
+	}
+	env["NEXAR_TOPOLOGY"] = "torus:3"
+	if _, err := ConfigFromLookup(look); err == nil || !strings.Contains(err.Error(), `"torus:3"`) || !strings.Contains(err.Error(), "NEXAR_TOPOLOGY") {
+		t.Fatalf("bad topology: %v, want an error naming NEXAR_TOPOLOGY and the value", err)
+	}
+	bad := testConfig()
+	bad.Topology = topology.Spec{Kind: topology.KRegular, N: 3}
+	if _, err := NewLocal(4, bad); CodeOf(err) != CodeInvalidArgument {
+		t.Fatalf("NewLocal with kregular:3: %v, want CodeInvalidArgument", err)
+	}
+	bad.Topology = topology.Spec{Kind: topology.OnDemand, N: 4}
+	if _, err := NewLocal(8, bad); CodeOf(err) != CodeInvalidArgument || !strings.Contains(err.Error(), "ondemand:4") {
+		t.Fatalf("NewLocal with ondemand:4: %v, want CodeInvalidArgument naming it (not built)", err)
+	}
+}
+
+// Real QUIC on loopback: a sparse mesh dials its neighbours only, relays
+// the rest, and every collective gives the full mesh's bits.
+func TestTopologyQUIC(t *testing.T) {
+	n := 9
+	if testing.Short() || raceEnabled {
+		n = 4 // QUIC's handshakes under -race starve the rendezvous links of larger worlds here
+	}
+	full, err := NewLocalQUIC(n, testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := runEveryCollective(t, full)
+	closeAll(t, full)
+	for _, spec := range []topology.Spec{{Kind: topology.KRegular, N: 2}, {Kind: topology.Hypercube}} {
+		cfg := testConfig()
+		cfg.Topology = spec
+		comms, err := NewLocalQUIC(n, cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", spec, err)
+		}
+		g, _ := topology.New(spec, n)
+		for r, c := range comms {
+			paths := c.Paths()
+			for p := 0; p < n; p++ {
+				if p == r {
+					continue
+				}
+				relayed := strings.HasPrefix(paths[p], "relay")
+				if relayed == g.IsNeighbor(r, p) {
+					t.Fatalf("%s: rank %d's path to %d is %q (neighbour: %v)", spec, r, p, paths[p], g.IsNeighbor(r, p))
+				}
+			}
+		}
+		got := runEveryCollective(t, comms)
+		closeAll(t, comms)
+		for r := range want {
+			if !bytes.Equal(got[r], want[r]) {
+				t.Fatalf("%s over QUIC: rank %d's results differ from the full mesh's", spec, r)
+			}
+		}
+	}
+}
+
+// The seed refuses a world whose ranks disagree on the topology, naming
+// both values, on every rank.
+func TestTopologySeedMismatch(t *testing.T) {
+	const n = 3
+	token := []byte("topology mismatch token")
+	seed, err := StartSeed("127.0.0.1:0", n, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seed.Close()
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cfg := testConfig()
+			cfg.WorldSize, cfg.Rank, cfg.Token, cfg.Seed = n, i, token, seed.Addr().String()
+			cfg.BindAddr, cfg.ConnectTimeout = "127.0.0.1:0", 20*time.Second
+			if i == 2 {
+				cfg.Topology = topology.Spec{Kind: topology.Hypercube}
+				time.Sleep(300 * time.Millisecond) // join last
+			}
+			c, err := newQUIC(context.Background(), cfg, false)
+			if c != nil {
+				c.Close()
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), `"full"`) || !strings.Contains(err.Error(), `"hypercube"`) {
+			t.Errorf("rank %d: %v, want a topology mismatch naming both values", r, err)
+		}
+	}
+}
+
+// A relay killed mid-collective on a ring (kregular:2): every survivor's
+// call fails naming the dead rank (never a rank routed through it), and
+// under the shrink policy the survivors' successor works, relaying around
+// the gap.
+func TestTopologyRelayKilledShrink(t *testing.T) {
+	const n, dead = 8, 3
+	cfg := recoverConfig(PolicyShrink)
+	cfg.HeartbeatTimeout = 10 * time.Second // found by Kill; see TestTopologyRelayFailureNamesDeadRank
+	cfg.Topology = topology.Spec{Kind: topology.KRegular, N: 2}
+	comms, err := NewLocal(n, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range comms {
+			_ = c.CloseChain()
+		}
+	}()
+	ctx := context.Background()
+	live := slices.Delete(slices.Clone(comms), dead, dead+1)
+	errs := each(comms, func(c *Comm) error {
+		for i := 0; ; i++ {
+			if c.Rank() == dead && i == 3 {
+				// Dies between its calls while the others are in the
+				// next one, waiting for it or for data it relays.
+				mem.Kill(innerOf(c))
+				c.n.freeze()
+				return nil
+			}
+			if err := c.Allreduce(ctx, nil, make([]byte, 1<<16), collective.Float32, collective.Sum); err != nil {
+				return err
+			}
+		}
+	})
+	defer comms[dead].n.thaw()
+	for r, err := range errs {
+		if r == dead {
+			continue
+		}
+		var e *Error
+		if !errors.As(err, &e) || (e.Code != CodePeerDown && e.Code != CodeRevoked) || (e.Code == CodePeerDown && e.Rank != dead) {
+			t.Fatalf("rank %d: %v, want CodePeerDown naming rank %d (or CodeRevoked)", r, err, dead)
+		}
+	}
+	next := make([]*Comm, len(live))
+	for i, c := range live {
+		s, err := c.Successor(ctx)
+		if err != nil || s == c {
+			t.Fatalf("rank %d: successor %v, %v", c.Rank(), s, err)
+		}
+		next[i] = s
+	}
+	sumCheck(t, next)
+}
+
+// Split works on a sparse world: the children (every other rank of a ring,
+// so no two members are neighbours) talk through relays outside them.
+func TestTopologySplit(t *testing.T) {
+	const n = 16
+	comms := newLocalTopo(t, n, topology.Spec{Kind: topology.KRegular, N: 2})
+	defer closeAll(t, comms)
+	kids := make([]*Comm, n)
+	mustAll(t, each(comms, func(c *Comm) error {
+		k, err := c.Split(context.Background(), c.Rank()%2, c.Rank())
+		kids[c.Rank()] = k
+		return err
+	}))
+	defer closeAll(t, kids)
+	var even, odd []*Comm
+	for r, k := range kids {
+		if r%2 == 0 {
+			even = append(even, k)
+		} else {
+			odd = append(odd, k)
+		}
+	}
+	sumCheck(t, even)
+	sumCheck(t, odd)
+}

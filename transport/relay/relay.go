@@ -1,0 +1,894 @@
+// Package relay is a transport.DataPath for sparse topologies: it wraps an
+// inner DataPath that only ever talks to this rank's neighbours (package
+// topology) and carries a message for any other rank through neighbours.
+//
+// A message to a non-neighbour is wrapped: the inner header is a relay
+// frame (owner byte ownerRelay, at or above transport.OwnerTransport) with
+// the source, the final destination, a hop limit and a sequence number per
+// (source, destination, lane); the payload is the original 56-byte header
+// followed by the original payload (cut into fragments when the two
+// together exceed transport.MaxPayload). Every rank on the way forwards
+// the frame to its next hop (topology.Graph.NextHop, deterministic, around
+// the ranks it knows failed); the destination unwraps it and hands it to
+// its Handler as if it came straight from the source. Messages between
+// neighbours go to the inner path untouched.
+//
+// Order. All frames of one (source, destination, lane) take one route at a
+// time and are forwarded in order, so they arrive in order. When a relay
+// fails the route changes, and frames that the dead relay held are lost
+// while later ones may arrive by the new route. Nothing is delivered out of
+// order or silently skipped: the destination checks each frame's sequence
+// number (a gap, or a late frame from the old route, is detected), and
+// every rank that forwarded frames of a flow to the dead relay sends the
+// destination a check (the last sequence number it handed over); a frame
+// missing at the check, or a gap, is reported through Options.Lost, naming
+// the source and the dead relay, before anything later of that flow is
+// delivered; late frames are dropped. The layer above fails what the loss
+// touches (core fails the communicators that contain the source, naming the
+// relay). The check is conservative: a frame still in flight on the old
+// route when the check arrives counts as lost.
+//
+// Back-pressure. A rank's own Send blocks on its first hop like a direct
+// send. Forwarding never blocks an inner delivery goroutine: frames to
+// forward wait in an unbounded queue per (next hop, lane) drained by one
+// goroutine, so that relaying cannot deadlock around a cycle of full
+// queues; the memory this takes is what the layer above has in flight
+// through this rank. A Handler that blocks on a relayed message holds up
+// that lane from the last relay, for every source relayed through it.
+//
+// A graceful Close sends each non-neighbour a goodbye on every lane it
+// used (behind its messages), so that peers are told ErrPeerClosed after
+// everything was delivered, as the contract asks; the abrupt loss of a
+// non-neighbour is not detected here (the layer above learns it by gossip
+// and calls Abandon).
+package relay
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nexar-go/nexar/topology"
+	"github.com/nexar-go/nexar/transport"
+)
+
+// ownerRelay marks a relay frame (header byte 0).
+const ownerRelay = transport.OwnerTransport | 0x52
+
+// Frame flags (header byte 1).
+const (
+	flagMore  = 1 << iota // more fragments of this message follow
+	flagFirst             // first fragment of a message
+	flagBye               // the source closed; byte 2 holds the lanes it says goodbye on
+	flagCheck             // out of band: the sender handed frames up to seq to a relay that failed
+)
+
+// Relay frame layout in the inner header.
+const (
+	offFlags = 1
+	offMask  = 2
+	offHops  = 4  // uint16: hops left
+	offSrc   = 8  // uint32
+	offDst   = 12 // uint32
+	offVia   = 16 // uint32: 1 + the failed relay this frame was re-routed around, 0: none
+	offSeq   = 24 // uint64
+)
+
+// fragMax is the most original payload bytes one frame carries.
+const fragMax = transport.MaxPayload - transport.HeaderSize
+
+// closeDrain bounds how long Close waits for goodbyes and queued forwards.
+const closeDrain = 2 * time.Second
+
+// Options tunes an Endpoint.
+type Options struct {
+	// Lost is told, from a delivery goroutine, that messages from rank
+	// src relayed towards this rank were lost or overtaken when relay via
+	// failed (via is -1 when unknown). Later messages of src are delivered
+	// after it returns; it must not block for long.
+	Lost func(src, via int)
+	// FragmentSize caps the original payload bytes per relay frame
+	// (default and maximum: transport.MaxPayload less one header; tests
+	// set it small to exercise reassembly).
+	FragmentSize int
+}
+
+// Stats counts what an endpoint relayed. Safe to read at any time.
+type Stats struct {
+	ForwardedMsgs  int64 // frames forwarded for other ranks
+	ForwardedBytes int64 // their original payload bytes
+	RelayedMsgs    int64 // this rank's own messages sent through a relay
+	Dropped        int64 // frames dropped: hop limit, or no live route
+	Lost           int64 // losses reported through Options.Lost
+}
+
+// Endpoint is one rank's relaying data path. All methods are safe for
+// concurrent use; Handler and DownHandler calls run on the inner path's
+// goroutines or on goroutines the endpoint owns, which Close waits for.
+type Endpoint struct {
+	g     *topology.Graph
+	rank  int
+	up    transport.Handler
+	upDn  transport.DownHandler
+	opts  Options
+	frag  int                // payload bytes per frame
+	inner transport.DataPath // set by Start
+	start chan struct{}      // closed by Start
+	done  chan struct{}      // closed by Close
+	kill  chan struct{}      // closed by Close once forwards had their drain time
+
+	failed  []atomic.Bool // per rank: failed or gone, never a relay again
+	nFailed atomic.Int32  // how many are set: the routing generation
+	routes  atomic.Pointer[routeTable]
+	routeMu sync.Mutex // one computation of the table at a time
+
+	fwdMsgs, fwdBytes, relayedMsgs, dropped, lost atomic.Int64
+
+	wg sync.WaitGroup
+
+	mu      sync.Mutex
+	closed  bool
+	told    []bool  // per rank: the upper DownHandler was told
+	downErr []error // per non-neighbour: why sends to it fail
+	tx      map[int]*txState
+	rx      map[int]*rxState
+	byes    map[int]uint8 // per source: lanes whose goodbye arrived
+	flows   map[flowKey]flowState
+	queues  map[int]*fwdQueue // per next hop*NumLanes+lane
+}
+
+// routeTable is the next hop to every rank around the failed ranks, made
+// once per change of the failed set (one breadth-first search).
+type routeTable struct {
+	gen  int32
+	hops []int
+}
+
+type txState struct {
+	sem  chan struct{} // one sender per (destination, lane): sequence order is send order
+	seq  uint64        // next sequence number
+	used bool          // a frame went: the goodbye goes on this lane too
+}
+
+type rxState struct {
+	mu   sync.Mutex // held across delivery: one (source, lane) delivered in order
+	next uint64
+	frag []byte // the message being reassembled
+	fh   transport.Header
+	open bool
+}
+
+type flowKey struct {
+	src, dst int32
+	lane     transport.Lane
+}
+
+type flowState struct {
+	last    uint64 // last sequence number handed to hop
+	hop     int32
+	checked bool // hop failed and the destination was sent a check
+}
+
+type fwdQueue struct {
+	hop, lane int
+	frames    []frame
+	running   bool
+}
+
+type frame struct {
+	h transport.Header
+	p []byte
+}
+
+var _ transport.DataPath = (*Endpoint)(nil)
+
+// New makes rank's relaying endpoint over g; h and down serve the layer
+// above (either may be nil). Give Handler and DownHandler to the inner
+// path when making it, then call Start with it.
+func New(g *topology.Graph, rank int, h transport.Handler, down transport.DownHandler, opts Options) *Endpoint {
+	n := g.Size()
+	e := &Endpoint{
+		g: g, rank: rank, up: h, upDn: down, opts: opts,
+		start: make(chan struct{}), done: make(chan struct{}), kill: make(chan struct{}),
+		failed: make([]atomic.Bool, n),
+		told:   make([]bool, n), downErr: make([]error, n),
+		tx: map[int]*txState{}, rx: map[int]*rxState{}, byes: map[int]uint8{},
+		flows: map[flowKey]flowState{}, queues: map[int]*fwdQueue{},
+	}
+	e.frag = fragMax
+	if opts.FragmentSize > 0 && opts.FragmentSize < fragMax {
+		e.frag = opts.FragmentSize
+	}
+	return e
+}
+
+// Start attaches the inner path (made with Handler and DownHandler).
+func (e *Endpoint) Start(inner transport.DataPath) {
+	e.inner = inner
+	close(e.start)
+}
+
+// Stats returns the relay counters.
+func (e *Endpoint) Stats() Stats {
+	return Stats{ForwardedMsgs: e.fwdMsgs.Load(), ForwardedBytes: e.fwdBytes.Load(),
+		RelayedMsgs: e.relayedMsgs.Load(), Dropped: e.dropped.Load(), Lost: e.lost.Load()}
+}
+
+// Inner returns the inner path given to Start (nil before).
+func (e *Endpoint) Inner() transport.DataPath { return e.inner }
+
+// Graph returns the topology the endpoint routes over.
+func (e *Endpoint) Graph() *topology.Graph { return e.g }
+
+// Rank returns this endpoint's rank.
+func (e *Endpoint) Rank() int { return e.rank }
+
+// Size returns the world size.
+func (e *Endpoint) Size() int { return e.g.Size() }
+
+func (e *Endpoint) direct(peer int) bool { return peer == e.rank || e.g.IsNeighbor(e.rank, peer) }
+
+func (e *Endpoint) isFailed(r int) bool { return e.failed[r].Load() }
+
+// nextHop returns the next hop to dst, or -1 when there is none: the
+// closed form while no rank failed, else the table for the failed set.
+func (e *Endpoint) nextHop(dst int) int {
+	gen := e.nFailed.Load()
+	if gen == 0 {
+		h, ok := e.g.NextHop(e.rank, dst, nil)
+		if !ok {
+			return -1
+		}
+		return h
+	}
+	if t := e.routes.Load(); t != nil && t.gen == gen {
+		return t.hops[dst]
+	}
+	e.routeMu.Lock()
+	defer e.routeMu.Unlock()
+	gen = e.nFailed.Load()
+	t := e.routes.Load()
+	if t == nil || t.gen != gen {
+		// A failure while this runs bumps the generation: the next call
+		// computes again.
+		t = &routeTable{gen: gen, hops: e.g.NextHops(e.rank, e.isFailed)}
+		e.routes.Store(t)
+	}
+	return t.hops[dst]
+}
+
+// markFailed takes r out of every route; it reports whether r was live.
+func (e *Endpoint) markFailed(r int) bool {
+	if r < 0 || r >= len(e.failed) || r == e.rank || e.failed[r].Swap(true) {
+		return false
+	}
+	e.nFailed.Add(1)
+	return true
+}
+
+// Send sends like the inner path to a neighbour (or to this rank), and
+// through relays to anyone else.
+func (e *Endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *transport.Header, payload []byte) error {
+	if peer < 0 || peer >= e.g.Size() {
+		return fmt.Errorf("relay: send to rank %d: out of range [0,%d)", peer, e.g.Size())
+	}
+	if lane >= transport.NumLanes {
+		return fmt.Errorf("relay: send on lane %d: unknown lane", lane)
+	}
+	if len(payload) > transport.MaxPayload {
+		return fmt.Errorf("relay: payload of %d bytes exceeds %d", len(payload), transport.MaxPayload)
+	}
+	e.mu.Lock()
+	closed := e.closed
+	e.mu.Unlock()
+	if closed {
+		return transport.ErrClosed
+	}
+	<-e.start
+	if e.direct(peer) {
+		return e.inner.Send(ctx, peer, lane, h, payload)
+	}
+	return e.sendRelayed(ctx, peer, lane, h, payload, 0, false)
+}
+
+// sendRelayed sends this rank's message to the non-neighbour dst under
+// the (dst, lane) sequence: fragments, or a goodbye (bye) with mask.
+func (e *Endpoint) sendRelayed(ctx context.Context, dst int, lane transport.Lane, h *transport.Header, payload []byte, mask uint8, bye bool) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if !bye {
+		stop := context.AfterFunc(doneCtx(e.done), cancel)
+		defer stop()
+	}
+	e.mu.Lock()
+	if err := e.downErr[dst]; err != nil {
+		e.mu.Unlock()
+		return err
+	}
+	k := dst*int(transport.NumLanes) + int(lane)
+	tx := e.tx[k]
+	if tx == nil {
+		tx = &txState{sem: make(chan struct{}, 1)}
+		e.tx[k] = tx
+	}
+	e.mu.Unlock()
+	select {
+	case tx.sem <- struct{}{}:
+	case <-ctx.Done():
+		return e.ctxErr(ctx)
+	}
+	defer func() { <-tx.sem }()
+	var orig transport.Header
+	if h != nil {
+		orig = *h
+	}
+	off := 0
+	for first := true; first || off < len(payload); first = false {
+		n := min(len(payload)-off, e.frag)
+		var fh transport.Header
+		fh[0] = ownerRelay
+		switch {
+		case bye:
+			fh[offFlags] = flagBye
+			fh[offMask] = mask
+		default:
+			fh[offFlags] = flagFirst
+			if !first {
+				fh[offFlags] = 0
+			}
+			if off+n < len(payload) {
+				fh[offFlags] |= flagMore
+			}
+		}
+		binary.LittleEndian.PutUint16(fh[offHops:], uint16(min(e.g.HopLimit(), 0xffff)))
+		binary.LittleEndian.PutUint32(fh[offSrc:], uint32(e.rank))
+		binary.LittleEndian.PutUint32(fh[offDst:], uint32(dst))
+		binary.LittleEndian.PutUint64(fh[offSeq:], tx.seq)
+		var p []byte
+		if !bye {
+			p = make([]byte, transport.HeaderSize+n)
+			copy(p, orig[:])
+			copy(p[transport.HeaderSize:], payload[off:off+n])
+		}
+		if err := e.route(ctx, dst, lane, &fh, p); err != nil {
+			return err
+		}
+		tx.seq++
+		tx.used = true
+		off += n
+	}
+	e.relayedMsgs.Add(1)
+	return nil
+}
+
+// route hands one frame to dst's next hop, re-routing around next hops
+// that fail meanwhile (the frame then carries the failed relay).
+func (e *Endpoint) route(ctx context.Context, dst int, lane transport.Lane, fh *transport.Header, p []byte) error {
+	for {
+		hop := e.nextHop(dst)
+		if hop < 0 {
+			return &transport.PeerDownError{Peer: dst, Cause: fmt.Errorf("relay: no live route from rank %d to rank %d (%d ranks failed)", e.rank, dst, e.nFailed.Load())}
+		}
+		e.stampReroute(fh, lane, hop)
+		err := e.inner.Send(ctx, hop, lane, fh, p)
+		var pd *transport.PeerDownError
+		if err != nil && errors.As(err, &pd) && pd.Peer == hop && hop != dst {
+			e.markFailed(hop)
+			binary.LittleEndian.PutUint32(fh[offVia:], uint32(hop+1))
+			continue
+		}
+		if err != nil {
+			return e.sendErr(ctx, err)
+		}
+		if fh[offFlags]&flagCheck == 0 {
+			e.mu.Lock()
+			e.flows[flowKey{int32(binary.LittleEndian.Uint32(fh[offSrc:])), int32(dst), lane}] = flowState{last: binary.LittleEndian.Uint64(fh[offSeq:]), hop: int32(hop)}
+			e.mu.Unlock()
+		}
+		return nil
+	}
+}
+
+// stampReroute marks a frame that leaves its flow's route because the
+// flow's last hop failed with that hop, so that the destination can name
+// the failed relay should frames be missing.
+func (e *Endpoint) stampReroute(fh *transport.Header, lane transport.Lane, hop int) {
+	if fh[offFlags]&flagCheck != 0 || binary.LittleEndian.Uint32(fh[offVia:]) != 0 {
+		return
+	}
+	k := flowKey{int32(binary.LittleEndian.Uint32(fh[offSrc:])), int32(binary.LittleEndian.Uint32(fh[offDst:])), lane}
+	e.mu.Lock()
+	f, ok := e.flows[k]
+	e.mu.Unlock()
+	if ok && int(f.hop) != hop && e.isFailed(int(f.hop)) {
+		binary.LittleEndian.PutUint32(fh[offVia:], uint32(f.hop+1))
+	}
+}
+
+func (e *Endpoint) ctxErr(ctx context.Context) error {
+	select {
+	case <-e.done:
+		return transport.ErrClosed
+	default:
+	}
+	return ctx.Err()
+}
+
+func (e *Endpoint) sendErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return e.ctxErr(ctx)
+	}
+	return err
+}
+
+// Handler is the inner path's Handler.
+func (e *Endpoint) Handler() transport.Handler { return e.handle }
+
+// DownHandler is the inner path's DownHandler.
+func (e *Endpoint) DownHandler() transport.DownHandler { return e.innerDown }
+
+func (e *Endpoint) handle(from int, lane transport.Lane, h *transport.Header, p []byte) {
+	if h == nil || h[0] != ownerRelay {
+		if e.up != nil {
+			e.up(from, lane, h, p)
+		}
+		return
+	}
+	src := int(binary.LittleEndian.Uint32(h[offSrc:]))
+	dst := int(binary.LittleEndian.Uint32(h[offDst:]))
+	if src < 0 || src >= e.g.Size() || dst < 0 || dst >= e.g.Size() || src == e.rank {
+		e.dropped.Add(1)
+		return
+	}
+	if dst != e.rank {
+		e.forward(lane, h, p)
+		return
+	}
+	e.arrive(src, lane, h, p)
+}
+
+// forward queues a frame for its next hop.
+func (e *Endpoint) forward(lane transport.Lane, h *transport.Header, p []byte) {
+	hops := binary.LittleEndian.Uint16(h[offHops:])
+	if hops <= 1 {
+		e.dropped.Add(1)
+		return
+	}
+	f := frame{h: *h, p: p}
+	binary.LittleEndian.PutUint16(f.h[offHops:], hops-1)
+	e.fwdMsgs.Add(1)
+	if len(p) >= transport.HeaderSize {
+		e.fwdBytes.Add(int64(len(p) - transport.HeaderSize))
+	}
+	e.enqueue(lane, f)
+}
+
+func (e *Endpoint) enqueue(lane transport.Lane, f frame) {
+	dst := int(binary.LittleEndian.Uint32(f.h[offDst:]))
+	hop := e.nextHop(dst)
+	if hop < 0 {
+		e.dropped.Add(1)
+		return
+	}
+	k := hop*int(transport.NumLanes) + int(lane)
+	e.mu.Lock()
+	q := e.queues[k]
+	if q == nil {
+		q = &fwdQueue{hop: hop, lane: int(lane)}
+		e.queues[k] = q
+	}
+	q.frames = append(q.frames, f)
+	if !q.running {
+		q.running = true
+		e.wg.Add(1)
+		go e.drain(q)
+	}
+	e.mu.Unlock()
+}
+
+// drain sends q's frames in order until it is empty. A frame whose next
+// hop failed is routed again (to another queue).
+func (e *Endpoint) drain(q *fwdQueue) {
+	defer e.wg.Done()
+	select {
+	case <-e.start:
+	case <-e.kill: // closed before it started (a formation that failed)
+		e.mu.Lock()
+		e.dropped.Add(int64(len(q.frames)))
+		q.frames, q.running = nil, false
+		e.mu.Unlock()
+		return
+	}
+	for {
+		e.mu.Lock()
+		if len(q.frames) == 0 {
+			q.running = false
+			e.mu.Unlock()
+			return
+		}
+		f := q.frames[0]
+		q.frames[0] = frame{}
+		q.frames = q.frames[1:]
+		e.mu.Unlock()
+		lane := transport.Lane(q.lane)
+		if e.isFailed(q.hop) {
+			binary.LittleEndian.PutUint32(f.h[offVia:], uint32(q.hop+1))
+			e.enqueue(lane, f)
+			continue
+		}
+		e.stampReroute(&f.h, lane, q.hop)
+		ctx, cancel := context.WithCancel(context.Background())
+		stop := context.AfterFunc(doneCtx(e.kill), cancel)
+		err := e.inner.Send(ctx, q.hop, lane, &f.h, f.p)
+		stop()
+		cancel()
+		var pd *transport.PeerDownError
+		switch {
+		case err == nil:
+			if f.h[offFlags]&flagCheck == 0 {
+				src := int32(binary.LittleEndian.Uint32(f.h[offSrc:]))
+				dst := int32(binary.LittleEndian.Uint32(f.h[offDst:]))
+				e.mu.Lock()
+				e.flows[flowKey{src, dst, lane}] = flowState{last: binary.LittleEndian.Uint64(f.h[offSeq:]), hop: int32(q.hop)}
+				e.mu.Unlock()
+			}
+		case errors.As(err, &pd) && pd.Peer == q.hop && int(binary.LittleEndian.Uint32(f.h[offDst:])) != q.hop:
+			e.markFailed(q.hop)
+			binary.LittleEndian.PutUint32(f.h[offVia:], uint32(q.hop+1))
+			e.enqueue(lane, f)
+		default:
+			e.dropped.Add(1)
+		}
+	}
+}
+
+// arrive takes a frame addressed to this rank.
+func (e *Endpoint) arrive(src int, lane transport.Lane, h *transport.Header, p []byte) {
+	k := src*int(transport.NumLanes) + int(lane)
+	e.mu.Lock()
+	rx := e.rx[k]
+	if rx == nil {
+		rx = &rxState{}
+		e.rx[k] = rx
+	}
+	e.mu.Unlock()
+	flags := h[offFlags]
+	seq := binary.LittleEndian.Uint64(h[offSeq:])
+	via := int(binary.LittleEndian.Uint32(h[offVia:])) - 1
+	rx.mu.Lock()
+	defer rx.mu.Unlock()
+	if flags&flagCheck != 0 {
+		// seq is the last frame a relay handed to via, which failed.
+		if rx.next <= seq {
+			rx.next, rx.open, rx.frag = seq+1, false, nil
+			e.reportLost(src, via)
+		}
+		return
+	}
+	switch {
+	case seq < rx.next:
+		e.dropped.Add(1) // late, from a route given up on: reported already
+		return
+	case seq > rx.next:
+		rx.open, rx.frag = false, nil
+		e.reportLost(src, via)
+	}
+	rx.next = seq + 1
+	if flags&flagBye != 0 {
+		e.bye(src, lane, h[offMask])
+		return
+	}
+	if len(p) < transport.HeaderSize {
+		e.dropped.Add(1)
+		return
+	}
+	if flags&flagFirst != 0 {
+		rx.open, rx.frag = false, nil
+		copy(rx.fh[:], p[:transport.HeaderSize])
+		if flags&flagMore == 0 {
+			if e.up != nil {
+				fh := rx.fh
+				e.up(src, lane, &fh, p[transport.HeaderSize:])
+			}
+			return
+		}
+		rx.open = true
+	} else if !rx.open {
+		e.dropped.Add(1) // a fragment whose start was lost (reported)
+		return
+	}
+	rx.frag = append(rx.frag, p[transport.HeaderSize:]...)
+	if flags&flagMore != 0 {
+		return
+	}
+	msg := rx.frag
+	rx.open, rx.frag = false, nil
+	if e.up != nil {
+		fh := rx.fh
+		e.up(src, lane, &fh, msg)
+	}
+}
+
+func (e *Endpoint) reportLost(src, via int) {
+	e.lost.Add(1)
+	if e.opts.Lost != nil {
+		e.opts.Lost(src, via)
+	}
+}
+
+// bye records src's goodbye on lane; with the last lane of mask, src has
+// departed gracefully.
+func (e *Endpoint) bye(src int, lane transport.Lane, mask uint8) {
+	e.mu.Lock()
+	got := e.byes[src] | 1<<lane
+	e.byes[src] = got
+	e.mu.Unlock()
+	if got&mask == mask {
+		e.markFailed(src)
+		e.notifyUp(src, &transport.PeerDownError{Peer: src, Cause: fmt.Errorf("relay: rank %d closed its endpoint: %w", src, transport.ErrPeerClosed)})
+	}
+}
+
+// innerDown: a neighbour failed or left. It relays nothing more; flows
+// that went through it are checked at their destinations.
+func (e *Endpoint) innerDown(peer int, err error) {
+	if peer < 0 || peer >= e.g.Size() || !e.g.IsNeighbor(e.rank, peer) {
+		return // never talked to directly (an inner mesh wider than the graph tells of everyone)
+	}
+	e.markFailed(peer)
+	e.notifyUp(peer, err)
+	e.mu.Lock()
+	var checks []frame
+	var lanes []transport.Lane
+	for k, f := range e.flows {
+		if int(f.hop) != peer || int(k.dst) == peer || f.checked {
+			continue
+		}
+		var h transport.Header
+		h[0] = ownerRelay
+		h[offFlags] = flagCheck
+		binary.LittleEndian.PutUint16(h[offHops:], uint16(min(e.g.HopLimit(), 0xffff)))
+		binary.LittleEndian.PutUint32(h[offSrc:], uint32(k.src))
+		binary.LittleEndian.PutUint32(h[offDst:], uint32(k.dst))
+		binary.LittleEndian.PutUint32(h[offVia:], uint32(peer+1))
+		binary.LittleEndian.PutUint64(h[offSeq:], f.last)
+		checks = append(checks, frame{h: h})
+		lanes = append(lanes, k.lane)
+		f.checked = true
+		e.flows[k] = f // kept: the next frame of the flow is stamped with the failed hop
+	}
+	closed := e.closed
+	e.mu.Unlock()
+	if closed {
+		return
+	}
+	for i, f := range checks {
+		e.enqueue(lanes[i], f)
+	}
+}
+
+// notifyUp tells the layer above, once, that peer is down.
+func (e *Endpoint) notifyUp(peer int, err error) {
+	e.mu.Lock()
+	if e.told[peer] {
+		e.mu.Unlock()
+		return
+	}
+	e.told[peer] = true
+	if !e.direct(peer) {
+		e.downErr[peer] = err
+	}
+	if e.closed || e.upDn == nil {
+		e.mu.Unlock()
+		return
+	}
+	e.wg.Add(1)
+	e.mu.Unlock()
+	go func() {
+		defer e.wg.Done()
+		e.upDn(peer, err)
+	}()
+}
+
+// Close says goodbye to every non-neighbour (behind this rank's messages,
+// on every lane it used), lets queued forwards drain for a bounded time,
+// then closes the inner path. Idempotent.
+func (e *Endpoint) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		e.wg.Wait()
+		return nil
+	}
+	e.closed = true
+	close(e.done)
+	e.mu.Unlock()
+	select {
+	case <-e.start:
+	default:
+		close(e.kill)
+		e.wg.Wait()
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), closeDrain)
+	defer cancel()
+	for p := 0; p < e.g.Size(); p++ {
+		if e.direct(p) || ctx.Err() != nil {
+			continue
+		}
+		e.mu.Lock()
+		gone := e.told[p]
+		mask := uint8(1 << transport.LaneControl)
+		for l := range transport.NumLanes {
+			if tx := e.tx[p*int(transport.NumLanes)+int(l)]; tx != nil && tx.used {
+				mask |= 1 << l
+			}
+		}
+		e.mu.Unlock()
+		if gone {
+			continue
+		}
+		for l := range transport.NumLanes {
+			if mask&(1<<l) != 0 {
+				_ = e.sendRelayed(ctx, p, l, nil, nil, mask, true)
+			}
+		}
+	}
+	// Let the forwarding queues drain (each drain goroutine gives up
+	// closeDrain after Close).
+	for {
+		e.mu.Lock()
+		busy := false
+		for _, q := range e.queues {
+			busy = busy || q.running
+		}
+		e.mu.Unlock()
+		if !busy || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(e.kill)
+	err := e.inner.Close()
+	e.wg.Wait()
+	return err
+}
+
+// The rest of transport.DataPath: neighbours are the inner path's;
+// relayed peers are never polled, never on shared memory.
+
+// Caps is the inner path's declaration.
+func (e *Endpoint) Caps() transport.Caps {
+	<-e.start
+	return e.inner.Caps()
+}
+
+// SendProgress is the inner path's for a neighbour, else Send.
+func (e *Endpoint) SendProgress(ctx context.Context, peer int, h *transport.Header, payload []byte, progress func() bool) error {
+	if peer >= 0 && peer < e.g.Size() && e.direct(peer) {
+		<-e.start
+		e.mu.Lock()
+		closed := e.closed
+		e.mu.Unlock()
+		if closed {
+			return transport.ErrClosed
+		}
+		return e.inner.SendProgress(ctx, peer, h, payload, progress)
+	}
+	return e.Send(ctx, peer, transport.LaneData, h, payload)
+}
+
+// StartPolling is the inner path's for a neighbour; nil for others.
+func (e *Endpoint) StartPolling(peer int) (poll func() bool, stop func()) {
+	if peer < 0 || peer >= e.g.Size() || !e.direct(peer) {
+		return nil, nil
+	}
+	<-e.start
+	return e.inner.StartPolling(peer)
+}
+
+// Waiting is the inner path's for a neighbour; a no-op for others.
+func (e *Endpoint) Waiting(peer int) (done func()) {
+	if peer < 0 || peer >= e.g.Size() || !e.direct(peer) {
+		return func() {}
+	}
+	<-e.start
+	return e.inner.Waiting(peer)
+}
+
+// Await is the inner path's for a neighbour; for another peer it returns
+// false at once: relayed data arrives through the handler, which the
+// caller's usual wait (Waiting) covers.
+func (e *Endpoint) Await(peer int, done <-chan struct{}, d time.Duration) bool {
+	if peer < 0 || peer >= e.g.Size() || !e.direct(peer) {
+		return false
+	}
+	<-e.start
+	return e.inner.Await(peer, done, d)
+}
+
+// SharedMemory is the inner path's for a neighbour; false for others.
+func (e *Endpoint) SharedMemory(peer int) bool {
+	if peer < 0 || peer >= e.g.Size() || !e.direct(peer) {
+		return false
+	}
+	<-e.start
+	return e.inner.SharedMemory(peer)
+}
+
+// Paths names the inner path for neighbours and the first relay for
+// others.
+func (e *Endpoint) Paths() map[int]string {
+	<-e.start
+	in := e.inner.Paths()
+	out := make(map[int]string, e.g.Size())
+	for p := 0; p < e.g.Size(); p++ {
+		switch {
+		case p == e.rank:
+		case e.direct(p):
+			out[p] = in[p]
+		default:
+			if h := e.nextHop(p); h >= 0 {
+				out[p] = "relay via " + strconv.Itoa(h)
+			} else {
+				out[p] = "relay: no route"
+			}
+		}
+	}
+	return out
+}
+
+// Oversubscribed is the inner path's.
+func (e *Endpoint) Oversubscribed() bool {
+	<-e.start
+	return e.inner.Oversubscribed()
+}
+
+// DataUnused is the inner path's for a neighbour; false for others (a
+// relayed path always exists).
+func (e *Endpoint) DataUnused(peer int) bool {
+	if peer < 0 || peer >= e.g.Size() || !e.direct(peer) {
+		return false
+	}
+	<-e.start
+	return e.inner.DataUnused(peer)
+}
+
+// Abandon gives up on peer: a neighbour's connection is closed by the
+// inner path (which tells DownHandler); another rank is taken out of every
+// route and the DownHandler told once.
+func (e *Endpoint) Abandon(peer int, cause error) {
+	if peer < 0 || peer >= e.g.Size() || peer == e.rank {
+		return
+	}
+	if cause == nil {
+		cause = errors.New("relay: abandoned")
+	}
+	<-e.start
+	if e.direct(peer) {
+		e.inner.Abandon(peer, cause)
+		return
+	}
+	e.markFailed(peer)
+	e.notifyUp(peer, &transport.PeerDownError{Peer: peer, Cause: cause})
+}
+
+// doneCtx turns a channel into a context for context.AfterFunc.
+type doneCtx <-chan struct{}
+
+func (d doneCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (d doneCtx) Done() <-chan struct{}       { return d }
+func (d doneCtx) Err() error {
+	select {
+	case <-d:
+		return context.Canceled
+	default:
+		return nil
+	}
+}
+func (d doneCtx) Value(any) any { return nil }

@@ -237,3 +237,29 @@ func TestRPCBesideCollectives(t *testing.T) {
 		t.Fatalf("split: %q, %v", got, err)
 	}
 }
+
+// TestRPCOnShrunkComm: after a member dies, the survivors' communicator
+// serves RPC between its own ranks (renumbered), and a call to the dead
+// rank on the old one fails naming it.
+func TestRPCOnShrunkComm(t *testing.T) {
+	comms := newRecoverLocal(t, 3, PolicyManual)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	mem.Kill(comms[1].n.ep)
+	if _, err := comms[0].CallRPC(ctx, 1, 7, []byte("x")); CodeOf(err) != CodePeerDown {
+		t.Fatalf("call to the dead rank: %v, want CodePeerDown", err)
+	}
+	kids := shrinkAll(t, []*Comm{comms[0], comms[2]})
+	for _, k := range kids {
+		k.Register(7, echo(k.Rank()))
+	}
+	// Old rank 2 is rank 1 of the survivors.
+	got, err := kids[0].CallRPC(ctx, 1, 7, []byte("s"))
+	if err != nil || !bytes.Equal(got, []byte("1<-0:s")) {
+		t.Fatalf("shrunk: %q, %v", got, err)
+	}
+	got, err = kids[1].CallRPC(ctx, 0, 7, []byte("t"))
+	if err != nil || !bytes.Equal(got, []byte("0<-1:t")) {
+		t.Fatalf("shrunk, the other way: %q, %v", got, err)
+	}
+}

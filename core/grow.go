@@ -222,12 +222,7 @@ func (c *Comm) Grow(ctx context.Context) (*Comm, error) {
 	}
 	n := len(world) + len(js)
 	gen := c.gen + 1
-	leader := -1
-	for r := 0; r < c.size && leader < 0; r++ {
-		if !slices.Contains(d.Failed, r) {
-			leader = r
-		}
-	}
+	leader := c.of[world[0]] // the lowest survivor
 	bindHost, _, _ := net.SplitHostPort(c.n.cfg.BindAddr)
 	advHost, _, _ := net.SplitHostPort(c.n.adv)
 	var seed *Seed
@@ -306,6 +301,13 @@ func (c *Comm) confirmGrow(ctx context.Context) error {
 	return nil
 }
 
+// growSeed is a ctlGrow message: its sender and the seed address it
+// names ("" when the sender could not start a seed).
+type growSeed struct {
+	from int
+	addr string
+}
+
 // growMessage takes the leader's seed address for grow k.
 func (c *Comm) growMessage(src int, k uint64, payload []byte) {
 	if len(payload) > 512 {
@@ -314,13 +316,13 @@ func (c *Comm) growMessage(src int, k uint64, payload []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.rec.growSeeds == nil {
-		c.rec.growSeeds = make(map[uint64]string)
+		c.rec.growSeeds = make(map[uint64]growSeed)
 		c.rec.growWake = make(chan struct{}, 1)
 	}
 	if len(c.rec.growSeeds) > maxAgreeAhead {
 		return
 	}
-	c.rec.growSeeds[k] = strconv.Itoa(src) + "\x00" + string(payload)
+	c.rec.growSeeds[k] = growSeed{src, string(payload)}
 	select {
 	case c.rec.growWake <- struct{}{}:
 	default:
@@ -328,31 +330,30 @@ func (c *Comm) growMessage(src int, k uint64, payload []byte) {
 }
 
 // awaitGrowSeed waits for the leader of grow k to send its seed's address.
+// A message from another rank is dropped. The leader's failure is polled
+// (every 20 ms): the wait has no channel for it.
 func (c *Comm) awaitGrowSeed(ctx context.Context, k uint64, leader int) (string, error) {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		c.mu.Lock()
-		v, ok := c.rec.growSeeds[k]
+		m, ok := c.rec.growSeeds[k]
 		if ok {
 			delete(c.rec.growSeeds, k)
 		}
 		wake := c.rec.growWake
 		c.mu.Unlock()
-		if ok {
-			from, addr, _ := strings.Cut(v, "\x00")
-			if from != strconv.Itoa(leader) {
-				continue // not from the leader: ignored
+		switch {
+		case ok && m.from != leader:
+			continue
+		case ok && m.addr == "":
+			return "", newError(CodeInternal, "grow", leader, "rank %d, the grow's leader, could not start the grown world's seed", leader)
+		case ok:
+			if _, _, err := net.SplitHostPort(m.addr); err != nil {
+				return "", newError(CodeInternal, "grow", leader, "rank %d sent a bad seed address %q", leader, m.addr)
 			}
-			if addr == "" {
-				return "", newError(CodeInternal, "grow", leader, "rank %d, the grow's leader, could not start the grown world's seed", leader)
-			}
-			if _, _, err := net.SplitHostPort(addr); err != nil {
-				return "", newError(CodeInternal, "grow", leader, "rank %d sent a bad seed address %q", leader, addr)
-			}
-			return addr, nil
-		}
-		if c.peerIsDown(leader) {
+			return m.addr, nil
+		case c.peerIsDown(leader):
 			return "", newError(CodePeerDown, "grow", leader, "rank %d, the grow's leader, failed before it started the grown world", leader)
 		}
 		select {
@@ -403,10 +404,6 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 		jc := cfg
 		jc.Rank, jc.WorldSize, jc.Seed, jc.Join = adm.Rank, adm.Size, adm.Seed, false
 		jc.MaxWorldSize = max(adm.Max, adm.Size)
-		jc.JoinAddr = ""
-		if cfg.JoinAddr != "" {
-			jc.JoinAddr = cfg.JoinAddr
-		}
 		c, err := form(ctx, jc, formOpts{gen: membership.Generation(adm.Gen)})
 		if err == nil {
 			if err = c.confirmGrow(ctx); err == nil {

@@ -90,8 +90,8 @@ type recovery struct {
 	succ     *Comm
 	succErr  error
 	// grow: the seed address of each grow's leader, by agreement number
-	// (ctlGrow; "" when the leader could not start one), and a wake-up.
-	growSeeds map[uint64]string
+	// (ctlGrow), and a wake-up.
+	growSeeds map[uint64]growSeed
 	growWake  chan struct{}
 }
 

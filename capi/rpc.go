@@ -47,23 +47,20 @@ import (
 func nxgo_rpc_register(comm C.uintptr_t, id C.uint32_t, handler C.uintptr_t, user unsafe.Pointer) (r C.int) {
 	const fn = "nexar_rpc_register"
 	defer recoverToResult(fn, &r)
-	a := args{fn: fn}
-	c := a.comm(comm)
-	if !a.ok() {
-		return a.fail()
-	}
-	if handler == 0 {
-		c.Register(uint32(id), nil)
-		return resSuccess
-	}
-	c.RegisterLent(uint32(id), cHandler(comm, handler, user, uint32(id)))
-	return resSuccess
+	return register(fn, comm, id, handler, user, cHandler)
 }
 
 //export nxgo_rpc_register_lent
 func nxgo_rpc_register_lent(comm C.uintptr_t, id C.uint32_t, handler C.uintptr_t, user unsafe.Pointer) (r C.int) {
 	const fn = "nexar_rpc_register_lent"
 	defer recoverToResult(fn, &r)
+	return register(fn, comm, id, handler, user, cLentHandler)
+}
+
+// register installs adapt's wrapper of a C handler for id (both kinds run
+// as lent handlers in core), or removes id's handler when handler is 0.
+func register(fn string, comm C.uintptr_t, id C.uint32_t, handler C.uintptr_t, user unsafe.Pointer,
+	adapt func(C.uintptr_t, C.uintptr_t, unsafe.Pointer, uint32) core.RPCLentHandler) C.int {
 	a := args{fn: fn}
 	c := a.comm(comm)
 	if !a.ok() {
@@ -73,7 +70,7 @@ func nxgo_rpc_register_lent(comm C.uintptr_t, id C.uint32_t, handler C.uintptr_t
 		c.RegisterLent(uint32(id), nil)
 		return resSuccess
 	}
-	c.RegisterLent(uint32(id), cLentHandler(comm, handler, user, uint32(id)))
+	c.RegisterLent(uint32(id), adapt(comm, handler, user, uint32(id)))
 	return resSuccess
 }
 

@@ -162,28 +162,25 @@ type Call struct {
 // one; h nil removes it. Calls that arrive for an id with no handler fail
 // at the caller with CodeInvalidArgument. Safe for concurrent use.
 func (c *Comm) Register(id uint32, h RPCHandler) {
-	s := c.rpc
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if h == nil {
-		delete(s.handlers, id)
-		return
-	}
-	s.handlers[id] = rpcHandler{own: h}
+	c.rpc.setHandler(id, rpcHandler{own: h}, h == nil)
 }
 
 // RegisterLent is Register for a handler that borrows its request and
 // lends its reply (RPCLentHandler); h nil removes the handler of id.
 // Safe for concurrent use.
 func (c *Comm) RegisterLent(id uint32, h RPCLentHandler) {
-	s := c.rpc
+	c.rpc.setHandler(id, rpcHandler{lent: h}, h == nil)
+}
+
+// setHandler installs h for id, or removes id's handler.
+func (s *rpcState) setHandler(id uint32, h rpcHandler, remove bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if h == nil {
+	if remove {
 		delete(s.handlers, id)
 		return
 	}
-	s.handlers[id] = rpcHandler{lent: h}
+	s.handlers[id] = h
 }
 
 // CallRPC calls function id on rank peer with req and returns its reply.

@@ -87,12 +87,8 @@ static void test_compressed(nexar_comm_t c, int r, int n) {
 }
 
 int main(void) {
-    nexar_comm_t c;
-    CK(nexar_comm_init_from_env(&c));
     int r, n;
-    CK(nexar_comm_rank(c, &r));
-    CK(nexar_comm_size(c, &n));
-    g_rank = r;
+    nexar_comm_t c = init_world(&r, &n);
 
     double* recv[NB];
     double* send[NB];

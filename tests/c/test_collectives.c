@@ -364,12 +364,8 @@ static void run_suite(nexar_comm_t c) {
 }
 
 int main(void) {
-    nexar_comm_t world;
-    CK(nexar_comm_init_from_env(&world));
     int r, n;
-    CK(nexar_comm_rank(world, &r));
-    CK(nexar_comm_size(world, &n));
-    g_rank = r;
+    nexar_comm_t world = init_world(&r, &n);
     nexar_result_t health;
     CK(nexar_comm_get_error(world, &health));
     EXPECT(health == NEXAR_SUCCESS, "healthy world");

@@ -57,12 +57,8 @@ static void expect_dev(const void* d, const int64_t* want, size_t count, const c
 }
 
 int main(void) {
-    nexar_comm_t c;
-    CK(nexar_comm_init_from_env(&c));
     int r, n;
-    CK(nexar_comm_rank(c, &r));
-    CK(nexar_comm_size(c, &n));
-    g_rank = r;
+    nexar_comm_t c = init_world(&r, &n);
     const size_t count = 1000;
     int64_t* in = malloc(count * sizeof *in);
     int64_t* want = malloc(count * n * sizeof *want);

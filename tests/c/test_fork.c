@@ -194,12 +194,8 @@ static int fork_while_busy(nexar_comm_t c, nexar_request_t req, int rank, int n)
 }
 
 int main(void) {
-    nexar_comm_t c;
-    CK(nexar_comm_init_from_env(&c));
     int rank, n;
-    CK(nexar_comm_rank(c, &rank));
-    CK(nexar_comm_size(c, &n));
-    g_rank = rank;
+    nexar_comm_t c = init_world(&rank, &n);
 
     /* warm up: connections and data path in use, and a request to hand the child */
     int64_t v[SMALL];

@@ -274,12 +274,8 @@ static void icall_checks(nexar_comm_t c, int rank, int peer) {
 }
 
 int main(void) {
-    nexar_comm_t c;
-    CK(nexar_comm_init_from_env(&c));
     int rank, size;
-    CK(nexar_comm_rank(c, &rank));
-    CK(nexar_comm_size(c, &size));
-    g_rank = rank;
+    nexar_comm_t c = init_world(&rank, &size);
     CK(nexar_rpc_register(c, 1, echo, &served));
     CK(nexar_rpc_register(c, 2, refuse, NULL));
     CK(nexar_rpc_register(c, 3, slow, NULL));

@@ -19,12 +19,8 @@ static void bad(int line, nexar_result_t got, nexar_result_t want, const char* w
 }
 
 int main(void) {
-    nexar_comm_t c;
-    CK(nexar_comm_init_from_env(&c));
     int r, n;
-    CK(nexar_comm_rank(c, &r));
-    CK(nexar_comm_size(c, &n));
-    g_rank = r;
+    nexar_comm_t c = init_world(&r, &n);
 
     nexar_stats_t st = NEXAR_STATS_INIT;
     EXPECT(st.struct_size == sizeof(nexar_stats_t), "NEXAR_STATS_INIT struct_size %zu", st.struct_size);

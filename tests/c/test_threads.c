@@ -52,12 +52,8 @@ static void* drive(void* arg) {
 }
 
 int main(void) {
-    nexar_comm_t world;
-    CK(nexar_comm_init_from_env(&world));
     int r, n;
-    CK(nexar_comm_rank(world, &r));
-    CK(nexar_comm_size(world, &n));
-    g_rank = r;
+    nexar_comm_t world = init_world(&r, &n);
     struct job jobs[THREADS];
     pthread_t th[THREADS];
     for (int t = 0; t < THREADS; t++) {

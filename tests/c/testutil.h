@@ -31,6 +31,18 @@ static int g_rank = -1;
         }                                                                             \
     } while (0)
 
+/* init_world creates the world communicator from the launcher's
+ * environment and stores this process's rank (also in g_rank) and the
+ * world's size. */
+static inline nexar_comm_t init_world(int* rank, int* size) {
+    nexar_comm_t c = NEXAR_COMM_NULL;
+    CK(nexar_comm_init_from_env(&c));
+    CK(nexar_comm_rank(c, rank));
+    CK(nexar_comm_size(c, size));
+    g_rank = *rank;
+    return c;
+}
+
 /* sum_check: allreduce of rank+1 (plus the element's index) over c,
  * checked against n(n+1)/2 (plus n times the index). */
 static inline void sum_check(nexar_comm_t c) {

@@ -259,6 +259,25 @@ func TestStaleRingFilesRemoved(t *testing.T) {
 		}
 		t.Cleanup(func() { os.Remove("/dev/shm/" + name) })
 	}
+	// The RPC rings' doorbells: FIFOs named like their ring plus ".bell".
+	// A regular file with that name is no doorbell and is left alone.
+	bells := map[string]bool{
+		fmt.Sprintf("nexar-%s-%d-%d-00000000000000b1.bell", ns, gone.Process.Pid, 12345):  false,
+		fmt.Sprintf("nexar-%s-%d-%s-00000000000000b2.bell", ns, self, procStart(t, self)): true,
+	}
+	for name := range bells {
+		if err := syscall.Mkfifo("/dev/shm/"+name, 0o600); err != nil {
+			t.Fatalf("mkfifo: %v", err)
+		}
+		t.Cleanup(func() { os.Remove("/dev/shm/" + name) })
+		names[name] = bells[name]
+	}
+	notBell := fmt.Sprintf("nexar-%s-%d-%d-00000000000000b3.bell", ns, gone.Process.Pid, 12345)
+	if err := os.WriteFile("/dev/shm/"+notBell, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove("/dev/shm/" + notBell) })
+	names[notBell] = true
 	out, errOut, code := launch(t, time.Minute, "-n", "2", "--", testprogBin, "soak", "100ms")
 	if code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)

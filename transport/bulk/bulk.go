@@ -288,10 +288,7 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 	}
 	if opt.Mode.shm() && shmSupported() && size > 1 {
 		if gone := sweepStaleRings(); len(gone) > 0 {
-			e.log.Info("nexar: bulk: removed ring files of dead processes", "rank", self, "files", gone)
-		}
-		if gone := sweepStaleBells(); len(gone) > 0 {
-			e.log.Info("nexar: bulk: removed RPC doorbells of dead processes", "rank", self, "files", gone)
+			e.log.Info("nexar: bulk: removed ring files and doorbells of dead processes", "rank", self, "files", gone)
 		}
 	}
 	return e, nil

@@ -217,7 +217,8 @@ func procStart(pid int) (uint64, error) {
 	return strconv.ParseUint(f[19], 10, 64) // field 22: the 20th after ')'
 }
 
-// sweepStaleRings removes the ring files under shmDir that this user's
+// sweepStaleRings removes the ring files (and the RPC rings' doorbell
+// FIFOs, named the same plus bellSuffix) under shmDir that this user's
 // dead processes left (a creator killed between creating a ring and its
 // peer mapping it; after that the file is unlinked). Only files named by a
 // process of this PID namespace whose pid is gone, or now belongs to a
@@ -241,6 +242,10 @@ func sweepStaleRings() []string {
 		if !ok {
 			continue
 		}
+		kind := uint32(syscall.S_IFREG)
+		if r, bell := strings.CutSuffix(rest, bellSuffix); bell {
+			rest, kind = r, syscall.S_IFIFO
+		}
 		f := strings.Split(rest, "-")
 		if len(f) != 4 || f[0] != ns {
 			continue
@@ -259,7 +264,7 @@ func sweepStaleRings() []string {
 		}
 		var st syscall.Stat_t
 		path := shmDir + "/" + name
-		if syscall.Lstat(path, &st) != nil || st.Uid != uid || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		if syscall.Lstat(path, &st) != nil || st.Uid != uid || st.Mode&syscall.S_IFMT != kind {
 			continue
 		}
 		if os.Remove(path) == nil {

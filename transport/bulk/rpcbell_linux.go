@@ -3,10 +3,8 @@
 package bulk
 
 import (
-	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -99,50 +97,4 @@ func (b *bell) unlink() {
 func (b *bell) Close() error {
 	b.unlink()
 	return b.f.Close()
-}
-
-// sweepStaleBells removes the doorbells of this user's dead processes, as
-// sweepStaleRings does for ring files (same names, plus bellSuffix, and
-// FIFOs instead of regular files).
-func sweepStaleBells() []string {
-	self, err := ringOwner(os.Getpid())
-	if err != nil {
-		return nil
-	}
-	ns, _, _ := strings.Cut(self, "-")
-	ents, err := os.ReadDir(shmDir)
-	if err != nil {
-		return nil
-	}
-	uid := uint32(os.Geteuid())
-	var removed []string
-	for _, ent := range ents {
-		name := ent.Name()
-		rest, ok := strings.CutPrefix(name, ringPrefix)
-		if !ok {
-			continue
-		}
-		rest, ok = strings.CutSuffix(rest, bellSuffix)
-		f := strings.Split(rest, "-")
-		if !ok || len(f) != 4 || f[0] != ns {
-			continue
-		}
-		pid, err1 := strconv.Atoi(f[1])
-		start, err2 := strconv.ParseUint(f[2], 10, 64)
-		if err1 != nil || err2 != nil || pid <= 0 {
-			continue
-		}
-		if now, err := procStart(pid); (err == nil && now == start) || (err != nil && !errors.Is(err, os.ErrNotExist)) {
-			continue // the creator lives, or cannot tell
-		}
-		var st syscall.Stat_t
-		path := shmDir + "/" + name
-		if syscall.Lstat(path, &st) != nil || st.Uid != uid || st.Mode&syscall.S_IFMT != syscall.S_IFIFO {
-			continue
-		}
-		if os.Remove(path) == nil {
-			removed = append(removed, name)
-		}
-	}
-	return removed
 }

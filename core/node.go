@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nexar-go/nexar/internal/chanctx"
 	"github.com/nexar-go/nexar/membership"
 	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport"
@@ -169,7 +170,7 @@ func (n *node) heartbeatTo(peer int) {
 		n.mu.Unlock()
 		if !gone && n.hold.Load() == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), n.cfg.HeartbeatInterval)
-			stop := context.AfterFunc(ctxDone(n.done), cancel)
+			stop := context.AfterFunc(chanctx.Of(n.done), cancel)
 			_ = n.ep.Send(ctx, peer, transport.LaneHeartbeat, &th, nil)
 			stop()
 			cancel()
@@ -322,7 +323,7 @@ func (n *node) tellDeclaredDown(p int, why string) {
 	(&header{kind: kindControl, sub: ctlDeclaredDown, total: uint64(len(payload))}).encode(&th, n.view.Gen)
 	ctx, cancel := context.WithTimeout(context.Background(), min(byeTimeout, n.cfg.HeartbeatTimeout))
 	defer cancel()
-	stop := context.AfterFunc(ctxDone(n.done), cancel)
+	stop := context.AfterFunc(chanctx.Of(n.done), cancel)
 	defer stop()
 	_ = n.ep.Send(ctx, p, transport.LaneControl, &th, payload)
 }
@@ -602,22 +603,3 @@ func (n *node) close() {
 		_ = f()
 	}
 }
-
-// ctxDone turns a channel into a context for context.AfterFunc.
-func ctxDone(ch <-chan struct{}) context.Context {
-	return doneCtx(ch)
-}
-
-type doneCtx <-chan struct{}
-
-func (d doneCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (d doneCtx) Done() <-chan struct{}       { return d }
-func (d doneCtx) Err() error {
-	select {
-	case <-d:
-		return context.Canceled
-	default:
-		return nil
-	}
-}
-func (d doneCtx) Value(any) any { return nil }

@@ -7,6 +7,7 @@ import (
 	"math/bits"
 	"sync"
 
+	"github.com/nexar-go/nexar/internal/chanctx"
 	"github.com/nexar-go/nexar/transport"
 )
 
@@ -588,7 +589,7 @@ func (c *Comm) replyRPC(dst int, id uint64, reply []byte, release func(), err er
 	// callers why.
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
 	defer cancel()
-	stop := context.AfterFunc(ctxDone(c.n.done), cancel)
+	stop := context.AfterFunc(chanctx.Of(c.n.done), cancel)
 	defer stop()
 	_ = c.sendRPC(ctx, dst, sub, id, 0, payload) // a caller gone or lost fails on its side
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nexar-go/nexar/internal/chanctx"
 	"github.com/nexar-go/nexar/membership"
 	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport"
@@ -150,7 +151,7 @@ func (n *node) gossipFailedLocked(p, by int, why string) {
 		defer n.wg.Done()
 		for _, q := range to {
 			ctx, cancel := context.WithTimeout(context.Background(), n.cfg.HeartbeatTimeout)
-			stop := context.AfterFunc(ctxDone(n.done), cancel)
+			stop := context.AfterFunc(chanctx.Of(n.done), cancel)
 			_ = n.ep.Send(ctx, q, transport.LaneControl, &th, payload)
 			stop()
 			cancel()

@@ -53,6 +53,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nexar-go/nexar/internal/chanctx"
 	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport"
 )
@@ -302,7 +303,7 @@ func (e *Endpoint) sendRelayed(ctx context.Context, dst int, lane transport.Lane
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if !bye {
-		stop := context.AfterFunc(doneCtx(e.done), cancel)
+		stop := context.AfterFunc(chanctx.Of(e.done), cancel)
 		defer stop()
 	}
 	e.mu.Lock()
@@ -523,7 +524,7 @@ func (e *Endpoint) drain(q *fwdQueue) {
 		}
 		e.stampReroute(&f.h, lane, q.hop)
 		ctx, cancel := context.WithCancel(context.Background())
-		stop := context.AfterFunc(doneCtx(e.kill), cancel)
+		stop := context.AfterFunc(chanctx.Of(e.kill), cancel)
 		err := e.inner.Send(ctx, q.hop, lane, &f.h, f.p)
 		stop()
 		cancel()
@@ -877,18 +878,3 @@ func (e *Endpoint) Abandon(peer int, cause error) {
 	e.markFailed(peer)
 	e.notifyUp(peer, &transport.PeerDownError{Peer: peer, Cause: cause})
 }
-
-// doneCtx turns a channel into a context for context.AfterFunc.
-type doneCtx <-chan struct{}
-
-func (d doneCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (d doneCtx) Done() <-chan struct{}       { return d }
-func (d doneCtx) Err() error {
-	select {
-	case <-d:
-		return context.Canceled
-	default:
-		return nil
-	}
-}
-func (d doneCtx) Value(any) any { return nil }

@@ -816,15 +816,21 @@ func (e *Endpoint) startReader(from int, ch *channel) {
 		case graceful:
 			// The inner endpoint reports the departure once its lanes drain.
 		default:
-			e.mu.Lock()
-			exited := e.exited[from]
-			e.mu.Unlock()
-			if exited == nil {
-				exited = fmt.Errorf("bulk: receive from rank %d over %s: %w", from, ch.desc, err)
-			}
-			e.report(from, exited)
+			e.reportLost(from, fmt.Errorf("bulk: receive from rank %d over %s: %w", from, ch.desc, err))
 		}
 	}()
+}
+
+// reportLost reports peer lost: with the cause its process watcher
+// recorded (its process exited), if any, else with err, the channel's.
+func (e *Endpoint) reportLost(from int, err error) {
+	e.mu.Lock()
+	exited := e.exited[from]
+	e.mu.Unlock()
+	if exited == nil {
+		exited = err
+	}
+	e.report(from, exited)
 }
 
 // Close says goodbye on every outbound channel (waiting up to
@@ -972,6 +978,12 @@ func (e *Endpoint) handle(from int, lane transport.Lane, h *transport.Header, p 
 		e.settle(from)
 		return
 	}
+	e.afterStart(func() { e.control(from, &m) })
+}
+
+// afterStart runs f in a goroutine of e once Start has run, unless e
+// closes first; nothing when e takes no more control work (ctlWG off).
+func (e *Endpoint) afterStart(f func()) {
 	e.mu.Lock()
 	if !e.ctlWG {
 		e.mu.Unlock()
@@ -986,7 +998,7 @@ func (e *Endpoint) handle(from int, lane transport.Lane, h *transport.Header, p 
 		case <-e.ctx.Done():
 			return
 		}
-		e.control(from, &m)
+		f()
 	}()
 }
 

@@ -99,25 +99,10 @@ func (e *Endpoint) procExited(peer, pid int) {
 func (e *Endpoint) peerBye(from int) {
 	e.mu.Lock()
 	e.departing[from] = true
-	ack := e.ctlWG
-	if ack {
-		e.wg.Add(1)
-	}
 	e.mu.Unlock()
 	// A closing peer reports no death of this process either.
 	e.settle(from)
-	if !ack {
-		return
-	}
-	go func() {
-		defer e.wg.Done()
-		select {
-		case <-e.started:
-		case <-e.ctx.Done():
-			return
-		}
-		e.sendCtl(e.ctx, from, &ctlMsg{V: 1, T: "byeack"})
-	}()
+	e.afterStart(func() { e.sendCtl(e.ctx, from, &ctlMsg{V: 1, T: "byeack"}) })
 }
 
 // settle records that peer will not call this process's exit a death:

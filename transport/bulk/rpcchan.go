@@ -690,13 +690,7 @@ func (e *Endpoint) startRPCReader(from int, ch *rpcChan) {
 			}
 			return
 		}
-		e.mu.Lock()
-		exited := e.exited[from]
-		e.mu.Unlock()
-		if exited == nil {
-			exited = fmt.Errorf("bulk: RPC from rank %d over %s: %w", from, ch.desc, err)
-		}
-		e.report(from, exited)
+		e.reportLost(from, fmt.Errorf("bulk: RPC from rank %d over %s: %w", from, ch.desc, err))
 	}()
 }
 

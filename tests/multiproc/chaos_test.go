@@ -30,13 +30,7 @@ var (
 // NEXAR_CHAOS_ROUNDS sets the rounds per shape (default 1; `make chaos`
 // runs 50).
 func TestChaosKill(t *testing.T) {
-	rounds := 1
-	if v := os.Getenv("NEXAR_CHAOS_ROUNDS"); v != "" {
-		var err error
-		if rounds, err = strconv.Atoi(v); err != nil || rounds < 1 {
-			t.Fatalf("NEXAR_CHAOS_ROUNDS=%q", v)
-		}
-	}
+	rounds := chaosRounds(t)
 	shapes := []struct{ n, kills int }{{4, 1}, {5, 2}, {8, 2}}
 	if testing.Short() {
 		shapes = shapes[:1]
@@ -74,8 +68,8 @@ func chaosRound(t *testing.T, n, kills int, seed uint64, killRank0 bool) []time.
 	env := []string{"NEXAR_ON_FAILURE=shrink", "NEXAR_HEARTBEAT_INTERVAL=200ms", "NEXAR_HEARTBEAT_TIMEOUT=1s", "NEXAR_TIMEOUT=60s"}
 	args := []string{"run", "-n", strconv.Itoa(n), "--grace", "60s", "--", testprogBin, "elastic", strconv.Itoa(n - kills), "30"}
 	cmd, errOut, lines := startRun(t, ctx, args, env...)
-	pids := map[int]int{}
-	looping := 0
+	job := newJobWatch(n)
+	pids := job.pids
 	var (
 		killers  sync.WaitGroup
 		killMu   sync.Mutex // killedAt: the killing goroutine appends, this one reads
@@ -94,24 +88,17 @@ func chaosRound(t *testing.T, n, kills int, seed uint64, killRank0 bool) []time.
 	}
 	for line := range lines {
 		all = append(all, line)
-		if m := readyRE.FindStringSubmatch(line); m != nil {
-			r, _ := strconv.Atoi(m[1])
-			pids[r], _ = strconv.Atoi(m[2])
-		}
-		if regexp.MustCompile(`LOOPING rank=`).MatchString(line) {
-			looping++
-			if looping == n {
-				killers.Add(1)
-				go func() {
-					defer killers.Done()
-					time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
-					kill(victims[0])
-					if kills > 1 {
-						time.Sleep(time.Duration(rng.IntN(1500)) * time.Millisecond)
-						kill(victims[1])
-					}
-				}()
-			}
+		if job.see(line) {
+			killers.Add(1)
+			go func() {
+				defer killers.Done()
+				time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
+				kill(victims[0])
+				if kills > 1 {
+					time.Sleep(time.Duration(rng.IntN(1500)) * time.Millisecond)
+					kill(victims[1])
+				}
+			}()
 		}
 		if m := recoveredRE.FindStringSubmatch(line); m != nil {
 			r, _ := strconv.Atoi(m[1])
@@ -173,21 +160,16 @@ func TestChaosStop(t *testing.T) {
 	env := []string{"NEXAR_ON_FAILURE=shrink", "NEXAR_HEARTBEAT_INTERVAL=200ms", "NEXAR_HEARTBEAT_TIMEOUT=1s", "NEXAR_TIMEOUT=30s"}
 	args := []string{"run", "-n", strconv.Itoa(n), "--grace", "60s", "--", testprogBin, "elastic", strconv.Itoa(n - 1), "30"}
 	cmd, errOut, lines := startRun(t, ctx, args, env...)
-	pids := map[int]int{}
-	looping, doneCount := 0, 0
+	job := newJobWatch(n)
+	pids := job.pids
+	doneCount := 0
 	var all []string
 	victimOut := ""
 	for line := range lines {
 		all = append(all, line)
-		if m := readyRE.FindStringSubmatch(line); m != nil {
-			r, _ := strconv.Atoi(m[1])
-			pids[r], _ = strconv.Atoi(m[2])
-		}
-		if regexp.MustCompile(`LOOPING rank=`).MatchString(line) {
-			if looping++; looping == n {
-				if err := syscall.Kill(pids[victim], syscall.SIGSTOP); err != nil {
-					t.Fatal(err)
-				}
+		if job.see(line) {
+			if err := syscall.Kill(pids[victim], syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
 			}
 		}
 		if doneRE.MatchString(line) {
@@ -226,13 +208,7 @@ var (
 // on the way, and no leaked goroutine or descriptor. NEXAR_CHAOS_ROUNDS
 // sets the rounds per shape (default 1; `make chaos` runs 50).
 func TestChaosRegrow(t *testing.T) {
-	rounds := 1
-	if v := os.Getenv("NEXAR_CHAOS_ROUNDS"); v != "" {
-		var err error
-		if rounds, err = strconv.Atoi(v); err != nil || rounds < 1 {
-			t.Fatalf("NEXAR_CHAOS_ROUNDS=%q", v)
-		}
-	}
+	rounds := chaosRounds(t)
 	for _, insideGrow := range []bool{false, true} {
 		t.Run(fmt.Sprintf("inside_grow=%v", insideGrow), func(t *testing.T) {
 			var waits, regrows []time.Duration
@@ -270,8 +246,8 @@ func regrowRound(t *testing.T, n int, seed uint64, insideGrow, killRank0 bool) (
 	env := []string{"NEXAR_ON_FAILURE=manual", "NEXAR_HEARTBEAT_INTERVAL=200ms", "NEXAR_HEARTBEAT_TIMEOUT=1s", "NEXAR_TIMEOUT=60s"}
 	args := []string{"run", "-n", strconv.Itoa(n), "--grace", "60s", "--", testprogBin, "regrow", "20"}
 	cmd, errOut, lines := startRun(t, ctx, args, env...)
-	pids := map[int]int{}
-	looping := 0
+	job := newJobWatch(n)
+	pids := job.pids
 	var killedAt, lastGrown time.Time
 	second := -1
 	var all []string
@@ -283,16 +259,10 @@ func regrowRound(t *testing.T, n int, seed uint64, insideGrow, killRank0 bool) (
 	}
 	for line := range lines {
 		all = append(all, line)
-		if m := readyRE.FindStringSubmatch(line); m != nil {
-			r, _ := strconv.Atoi(m[1])
-			pids[r], _ = strconv.Atoi(m[2])
-		}
-		if regexp.MustCompile(`LOOPING rank=`).MatchString(line) {
-			if looping++; looping == n {
-				time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
-				killedAt = time.Now()
-				kill(victim)
-			}
+		if job.see(line) {
+			time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
+			killedAt = time.Now()
+			kill(victim)
 		}
 		if m := growingRE.FindStringSubmatch(line); m != nil && insideGrow && second < 0 {
 			second = (victim + 1 + rng.IntN(n-1)) % n
@@ -335,4 +305,42 @@ func regrowRound(t *testing.T, n int, seed uint64, insideGrow, killRank0 bool) (
 		regrow = append(regrow, lastGrown.Sub(killedAt))
 	}
 	return waits, regrow
+}
+
+// chaosRounds is NEXAR_CHAOS_ROUNDS (default 1): rounds per job shape.
+func chaosRounds(t *testing.T) int {
+	t.Helper()
+	v := os.Getenv("NEXAR_CHAOS_ROUNDS")
+	if v == "" {
+		return 1
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("NEXAR_CHAOS_ROUNDS=%q", v)
+	}
+	return n
+}
+
+var loopingRE = regexp.MustCompile(`LOOPING rank=`)
+
+// jobWatch follows a job's output: each rank's pid (READY lines) and how
+// many ranks have begun their loop.
+type jobWatch struct {
+	n, looping int
+	pids       map[int]int
+}
+
+func newJobWatch(n int) *jobWatch { return &jobWatch{n: n, pids: map[int]int{}} }
+
+// see takes one line and reports whether it was the last rank's LOOPING.
+func (w *jobWatch) see(line string) bool {
+	if m := readyRE.FindStringSubmatch(line); m != nil {
+		r, _ := strconv.Atoi(m[1])
+		w.pids[r], _ = strconv.Atoi(m[2])
+	}
+	if !loopingRE.MatchString(line) {
+		return false
+	}
+	w.looping++
+	return w.looping == w.n
 }

@@ -268,9 +268,11 @@ func (c *Comm) failLocked(err error) bool {
 		return false
 	}
 	c.err = err
+	// RPC calls fail before the contexts end: a waiter woken by them then
+	// finds its call failed with err, not expired.
+	c.rpc.failAll(err)
 	close(c.failed)
 	c.cancel()
-	c.rpc.failAll(err)
 	if c.rec.policy == PolicyShrink && autoShrinks(err) {
 		c.startAutoShrinkLocked()
 	}

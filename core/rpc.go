@@ -307,14 +307,7 @@ func (call *Call) Wait(ctx context.Context) ([]byte, error) {
 	select {
 	case <-call.done:
 	case <-ctx.Done():
-		// The operation context also ends when c fails (a member lost):
-		// then the call fails with that failure, not as a timeout; the
-		// failure may have ended the context before it reached the call.
-		if f := c.failure("rpc"); f != nil {
-			c.rpcDone(call.id, -1, nil, f)
-		} else {
-			call.expire(ctx.Err())
-		}
+		call.expire(ctx.Err()) // nothing if c's failure finished it first
 	}
 	<-call.done
 	return call.reply, call.err

@@ -65,14 +65,9 @@ type admitMsg struct {
 // job's token until the members grow (Admit) or they leave. Its methods
 // are safe for concurrent use.
 type Lobby struct {
-	ln    *quic.Listener
-	tr    *quic.Transport
-	udp   *net.UDPConn
-	token []byte
-	log   *slog.Logger
-	done  chan struct{}
-	once  sync.Once
-	wg    sync.WaitGroup
+	*listener // done: closed by Close
+	token     []byte
+	log       *slog.Logger
 
 	mu      sync.Mutex
 	waiting map[string]*lobbyWaiter // by id
@@ -93,36 +88,17 @@ func StartLobby(addr string, token []byte, log *slog.Logger) (*Lobby, error) {
 	if len(token) == 0 {
 		return nil, errorf(abi.ErrInvalidArgument, "lobby", nil, "empty token")
 	}
-	id, err := nquic.NewIdentity()
+	ln, err := listen(addr, lobbyALPN, "lobby")
 	if err != nil {
-		return nil, errorf(abi.ErrInternal, "lobby", err, "%v", err)
+		return nil, err
 	}
-	tc := nquic.ServerTLSConfig(id, func([32]byte) error { return nil }) // joiners prove the token instead
-	tc.NextProtos = []string{lobbyALPN}
-	ua, err := net.ResolveUDPAddr("udp", addr)
-	if err != nil {
-		return nil, errorf(abi.ErrInvalidArgument, "lobby", err, "listen on %s: %v", addr, err)
-	}
-	udp, err := net.ListenUDP("udp", ua)
-	if err != nil {
-		return nil, errorf(abi.ErrInternal, "lobby", err, "listen on %s: %v", addr, err)
-	}
-	tr := &quic.Transport{Conn: udp}
-	ln, err := tr.Listen(tc, &quic.Config{HandshakeIdleTimeout: 10 * time.Second, MaxIdleTimeout: IdleTimeout, KeepAlivePeriod: rdvKeepAlive})
-	if err != nil {
-		tr.Close()
-		udp.Close()
-		return nil, errorf(abi.ErrInternal, "lobby", err, "listen on %s: %v", addr, err)
-	}
-	l := &Lobby{ln: ln, tr: tr, udp: udp, token: append([]byte(nil), token...), log: log,
-		done: make(chan struct{}), waiting: make(map[string]*lobbyWaiter)}
-	l.wg.Add(1)
-	go l.acceptLoop()
+	l := &Lobby{listener: ln, token: append([]byte(nil), token...), log: log, waiting: make(map[string]*lobbyWaiter)}
+	l.listener.serve(l.serve)
 	return l, nil
 }
 
 // Addr is the address the lobby listens on.
-func (l *Lobby) Addr() net.Addr { return l.ln.Addr() }
+func (l *Lobby) Addr() net.Addr { return l.listener.Addr() }
 
 // Waiting returns the ids of the joiners waiting now, oldest first.
 func (l *Lobby) Waiting() [][]byte {
@@ -157,32 +133,8 @@ func (l *Lobby) Admit(id []byte, a Admission) bool {
 // Close stops the lobby; waiting joiners are told it closed and try their
 // next address.
 func (l *Lobby) Close() error {
-	l.once.Do(func() {
-		close(l.done)
-		l.ln.Close()
-		l.wg.Wait()
-		l.tr.Close()
-		l.udp.Close()
-	})
+	l.close(nil)
 	return nil
-}
-
-func (l *Lobby) acceptLoop() {
-	defer l.wg.Done()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { <-l.done; cancel() }()
-	for {
-		conn, err := l.ln.Accept(ctx)
-		if err != nil {
-			return
-		}
-		l.wg.Add(1)
-		go func() {
-			defer l.wg.Done()
-			l.serve(conn)
-		}()
-	}
 }
 
 func (l *Lobby) serve(conn *quic.Conn) {
@@ -193,11 +145,11 @@ func (l *Lobby) serve(conn *quic.Conn) {
 	if err != nil {
 		return
 	}
-	tls := conn.ConnectionState().TLS
+	cs := conn.ConnectionState().TLS
 	answer := func(m admitMsg) {
 		m.V = lobbyVersion
 		if m.Code == 0 {
-			p, err := proof(l.token, tls.ExportKeyingMaterial, labelSeed)
+			p, err := proof(l.token, cs.ExportKeyingMaterial, labelSeed)
 			if err != nil {
 				return
 			}
@@ -227,7 +179,7 @@ func (l *Lobby) serve(conn *quic.Conn) {
 		refuse(abi.ErrInvalidArgument, "unsupported lobby version %d (this lobby speaks %d)", h.V, lobbyVersion)
 		return
 	}
-	want, err := proof(l.token, tls.ExportKeyingMaterial, labelJoin)
+	want, err := proof(l.token, cs.ExportKeyingMaterial, labelJoin)
 	if err != nil || !hmac.Equal(want, h.Proof) {
 		refuse(abi.ErrAuth, "wrong token")
 		return

@@ -152,18 +152,13 @@ func proof(token []byte, cs func(label string, context []byte, length int) ([]by
 // that prove the token, assigns ranks and sends each the peer table. It is
 // not on the data path. Its methods are safe for concurrent use.
 type Seed struct {
-	ln        *quic.Listener
-	tr        *quic.Transport
-	udp       *net.UDPConn
+	*listener // done: closed by Close
 	size      int
 	token     []byte
 	log       *slog.Logger
 	formed    chan struct{}
-	done      chan struct{}
 	life      context.Context // cancelled by Close, with done closed
 	end       context.CancelFunc
-	closeOnce sync.Once
-	wg        sync.WaitGroup
 
 	// mu guards the following fields.
 	mu         sync.Mutex
@@ -205,41 +200,19 @@ func StartSeed(addr string, worldSize int, token []byte, log *slog.Logger) (*See
 	if len(token) == 0 {
 		return nil, errorf(abi.ErrInvalidArgument, "seed", nil, "empty token")
 	}
-	id, err := nquic.NewIdentity()
+	l, err := listen(addr, rdvALPN, "seed")
 	if err != nil {
-		return nil, errorf(abi.ErrInternal, "seed", err, "%v", err)
+		return nil, err
 	}
-	tc := nquic.ServerTLSConfig(id, func([32]byte) error { return nil }) // joiners prove the token instead
-	tc.NextProtos = []string{rdvALPN}
-	// The seed owns its socket (rather than quic.ListenAddr) so that Close
-	// releases the address before it returns: quic-go would keep a socket
-	// it made itself until its last connection is gone, and the next job on
-	// the same address must be able to bind it at once.
-	ua, err := net.ResolveUDPAddr("udp", addr)
-	if err != nil {
-		return nil, errorf(abi.ErrInvalidArgument, "seed", err, "listen on %s: %v", addr, err)
-	}
-	udp, err := net.ListenUDP("udp", ua)
-	if err != nil {
-		return nil, errorf(abi.ErrInternal, "seed", err, "listen on %s: %v", addr, err)
-	}
-	tr := &quic.Transport{Conn: udp}
-	ln, err := tr.Listen(tc, &quic.Config{HandshakeIdleTimeout: 10 * time.Second, MaxIdleTimeout: IdleTimeout, KeepAlivePeriod: rdvKeepAlive})
-	if err != nil {
-		tr.Close()
-		udp.Close()
-		return nil, errorf(abi.ErrInternal, "seed", err, "listen on %s: %v", addr, err)
-	}
-	s := &Seed{ln: ln, tr: tr, udp: udp, size: worldSize, token: append([]byte(nil), token...), log: log,
-		formed: make(chan struct{}), done: make(chan struct{}), allSettled: make(chan struct{}), mismatch: make(chan struct{})}
+	s := &Seed{listener: l, size: worldSize, token: append([]byte(nil), token...), log: log,
+		formed: make(chan struct{}), allSettled: make(chan struct{}), mismatch: make(chan struct{})}
 	s.life, s.end = context.WithCancel(context.Background())
-	s.wg.Add(1)
-	go s.acceptLoop()
+	s.listener.serve(s.serve)
 	return s, nil
 }
 
 // Addr is the address the seed listens on.
-func (s *Seed) Addr() net.Addr { return s.ln.Addr() }
+func (s *Seed) Addr() net.Addr { return s.listener.Addr() }
 
 // Formed is closed once every rank has joined.
 func (s *Seed) Formed() <-chan struct{} { return s.formed }
@@ -266,33 +239,8 @@ func (s *Seed) CloseWhenSettled(d time.Duration) {
 // Close stops the seed and releases its socket and goroutines; the address
 // is free again when it returns.
 func (s *Seed) Close() error {
-	s.closeOnce.Do(func() {
-		close(s.done)
-		s.end()
-		s.ln.Close()
-		s.wg.Wait()
-		s.tr.Close()
-		s.udp.Close()
-	})
+	s.close(s.end)
 	return nil
-}
-
-func (s *Seed) acceptLoop() {
-	defer s.wg.Done()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { <-s.done; cancel() }()
-	for {
-		conn, err := s.ln.Accept(ctx)
-		if err != nil {
-			return
-		}
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			s.serve(conn)
-		}()
-	}
 }
 
 func (s *Seed) serve(conn *quic.Conn) {

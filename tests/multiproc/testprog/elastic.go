@@ -108,15 +108,24 @@ func elastic(ctx context.Context, cfg core.Config, args []string) error {
 	members := binary.LittleEndian.Uint64(ids[8:])
 	_ = world.CloseChain()
 	// Everything closed: goroutines and descriptors back where they were.
+	if err := noLeaks(baseG, baseFD); err != nil {
+		return fmt.Errorf("rank %d: %w", me, err)
+	}
+	fmt.Printf("DONE rank=%d size=%d members=%#x\n", me, want, members)
+	return nil
+}
+
+// noLeaks waits up to 5 s for the goroutines (one more is allowed) and
+// descriptors to be back at their counts from before the job.
+func noLeaks(baseG, baseFD int) error {
 	deadline := time.Now().Add(5 * time.Second)
 	for runtime.NumGoroutine() > baseG+1 || countFDs() > baseFD {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("rank %d: leaked: %d goroutines (%d before), %d descriptors (%d before)",
-				me, runtime.NumGoroutine(), baseG, countFDs(), baseFD)
+			return fmt.Errorf("leaked: %d goroutines (%d before), %d descriptors (%d before)",
+				runtime.NumGoroutine(), baseG, countFDs(), baseFD)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	fmt.Printf("DONE rank=%d size=%d members=%#x\n", me, want, members)
 	return nil
 }
 

@@ -114,13 +114,8 @@ func regrow(ctx context.Context, cfg core.Config, args []string) error {
 	for i := len(comms) - 1; i >= 0; i-- {
 		_ = comms[i].Close()
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > baseG+1 || countFDs() > baseFD {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("pid %d: leaked: %d goroutines (%d before), %d descriptors (%d before)",
-				os.Getpid(), runtime.NumGoroutine(), baseG, countFDs(), baseFD)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := noLeaks(baseG, baseFD); err != nil {
+		return fmt.Errorf("pid %d: %w", os.Getpid(), err)
 	}
 	fmt.Printf("DONE pid=%d size=%d count=%d pidsum=%d\n", os.Getpid(), c.Size(),
 		binary.LittleEndian.Uint64(ids[8:]), binary.LittleEndian.Uint64(ids))

@@ -409,6 +409,13 @@ func (c *channel) poll() bool {
 	if !c.rmu.TryLock() {
 		return false
 	}
+	return c.stepUnlock()
+}
+
+// stepUnlock consumes what the ring holds (c.rmu held; released here),
+// passes the wake-up on to other sleepers if it consumed anything, and
+// ends a channel whose frames ended. It reports whether it consumed.
+func (c *channel) stepUnlock() bool {
 	n, _ := c.stepRing(pollBudget)
 	ended := c.end != nil
 	c.rmu.Unlock()
@@ -436,15 +443,7 @@ func (c *channel) await(done <-chan struct{}, d time.Duration) bool {
 	// Lock, not TryLock: the read loop may be delivering what woke us,
 	// and the caller checks done as soon as this returns.
 	c.rmu.Lock()
-	n, _ := c.stepRing(pollBudget)
-	ended := c.end != nil
-	c.rmu.Unlock()
-	if n > 0 && c.sleepers.Load() > 0 {
-		c.ring.nudge()
-	}
-	if ended {
-		c.close()
-	}
+	c.stepUnlock()
 	return true
 }
 

@@ -210,6 +210,15 @@ func (c *rpcChan) send(ctx context.Context, h *transport.Header, p []byte) (brok
 	if cap(c.buf) > 4*inlineMax {
 		c.buf = nil
 	}
+	return c.sent(ctx, n, err)
+}
+
+// sent turns the outcome of a frame's write (n bytes written) into send's:
+// nothing on success; the context's error when it ended the write before
+// anything left; else the channel is broken (a partial frame, or the
+// receiver may be copying p as send returns, must never be delivered as a
+// whole) and the error is reported as the channel's.
+func (c *rpcChan) sent(ctx context.Context, n int, err error) (bool, error) {
 	if err == nil {
 		return false, nil
 	}
@@ -233,17 +242,7 @@ func (c *rpcChan) sendRemote(ctx context.Context, h *transport.Header, p []byte)
 		err = c.r.waitAck(ctx, k, len(p), nil)
 	}
 	runtime.KeepAlive(p)
-	if err == nil {
-		return false, nil
-	}
-	if n == 0 && ctx.Err() != nil {
-		return false, ctx.Err()
-	}
-	// The receiver may be copying p as we return: break the channel so that
-	// what it reads is never delivered as a whole frame.
-	c.bad.Store(true)
-	c.close()
-	return true, err
+	return c.sent(ctx, n, err)
 }
 
 // goodbye writes the goodbye frame (waiting until deadline for a frame in

@@ -48,7 +48,11 @@ type nodeLobby struct {
 	closed bool
 }
 
+// get returns the lobby's listener; nil for none (also on a nil lb).
 func (lb *nodeLobby) get() *membership.Lobby {
+	if lb == nil {
+		return nil
+	}
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
 	return lb.l
@@ -204,11 +208,9 @@ func (c *Comm) Grow(ctx context.Context) (*Comm, error) {
 	lb := c.n.lobby
 	c.n.mu.Unlock()
 	var extra [][]byte
-	if lb != nil {
-		if l := lb.get(); l != nil {
-			for _, id := range l.Waiting() {
-				extra = append(extra, joinRecord(c.rank, id))
-			}
+	if l := lb.get(); l != nil {
+		for _, id := range l.Waiting() {
+			extra = append(extra, joinRecord(c.rank, id))
 		}
 	}
 	d, k, err := c.agree(ctx, op, ^uint64(0), extra, true)
@@ -239,12 +241,10 @@ func (c *Comm) Grow(ctx context.Context) (*Comm, error) {
 	} else if seedAddr, err = c.awaitGrowSeed(ctx, k, leader); err != nil {
 		return nil, err
 	}
-	if lb != nil {
-		if l := lb.get(); l != nil {
-			for i, j := range js {
-				if j.member == c.rank {
-					l.Admit(j.id, membership.Admission{Seed: seedAddr, Rank: len(world) + i, Size: n, Gen: uint32(gen), Max: c.n.maxWorld})
-				}
+	if l := lb.get(); l != nil {
+		for i, j := range js {
+			if j.member == c.rank {
+				l.Admit(j.id, membership.Admission{Seed: seedAddr, Rank: len(world) + i, Size: n, Gen: uint32(gen), Max: c.n.maxWorld})
 			}
 		}
 	}
@@ -268,8 +268,8 @@ func (c *Comm) Grow(ctx context.Context) (*Comm, error) {
 	}
 	nc, err := form(fctx, cfg, formOpts{seed: seed, gen: gen, lobby: lb})
 	if err != nil {
-		if cause := context.Cause(fctx); cause != nil && cause != ctx.Err() && ctx.Err() == nil {
-			err = cause
+		if cause := context.Cause(fctx); cause != nil && ctx.Err() == nil {
+			err = cause // a member died: name it
 		}
 		return nil, withOp(err, op)
 	}

@@ -51,6 +51,13 @@ def nexar_group(pg):
     return pg._get_backend(torch.device("cpu"))
 
 
+def say(line):
+    """One line in one write: the replacement shares rank 0's output, and
+    print's separate write of the newline would let their lines mix."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def start_replacement(pg):
     """Start a process that joins the job through the live members' lobbies."""
     env = dict(os.environ, ELASTIC_JOIN=",".join(pg.join_addrs), ELASTIC_TOKEN=pg.join_token.hex())
@@ -87,7 +94,7 @@ def train(pg, model, step, name, shrinks=0, grows=0, child=None):
             grows += 1
             step = sync_step(pg, step)
             ddp = DDP(model, process_group=pg)
-            print(f"rank {name}: grown to {pg.size()} ranks, now rank {pg.rank()}", flush=True)
+            say(f"rank {name}: grown to {pg.size()} ranks, now rank {pg.rank()}")
         r, n = pg.rank(), pg.size()
         per = x.shape[0] // n
         xs, ys = x[r * per:(r + 1) * per], y[r * per:(r + 1) * per]
@@ -104,16 +111,16 @@ def train(pg, model, step, name, shrinks=0, grows=0, child=None):
             # A member is gone: the survivors agree and carry on as a
             # smaller group; the step is redone (its gradient was partial,
             # the weights untouched).
-            print(f"rank {name}: step {step}: {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)
+            say(f"rank {name}: step {step}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
             old, pg = pg, pg.shrink()
             shrinks += 1
             ddp = DDP(model, process_group=pg)
-            print(f"rank {name}: continuing as rank {pg.rank()} of {pg.size()}", flush=True)
+            say(f"rank {name}: continuing as rank {pg.rank()} of {pg.size()}")
             if pg.rank() == 0 and child is None:
                 child = start_replacement(pg)
     w = model.weight.detach().flatten().tolist()
-    print(f"rank {name}: done: {step} steps on {pg.size()} ranks after {shrinks} shrink(s) and {grows} grow(s); "
-          "weights " + " ".join(f"{v:.7f}" for v in w), flush=True)
+    say(f"rank {name}: done: {step} steps on {pg.size()} ranks after {shrinks} shrink(s) and {grows} grow(s); "
+          "weights " + " ".join(f"{v:.7f}" for v in w))
     pg.shutdown()
     if child is not None and child.wait() != 0:
         raise SystemExit(f"the replacement process exited with status {child.returncode}")
@@ -129,7 +136,7 @@ def main():
         # step and the model from rank 0.
         pg = ProcessGroupNexar.join(os.environ["ELASTIC_JOIN"], token=bytes.fromhex(os.environ["ELASTIC_TOKEN"]))
         step = sync_step(pg, 0)
-        print(f"rank joiner: joined as rank {pg.rank()} of {pg.size()} at step {step}", flush=True)
+        say(f"rank joiner: joined as rank {pg.rank()} of {pg.size()} at step {step}")
         train(pg, model, step, "joiner", grows=1)
         return
     dist.init_process_group("nexar")

@@ -439,6 +439,8 @@ func (c *Comm) control(src int, h header, payload []byte) {
 		c.agreeMessage(src, h.seqOrTag, payload)
 	case ctlGrow:
 		c.growMessage(src, h.seqOrTag, payload)
+	case ctlGrowAbort:
+		c.growAbortMessage(src, h.seqOrTag, payload)
 	case ctlAbort:
 		e := c.decodeCause(payload)
 		if e == nil {

@@ -241,10 +241,25 @@ func (c *Comm) Grow(ctx context.Context) (*Comm, error) {
 	} else if seedAddr, err = c.awaitGrowSeed(ctx, k, leader); err != nil {
 		return nil, err
 	}
+	// A member that dies while the grown world forms is seen here at once
+	// (on the existing connections), and so is a joiner that left before
+	// its admission (ctlGrowAbort): formation ends then, rather than when
+	// the grown world's seed gives up on the missing member.
+	fctx, lost := context.WithCancelCause(ctx)
+	defer lost(nil)
+	defer c.watchGrow(k, lost)()
+	c.mu.Lock()
+	hook := c.rec.afterGrowAgreement
+	c.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
 	if l := lb.get(); l != nil {
 		for i, j := range js {
-			if j.member == c.rank {
-				l.Admit(j.id, membership.Admission{Seed: seedAddr, Rank: len(world) + i, Size: n, Gen: uint32(gen), Max: c.n.maxWorld})
+			r := len(world) + i
+			if j.member == c.rank && !l.Admit(j.id, membership.Admission{Seed: seedAddr, Rank: r, Size: n, Gen: uint32(gen), Max: c.n.maxWorld}) {
+				c.sendControl(ctlGrowAbort, k, binary.LittleEndian.AppendUint32(nil, uint32(r)), -1)
+				c.abandonGrow(k, joinerLeft(r, c.rank))
 			}
 		}
 	}
@@ -253,11 +268,6 @@ func (c *Comm) Grow(ctx context.Context) (*Comm, error) {
 	cfg.BindAddr, cfg.AdvertiseAddr = net.JoinHostPort(bindHost, "0"), advHost
 	cfg.MaxWorldSize, cfg.MinWorldSize = c.n.maxWorld, c.n.minWorld
 	cfg.OnFailure = c.FailurePolicy()
-	// A member that dies while the grown world forms is seen here at once
-	// (on the existing connections): formation ends then, rather than when
-	// the grown world's seed finds its connection silent.
-	fctx, lost := context.WithCancelCause(ctx)
-	defer lost(nil)
 	for r, w := range world {
 		if r != me {
 			stop := context.AfterFunc(c.n.downSig[w].ctx, func() {
@@ -266,8 +276,18 @@ func (c *Comm) Grow(ctx context.Context) (*Comm, error) {
 			defer stop()
 		}
 	}
-	nc, err := form(fctx, cfg, formOpts{seed: seed, gen: gen, lobby: lb})
+	nc, err := form(fctx, cfg, formOpts{seed: seed, gen: gen, lobby: lb, seedUp: true})
 	if err != nil {
+		// Why a grow was abandoned (a joiner left, a member died) is sent
+		// before its seed closes, but on other connections: give it a
+		// moment to arrive, so that every member names the cause rather
+		// than the seed's going away.
+		t := time.NewTimer(growCauseGrace)
+		select {
+		case <-fctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
 		if cause := context.Cause(fctx); cause != nil && ctx.Err() == nil {
 			err = cause // a member died: name it
 		}
@@ -299,6 +319,81 @@ func (c *Comm) confirmGrow(ctx context.Context) error {
 			"rank(s) %v of the grown communicator failed while it formed; the members keep the communicator they had", d.Failed)
 	}
 	return nil
+}
+
+// growCauseGrace bounds how long a member whose formation of the grown
+// world failed waits for the reason (ctlGrowAbort, a member's death).
+const growCauseGrace = time.Second
+
+// growEnd is how a grow in formation is ended early: by the first reason
+// that comes (err), through the formation's cancel once it is watched.
+type growEnd struct {
+	err    error
+	cancel context.CancelCauseFunc
+}
+
+// joinerLeft is the error of a grow abandoned because the joiner that was
+// to be rank r of the grown world had left member m's lobby.
+func joinerLeft(r, m int) *Error {
+	return newError(CodePeerDown, "grow", r,
+		"the joiner that was to be rank %d of the grown world left rank %d's lobby before it was admitted; the grow is abandoned and the members keep the communicator they had", r, m)
+}
+
+// watchGrow makes grow k's abandonment cancel its formation (at once if
+// it was abandoned already); the returned function ends the watch.
+func (c *Comm) watchGrow(k uint64, cancel context.CancelCauseFunc) (unwatch func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.rec.growEnds == nil {
+		c.rec.growEnds = make(map[uint64]*growEnd)
+	}
+	e := c.rec.growEnds[k]
+	if e == nil {
+		e = &growEnd{}
+		c.rec.growEnds[k] = e
+	}
+	e.cancel = cancel
+	if e.err != nil {
+		cancel(e.err)
+	}
+	return func() {
+		c.mu.Lock()
+		delete(c.rec.growEnds, k)
+		c.mu.Unlock()
+	}
+}
+
+// abandonGrow ends grow k's formation with err (the first reason wins);
+// a grow not watched yet takes it when it is.
+func (c *Comm) abandonGrow(k uint64, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.rec.growEnds == nil {
+		c.rec.growEnds = make(map[uint64]*growEnd)
+	}
+	e := c.rec.growEnds[k]
+	if e == nil {
+		if len(c.rec.growEnds) > maxAgreeAhead {
+			return
+		}
+		e = &growEnd{}
+		c.rec.growEnds[k] = e
+	}
+	if e.err != nil {
+		return
+	}
+	e.err = err
+	if e.cancel != nil {
+		e.cancel(err)
+	}
+}
+
+// growAbortMessage is a ctlGrowAbort from member src for grow k.
+func (c *Comm) growAbortMessage(src int, k uint64, payload []byte) {
+	if len(payload) != 4 {
+		return
+	}
+	c.abandonGrow(k, joinerLeft(int(binary.LittleEndian.Uint32(payload)), src))
 }
 
 // growSeed is a ctlGrow message: its sender and the seed address it
@@ -404,7 +499,7 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 		jc := cfg
 		jc.Rank, jc.WorldSize, jc.Seed, jc.Join = adm.Rank, adm.Size, adm.Seed, false
 		jc.MaxWorldSize = max(adm.Max, adm.Size)
-		c, err := form(ctx, jc, formOpts{gen: membership.Generation(adm.Gen)})
+		c, err := form(ctx, jc, formOpts{gen: membership.Generation(adm.Gen), seedUp: true})
 		if err == nil {
 			if err = c.confirmGrow(ctx); err == nil {
 				return c, nil

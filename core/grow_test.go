@@ -3,6 +3,8 @@ package core
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -187,6 +189,95 @@ func TestGrowReplacesLostRank(t *testing.T) {
 	world := growAll(t, live, joiners, 1)
 	sumCheck(t, world)
 	comms[0].n.thaw()
+}
+
+// TestGrowJoinerLeavesBeforeAdmission: a joiner that the agreement named
+// leaves its lobby before the member admits it. Every member's Grow fails
+// at once, naming the joiner's would-be rank and the lobby's member, and
+// keeps the old communicator; another joiner, admitted through the other
+// lobby, goes back to waiting and comes in with the next grow. (Before
+// ctlGrowAbort the members waited for the grown world's seed: the
+// connect timeout, 60 s.)
+func TestGrowJoinerLeavesBeforeAdmission(t *testing.T) {
+	comms, jc := newElasticQUIC(t, 2, PolicyManual, 4)
+	addrs := comms[0].JoinAddrs()
+	stay := startJoinersVia(t, [][]string{addrs[1:]}, jc, comms)
+	lctx, leave := context.WithCancel(context.Background())
+	left := make(chan error, 1)
+	lc := jc
+	lc.Seed = addrs[0]
+	go func() {
+		_, err := Join(lctx, lc)
+		left <- err
+	}()
+	lobby0 := func() *membership.Lobby {
+		comms[0].n.mu.Lock()
+		defer comms[0].n.mu.Unlock()
+		return comms[0].n.lobby.get()
+	}
+	for deadline := time.Now().Add(20 * time.Second); len(lobby0().Waiting()) != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the leaving joiner never waited in rank 0's lobby")
+		}
+	}
+	comms[0].mu.Lock()
+	comms[0].rec.afterGrowAgreement = func() {
+		leave()
+		<-left
+		for deadline := time.Now().Add(10 * time.Second); len(lobby0().Waiting()) != 0; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Error("rank 0's lobby still holds the joiner that left")
+				return
+			}
+		}
+	}
+	comms[0].mu.Unlock()
+	start := time.Now()
+	errs := each(comms, func(c *Comm) error {
+		_, err := c.Grow(context.Background())
+		return err
+	})
+	took := time.Since(start)
+	var blamed []int // the joiner's rank in the grown world: 2 or 3, in the decision's order
+	for r, err := range errs {
+		var e *Error
+		if !errors.As(err, &e) || e.Code != CodePeerDown || (e.Rank != 2 && e.Rank != 3) ||
+			!strings.Contains(e.Msg, fmt.Sprintf("rank %d of the grown world left rank 0's lobby", e.Rank)) {
+			t.Fatalf("member %d: grow returned %v; want CodePeerDown naming the joiner's rank (2 or 3) and rank 0's lobby", r, err)
+		}
+		blamed = append(blamed, e.Rank)
+	}
+	if blamed[0] != blamed[1] {
+		t.Fatalf("the members name different joiners: ranks %v", blamed)
+	}
+	if took > 20*time.Second {
+		t.Errorf("the abandoned grow took %v", took)
+	}
+	t.Logf("abandoned grow took %v", took.Round(time.Millisecond))
+	sumCheck(t, comms) // the members keep the old communicator
+	comms[0].mu.Lock()
+	comms[0].rec.afterGrowAgreement = nil
+	comms[0].mu.Unlock()
+	// The joiner that stayed was admitted to the abandoned grow: it goes
+	// back to a lobby, and the next grow takes it.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n := 0
+		for _, c := range comms {
+			c.n.mu.Lock()
+			if l := c.n.lobby.get(); l != nil {
+				n += len(l.Waiting())
+			}
+			c.n.mu.Unlock()
+		}
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d joiners back in the lobbies after the abandoned grow, want 1", n)
+		}
+	}
+	world := growAll(t, comms, stay, 1) // the joiner that stayed
+	sumCheck(t, world)
 }
 
 // TestGrowMaxWorldSize: joiners beyond MaxWorldSize wait for a later grow.

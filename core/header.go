@@ -74,6 +74,12 @@ const (
 	// seqOrTag tells the other members its seed's host:port (UTF-8; empty
 	// when it could not start one) (core/grow.go).
 	ctlGrow uint8 = 7
+	// ctlGrowAbort (LaneControl): a member of the grow decided by
+	// agreement seqOrTag could not admit a joiner that the agreement named
+	// (it had left the member's lobby); every member abandons that grow.
+	// Payload: the joiner's rank in the grown world (uint32,
+	// little-endian) (core/grow.go).
+	ctlGrowAbort uint8 = 8
 )
 
 type header struct {

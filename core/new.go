@@ -43,6 +43,9 @@ type formOpts struct {
 	seed  *Seed                 // a seed this rank started for this formation (grow's leader)
 	gen   membership.Generation // the world's generation (0: membership.First)
 	lobby *nodeLobby            // a lobby carried over from the grown communicator's node
+	// seedUp: the seed runs already (a grow's: the leader started it
+	// before sending its address), so one that cannot be reached is gone.
+	seedUp bool
 }
 
 func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
@@ -140,6 +143,7 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 	// Every rank keeps a lobby for processes that join later (grow.go);
 	// a grown world's members bring theirs along.
 	jo := joinOptions(cfg)
+	jo.SeedUp = opts.seedUp
 	if opts.lobby != nil {
 		jo.Lobby = opts.lobby.addr
 	} else {

@@ -93,6 +93,13 @@ type recovery struct {
 	// (ctlGrow), and a wake-up.
 	growSeeds map[uint64]growSeed
 	growWake  chan struct{}
+	// grows abandoned, or in formation, by agreement number: why a grow
+	// was abandoned (ctlGrowAbort, or this rank) and the cancel of its
+	// formation, whichever comes first (core/grow.go abandonGrow).
+	growEnds map[uint64]*growEnd
+	// afterGrowAgreement, when set (tests only), runs once a grow's
+	// agreement is decided, before this rank admits its joiners.
+	afterGrowAgreement func()
 }
 
 // SetFailurePolicy sets what a member's failure does to c from now on.

@@ -300,13 +300,10 @@ func awaitOnce(ctx context.Context, addr string, token, id []byte, tc *tls.Confi
 	if err := writeFrame(st, lobbyHello{V: lobbyVersion, ID: id, Proof: p}); err != nil {
 		return retry(err)
 	}
-	if dl, ok := ctx.Deadline(); ok {
-		st.SetReadDeadline(dl)
-	}
 	var m admitMsg
-	if err := readFrame(st, maxJoinFrame, &m); err != nil {
+	if err := readFrameCtx(ctx, st, maxJoinFrame, &m); err != nil {
 		if ctx.Err() != nil {
-			return Admission{}, errorf(abi.ErrTimeout, "join", ctx.Err(), "lobby %s: not admitted in time", addr)
+			return Admission{}, errorf(abi.ErrTimeout, "join", ctx.Err(), "lobby %s: not admitted: %v", addr, ctx.Err())
 		}
 		return retry(fmt.Errorf("%w: %v", ErrLobbyGone, err))
 	}

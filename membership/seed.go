@@ -122,6 +122,19 @@ func writeFrame(w io.Writer, v any) error {
 	return err
 }
 
+// readFrameCtx is readFrame on st bounded by ctx: by its deadline, and by
+// its cancellation, which moves the read deadline to now and so ends a
+// read blocked waiting for the peer (a joiner told to stop, a grow
+// abandoned while its members wait for the seed's table).
+func readFrameCtx(ctx context.Context, st *quic.Stream, max int, v any) error {
+	if dl, ok := ctx.Deadline(); ok {
+		st.SetReadDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { st.SetReadDeadline(time.Now()) })
+	defer stop()
+	return readFrame(st, max, v)
+}
+
 func readFrame(r io.Reader, max int, v any) error {
 	var n [4]byte
 	if _, err := io.ReadFull(r, n[:]); err != nil {
@@ -522,6 +535,10 @@ type JoinOptions struct {
 	// Lobby is the host:port of this rank's lobby (core's grow), "" for
 	// none; every member learns every member's (JoinWatchedLobby).
 	Lobby string
+	// SeedUp says the seed runs already (a grow's, started before its
+	// address was handed out): a seed that cannot be reached is gone, so
+	// the join fails at once instead of retrying until its deadline.
+	SeedUp bool
 }
 
 // SeedLink is a joiner's connection to the seed after the welcome, kept
@@ -613,6 +630,9 @@ func JoinWatchedLobby(ctx context.Context, addr string, token []byte, rank int, 
 			if err == nil {
 				break
 			}
+			if o.SeedUp {
+				return 0, nil, nil, nil, errorf(abi.ErrPeerDown, "rendezvous", err, "the seed at %s is gone: %v", addr, err)
+			}
 			if !wait() {
 				return 0, nil, nil, nil, errorf(abi.ErrTimeout, "rendezvous", err, "cannot reach the seed at %s: %v", addr, err)
 			}
@@ -652,11 +672,11 @@ func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, r
 	if err := writeFrame(st, joinMsg{V: rdvVersion, Rank: rank, Addr: advertise, FP: fp[:], Proof: p, Lobby: o.Lobby, Topo: o.Topology}); err != nil {
 		return fail(abi.ErrInternal, "seed %s: %v", addr, err)
 	}
-	if dl, ok := ctx.Deadline(); ok {
-		st.SetReadDeadline(dl)
-	}
 	var w welcomeMsg
-	if err := readFrame(st, maxWelcome, &w); err != nil {
+	if err := readFrameCtx(ctx, st, maxWelcome, &w); err != nil {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return fail(abi.ErrTimeout, "seed %s: stopped waiting for the peer table: %v", addr, context.Cause(ctx))
+		}
 		if errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil || isTimeout(err) {
 			return fail(abi.ErrTimeout, "seed %s: not every rank joined in time: %v", addr, err)
 		}

@@ -41,6 +41,12 @@ func regrow(ctx context.Context, cfg core.Config, args []string) error {
 	t0 := time.Now()
 	c, err := core.New(ctx, cfg)
 	if err != nil {
+		if joiner && core.CodeOf(err) == core.CodeTimeout {
+			// One replacement too many (its starter died after starting
+			// it, so a later rank 0 started another): never admitted.
+			fmt.Printf("GIVEUP pid=%d err=%q\n", os.Getpid(), err.Error())
+			return nil
+		}
 		return err
 	}
 	comms := []*core.Comm{c}
@@ -127,15 +133,25 @@ func regrow(ctx context.Context, cfg core.Config, args []string) error {
 // lost since from (the size before it; 0 from a joiner, which does not
 // know it), c's rank 0 starts a replacement per lost rank, and all grow;
 // a failed grow or count is followed by a shrink and another round.
+//
+// A rank 0 that dies between its count and starting the replacements
+// leaves them unstarted, and no later count sees that loss again: after
+// orphanGrows grows in a row that admitted nobody, rank 0 starts as many
+// as the world lacks. (Should the dead rank 0's replacements come after
+// all, the one too many is never admitted and gives up: GIVEUP.)
 func regrowSettle(ctx context.Context, c *core.Comm, comms []*core.Comm, from int, newHere bool, want, rounds int) (*core.Comm, []*core.Comm, error) {
+	const orphanGrows = 40 // about 3 s of nobody coming
+	idle := 0
 	for {
 		in, before, err := census(ctx, c, from, newHere)
 		if err == nil {
-			if lost := before + in - c.Size(); lost > 0 && c.Rank() == 0 {
-				for i := 0; i < lost; i++ {
-					if err := startReplacement(c, want, rounds); err != nil {
-						return c, comms, err
-					}
+			start := before + in - c.Size() // lost since the last change
+			if idle >= orphanGrows {
+				start, idle = want-c.Size(), 0
+			}
+			for i := 0; i < start && c.Rank() == 0; i++ {
+				if err := startReplacement(c, want, rounds); err != nil {
+					return c, comms, err
 				}
 			}
 			if c.Size() >= want {
@@ -147,7 +163,9 @@ func regrowSettle(ctx context.Context, c *core.Comm, comms []*core.Comm, from in
 				comms = append(comms, g)
 				if g.Size() != c.Size() {
 					fmt.Printf("GROWN pid=%d size=%d at=%d\n", os.Getpid(), g.Size(), time.Now().UnixNano())
+					idle = 0
 				} else {
+					idle++
 					time.Sleep(50 * time.Millisecond) // the replacements are starting
 				}
 				from, newHere, c = c.Size(), false, g
@@ -192,7 +210,8 @@ func startReplacement(c *core.Comm, want, rounds int) error {
 		}
 	}
 	cmd := exec.Command(os.Args[0], "regrow", strconv.Itoa(rounds))
-	cmd.Env = append(os.Environ(), "NEXAR_JOIN=1", "NEXAR_SEED="+strings.Join(addrs, ","), "REGROW_WANT="+strconv.Itoa(want))
+	// A replacement too many gives up after 20 s (NEXAR_TIMEOUT bounds Join).
+	cmd.Env = append(os.Environ(), "NEXAR_JOIN=1", "NEXAR_SEED="+strings.Join(addrs, ","), "REGROW_WANT="+strconv.Itoa(want), "NEXAR_TIMEOUT=20s")
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting a replacement: %w", err)

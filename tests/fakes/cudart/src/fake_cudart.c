@@ -658,3 +658,22 @@ cudaError_t cudaMemset(void* devPtr, int value, size_t count) {
     memset(d, value, count);
     return cudaSuccess;
 }
+
+// ---- for the other fakes only -------------------------------------------------
+
+// nexarFakeCudaDeviceAlias is not a CUDA entry point: it lets the fake NCCL
+// (tests/fakes/nccl), which stands for kernels running on the device, reach
+// device memory the way the fake's own copies do, through the private
+// read-write alias. It returns the alias of [p, p+n) when that range lies
+// within one device allocation, else NULL. Code under test never calls it:
+// to the host, device memory stays unreadable.
+void* nexarFakeCudaDeviceAlias(const void* p, size_t n) {
+    pthread_mutex_lock(&amu);
+    struct alloc* a = find((uintptr_t)p, n);
+    void* out = NULL;
+    if (a != NULL && a->type == typeDevice) {
+        out = a->shadow + ((uintptr_t)p - a->base);
+    }
+    pthread_mutex_unlock(&amu);
+    return out;
+}

@@ -6,13 +6,16 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -88,6 +91,12 @@ func freePort(t *testing.T) int {
 
 func startJob(t *testing.T, test string, hosts []string, env ...string) *job {
 	t.Helper()
+	return startJobEnv(t, test, hosts, func(int) []string { return env })
+}
+
+// startJobEnv is startJob with rank r's extra environment env(r).
+func startJobEnv(t *testing.T, test string, hosts []string, env func(r int) []string) *job {
+	t.Helper()
 	rt, nc := fakes(t)
 	j := &job{t: t, outs: make([]strings.Builder, len(hosts))}
 	port := freePort(t)
@@ -97,7 +106,7 @@ func startJob(t *testing.T, test string, hosts []string, env ...string) *job {
 			"HIER_TEST_HOST="+host, fmt.Sprintf("NEXAR_RANK=%d", r), fmt.Sprintf("NEXAR_WORLD_SIZE=%d", len(hosts)),
 			fmt.Sprintf("NEXAR_SEED=127.0.0.1:%d", port), "NEXAR_TOKEN=hier-test-token-0123456789abcdef",
 			"NEXAR_FAKE_CUDA_DELAY_US=200")
-		cmd.Env = append(cmd.Env, env...)
+		cmd.Env = append(cmd.Env, env(r)...)
 		out, err := cmd.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)
@@ -201,9 +210,19 @@ type member struct {
 
 // join makes this process a rank, or returns nil in the test's parent.
 func join(t *testing.T, mode Mode) *member {
+	m, err := joinErr(t, mode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// joinErr is join that returns New's error (HIER_TEST_UNUSABLE makes this
+// rank one that cannot use NCCL).
+func joinErr(t *testing.T, mode Mode) (*member, error) {
 	host := os.Getenv("HIER_TEST_HOST")
 	if host == "" {
-		return nil
+		return nil, nil
 	}
 	rtPath, ncPath := fakes(t)
 	ctx := context.Background()
@@ -224,15 +243,19 @@ func join(t *testing.T, mode Mode) *member {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.h, err = New(ctx, m.c, Deps{Runtime: m.rt, Stager: m.st, NCCL: lib}, Options{Mode: mode, HostID: host}); err != nil {
-		t.Fatal(err)
+	deps := Deps{Runtime: m.rt, Stager: m.st, NCCL: lib}
+	if why := os.Getenv("HIER_TEST_UNUSABLE"); why != "" {
+		deps = Deps{Unusable: why}
 	}
-	t.Cleanup(func() { m.h.Close() })
+	m.r, m.n = m.c.Rank(), m.c.Size()
 	if m.stream, err = m.rt.StreamCreate(); err != nil {
 		t.Fatal(err)
 	}
-	m.r, m.n = m.c.Rank(), m.c.Size()
-	return m
+	if m.h, err = New(ctx, m.c, deps, Options{Mode: mode, HostID: host}); err != nil {
+		return m, err
+	}
+	t.Cleanup(func() { m.h.Close() })
+	return m, nil
 }
 
 // input is rank r's element i: small integers, exact in every type used,
@@ -453,5 +476,257 @@ func (m *member) collectives() {
 	}
 	if err := m.c.Barrier(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// sequence returns 0, 1, ..., n-1 as dt.
+func sequence(dt collective.DType, n, r int) []byte {
+	v := make([]float64, n)
+	for i := range v {
+		v[i] = input(collective.Sum, r, i)
+	}
+	return encode(dt, v)
+}
+
+// TestStreamOrder: a stream-ordered call waits for the work queued on its
+// stream before it (the input's copy, held behind a gate), and returns
+// before its own work is complete: the result is there once the stream has
+// passed it.
+func TestStreamOrder(t *testing.T) {
+	m := join(t, On)
+	if m == nil {
+		startJob(t, "TestStreamOrder", []string{"A", "B", "A", "A"}, "NEXAR_FAKE_CUDA_DELAY_US=30000").finish(2 * time.Minute)
+		return
+	}
+	rtPath, _ := fakes(t)
+	const count = 1001
+	dt := collective.Float32
+	nb := count * dt.Size()
+	pin, err := m.rt.MallocHost(nb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(pin, sequence(dt, count, m.r))
+	buf := m.upload(make([]byte, nb))
+	g, err := cudart.NewGate(rtPath, uintptr(m.stream))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.rt.MemcpyAsync(uintptr(buf), uintptr(unsafePointer(pin)), nb, cuda.MemcpyHostToDevice, m.stream); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- m.h.Allreduce(context.Background(), buf, buf, count, dt, collective.Sum, m.stream, false) }()
+	select {
+	case err := <-done:
+		t.Fatalf("allreduce returned (%v) while its input was still held on the stream", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	g.Open()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	ev, _ := m.rt.EventCreate()
+	m.rt.EventRecord(ev, m.stream)
+	if ok, _ := m.rt.EventQuery(ev); ok {
+		t.Fatal("the stream had passed the allreduce when it returned: its last phase was not left to the stream")
+	}
+	want := make([]float64, count)
+	for i := range want {
+		want[i] = reduceRef(collective.Sum, m.n, func(q int) float64 { return input(collective.Sum, q, i) })
+	}
+	if err := m.rt.MemcpyAsync(uintptr(unsafePointer(pin)), uintptr(buf), nb, cuda.MemcpyDeviceToHost, m.stream); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.rt.StreamSynchronize(m.stream); err != nil {
+		t.Fatal(err)
+	}
+	m.expect("allreduce read back on the stream", pin, encode(dt, want), dt.Size())
+}
+
+// TestMismatch: ranks that make different calls all fail, as mismatched,
+// and none hangs: on one host the call never reaches NCCL; between hosts
+// nexar's signatures tell.
+func TestMismatch(t *testing.T) {
+	if m := join(t, On); m != nil {
+		ctx := context.Background()
+		buf := m.upload(make([]byte, 64))
+		var err error
+		start := time.Now()
+		switch os.Getenv("HIER_TEST_CASE") {
+		case "count": // rank 2 differs from the other ranks of host A
+			err = m.h.Allreduce(ctx, buf, buf, 7+boolInt(m.r == 2), collective.Int64, collective.Sum, m.stream, true)
+		case "kind": // host B broadcasts while host A reduces
+			if m.r == 1 {
+				err = m.h.Broadcast(ctx, buf, 7, collective.Int64, 0, m.stream, true)
+			} else {
+				err = m.h.Allreduce(ctx, buf, buf, 7, collective.Int64, collective.Sum, m.stream, true)
+			}
+		}
+		if core.CodeOf(err) != core.CodeMismatch {
+			t.Fatalf("rank %d: %v (code %v), want a mismatch", m.r, err, core.CodeOf(err))
+		}
+		fmt.Printf("rank %d failed after %v: %v\n", m.r, time.Since(start), err)
+		if err := m.h.Allreduce(ctx, buf, buf, 1, collective.Int64, collective.Sum, m.stream, true); core.CodeOf(err) != core.CodeMismatch {
+			t.Fatalf("a later call: %v, want the sticky mismatch", err)
+		}
+		return
+	}
+	for _, c := range []string{"count", "kind"} {
+		t.Run(c, func(t *testing.T) {
+			startJob(t, "TestMismatch", []string{"A", "B", "A", "A"}, "HIER_TEST_CASE="+c).finish(time.Minute)
+		})
+	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestKill: a rank killed (SIGKILL) while every rank is inside a
+// collective: the others' calls fail within the detection time, naming it,
+// NCCL aborted so that nothing hangs. The victim is held inside its own
+// call (its stream gated, so it never reaches NCCL).
+func TestKill(t *testing.T) {
+	if m := join(t, On); m != nil {
+		m.killed()
+		return
+	}
+	for _, tc := range []struct {
+		name   string
+		hosts  []string
+		victim int
+	}{
+		{"local", []string{"A", "B", "A", "A"}, 2},  // a rank of host A: its peers wait in NCCL
+		{"remote", []string{"A", "B", "A", "A"}, 1}, // host B's only rank: host A waits between hosts
+		{"onehost", []string{"A", "A", "A"}, 1},     // NCCL alone: the work is left on the stream
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := startJob(t, "TestKill", tc.hosts, fmt.Sprintf("HIER_TEST_VICTIM=%d", tc.victim))
+			for r := range tc.hosts {
+				j.await(r, "in the call", time.Minute)
+			}
+			time.Sleep(300 * time.Millisecond)
+			j.cmds[tc.victim].Process.Signal(syscall.SIGKILL)
+			j.finish(time.Minute, tc.victim)
+			for r := range tc.hosts {
+				if r != tc.victim {
+					t.Logf("rank %d: %s", r, lineWith(j.out(r), "failed after"))
+				}
+			}
+		})
+	}
+}
+
+func lineWith(out, s string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, s) {
+			return strings.TrimSpace(l)
+		}
+	}
+	return ""
+}
+
+func (m *member) killed() {
+	t, ctx := m.t, context.Background()
+	victim, _ := strconv.Atoi(os.Getenv("HIER_TEST_VICTIM"))
+	const count = 4099
+	dt := collective.Float32
+	buf := m.upload(sequence(dt, count, m.r))
+	// One call that completes first: NCCL and the groups are set up.
+	if err := m.h.Allreduce(ctx, buf, buf, count, dt, collective.Sum, m.stream, true); err != nil {
+		t.Fatal(err)
+	}
+	if m.r == victim {
+		rtPath, _ := fakes(t)
+		if _, err := cudart.NewGate(rtPath, uintptr(m.stream)); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Println("in the call")
+		m.h.Allreduce(ctx, buf, buf, count, dt, collective.Sum, m.stream, true)
+		t.Fatal("the victim's call returned")
+	}
+	fmt.Println("in the call")
+	start := time.Now()
+	blocking := m.r%2 == 0
+	err := m.h.Allreduce(ctx, buf, buf, count, dt, collective.Sum, m.stream, blocking)
+	if err == nil && !blocking {
+		// The work was left on the stream: NCCL, aborted, lets it end.
+		sync := make(chan error, 1)
+		go func() { sync <- m.rt.StreamSynchronize(m.stream) }()
+		select {
+		case <-sync:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the stream still holds the call's NCCL work 30 s after the kill")
+		}
+		err = m.h.Allreduce(ctx, buf, buf, count, dt, collective.Sum, m.stream, true)
+	}
+	took := time.Since(start)
+	var e *core.Error
+	if !errors.As(err, &e) || e.Code != core.CodePeerDown || !strings.Contains(err.Error(), fmt.Sprintf("rank %d", victim)) {
+		t.Fatalf("rank %d: %v, want CodePeerDown naming rank %d", m.r, err, victim)
+	}
+	if took > 20*time.Second {
+		t.Fatalf("the failure took %v", took)
+	}
+	fmt.Printf("rank %d failed after %v: %v\n", m.r, took, err)
+	if err := m.h.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestModes: every rank takes the same decision. Auto without a host of
+// several ranks, or with a rank that cannot use NCCL, is inactive; On with
+// such a rank fails, naming it.
+func TestModes(t *testing.T) {
+	if os.Getenv("HIER_TEST_HOST") != "" {
+		mode, _ := ParseMode(os.Getenv("HIER_TEST_MODE"))
+		m, err := joinErr(t, mode)
+		want := os.Getenv("HIER_TEST_WANT")
+		switch {
+		case want == "error":
+			if core.CodeOf(err) != core.CodeUnavailable || !strings.Contains(err.Error(), "[1]") {
+				t.Fatalf("New: %v, want CodeUnavailable naming rank 1", err)
+			}
+		case err != nil:
+			t.Fatal(err)
+		case m.h.Active() != (want == "active") || !strings.Contains(m.h.Reason(), os.Getenv("HIER_TEST_REASON")):
+			t.Fatalf("active %v (%s), want %s", m.h.Active(), m.h.Reason(), want)
+		}
+		if err := m.c.Barrier(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	for _, tc := range []struct {
+		name  string
+		hosts []string
+		env   []string
+	}{
+		{"auto/one-rank-hosts", []string{"A", "B"}, []string{"HIER_TEST_MODE=auto", "HIER_TEST_WANT=inactive", "HIER_TEST_REASON=one rank"}},
+		{"on/one-rank-hosts", []string{"A", "B"}, []string{"HIER_TEST_MODE=on", "HIER_TEST_WANT=active"}},
+		{"auto/unusable", []string{"A", "B", "A"}, []string{"HIER_TEST_MODE=auto", "HIER_TEST_WANT=inactive", "HIER_TEST_REASON=[1] cannot use NCCL"}},
+		{"on/unusable", []string{"A", "B", "A"}, []string{"HIER_TEST_MODE=on", "HIER_TEST_WANT=error"}},
+		{"off", []string{"A", "A"}, []string{"HIER_TEST_MODE=off", "HIER_TEST_WANT=inactive", "HIER_TEST_REASON=off"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := tc.env
+			j := &job{}
+			if strings.Contains(tc.name, "unusable") {
+				// Rank 1 cannot use NCCL: its own environment says so.
+				j = startJobEnv(t, "TestModes", tc.hosts, func(r int) []string {
+					if r == 1 {
+						return append(env, "HIER_TEST_UNUSABLE=no NCCL on this rank")
+					}
+					return env
+				})
+			} else {
+				j = startJob(t, "TestModes", tc.hosts, env...)
+			}
+			j.finish(time.Minute)
+		})
 	}
 }

@@ -85,7 +85,8 @@ func (h *Comm) agree(ctx context.Context, s callSig) error {
 	for i, r := range ranks {
 		if t := getSig(all[i*sigBytes:]); t != s {
 			return &core.Error{Code: core.CodeMismatch, Op: kindNames[s.kind], Rank: r,
-				Msg: fmt.Sprintf("rank %d called %v but rank %d, on the same host, called %v (NCCL was not given the call)", h.rank, s, r, t)}
+				Msg:   fmt.Sprintf("rank %d called %v but rank %d, on the same host, called %v (NCCL was not given the call)", h.rank, s, r, t),
+				Cause: errDiffer}
 		}
 	}
 	return nil

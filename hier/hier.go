@@ -43,11 +43,8 @@ import (
 	"github.com/nexar-go/nexar/hw/cuda"
 	"github.com/nexar-go/nexar/hw/cuda/stage"
 	"github.com/nexar-go/nexar/hw/nccl"
+	"github.com/nexar-go/nexar/transport/bulk"
 )
-
-// Verified says, for `nexar info`, where this path has run: kept in step
-// with docs/device-memory.md.
-const Verified = "hierarchical NCCL+nexar device collectives: tested against the fake NCCL and CUDA runtime (tests/fakes) only, not verified on hardware"
 
 // Mode is whether device collectives use NCCL (NEXAR_NCCL_HIER).
 type Mode int
@@ -132,6 +129,10 @@ const asyncGrace = 2 * time.Second
 // parent's failure.
 var errAborted = errors.New("hier: NCCL was aborted")
 
+// errDiffer is the cause of the mismatch agree reports: an error about the
+// parent's ranks already, which fails the parent as it is.
+var errDiffer = errors.New("hier: the ranks of a host made different calls")
+
 // Comm is the hierarchical communicator over a parent core.Comm. See the
 // package doc.
 type Comm struct {
@@ -191,6 +192,9 @@ type pending struct {
 func New(ctx context.Context, parent *core.Comm, d Deps, opt Options) (*Comm, error) {
 	if opt.Timeout <= 0 {
 		opt.Timeout = parent.Timeout()
+	}
+	if opt.HostID == "" {
+		opt.HostID = bulk.HostID()
 	}
 	h := &Comm{parent: parent, rank: parent.Rank(), timeout: opt.Timeout, rt: d.Runtime, st: d.Stager,
 		lib: d.NCCL, dev: opt.Device}
@@ -383,6 +387,12 @@ func (h *Comm) Active() bool { return h.active }
 // Reason says why the Comm is not active.
 func (h *Comm) Reason() string { return h.reason }
 
+// Device is the CUDA device NCCL is bound to (Options.Device).
+func (h *Comm) Device() int { return h.dev }
+
+// Size is the parent's size.
+func (h *Comm) Size() int { return h.parent.Size() }
+
 // Layout is where the parent's ranks live.
 func (h *Comm) Layout() Layout { return h.lay }
 
@@ -523,6 +533,8 @@ func (h *Comm) failFor(op string, err error) {
 	switch perr := h.parent.Err(); {
 	case perr != nil:
 		h.fail(perr)
+	case errors.Is(err, errDiffer):
+		h.fail(err)
 	case !errors.Is(err, errAborted):
 		code := core.CodeOf(err)
 		if code == core.CodeInternal && !isCoreError(err) {

@@ -21,6 +21,11 @@ import (
 	"github.com/nexar-go/nexar/collective"
 )
 
+// Verified says, for `nexar info`, where the hierarchical device
+// collectives over NCCL (package hier) have run: kept in step with
+// docs/device-memory.md.
+const Verified = "hierarchical device collectives (NCCL within a host, nexar between hosts): tested against the fake NCCL and CUDA runtime (tests/fakes) only, not verified on hardware"
+
 // ErrNoLibrary is returned (wrapped) when libnccl cannot be loaded.
 var ErrNoLibrary = errors.New("hw/nccl: libnccl.so not found")
 

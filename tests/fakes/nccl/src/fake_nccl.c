@@ -92,8 +92,12 @@ static void bind_cuda(void) {
     if (h == NULL) {
         return;
     }
-    cuda_launch = (launch_fn)dlsym(h, "cudaLaunchHostFunc");
-    cuda_alias = (alias_fn)dlsym(h, "nexarFakeCudaDeviceAlias");
+    // The POSIX way to take a function from dlsym (ISO C has no
+    // conversion from void* to a function pointer).
+    void* f = dlsym(h, "cudaLaunchHostFunc");
+    memcpy(&cuda_launch, &f, sizeof f);
+    f = dlsym(h, "nexarFakeCudaDeviceAlias");
+    memcpy(&cuda_alias, &f, sizeof f);
 }
 
 // ---- errors -------------------------------------------------------------------

@@ -80,6 +80,14 @@ type job struct {
 	wg    sync.WaitGroup
 }
 
+// execSelf is this test binary running the tests that match run, with env
+// added to this process's environment.
+func execSelf(run string, env ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run="+run, "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), env...)
+	return cmd
+}
+
 func freePort(t *testing.T) int {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -101,8 +109,7 @@ func startJobEnv(t *testing.T, test string, hosts []string, env func(r int) []st
 	j := &job{t: t, outs: make([]strings.Builder, len(hosts))}
 	port := freePort(t)
 	for r, host := range hosts {
-		cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1", "-test.v")
-		cmd.Env = append(os.Environ(), "HIER_TEST_RT="+rt, "HIER_TEST_NC="+nc, "NEXAR_CUDART="+rt,
+		cmd := execSelf("^"+test+"$", "HIER_TEST_RT="+rt, "HIER_TEST_NC="+nc, "NEXAR_CUDART="+rt,
 			"HIER_TEST_HOST="+host, fmt.Sprintf("NEXAR_RANK=%d", r), fmt.Sprintf("NEXAR_WORLD_SIZE=%d", len(hosts)),
 			fmt.Sprintf("NEXAR_SEED=127.0.0.1:%d", port), "NEXAR_TOKEN=hier-test-token-0123456789abcdef",
 			"NEXAR_FAKE_CUDA_DELAY_US=200")

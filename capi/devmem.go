@@ -26,7 +26,7 @@ type devMem struct {
 	mu    sync.Mutex
 	st    atomic.Pointer[stage.Stager]
 	rt    *cuda.Runtime // the runtime st stages with; set with st (under mu), read after st.Load()
-	why   string // why there is no stager, for errors
+	why   string        // why there is no stager, for errors
 	tried bool
 }
 

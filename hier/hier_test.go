@@ -523,7 +523,9 @@ func TestStreamOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- m.h.Allreduce(context.Background(), buf, buf, count, dt, collective.Sum, m.stream, false) }()
+	go func() {
+		done <- m.h.Allreduce(context.Background(), buf, buf, count, dt, collective.Sum, m.stream, false)
+	}()
 	select {
 	case err := <-done:
 		t.Fatalf("allreduce returned (%v) while its input was still held on the stream", err)

@@ -173,84 +173,65 @@ func (a *args) hier(handle C.uintptr_t, count C.size_t, dt, op C.int, reduces bo
 	return s.h
 }
 
-// hierRun makes a hierarchical call on the call's stream, blocking unless
-// a _stream variant.
-func (a *args) hierRun(call func(stream cuda.Stream, blocking bool) error) C.int {
-	err := call(cuda.Stream(a.dev.stream), !a.dev.isStrm)
-	var ce *core.Error
-	if err != nil && !errors.As(err, &ce) {
-		return fail(a.fn, resUnavailable, "%v", err)
-	}
-	return result(a.fn, err)
-}
-
 func devPtr(p unsafe.Pointer) cuda.DevicePtr { return cuda.DevicePtr(uintptr(p)) }
 
-// hierAllreduce serves nexar_allreduce and nexar_allreduce_stream; ok is
-// false when the call takes the usual path.
-func hierAllreduce(a *args, sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, comm C.uintptr_t) (r C.int, ok bool) {
-	h := a.hier(comm, count, dt, op, true, sendbuf, recvbuf)
+// hierCall makes call through the handle's hierarchy, on the call's stream
+// and blocking unless a _stream variant, when a.hier says so; ok is false
+// when the call takes the usual path. countName and perRank describe the
+// count argument (perRank: it counts one rank's block of a buffer of
+// Size() blocks).
+func hierCall(a *args, comm C.uintptr_t, countName string, count C.size_t, perRank bool, dt, op C.int, reduces bool,
+	bufs []unsafe.Pointer, call func(h *hier.Comm, stream cuda.Stream, blocking bool) error) (r C.int, ok bool) {
+	h := a.hier(comm, count, dt, op, reduces, bufs...)
 	if !a.ok() {
 		return a.fail(), true
 	}
 	if h == nil {
 		return 0, false
 	}
-	if a.bytes("count", count, 1, collective.DType(dt)); !a.ok() {
+	mult := 1
+	if perRank {
+		mult = h.Size()
+	}
+	if a.bytes(countName, count, mult, collective.DType(dt)); !a.ok() {
 		return a.fail(), true
 	}
-	return a.hierRun(func(s cuda.Stream, blocking bool) error {
-		return h.Allreduce(bg, devPtr(sendbuf), devPtr(recvbuf), int(count), collective.DType(dt), collective.Op(op), s, blocking)
-	}), true
+	err := call(h, cuda.Stream(a.dev.stream), !a.dev.isStrm)
+	var ce *core.Error
+	if err != nil && !errors.As(err, &ce) {
+		return fail(a.fn, resUnavailable, "%v", err), true
+	}
+	return result(a.fn, err), true
+}
+
+// hierAllreduce serves nexar_allreduce and nexar_allreduce_stream.
+func hierAllreduce(a *args, sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, comm C.uintptr_t) (C.int, bool) {
+	return hierCall(a, comm, "count", count, false, dt, op, true, []unsafe.Pointer{sendbuf, recvbuf},
+		func(h *hier.Comm, s cuda.Stream, blocking bool) error {
+			return h.Allreduce(bg, devPtr(sendbuf), devPtr(recvbuf), int(count), collective.DType(dt), collective.Op(op), s, blocking)
+		})
 }
 
 // hierBroadcast serves nexar_broadcast and nexar_broadcast_stream.
 func hierBroadcast(a *args, buf unsafe.Pointer, count C.size_t, dt, root C.int, comm C.uintptr_t) (C.int, bool) {
-	h := a.hier(comm, count, dt, 0, false, buf)
-	if !a.ok() {
-		return a.fail(), true
-	}
-	if h == nil {
-		return 0, false
-	}
-	if a.bytes("count", count, 1, collective.DType(dt)); !a.ok() {
-		return a.fail(), true
-	}
-	return a.hierRun(func(s cuda.Stream, blocking bool) error {
-		return h.Broadcast(bg, devPtr(buf), int(count), collective.DType(dt), int(root), s, blocking)
-	}), true
+	return hierCall(a, comm, "count", count, false, dt, 0, false, []unsafe.Pointer{buf},
+		func(h *hier.Comm, s cuda.Stream, blocking bool) error {
+			return h.Broadcast(bg, devPtr(buf), int(count), collective.DType(dt), int(root), s, blocking)
+		})
 }
 
 // hierAllgather serves nexar_allgather and nexar_allgather_stream.
 func hierAllgather(a *args, sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt C.int, comm C.uintptr_t) (C.int, bool) {
-	h := a.hier(comm, count, dt, 0, false, sendbuf, recvbuf)
-	if !a.ok() {
-		return a.fail(), true
-	}
-	if h == nil {
-		return 0, false
-	}
-	if a.bytes("count", count, h.Size(), collective.DType(dt)); !a.ok() {
-		return a.fail(), true
-	}
-	return a.hierRun(func(s cuda.Stream, blocking bool) error {
-		return h.Allgather(bg, devPtr(sendbuf), devPtr(recvbuf), int(count), collective.DType(dt), s, blocking)
-	}), true
+	return hierCall(a, comm, "count", count, true, dt, 0, false, []unsafe.Pointer{sendbuf, recvbuf},
+		func(h *hier.Comm, s cuda.Stream, blocking bool) error {
+			return h.Allgather(bg, devPtr(sendbuf), devPtr(recvbuf), int(count), collective.DType(dt), s, blocking)
+		})
 }
 
 // hierReduceScatter serves nexar_reduce_scatter and nexar_reduce_scatter_stream.
 func hierReduceScatter(a *args, sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, comm C.uintptr_t) (C.int, bool) {
-	h := a.hier(comm, count, dt, op, true, sendbuf, recvbuf)
-	if !a.ok() {
-		return a.fail(), true
-	}
-	if h == nil {
-		return 0, false
-	}
-	if a.bytes("recvcount", count, h.Size(), collective.DType(dt)); !a.ok() {
-		return a.fail(), true
-	}
-	return a.hierRun(func(s cuda.Stream, blocking bool) error {
-		return h.ReduceScatter(bg, devPtr(sendbuf), devPtr(recvbuf), int(count), collective.DType(dt), collective.Op(op), s, blocking)
-	}), true
+	return hierCall(a, comm, "recvcount", count, true, dt, op, true, []unsafe.Pointer{sendbuf, recvbuf},
+		func(h *hier.Comm, s cuda.Stream, blocking bool) error {
+			return h.ReduceScatter(bg, devPtr(sendbuf), devPtr(recvbuf), int(count), collective.DType(dt), collective.Op(op), s, blocking)
+		})
 }

@@ -128,6 +128,30 @@ func checkArgs(op string, dt collective.DType, o collective.Op, reduces bool, co
 	return nil
 }
 
+// start begins the call s (reduces: it reduces with s.op) after checking
+// its arguments: one call at a time, compared with the host's other ranks.
+// It returns the function that ends the call, or nil with the call's
+// error, or nil and nil when the call has nothing more to do (count 0).
+func (h *Comm) start(ctx context.Context, s callSig, reduces bool) (end func(), err error) {
+	name := kindNames[s.kind]
+	if err := checkArgs(name, s.dt, s.op, reduces, int(s.count)); err != nil {
+		return nil, err
+	}
+	if err := h.begin(name); err != nil {
+		return nil, err
+	}
+	if err := h.agree(ctx, s); err != nil {
+		err = h.failCall(name, err)
+		h.end()
+		return nil, err
+	}
+	if s.count == 0 {
+		h.end()
+		return nil, nil
+	}
+	return h.end, nil
+}
+
 // plan is a call's phases.
 type plan struct {
 	op       string
@@ -218,19 +242,11 @@ func at(p cuda.DevicePtr, off int) cuda.DevicePtr { return p + cuda.DevicePtr(of
 // rank's recv (send == recv: in place), on stream. See the package doc.
 func (h *Comm) Allreduce(ctx context.Context, send, recv cuda.DevicePtr, count int, dt collective.DType, op collective.Op, stream cuda.Stream, blocking bool) error {
 	const name = "allreduce"
-	if err := checkArgs(name, dt, op, true, count); err != nil {
+	end, err := h.start(ctx, callSig{kAllreduce, dt, op, -1, uint64(count)}, true)
+	if end == nil {
 		return err
 	}
-	if err := h.begin(name); err != nil {
-		return err
-	}
-	defer h.end()
-	if err := h.agree(ctx, callSig{kAllreduce, dt, op, -1, uint64(count)}); err != nil {
-		return h.failCall(name, err)
-	}
-	if count == 0 {
-		return nil
-	}
+	defer end()
 	p := plan{op: name, stream: stream, blocking: blocking}
 	if len(h.lay.Hosts) == 1 {
 		p.first = func(c *nccl.Comm) error { return c.AllReduce(send, recv, count, dt, op, stream) }
@@ -305,22 +321,14 @@ func (h *Comm) Allreduce(ctx context.Context, send, recv cuda.DevicePtr, count i
 // its group, NCCL on each of those.
 func (h *Comm) Broadcast(ctx context.Context, buf cuda.DevicePtr, count int, dt collective.DType, root int, stream cuda.Stream, blocking bool) error {
 	const name = "broadcast"
-	if err := checkArgs(name, dt, 0, false, count); err != nil {
-		return err
-	}
 	if root < 0 || root >= h.parent.Size() {
 		return invalid(name, "root %d is out of range [0, %d)", root, h.parent.Size())
 	}
-	if err := h.begin(name); err != nil {
+	end, err := h.start(ctx, callSig{kBroadcast, dt, 0, int32(root), uint64(count)}, false)
+	if end == nil {
 		return err
 	}
-	defer h.end()
-	if err := h.agree(ctx, callSig{kBroadcast, dt, 0, int32(root), uint64(count)}); err != nil {
-		return h.failCall(name, err)
-	}
-	if count == 0 {
-		return nil
-	}
+	defer end()
 	p := plan{op: name, stream: stream, blocking: blocking}
 	rh, rl := h.lay.HostOf[root], h.lay.LocalOf[root]
 	if len(h.lay.Hosts) == 1 {
@@ -372,19 +380,11 @@ func (h *Comm) Broadcast(ctx context.Context, buf cuda.DevicePtr, count int, dt 
 // piece's owner on every other host, which spreads it over its host.
 func (h *Comm) Allgather(ctx context.Context, send, recv cuda.DevicePtr, count int, dt collective.DType, stream cuda.Stream, blocking bool) error {
 	const name = "allgather"
-	if err := checkArgs(name, dt, 0, false, count); err != nil {
+	end, err := h.start(ctx, callSig{kAllgather, dt, 0, -1, uint64(count)}, false)
+	if end == nil {
 		return err
 	}
-	if err := h.begin(name); err != nil {
-		return err
-	}
-	defer h.end()
-	if err := h.agree(ctx, callSig{kAllgather, dt, 0, -1, uint64(count)}); err != nil {
-		return h.failCall(name, err)
-	}
-	if count == 0 {
-		return nil
-	}
+	defer end()
 	es := dt.Size()
 	bs := count * es
 	if send == recv {
@@ -481,19 +481,11 @@ func indexOf(s []int, v int) int {
 // between hosts onto its rank.
 func (h *Comm) ReduceScatter(ctx context.Context, send, recv cuda.DevicePtr, count int, dt collective.DType, op collective.Op, stream cuda.Stream, blocking bool) error {
 	const name = "reduce_scatter"
-	if err := checkArgs(name, dt, op, true, count); err != nil {
+	end, err := h.start(ctx, callSig{kReduceScatter, dt, op, -1, uint64(count)}, true)
+	if end == nil {
 		return err
 	}
-	if err := h.begin(name); err != nil {
-		return err
-	}
-	defer h.end()
-	if err := h.agree(ctx, callSig{kReduceScatter, dt, op, -1, uint64(count)}); err != nil {
-		return h.failCall(name, err)
-	}
-	if count == 0 {
-		return nil
-	}
+	defer end()
 	es, size := dt.Size(), h.parent.Size()
 	bs := count * es
 	p := plan{op: name, stream: stream, blocking: blocking}

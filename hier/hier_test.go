@@ -5,7 +5,6 @@ package hier
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -22,6 +21,7 @@ import (
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/core"
 	"github.com/nexar-go/nexar/hw/cuda"
+	"github.com/nexar-go/nexar/hw/cuda/cudatest"
 	"github.com/nexar-go/nexar/hw/cuda/stage"
 	"github.com/nexar-go/nexar/hw/nccl"
 	"github.com/nexar-go/nexar/tests/fakes/cudart"
@@ -274,23 +274,7 @@ func input(op collective.Op, r, i int) float64 {
 	return float64((i*7+r*3)%11 + 1)
 }
 
-func encode(dt collective.DType, v []float64) []byte {
-	es := dt.Size()
-	b := make([]byte, len(v)*es)
-	for i, x := range v {
-		switch dt {
-		case collective.Float32:
-			binary.LittleEndian.PutUint32(b[i*es:], math.Float32bits(float32(x)))
-		case collective.Int64:
-			binary.LittleEndian.PutUint64(b[i*es:], uint64(int64(x)))
-		case collective.BFloat16:
-			binary.LittleEndian.PutUint16(b[i*es:], uint16(math.Float32bits(float32(x))>>16))
-		default:
-			panic(dt)
-		}
-	}
-	return b
-}
+var encode = cudatest.Encode
 
 func reduceRef(op collective.Op, n int, f func(r int) float64) float64 {
 	acc := f(0)
@@ -312,29 +296,11 @@ func reduceRef(op collective.Op, n int, f func(r int) float64) float64 {
 	return acc
 }
 
-func (m *member) upload(b []byte) cuda.DevicePtr {
-	m.t.Helper()
-	p, err := m.rt.Malloc(max(len(b), 1))
-	if err != nil {
-		m.t.Fatal(err)
-	}
-	if err := m.rt.CopyToDevice(p, b); err != nil {
-		m.t.Fatal(err)
-	}
-	return p
-}
+func (m *member) upload(b []byte) cuda.DevicePtr { return cudatest.Upload(m.t, m.rt, b) }
 
 // download reads p after the work on the member's stream.
 func (m *member) download(p cuda.DevicePtr, n int) []byte {
-	m.t.Helper()
-	if err := m.rt.StreamSynchronize(m.stream); err != nil {
-		m.t.Fatal(err)
-	}
-	b := make([]byte, n)
-	if err := m.rt.CopyFromDevice(b, p); err != nil {
-		m.t.Fatal(err)
-	}
-	return b
+	return cudatest.Download(m.t, m.rt, m.stream, p, n)
 }
 
 func (m *member) expect(what string, got, want []byte, es int) {

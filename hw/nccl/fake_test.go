@@ -3,7 +3,6 @@
 package nccl
 
 import (
-	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"math"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/hw/cuda"
+	"github.com/nexar-go/nexar/hw/cuda/cudatest"
 	"github.com/nexar-go/nexar/tests/fakes/cudart"
 	fakenccl "github.com/nexar-go/nexar/tests/fakes/nccl"
 )
@@ -144,50 +144,14 @@ func asRank(t *testing.T) *rank {
 	return k
 }
 
-func (k *rank) dev(b []byte) cuda.DevicePtr {
-	k.t.Helper()
-	n := max(len(b), 1)
-	p, err := k.rt.Malloc(n)
-	if err != nil {
-		k.t.Fatal(err)
-	}
-	if len(b) > 0 {
-		if err := k.rt.CopyToDevice(p, b); err != nil {
-			k.t.Fatal(err)
-		}
-	}
-	return p
-}
+func (k *rank) dev(b []byte) cuda.DevicePtr { return cudatest.Upload(k.t, k.rt, b) }
 
 // read waits for the stream, then copies n bytes of p to the host.
 func (k *rank) read(p cuda.DevicePtr, n int) []byte {
-	k.t.Helper()
-	if err := k.rt.StreamSynchronize(k.stream); err != nil {
-		k.t.Fatal(err)
-	}
-	b := make([]byte, n)
-	if err := k.rt.CopyFromDevice(b, p); err != nil {
-		k.t.Fatal(err)
-	}
-	return b
+	return cudatest.Download(k.t, k.rt, k.stream, p, n)
 }
 
-// vals encodes float64 values as dt (exact for the small integers used).
-func vals(dt collective.DType, v []float64) []byte {
-	es := dt.Size()
-	b := make([]byte, len(v)*es)
-	for i, x := range v {
-		switch dt {
-		case collective.Float32:
-			binary.LittleEndian.PutUint32(b[i*es:], math.Float32bits(float32(x)))
-		case collective.Int64:
-			binary.LittleEndian.PutUint64(b[i*es:], uint64(int64(x)))
-		case collective.BFloat16:
-			binary.LittleEndian.PutUint16(b[i*es:], uint16(math.Float32bits(float32(x))>>16))
-		}
-	}
-	return b
-}
+var vals = cudatest.Encode
 
 // input is rank r's element i of a test vector: small integers, exact in
 // every type used and in their sums and products.

@@ -18,7 +18,8 @@
 //
 // Only entry points of the real runtime, with their real signatures
 // (CUDA 12 runtime API); enum arguments are passed as int, which is their
-// ABI. Thread-safe throughout.
+// ABI. One exception, for the other fakes only: nexarFakeCudaDeviceAlias
+// (at the end). Thread-safe throughout.
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>

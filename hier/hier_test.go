@@ -175,6 +175,8 @@ func (j *job) finish(limit time.Duration, skip ...int) {
 	j.t.Helper()
 	done := make(chan struct{})
 	go func() {
+		// Output first: Wait closes the pipes, and reads after it are lost.
+		j.wg.Wait()
 		for _, c := range j.cmds {
 			c.Wait()
 		}
@@ -189,7 +191,6 @@ func (j *job) finish(limit time.Duration, skip ...int) {
 		<-done
 		j.t.Errorf("the job ran past %v", limit)
 	}
-	j.wg.Wait()
 	for r, c := range j.cmds {
 		killed := false
 		for _, s := range skip {

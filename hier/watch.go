@@ -262,4 +262,3 @@ func (h *Comm) wait(ev cuda.Event) error {
 		}
 	}
 }
-

@@ -69,6 +69,9 @@ func nxgo_allreduce(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.in
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
 	a.allowDevice(false, nil)
+	if r, ok := hierAllreduce(&a, sendbuf, recvbuf, count, dt, op, comm); ok {
+		return r
+	}
 	x := prepElementwise(&a, sendbuf, recvbuf, count, dt, op, 0, false, comm)
 	if !a.ok() {
 		return a.fail()
@@ -187,6 +190,9 @@ func nxgo_broadcast(buf unsafe.Pointer, count C.size_t, dt, root C.int, comm C.u
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
 	a.allowDevice(false, nil)
+	if r, ok := hierBroadcast(&a, buf, count, dt, root, comm); ok {
+		return r
+	}
 	c, b, t, rt := prepBroadcast(&a, buf, count, dt, root, comm)
 	if !a.ok() {
 		return a.fail()
@@ -242,6 +248,9 @@ func nxgo_allgather(sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, dt C.in
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
 	a.allowDevice(false, nil)
+	if r, ok := hierAllgather(&a, sendbuf, recvbuf, sendcount, dt, comm); ok {
+		return r
+	}
 	x := prepGatherLike(&a, sendbuf, recvbuf, sendcount, dt, comm, false)
 	if !a.ok() {
 		return a.fail()
@@ -322,6 +331,9 @@ func nxgo_reduce_scatter(sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, dt
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
 	a.allowDevice(false, nil)
+	if r, ok := hierReduceScatter(&a, sendbuf, recvbuf, recvcount, dt, op, comm); ok {
+		return r
+	}
 	x := prepReduceScatter(&a, sendbuf, recvbuf, recvcount, dt, op, comm)
 	if !a.ok() {
 		return a.fail()

@@ -101,6 +101,7 @@ func nxgo_comm_destroy(comm C.uintptr_t) (r C.int) {
 	if w != nil {
 		w.stop(uintptr(comm)) // no handler call from here on, none running (unless this is one)
 	}
+	hiers.remove(uintptr(comm)) // NCCL and the hierarchy's communicators, before their parent
 	// Close is local and idempotent; its error (if any) is only reported.
 	// It closes the failure stream, which ends the watcher's goroutine.
 	// The handle owns the successors the shrink policy made for it too.

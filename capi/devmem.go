@@ -25,7 +25,8 @@ import (
 type devMem struct {
 	mu    sync.Mutex
 	st    atomic.Pointer[stage.Stager]
-	why   string // why there is no stager, for errors
+	rt    *cuda.Runtime // the runtime st stages with; set with st (under mu), read after st.Load()
+	why   string        // why there is no stager, for errors
 	tried bool
 }
 
@@ -59,6 +60,7 @@ func (d *devMem) probe() {
 		d.why = fmt.Sprintf("the CUDA runtime %s sees no device (%v)", rt.Path(), err)
 		return
 	}
+	d.rt = rt
 	d.st.Store(stage.New(rt, stage.Options{}))
 }
 

@@ -19,6 +19,9 @@ func nxgo_allreduce_stream(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, 
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
 	a.allowDevice(true, stream)
+	if r, ok := hierAllreduce(&a, sendbuf, recvbuf, count, dt, op, comm); ok {
+		return r
+	}
 	x := prepElementwise(&a, sendbuf, recvbuf, count, dt, op, 0, false, comm)
 	if !a.ok() {
 		return a.fail()
@@ -32,6 +35,9 @@ func nxgo_broadcast_stream(buf unsafe.Pointer, count C.size_t, dt, root C.int, c
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
 	a.allowDevice(true, stream)
+	if r, ok := hierBroadcast(&a, buf, count, dt, root, comm); ok {
+		return r
+	}
 	c, b, t, rt := prepBroadcast(&a, buf, count, dt, root, comm)
 	if !a.ok() {
 		return a.fail()
@@ -45,6 +51,9 @@ func nxgo_allgather_stream(sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, 
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
 	a.allowDevice(true, stream)
+	if r, ok := hierAllgather(&a, sendbuf, recvbuf, sendcount, dt, comm); ok {
+		return r
+	}
 	x := prepGatherLike(&a, sendbuf, recvbuf, sendcount, dt, comm, false)
 	if !a.ok() {
 		return a.fail()
@@ -58,6 +67,9 @@ func nxgo_reduce_scatter_stream(sendbuf, recvbuf unsafe.Pointer, recvcount C.siz
 	defer recoverToResult(fn, &r)
 	a := args{fn: fn}
 	a.allowDevice(true, stream)
+	if r, ok := hierReduceScatter(&a, sendbuf, recvbuf, recvcount, dt, op, comm); ok {
+		return r
+	}
 	x := prepReduceScatter(&a, sendbuf, recvbuf, recvcount, dt, op, comm)
 	if !a.ok() {
 		return a.fail()

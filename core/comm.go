@@ -187,6 +187,11 @@ func (c *Comm) Rank() int { return c.rank }
 // Size is the number of ranks in c.
 func (c *Comm) Size() int { return c.size }
 
+// Timeout is the bound of c's operations (Config.Timeout, default filled
+// in), for layers above core that wait on work of their own for a call
+// (package hier: NCCL's). Safe for concurrent use.
+func (c *Comm) Timeout() time.Duration { return c.cfg.Timeout }
+
 // Err returns the sticky failure of c, or nil while it is healthy.
 func (c *Comm) Err() error {
 	c.mu.Lock()

@@ -73,10 +73,14 @@ func probeNCCL() Status {
 	if err := nccl.Available(); err != nil {
 		if verr == nil {
 			ma, mi, pa := nccl.Version(v)
-			return Status{Name: "nccl", Detail: fmt.Sprintf("NCCL %d.%d.%d loaded, but %v", ma, mi, pa, err)}
+			return Status{Name: "nccl", Detail: fmt.Sprintf("NCCL %d.%d.%d loaded, but %v; %s", ma, mi, pa, err, nccl.Verified)}
 		}
-		return Status{Name: "nccl", Detail: err.Error()}
+		return Status{Name: "nccl", Detail: err.Error() + "; " + nccl.Verified}
 	}
 	ma, mi, pa := nccl.Version(v)
-	return Status{Name: "nccl", OK: true, Detail: fmt.Sprintf("NCCL %d.%d.%d", ma, mi, pa)}
+	path := ""
+	if l, err := nccl.Default(); err == nil {
+		path = ", " + l.Path()
+	}
+	return Status{Name: "nccl", OK: true, Detail: fmt.Sprintf("NCCL %d.%d.%d%s; %s", ma, mi, pa, path, nccl.Verified)}
 }

@@ -876,6 +876,19 @@ nexar_result_t nexar_allreduce_compressed(void* buf, void* residual, size_t coun
  * on stream did not reach the call within 5 minutes; NEXAR_ERR_UNAVAILABLE
  * for a CUDA runtime error (the message names the CUDA call). A device
  * buffer of a _stream call that fails in the host part keeps its contents.
+ *
+ * Where NCCL loads (NEXAR_NCCL, else libnccl.so.2) and NEXAR_NCCL_HIER is
+ * auto (the default) or on, nexar_allreduce, nexar_broadcast,
+ * nexar_allgather, nexar_reduce_scatter and their _stream variants whose
+ * buffers are all device memory go through NCCL among the ranks of a host
+ * and nexar between hosts (bitwise reductions are staged). The first such
+ * call on a communicator sets this up, collectively: every rank makes it
+ * with device buffers. It fails with NEXAR_ERR_UNAVAILABLE, naming the
+ * ranks, under NEXAR_NCCL_HIER=on where a rank cannot use NCCL. A rank
+ * found dead while NCCL works aborts NCCL (no call waits on it) and the
+ * calls fail with NEXAR_ERR_PEER_DOWN naming it; ranks of one host making
+ * different calls fail with NEXAR_ERR_MISMATCH before NCCL is given them.
+ * A _stream call returns with its last NCCL phase left on stream.
  * Thread-safety: as the blocking forms.
  * --------------------------------------------------------------------- */
 

@@ -13,7 +13,12 @@
 #     device memory between 2 processes, blocking and stream-ordered,
 #     checked element by element, then staged-device against host busbw
 #     (64 MiB, median of 7) printed by each rank;
-#   - hw/nccl's own tests.
+#   - hw/nccl's real-NCCL tests (its fake-NCCL tests need a C compiler and
+#     run where Go does);
+#   - hier TestRealNCCLHier: the hierarchical collectives (NCCL within a
+#     host, nexar between two simulated hosts) on real GPUs and NCCL,
+#     checked element by element, then busbw of that path, of staging and
+#     of host memory (64 MiB, median and p99 of 9) printed by each rank.
 # Each prints what it ran; a test skips (saying why) without a device.
 set -eu
 cd "$(dirname "$0")/.."
@@ -22,7 +27,7 @@ bin=.devbin
 case ${1:-} in
 build)
 	mkdir -p "$bin"
-	for p in hw/cuda hw/cuda/stage hw/nccl; do
+	for p in hw/cuda hw/cuda/stage hw/nccl hier; do
 		name=$(echo "$p" | tr / _)
 		CGO_ENABLED=1 go test -c -o "$bin/$name.test" "./$p"
 	done
@@ -53,7 +58,9 @@ run)
 	echo "== hw/cuda/stage (real CUDA, 2 processes)"
 	"$bin/hw_cuda_stage.test" -test.v -test.count=1 -test.run '^TestRealCUDAAllreduce2Proc$' || status=1
 	echo "== hw/nccl"
-	"$bin/hw_nccl.test" -test.v -test.count=1 || status=1
+	"$bin/hw_nccl.test" -test.v -test.count=1 -test.run '^(TestLibrary|TestAllReduce)$' || status=1
+	echo "== hier (real NCCL and CUDA, 2 simulated hosts)"
+	"$bin/hier.test" -test.v -test.count=1 -test.run '^TestRealNCCLHier$' || status=1
 	echo "gpu_check: status $status"
 	exit $status
 	;;

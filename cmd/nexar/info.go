@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"runtime"
 	"strings"
 
+	"github.com/nexar-go/nexar/hier"
 	"github.com/nexar-go/nexar/hw"
 	"github.com/nexar-go/nexar/transport/bulk"
 )
@@ -45,7 +47,23 @@ func cmdInfo(args []string, stdout io.Writer) error {
 	}
 	fmt.Fprintln(stdout, "\ndata path (NEXAR_BULK=auto): shm between ranks of one host, tcp between hosts, quic otherwise;")
 	fmt.Fprintln(stdout, "  `nexar bench` prints the path to each peer (docs/bulk-path.md)")
+	fmt.Fprintf(stdout, "\ndevice collectives: %s\n", deviceCollectives(os.Getenv("NEXAR_NCCL_HIER")))
 	return nil
+}
+
+// deviceCollectives says what NEXAR_NCCL_HIER (value v) makes of the
+// collectives of CUDA device buffers (docs/device-memory.md).
+func deviceCollectives(v string) string {
+	mode, err := hier.ParseMode(v)
+	if err != nil {
+		return err.Error()
+	}
+	how := map[hier.Mode]string{
+		hier.Auto: "NCCL within a host and nexar between hosts where every rank loads NCCL and a host holds several ranks, staged through pinned memory otherwise",
+		hier.On:   "NCCL within a host and nexar between hosts; the first device collective fails, naming the ranks, where a rank cannot use NCCL",
+		hier.Off:  "staged through pinned memory (NCCL not used)",
+	}[mode]
+	return fmt.Sprintf("NEXAR_NCCL_HIER=%v: %s (docs/device-memory.md)", mode, how)
 }
 
 type transportInfo struct{ name, status string }

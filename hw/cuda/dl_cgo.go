@@ -81,6 +81,7 @@ import "C"
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"unsafe"
@@ -282,8 +283,12 @@ func (l *Runtime) CopyToDevice(dst DevicePtr, src []byte) error {
 	if len(src) == 0 {
 		return nil
 	}
-	return l.check("cudaMemcpy", C.nx_memcpy(l.f.memcpy, C.uintptr_t(dst),
+	err := l.check("cudaMemcpy", C.nx_memcpy(l.f.memcpy, C.uintptr_t(dst),
 		C.uintptr_t(uintptr(unsafe.Pointer(&src[0]))), C.size_t(len(src)), C.int(MemcpyHostToDevice)))
+	// Passed as an integer, src is not kept alive by the call: without
+	// this the collector may free it while the runtime copies from it.
+	runtime.KeepAlive(src)
+	return err
 }
 
 // CopyFromDevice copies device memory at src into dst (synchronously).
@@ -291,8 +296,10 @@ func (l *Runtime) CopyFromDevice(dst []byte, src DevicePtr) error {
 	if len(dst) == 0 {
 		return nil
 	}
-	return l.check("cudaMemcpy", C.nx_memcpy(l.f.memcpy, C.uintptr_t(uintptr(unsafe.Pointer(&dst[0]))),
+	err := l.check("cudaMemcpy", C.nx_memcpy(l.f.memcpy, C.uintptr_t(uintptr(unsafe.Pointer(&dst[0]))),
 		C.uintptr_t(src), C.size_t(len(dst)), C.int(MemcpyDeviceToHost)))
+	runtime.KeepAlive(dst) // as in CopyToDevice
+	return err
 }
 
 // Memcpy copies n bytes between any two addresses CUDA knows (direction

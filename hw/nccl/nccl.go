@@ -1,12 +1,17 @@
 // Package nccl is nexar's optional binding to NCCL, loaded at run time with
-// dlopen (from $NEXAR_NCCL, else libnccl.so.2 or libnccl.so) so that nexar
-// builds and runs where NCCL is not installed. It binds what a GPU
-// collective path needs: version, unique id, communicator init/destroy and
-// allreduce, with nexar's DType and Op mapped onto NCCL's enums.
+// dlopen (Default: $NEXAR_NCCL, else libnccl.so.2 or libnccl.so; Open: a
+// given path) so that nexar builds and runs where NCCL is not installed. It
+// binds what the hierarchical device collectives (package hier) need:
+// version, unique id, communicator init, destroy and abort, the
+// asynchronous error, allreduce, reduce, broadcast, allgather,
+// reduce-scatter and groups, with nexar's DType and Op mapped onto NCCL's
+// enums. Collectives follow NCCL's semantics: they enqueue work on a CUDA
+// stream and return; the results are there once the stream has passed.
 //
 // Available fails unless both the library loads and hw/cuda sees a device.
-// A Comm follows NCCL's rules: one goroutine per communicator at a time;
-// the package-level functions are safe for concurrent use.
+// A Comm follows NCCL's rules (see Comm); a Library and the package-level
+// functions are safe for concurrent use. tests/fakes/nccl is a stand-in
+// that runs against the fake CUDA runtime.
 package nccl
 
 import (
@@ -15,6 +20,11 @@ import (
 
 	"github.com/nexar-go/nexar/collective"
 )
+
+// Verified says, for `nexar info`, where the hierarchical device
+// collectives over NCCL (package hier) have run: kept in step with
+// docs/device-memory.md.
+const Verified = "hierarchical device collectives (NCCL within a host, nexar between hosts): tested against the fake NCCL and CUDA runtime (tests/fakes) only, not verified on hardware"
 
 // ErrNoLibrary is returned (wrapped) when libnccl cannot be loaded.
 var ErrNoLibrary = errors.New("hw/nccl: libnccl.so not found")

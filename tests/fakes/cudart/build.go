@@ -29,15 +29,23 @@ func Build(dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	out := filepath.Join(dir, "libfakecudart.so")
+	return out, CompileShared(src, out)
+}
+
+// CompileShared compiles the C file src into the shared library out with
+// $CC (default cc), warnings as errors, linked with pthread and libs (the
+// fakes of tests/fakes build this way).
+func CompileShared(src, out string, libs ...string) error {
 	cc := os.Getenv("CC")
 	if cc == "" {
 		cc = "cc"
 	}
-	out := filepath.Join(dir, "libfakecudart.so")
-	cmd := exec.Command(cc, "-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-		"-o", out, src, "-lpthread")
+	args := append([]string{"-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
+		"-o", out, src, "-lpthread"}, libs...)
+	cmd := exec.Command(cc, args...)
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("fakes/cudart: %s: %v\n%s", cmd, err, b)
+		return fmt.Errorf("fakes: %s: %v\n%s", cmd, err, b)
 	}
-	return out, nil
+	return nil
 }

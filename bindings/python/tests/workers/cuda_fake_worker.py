@@ -6,7 +6,9 @@ are the fake's. Checks results read back in stream order, that a
 collective waits for the work already on the caller's stream, the Work's
 CUDA semantics, and the errors. What this does not prove: that torch's own
 CUDA tensors, streams and events behave as these stand-ins (that needs a
-GPU: scripts/gpu_check.sh). Run as 2+ ranks with torchrun's variables."""
+GPU: scripts/gpu_check.sh). Run as 2+ ranks with torchrun's variables; with
+NEXAR_NCCL naming the fake NCCL and HIER_HOSTS the ranks' hosts, the same
+checks run through NCCL within a host and nexar between hosts."""
 
 import ctypes
 import os
@@ -119,6 +121,11 @@ def gate(ops):
 
 
 def main():
+    # With NEXAR_NCCL (the fake NCCL), two hosts are simulated: HIER_HOSTS
+    # names each rank's host, which libnexar reads from NEXAR_HIER_HOST_ID.
+    hosts = os.environ.get("HIER_HOSTS")
+    if hosts:
+        os.environ["NEXAR_HIER_HOST_ID"] = hosts.split(",")[int(os.environ["RANK"])]
     dist.init_process_group("nexar")
     r, n = dist.get_rank(), dist.get_world_size()
     be = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
@@ -213,6 +220,11 @@ def main():
     assert torch.equal(c, torch.full((8,), float(n))), c
     assert ops.recorded >= 7, ops.recorded
 
+    if os.environ.get("NEXAR_NCCL"):
+        # The collectives of CUDA tensors went through the (fake) NCCL.
+        launched = ctypes.CDLL(os.environ["NEXAR_NCCL"]).nexarFakeNcclLaunched
+        launched.restype = ctypes.c_long
+        assert launched() > 0, "no collective went through NCCL"
     dist.barrier()
     dist.destroy_process_group()
     print(f"rank {r}: cuda fake ok")

@@ -18,7 +18,8 @@
 //
 // Only entry points of the real runtime, with their real signatures
 // (CUDA 12 runtime API); enum arguments are passed as int, which is their
-// ABI. Thread-safe throughout.
+// ABI. One exception, for the other fakes only: nexarFakeCudaDeviceAlias
+// (at the end). Thread-safe throughout.
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -657,4 +658,23 @@ cudaError_t cudaMemset(void* devPtr, int value, size_t count) {
     stream_sync(NULL);
     memset(d, value, count);
     return cudaSuccess;
+}
+
+// ---- for the other fakes only -------------------------------------------------
+
+// nexarFakeCudaDeviceAlias is not a CUDA entry point: it lets the fake NCCL
+// (tests/fakes/nccl), which stands for kernels running on the device, reach
+// device memory the way the fake's own copies do, through the private
+// read-write alias. It returns the alias of [p, p+n) when that range lies
+// within one device allocation, else NULL. Code under test never calls it:
+// to the host, device memory stays unreadable.
+void* nexarFakeCudaDeviceAlias(const void* p, size_t n) {
+    pthread_mutex_lock(&amu);
+    struct alloc* a = find((uintptr_t)p, n);
+    void* out = NULL;
+    if (a != NULL && a->type == typeDevice) {
+        out = a->shadow + ((uintptr_t)p - a->base);
+    }
+    pthread_mutex_unlock(&amu);
+    return out;
 }

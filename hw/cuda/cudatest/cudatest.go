@@ -1,0 +1,62 @@
+// Package cudatest holds helpers for tests of device memory over a CUDA
+// runtime (the fake one of tests/fakes/cudart, or a real one): buffers
+// copied in and out of device memory, and test values encoded as nexar
+// element types. Only tests import it. Its functions are safe for
+// concurrent use.
+package cudatest
+
+import (
+	"encoding/binary"
+	"math"
+	"testing"
+
+	"github.com/nexar-go/nexar/collective"
+	"github.com/nexar-go/nexar/hw/cuda"
+)
+
+// Upload allocates device memory holding b (at least one byte).
+func Upload(t testing.TB, rt *cuda.Runtime, b []byte) cuda.DevicePtr {
+	t.Helper()
+	p, err := rt.Malloc(max(len(b), 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.CopyToDevice(p, b); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Download copies n bytes at p to the host once the work enqueued on
+// stream so far has completed.
+func Download(t testing.TB, rt *cuda.Runtime, stream cuda.Stream, p cuda.DevicePtr, n int) []byte {
+	t.Helper()
+	if err := rt.StreamSynchronize(stream); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, n)
+	if err := rt.CopyFromDevice(b, p); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Encode writes v as elements of dt: Float32, Int64 or BFloat16 (the
+// latter truncated, exact for the small integers tests use).
+func Encode(dt collective.DType, v []float64) []byte {
+	es := dt.Size()
+	b := make([]byte, len(v)*es)
+	for i, x := range v {
+		switch dt {
+		case collective.Float32:
+			binary.LittleEndian.PutUint32(b[i*es:], math.Float32bits(float32(x)))
+		case collective.Int64:
+			binary.LittleEndian.PutUint64(b[i*es:], uint64(int64(x)))
+		case collective.BFloat16:
+			binary.LittleEndian.PutUint16(b[i*es:], uint16(math.Float32bits(float32(x))>>16))
+		default:
+			panic("cudatest: Encode: unsupported type " + dt.String())
+		}
+	}
+	return b
+}

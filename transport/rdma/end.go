@@ -740,10 +740,18 @@ func (e *End) Close() error {
 	return nil
 }
 
+// Break moves the end's queue pair to the error state, as a NIC does on a
+// fatal error: the peer's next message to it is dropped and fails there
+// once its retries run out. For fault tests.
+func (e *End) Break() error { return e.qp.ToError() }
+
 func (e *End) teardown() {
 	defer e.d.ends.Done()
 	e.mu.Lock()
-	if e.running {
+	// A sending end lets its last messages (a goodbye frame) be
+	// acknowledged; a receiving end's own messages (credits) matter no
+	// more, and its queue pair in error drops whatever still comes.
+	if e.running && !e.recv {
 		t := time.AfterFunc(closeDrain, e.wake)
 		deadline := time.Now().Add(closeDrain)
 		for e.outstanding > 0 && e.err == nil && time.Now().Before(deadline) {

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/nexar-go/nexar/hw/cuda"
 	hw "github.com/nexar-go/nexar/hw/rdma"
 )
 
@@ -207,3 +208,29 @@ func (d *Device) GPUWays() map[string]int {
 // Detail adds to the channel's description how device buffers reached the
 // NIC on its device ("" when none did).
 func (e *End) Detail() string { return e.d.gpu.summary() }
+
+// CUDA adapts a CUDA runtime (hw/cuda) for Options.GPU.
+func CUDA(rt *cuda.Runtime) GPUMemory { return cudaMemory{rt} }
+
+type cudaMemory struct{ rt *cuda.Runtime }
+
+func (c cudaMemory) IsDevice(addr uintptr) bool {
+	t, _, err := c.rt.PointerType(addr)
+	return err == nil && t.OnDevice()
+}
+
+func (c cudaMemory) DmaBuf(addr, n uintptr) (int, uint64, error) {
+	fd, err := c.rt.DmaBuf(cuda.DevicePtr(addr), int(n))
+	if errors.Is(err, cuda.ErrNotSupported) {
+		return -1, 0, fmt.Errorf("%w: %w", ErrGPUNotSupported, err)
+	}
+	return fd, 0, err
+}
+
+func (c cudaMemory) CopyToHost(dst []byte, src uintptr) error {
+	return c.rt.CopyFromDevice(dst, cuda.DevicePtr(src))
+}
+
+func (c cudaMemory) CopyToDevice(dst uintptr, src []byte) error {
+	return c.rt.CopyToDevice(cuda.DevicePtr(dst), src)
+}

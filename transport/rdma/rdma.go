@@ -3,6 +3,7 @@
 package rdma
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -226,10 +227,42 @@ func (d *Device) localParams(qpn uint32) params {
 	return p
 }
 
+// Channel is one end of a channel as transport/bulk drives it (its
+// RDMAEnd): an alias of an interface literal, so that Device implements
+// bulk's RDMA interface without either package importing the other.
+type Channel = interface {
+	Read(p []byte) (int, error)
+	Write(ctx context.Context, bufs ...[]byte) (int, error)
+	Accept(params []byte) error
+	Detail() string
+	Close() error
+}
+
+var _ Channel = (*End)(nil)
+
 // Listen makes the receiving end of a channel from peer: its queue pair,
 // with every receive buffer posted. The parameters go to the peer in the
 // offer; Accept completes the end with the peer's answer.
-func (d *Device) Listen(peer int) (*End, []byte, error) {
+func (d *Device) Listen(peer int) (Channel, []byte, error) {
+	e, b, err := d.listen(peer)
+	if err != nil {
+		return nil, nil, err
+	}
+	return e, b, nil
+}
+
+// Dial makes the sending end of a channel to peer from the parameters the
+// peer offered, connected to it; its own parameters go back to the peer.
+// Data flows once the peer has accepted (Write waits for its credits).
+func (d *Device) Dial(peer int, offer []byte) (Channel, []byte, error) {
+	e, b, err := d.dial(peer, offer)
+	if err != nil {
+		return nil, nil, err
+	}
+	return e, b, nil
+}
+
+func (d *Device) listen(peer int) (*End, []byte, error) {
 	e, err := d.newEnd(peer, true, d.opt.Slots, d.opt.SlotSize)
 	if err != nil {
 		return nil, nil, err
@@ -243,10 +276,7 @@ func (d *Device) Listen(peer int) (*End, []byte, error) {
 	return e, b, nil
 }
 
-// Dial makes the sending end of a channel to peer from the parameters the
-// peer offered, connected to it; its own parameters go back to the peer.
-// Data flows once the peer has accepted (Write waits for its credits).
-func (d *Device) Dial(peer int, offer []byte) (*End, []byte, error) {
+func (d *Device) dial(peer int, offer []byte) (*End, []byte, error) {
 	rp, err := decodeParams(offer, true)
 	if err != nil {
 		return nil, nil, err

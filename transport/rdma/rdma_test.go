@@ -61,11 +61,11 @@ func openDev(t testing.TB, o Options) *Device {
 // pair connects a sending end on a to a receiving end on b.
 func pair(t testing.TB, a, b *Device) (tx, rx *End) {
 	t.Helper()
-	rx, offer, err := b.Listen(0)
+	rx, offer, err := b.listen(0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, answer, err := a.Dial(1, offer)
+	tx, answer, err := a.dial(1, offer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,11 +315,11 @@ func TestLeaks(t *testing.T) {
 }
 
 func connectPair(a, b *Device) (tx, rx *End, err error) {
-	rx, offer, err := b.Listen(0)
+	rx, offer, err := b.listen(0)
 	if err != nil {
 		return nil, nil, err
 	}
-	tx, answer, err := a.Dial(1, offer)
+	tx, answer, err := a.dial(1, offer)
 	if err != nil {
 		rx.Close()
 		return nil, nil, err

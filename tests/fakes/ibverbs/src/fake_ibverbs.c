@@ -515,12 +515,16 @@ EXPORT struct ibv_mr* ibv_reg_dmabuf_mr(struct ibv_pd* pd, uint64_t offset, size
         return NULL;
     }
     target[k] = 0;
-    if (strncmp(target, "/memfd:fake-cuda-device", 23) != 0 || offset + n > (uint64_t)st.st_size) {
+    // The fake CUDA's dma-buf of a range is its allocation's memfd,
+    // positioned at the range's start.
+    off_t pos = lseek(fd, 0, SEEK_CUR);
+    if (strncmp(target, "/memfd:fake-cuda-device", 23) != 0 || pos < 0 ||
+        (uint64_t)pos + offset + n > (uint64_t)st.st_size) {
         errno = EINVAL;
         return NULL;
     }
     struct fmr* m = calloc(1, sizeof *m);
-    if (m == NULL || map_fd(fd, offset, n, m) != 0) {
+    if (m == NULL || map_fd(fd, (uint64_t)pos + offset, n, m) != 0) {
         free(m);
         errno = ENOMEM;
         return NULL;

@@ -6,8 +6,8 @@ import (
 
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/bulk"
-	trdma "github.com/nexar-go/nexar/transport/rdma"
 	nquic "github.com/nexar-go/nexar/transport/quic"
+	trdma "github.com/nexar-go/nexar/transport/rdma"
 )
 
 // quicOptions configures the QUIC mesh. Where the bulk path may use TCP

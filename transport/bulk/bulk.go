@@ -932,25 +932,21 @@ func (e *Endpoint) Close() error {
 
 // ctlMsg is one negotiation message (CBOR, string keys).
 type ctlMsg struct {
-	V    int    `cbor:"v"`
-	T    string `cbor:"t"` // hello, offer, want, result; rpcwant, rpcoffer, rpcresult (rpcchan.go)
-	Host string `cbor:"host,omitempty"`
-	SHM  bool   `cbor:"shm,omitempty"`
-	TCP  bool   `cbor:"tcp,omitempty"`
-	Kind string `cbor:"kind,omitempty"` // offer/result: shm, shm-lazy, rdma, tcp, quic
-	// hello: this rank has an RDMA device; offer/result of kind rdma: the
-	// queue pair's parameters (a map of transport/rdma, docs/wire-format.md).
-	RDMA   bool            `cbor:"rdma,omitempty"`
-	QP     cbor.RawMessage `cbor:"qp,omitempty"`
-	Path   string          `cbor:"path,omitempty"`
-	Cookie []byte          `cbor:"cookie,omitempty"`
-	Size   int             `cbor:"size,omitempty"`
-	Addr   string          `cbor:"addr,omitempty"`
-	Nonce  []byte          `cbor:"nonce,omitempty"`
-	Conns  int             `cbor:"conns,omitempty"`
-	TLS    bool            `cbor:"tls,omitempty"`
-	OK     bool            `cbor:"ok,omitempty"`
-	Err    string          `cbor:"err,omitempty"`
+	V      int    `cbor:"v"`
+	T      string `cbor:"t"` // hello, offer, want, result; rpcwant, rpcoffer, rpcresult (rpcchan.go)
+	Host   string `cbor:"host,omitempty"`
+	SHM    bool   `cbor:"shm,omitempty"`
+	TCP    bool   `cbor:"tcp,omitempty"`
+	Kind   string `cbor:"kind,omitempty"` // offer/result: shm, shm-lazy, rdma, tcp, quic
+	Path   string `cbor:"path,omitempty"`
+	Cookie []byte `cbor:"cookie,omitempty"`
+	Size   int    `cbor:"size,omitempty"`
+	Addr   string `cbor:"addr,omitempty"`
+	Nonce  []byte `cbor:"nonce,omitempty"`
+	Conns  int    `cbor:"conns,omitempty"`
+	TLS    bool   `cbor:"tls,omitempty"`
+	OK     bool   `cbor:"ok,omitempty"`
+	Err    string `cbor:"err,omitempty"`
 	// result of a shm attach: the producer's process id and where in its
 	// memory the consumer finds Data, to test cross-memory attach.
 	// hello and offer: the sender's process (PID, Start, PIDNS) and Host,
@@ -960,6 +956,11 @@ type ctlMsg struct {
 	Data  []byte `cbor:"data,omitempty"`
 	Start uint64 `cbor:"start,omitempty"` // clock ticks after boot
 	PIDNS string `cbor:"pidns,omitempty"` // "pid:[inode]"
+	// hello: this rank has an RDMA device; offer and result of kind rdma:
+	// the queue pair's parameters (a map of transport/rdma,
+	// docs/wire-format.md).
+	RDMA bool            `cbor:"rdma,omitempty"`
+	QP   cbor.RawMessage `cbor:"qp,omitempty"`
 }
 
 var ctlDec, _ = cbor.DecOptions{MaxArrayElements: 16, MaxMapPairs: 32, MaxNestedLevels: 4}.DecMode()

@@ -5,6 +5,23 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"time"
+)
+
+// Limits and defaults.
+const (
+	DefaultSlots    = 16
+	DefaultSlotSize = 64 << 10
+	DefaultWriteMin = 64 << 10
+	maxSlots        = 1024
+	minSlotSize     = 4 << 10
+	maxSlotSize     = 4 << 20
+	// initialCredits bounds how long a sender waits for the receiver to
+	// accept (its first credits).
+	initialCredits = 30 * time.Second
+	// closeDrain bounds how long a closing end waits for its sends to be
+	// acknowledged before it flushes them.
+	closeDrain = 2 * time.Second
 )
 
 // Options configures a Device. Zero values select the defaults.

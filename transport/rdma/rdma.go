@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"time"
 
 	"github.com/fxamacker/cbor/v2"
 
@@ -312,19 +311,3 @@ func (e *End) Accept(answer []byte) error {
 	e.toReturn = e.d.opt.Slots
 	return e.returnCreditsLocked(true)
 }
-
-// Limits and defaults.
-const (
-	DefaultSlots    = 16
-	DefaultSlotSize = 64 << 10
-	DefaultWriteMin = 64 << 10
-	maxSlots        = 1024
-	minSlotSize     = 4 << 10
-	maxSlotSize     = 4 << 20
-	// initialCredits bounds how long a sender waits for the receiver to
-	// accept (its first credits).
-	initialCredits = 30 * time.Second
-	// closeDrain bounds how long a closing end waits for its sends to be
-	// acknowledged before it flushes them.
-	closeDrain = 2 * time.Second
-)

@@ -85,7 +85,8 @@ func openRDMA(cfg Config, mode bulk.Mode) (bulk.RDMA, error) {
 }
 
 // Paths says which path carries this rank's data to each member of c, by
-// comm rank: e.g. "shm 8 MiB ring", "tcp x2 tls", "quic", "mem" (NewLocal)
+// comm rank: e.g. "shm 8 MiB ring", "tcp x2 tls", "rdma mlx5_0:1 roce v2",
+// "quic", "mem" (NewLocal)
 // or "loopback" for c's own rank.
 func (c *Comm) Paths() map[int]string {
 	wp := c.n.ep.Paths()

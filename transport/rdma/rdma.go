@@ -174,10 +174,10 @@ type params struct {
 	PSN      uint32 `cbor:"psn"`
 	Link     string `cbor:"link"` // "ib" or "roce"
 	LID      uint16 `cbor:"lid,omitempty"`
-	GID      []byte `cbor:"gid,omitempty"` // 16 bytes on RoCE
-	MTU      int    `cbor:"mtu"`           // IBV_MTU_* of the port
-	Slots    int    `cbor:"slots"`         // receiving end: receive buffers, the sender's credits
-	SlotSize int    `cbor:"slot"`          // receiving end: bytes per receive buffer
+	GID      []byte `cbor:"gid,omitempty"`   // 16 bytes on RoCE
+	MTU      int    `cbor:"mtu"`             // IBV_MTU_* of the port
+	Slots    int    `cbor:"slots,omitempty"` // receiving end: receive buffers, the sender's credits
+	SlotSize int    `cbor:"slot,omitempty"`  // receiving end: bytes per receive buffer
 }
 
 var paramDec, _ = cbor.DecOptions{MaxArrayElements: 16, MaxMapPairs: 16, MaxNestedLevels: 4}.DecMode()

@@ -68,6 +68,7 @@
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -918,9 +919,31 @@ static int qp_addr(uint32_t qpn, struct sockaddr_un* sa) {
     return k < 0 || (size_t)k >= sizeof sa->sun_path ? -1 : 0;
 }
 
+// sweep removes the sockets of QPs whose process died without destroying
+// them (nobody accepts on them any more); once per process.
+static void sweep(void) {
+    char dir[sizeof(((struct sockaddr_un*)0)->sun_path)];
+    sock_dir(dir, sizeof dir);
+    DIR* d = opendir(dir);
+    if (d == NULL) return;
+    for (struct dirent* de; (de = readdir(d)) != NULL;) {
+        unsigned qpn;
+        struct sockaddr_un sa;
+        if (sscanf(de->d_name, "qp-%6x", &qpn) != 1 || qp_addr(qpn, &sa) != 0) continue;
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) break;
+        if (connect(fd, (struct sockaddr*)&sa, sizeof sa) != 0 && errno == ECONNREFUSED) unlink(sa.sun_path);
+        close(fd);
+    }
+    closedir(d);
+}
+
+static pthread_once_t sweep_once = PTHREAD_ONCE_INIT;
+
 // qp_listen binds the QP's socket under a fresh random QPN (a name left by
 // a dead process is reused).
 static int qp_listen(struct fqp* q) {
+    pthread_once(&sweep_once, sweep);
     for (int tries = 0; tries < 64; tries++) {
         uint32_t qpn;
         if (getrandom(&qpn, sizeof qpn, 0) != sizeof qpn) qpn = (uint32_t)rand();

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,27 +18,14 @@ import (
 	"github.com/nexar-go/nexar/tests/fakes/ibverbs"
 )
 
-var (
-	fakeOnce sync.Once
-	fakePath string
-	fakeErr  error
-)
-
-// fake builds and loads the fake libibverbs once per test binary.
+// fake loads the fake libibverbs (built once for every test binary).
 func fake(t testing.TB) *Lib {
 	t.Helper()
-	fakeOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "nexar-fake-ibverbs-")
-		if err != nil {
-			fakeErr = err
-			return
-		}
-		fakePath, fakeErr = ibverbs.Build(dir)
-	})
-	if fakeErr != nil {
-		t.Fatal(fakeErr)
+	path, err := ibverbs.Cached()
+	if err != nil {
+		t.Fatal(err)
 	}
-	l, err := Open(fakePath)
+	l, err := Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -499,7 +485,7 @@ func TestCrossProcess(t *testing.T) {
 		}
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrossProcess$")
-	cmd.Env = append(os.Environ(), "NEXAR_RDMA_CHILD="+fakePath)
+	cmd.Env = append(os.Environ(), "NEXAR_RDMA_CHILD="+l.Path())
 	in, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	cmd.Stderr = cmd.Stdout
@@ -626,7 +612,7 @@ func (childT) Cleanup(func())    {}
 // TestLeaks: after every object was destroyed the fake holds none.
 func TestLeaks(t *testing.T) {
 	l := fake(t)
-	before, err := ibverbs.Live(fakePath)
+	before, err := ibverbs.Live(l.Path())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -637,14 +623,14 @@ func TestLeaks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mid, _ := ibverbs.Live(fakePath)
+	mid, _ := ibverbs.Live(l.Path())
 	if mid.QPs != before.QPs+2 || mid.CQs != before.CQs+2 {
 		t.Fatalf("live objects with two ends: %+v (before %+v)", mid, before)
 	}
 	mr.Deregister()
 	a.close(t)
 	b.close(t)
-	if after, _ := ibverbs.Live(fakePath); after != before {
+	if after, _ := ibverbs.Live(l.Path()); after != before {
 		t.Fatalf("live objects after close: %+v, before %+v", after, before)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -20,26 +19,13 @@ import (
 
 var _ RDMA = (*trdma.Device)(nil)
 
-var (
-	fakeVerbsOnce sync.Once
-	fakeVerbs     string
-	fakeVerbsErr  error
-)
-
 func fakeIBVerbs(t testing.TB) string {
 	t.Helper()
-	fakeVerbsOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "nexar-fake-ibverbs-")
-		if err != nil {
-			fakeVerbsErr = err
-			return
-		}
-		fakeVerbs, fakeVerbsErr = ibverbs.Build(dir)
-	})
-	if fakeVerbsErr != nil {
-		t.Fatal(fakeVerbsErr)
+	path, err := ibverbs.Cached()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return fakeVerbs
+	return path
 }
 
 // sharedRDMA lets the endpoints of one test process share a device (each

@@ -6,8 +6,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"os"
-	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -16,32 +14,18 @@ import (
 	"github.com/nexar-go/nexar/tests/fakes/cudart"
 )
 
-var (
-	cudaOnce sync.Once
-	cudaPath string
-	cudaErr  error
-)
-
-// fakeCUDA loads the fake CUDA runtime (built once per test binary: a
-// loaded library must not be rewritten), whose device memory faults on
-// any host access, and names it in NEXAR_CUDART (where the fake
-// libibverbs' peer-memory client finds it).
+// fakeCUDA loads the fake CUDA runtime, whose device memory faults on any
+// host access, and names it in NEXAR_CUDART (where the fake libibverbs'
+// peer-memory client finds it).
 func fakeCUDA(t *testing.T) *cuda.Runtime {
 	t.Helper()
-	cudaOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "nexar-fake-cudart-")
-		if err != nil {
-			cudaErr = err
-			return
-		}
-		cudaPath, cudaErr = cudart.Build(dir)
-	})
-	if cudaErr != nil {
-		t.Fatal(cudaErr)
+	path, err := cudart.Cached()
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Setenv("NEXAR_CUDART", cudaPath)
+	t.Setenv("NEXAR_CUDART", path)
 	t.Setenv("NEXAR_FAKE_CUDA_DELAY_US", "0")
-	rt, err := cuda.Open(cudaPath)
+	rt, err := cuda.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@
 package rdma
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -224,17 +223,6 @@ func (d *Device) localParams(qpn uint32) params {
 		p.Link, p.LID, p.GID = "roce", 0, append([]byte(nil), d.gid.Raw[:]...)
 	}
 	return p
-}
-
-// Channel is one end of a channel as transport/bulk drives it (its
-// RDMAEnd): an alias of an interface literal, so that Device implements
-// bulk's RDMA interface without either package importing the other.
-type Channel = interface {
-	Read(p []byte) (int, error)
-	Write(ctx context.Context, bufs ...[]byte) (int, error)
-	Accept(params []byte) error
-	Detail() string
-	Close() error
 }
 
 var _ Channel = (*End)(nil)

@@ -2,21 +2,9 @@
 
 package rdma
 
-import (
-	"context"
-	"errors"
-)
+import "errors"
 
 var errNoCgo = errors.New("transport/rdma: unavailable: built without cgo")
-
-// Channel is one end of a channel (see the cgo build).
-type Channel = interface {
-	Read(p []byte) (int, error)
-	Write(ctx context.Context, bufs ...[]byte) (int, error)
-	Accept(params []byte) error
-	Detail() string
-	Close() error
-}
 
 // Device cannot be opened without cgo; no value of it exists.
 type Device struct{}

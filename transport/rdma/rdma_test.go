@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -20,27 +19,14 @@ import (
 	"github.com/nexar-go/nexar/transport/transporttest"
 )
 
-var (
-	fakeOnce sync.Once
-	fakePath string
-	fakeErr  error
-)
-
-// fakeLib builds the fake libibverbs once per test binary.
+// fakeLib is the fake libibverbs, built once for every test binary.
 func fakeLib(t testing.TB) string {
 	t.Helper()
-	fakeOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "nexar-fake-ibverbs-")
-		if err != nil {
-			fakeErr = err
-			return
-		}
-		fakePath, fakeErr = ibverbs.Build(dir)
-	})
-	if fakeErr != nil {
-		t.Fatal(fakeErr)
+	path, err := ibverbs.Cached()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return fakePath
+	return path
 }
 
 func openDev(t testing.TB, o Options) *Device {

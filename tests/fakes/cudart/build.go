@@ -5,21 +5,13 @@
 package cudart
 
 import (
-	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
+
+	"github.com/nexar-go/nexar/tests/fakes/ccbuild"
 )
 
 // Source is the path of fake_cudart.c in this checkout.
-func Source() (string, error) {
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", fmt.Errorf("fakes/cudart: cannot locate the source directory")
-	}
-	return filepath.Join(filepath.Dir(file), "src", "fake_cudart.c"), nil
-}
+func Source() (string, error) { return ccbuild.Source("fake_cudart.c") }
 
 // Build compiles the fake into dir/libfakecudart.so with $CC (default cc)
 // and returns its path. Tests that need the fake fail when this fails: a
@@ -29,15 +21,16 @@ func Build(dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "cc"
-	}
 	out := filepath.Join(dir, "libfakecudart.so")
-	cmd := exec.Command(cc, "-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-		"-o", out, src, "-lpthread")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("fakes/cudart: %s: %v\n%s", cmd, err, b)
+	return out, ccbuild.Shared(src, out, "-lpthread")
+}
+
+// Cached returns the fake compiled once for every test binary of this
+// source (ccbuild.Cached): a library a process loaded is never rewritten.
+func Cached() (string, error) {
+	src, err := Source()
+	if err != nil {
+		return "", err
 	}
-	return out, nil
+	return ccbuild.Cached(src, "libfakecudart", "-lpthread")
 }

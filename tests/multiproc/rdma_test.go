@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -59,4 +60,17 @@ func TestRDMAFake(t *testing.T) {
 			t.Logf("%d ranks checked over %s in %v", tc.n, tc.path, time.Since(start).Round(time.Millisecond))
 		})
 	}
+}
+
+// TestRDMAKillRank SIGKILLs one of 3 ranks looping on 4 MiB allreduces
+// whose data goes over RDMA (the fake libibverbs): every survivor's
+// pending allreduce fails within 5 s naming the dead rank, whichever
+// detector sees it first (its process exit on this host, the NIC's
+// retries, the heartbeats).
+func TestRDMAKillRank(t *testing.T) {
+	lib, err := ibverbs.Cached()
+	if err != nil {
+		t.Fatal(err)
+	}
+	killLooping(t, 3, 1, syscall.SIGKILL, []string{"NEXAR_BULK=rdma", "NEXAR_IBVERBS=" + lib}, []string{"4194304"}, 5*time.Second, "")
 }

@@ -114,6 +114,8 @@ type End struct {
 	toReturn    int
 	readWaiting bool
 	stash       []byte // the rest of a buffer written into a temporary one
+	written     int    // buffers written by RDMA WRITE: straight into the reader's buffer
+	staged      int    // ... or into a temporary one (a short read)
 }
 
 func (d *Device) newEnd(peer int, recv bool, slots, slotSize int) (e *End, err error) {
@@ -660,8 +662,10 @@ func (e *End) readLarge(p []byte) (int, error) {
 	if len(p) < rts.n {
 		tmp = make([]byte, rts.n)
 		dst = tmp
+		e.staged++
 	} else {
 		dst = p[:rts.n]
+		e.written++
 	}
 	e.mu.Unlock()
 	r, err := e.d.register(dst, true)

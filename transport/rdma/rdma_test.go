@@ -173,6 +173,11 @@ func TestStream(t *testing.T) {
 			if err := <-errc; err != nil {
 				t.Fatal(err)
 			}
+			rx.mu.Lock()
+			defer rx.mu.Unlock()
+			if large := 3 * 4; rx.written != large || rx.staged != 0 {
+				t.Errorf("%d payloads written into the reader's buffer and %d into a temporary one, want %d and 0", rx.written, rx.staged, large)
+			}
 		})
 	}
 }
@@ -204,6 +209,11 @@ func TestShortReads(t *testing.T) {
 	}
 	if !bytes.Equal(got, want) {
 		t.Fatal("stream differs")
+	}
+	rx.mu.Lock()
+	defer rx.mu.Unlock()
+	if rx.staged == 0 {
+		t.Error("no buffer went through a temporary one: the short reads did not test it")
 	}
 }
 

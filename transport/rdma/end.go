@@ -311,7 +311,7 @@ func (e *End) wcError(c hw.Completion) error {
 	case wrWrite >> 56:
 		what = "RDMA WRITE"
 	}
-	return fmt.Errorf("transport/rdma: %s %s rank %d on %s failed: %w", what, e.dir(), e.peer, e.d.desc, c.Err())
+	return fmt.Errorf("transport/rdma: %s on the channel %s rank %d (%s) failed: %w", what, e.dir(), e.peer, e.d.desc, c.Err())
 }
 
 func (e *End) handle(wcs []hw.Completion) {

@@ -2,10 +2,12 @@ package core
 
 import (
 	"net"
+	"os"
 
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/bulk"
 	nquic "github.com/nexar-go/nexar/transport/quic"
+	trdma "github.com/nexar-go/nexar/transport/rdma"
 )
 
 // quicOptions configures the QUIC mesh. Where the bulk path may use TCP
@@ -39,20 +41,52 @@ func newBulk(cfg Config, rank int, adv string, id *nquic.Identity, peers []nquic
 	if bindHost == "" {
 		bindHost = "0.0.0.0" // ":port" asked for every interface
 	}
+	rd, err := openRDMA(cfg, mode)
+	if err != nil {
+		return nil, err
+	}
 	bk, err := bulk.New(rank, cfg.WorldSize, bulk.Options{
 		Mode: mode, Conns: cfg.BulkConns, Plaintext: cfg.BulkPlaintext,
 		BindHost: bindHost, AdvertiseHost: advHost,
 		Identity: id, Fingerprints: fps, Logger: cfg.Logger.With("subsys", SubsysNet), Place: nd.place, RemoteMin: cfg.BulkRemoteMin,
-		RingSize: cfg.RingSize, RingBudget: cfg.RingBudget,
+		RingSize: cfg.RingSize, RingBudget: cfg.RingBudget, RDMA: rd,
 	}, nd.bulkHandler(), down)
 	if err != nil {
+		if rd != nil {
+			rd.Close()
+		}
 		return nil, &Error{Code: CodeInternal, Op: "new", Rank: -1, Msg: err.Error(), Cause: err}
 	}
 	return bk, nil
 }
 
+// openRDMA opens the RDMA device for the bulk endpoint (transport/rdma;
+// NEXAR_IBVERBS, NEXAR_IB_HCA, NEXAR_IB_GID_INDEX) where the mode may use
+// one: under "auto" its absence is no error (nil: no RDMA); under "rdma" it
+// is.
+func openRDMA(cfg Config, mode bulk.Mode) (bulk.RDMA, error) {
+	if mode != bulk.ModeAuto && mode != bulk.ModeRDMA {
+		return nil, nil
+	}
+	opt, err := trdma.OptionsFromEnv(os.Getenv)
+	if err != nil {
+		return nil, invalidArg("new", "%v", err)
+	}
+	opt.Logger = cfg.Logger.With("subsys", SubsysNet)
+	d, err := trdma.Open(opt)
+	if err != nil {
+		if mode == bulk.ModeRDMA {
+			return nil, &Error{Code: CodeUnavailable, Op: "new", Rank: -1, Msg: "NEXAR_BULK=rdma, but " + err.Error(), Cause: err}
+		}
+		cfg.Logger.Debug("nexar: no RDMA data path", "subsys", SubsysNet, "err", err)
+		return nil, nil
+	}
+	return d, nil
+}
+
 // Paths says which path carries this rank's data to each member of c, by
-// comm rank: e.g. "shm 8 MiB ring", "tcp x2 tls", "quic", "mem" (NewLocal)
+// comm rank: e.g. "shm 8 MiB ring", "tcp x2 tls", "rdma mlx5_0:1 roce v2",
+// "quic", "mem" (NewLocal)
 // or "loopback" for c's own rank.
 func (c *Comm) Paths() map[int]string {
 	wp := c.n.ep.Paths()

@@ -66,8 +66,10 @@ type Config struct {
 	// nothing, logging no secrets).
 	Logger *slog.Logger
 	// Bulk selects the data path for LaneData (see docs/bulk-path.md):
-	// "auto" (default: shared memory between ranks of one host, TCP
-	// between hosts), "tcp", "shm", or "off" (everything on QUIC).
+	// "auto" (default: shared memory between ranks of one host, RDMA
+	// between hosts that both have an active RDMA port, else TCP), "tcp",
+	// "shm", "rdma" (RDMA to every peer, even on one host; New fails
+	// without an RDMA device), or "off" (everything on QUIC).
 	Bulk string
 	// BulkConns is the number of parallel TCP connections per peer and
 	// direction. Default 2.
@@ -344,7 +346,7 @@ func (cfg Config) withDefaults() Config {
 //     NEXAR_TOKEN or NEXAR_TOKEN_FILE, NEXAR_BIND_ADDR, NEXAR_ADVERTISE_ADDR,
 //     NEXAR_TIMEOUT, NEXAR_CONNECT_TIMEOUT, NEXAR_HEARTBEAT_INTERVAL,
 //     NEXAR_HEARTBEAT_TIMEOUT (Go durations, e.g. "30s"),
-//     NEXAR_MAX_BUFFERED_BYTES, NEXAR_SPIN_WAIT, NEXAR_BULK (auto|tcp|shm|off),
+//     NEXAR_MAX_BUFFERED_BYTES, NEXAR_SPIN_WAIT, NEXAR_BULK (auto|tcp|shm|rdma|off),
 //     NEXAR_BULK_CONNS, NEXAR_BULK_PLAINTEXT (1 or true), NEXAR_BULK_REMOTE_MIN,
 //     NEXAR_ON_FAILURE (abort|manual|shrink), NEXAR_MIN_WORLD_SIZE,
 //     NEXAR_MAX_WORLD_SIZE, NEXAR_JOIN_ADDR, NEXAR_JOIN (1: join a running
@@ -507,7 +509,7 @@ func configFromLookup(lookup func(string) (string, bool), readFile func(string) 
 	}
 	if v, name := get("NEXAR_BULK"); name != "" {
 		if _, err := bulk.ParseMode(v); err != nil {
-			return cfg, fmt.Errorf("core: NEXAR_BULK=%q: want auto, tcp, shm or off", v)
+			return cfg, fmt.Errorf("core: NEXAR_BULK=%q: want auto, tcp, shm, rdma or off", v)
 		}
 		cfg.Bulk = v
 	}

@@ -1,12 +1,13 @@
 // Package hw gathers nexar's optional hardware backends and reports which of
 // them this process can use.
 //
-// hw/ is the only place besides capi/ (and the test helper tests/fakes/cudart)
-// that imports "C". Each backend has a
-// stub, so the module builds and its tests pass with no GPU, no RDMA NIC and
-// no CUDA installed:
+// hw/ is the only place besides capi/ (and the test helpers under
+// tests/fakes) that imports "C". Every backend is loaded at run time, so the
+// module builds and its tests pass with no GPU, no RDMA NIC and no CUDA
+// installed:
 //
-//   - hw/rdma: libibverbs, linked at build time behind the build tag "rdma";
+//   - hw/rdma: libibverbs, loaded at run time with dlopen (compiled against
+//     the libibverbs-dev headers);
 //   - hw/cuda: the CUDA runtime, loaded at run time with dlopen;
 //   - hw/nccl: NCCL, loaded at run time with dlopen.
 //
@@ -45,14 +46,12 @@ func Probe() []Status {
 }
 
 func probeRDMA() Status {
-	if err := rdma.Available(); err != nil {
-		return Status{Name: "rdma", Detail: err.Error()}
-	}
 	devs, err := rdma.Devices()
 	if err != nil {
 		return Status{Name: "rdma", Detail: err.Error()}
 	}
-	d := fmt.Sprintf("%d device(s)", len(devs))
+	lib, _ := rdma.Default()
+	d := fmt.Sprintf("%d device(s) through %s", len(devs), lib.Path())
 	for _, dev := range devs {
 		d += "; " + dev.String()
 	}

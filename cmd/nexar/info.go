@@ -13,6 +13,7 @@ import (
 	"github.com/nexar-go/nexar/hier"
 	"github.com/nexar-go/nexar/hw"
 	"github.com/nexar-go/nexar/transport/bulk"
+	trdma "github.com/nexar-go/nexar/transport/rdma"
 )
 
 func cmdInfo(args []string, stdout io.Writer) error {
@@ -45,7 +46,9 @@ func cmdInfo(args []string, stdout io.Writer) error {
 	for _, t := range transports() {
 		fmt.Fprintf(stdout, "  %-6s %s\n", t.name, t.status)
 	}
-	fmt.Fprintln(stdout, "\ndata path (NEXAR_BULK=auto): shm between ranks of one host, tcp between hosts, quic otherwise;")
+	fmt.Fprintln(stdout, "\ndata path (NEXAR_BULK=auto): shm between ranks of one host, rdma between hosts that both")
+	fmt.Fprintln(stdout, "  have an active RDMA port, tcp otherwise, quic where none is agreed;")
+	fmt.Fprintf(stdout, "  rdma here: %s\n", rdmaPath())
 	fmt.Fprintln(stdout, "  `nexar bench` prints the path to each peer (docs/bulk-path.md)")
 	fmt.Fprintf(stdout, "\ndevice collectives: %s\n", deviceCollectives(os.Getenv("NEXAR_NCCL_HIER")))
 	return nil
@@ -64,6 +67,23 @@ func deviceCollectives(v string) string {
 		hier.Off:  "staged through pinned memory (NCCL not used)",
 	}[mode]
 	return fmt.Sprintf("NEXAR_NCCL_HIER=%v: %s (docs/device-memory.md)", mode, how)
+}
+
+// rdmaPath says which port and addressing the RDMA data path would use on
+// this machine (NEXAR_IBVERBS, NEXAR_IB_HCA, NEXAR_IB_GID_INDEX), or why
+// there is none, and what was verified.
+func rdmaPath() string {
+	opt, err := trdma.OptionsFromEnv(os.Getenv)
+	if err != nil {
+		return err.Error()
+	}
+	d, err := trdma.Open(opt)
+	if err != nil {
+		return "none (" + err.Error() + ")"
+	}
+	defer d.Close()
+	return d.Describe() + " (not encrypted; tested against a fake libibverbs only, not verified on hardware;" +
+		" GPUDirect registration is not on the C ABI's path: device buffers are staged, docs/device-memory.md)"
 }
 
 type transportInfo struct{ name, status string }

@@ -91,6 +91,8 @@ import (
 // once. Safe for concurrent use (the CUDA runtime is thread-safe).
 type Runtime struct {
 	path string
+	h    unsafe.Pointer // the dlopen handle
+	drv  driverSyms     // driver entry points found on first use (dmabuf_cgo.go)
 	f    struct {
 		count, setDevice, getDevice, malloc, free, memcpy, attr, errstr, lastErr unsafe.Pointer
 		hostAlloc, freeHost, memcpyAsync                                         unsafe.Pointer
@@ -181,7 +183,7 @@ func InProcess(override string) (*Runtime, error) {
 }
 
 func bind(h unsafe.Pointer, path string) (*Runtime, error) {
-	l := &Runtime{path: path}
+	l := &Runtime{path: path, h: h}
 	for _, s := range []struct {
 		name string
 		dst  *unsafe.Pointer

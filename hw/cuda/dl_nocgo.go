@@ -47,3 +47,9 @@ func PointerType(p uintptr) (MemoryType, int, error) { return Unregistered, -1, 
 
 // IsDevicePointer is always false without cgo.
 func IsDevicePointer(p uintptr) bool { return false }
+
+// ErrNotSupported is what DmaBuf returns where the driver cannot export.
+var ErrNotSupported = fmt.Errorf("hw/cuda: not supported by the CUDA driver")
+
+// DmaBuf fails: a build without cgo cannot reach the driver.
+func (l *Runtime) DmaBuf(p DevicePtr, n int) (int, error) { return -1, errNoCgo }

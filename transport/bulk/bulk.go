@@ -13,6 +13,9 @@
 //     made when the first message to the peer is sent (the send waits for
 //     it), sized so that the rings one process creates stay within
 //     Options.RingBudget;
+//   - other hosts where both ranks have an active RDMA device
+//     (Options.RDMA): a queue pair per direction (rdmachan.go,
+//     transport/rdma);
 //   - otherwise: N parallel TCP connections, TLS 1.3 pinned to the same
 //     certificates as QUIC by default (plaintext on request), authorised by
 //     an HMAC of a one-time nonce the receiver sent over the authenticated
@@ -55,9 +58,10 @@ const (
 	ModeOff              // everything on the inner endpoint
 	ModeTCP              // TCP only, even on one host
 	ModeSHM              // shared memory only; other pairs use the inner endpoint
+	ModeRDMA             // RDMA only, even on one host; other pairs use the inner endpoint
 )
 
-// ParseMode reads "auto", "off", "tcp" or "shm" (empty means auto).
+// ParseMode reads "auto", "off", "tcp", "shm" or "rdma" (empty means auto).
 func ParseMode(s string) (Mode, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "", "auto":
@@ -68,16 +72,19 @@ func ParseMode(s string) (Mode, error) {
 		return ModeTCP, nil
 	case "shm":
 		return ModeSHM, nil
+	case "rdma":
+		return ModeRDMA, nil
 	}
-	return 0, fmt.Errorf("bulk: unknown mode %q (want auto, off, tcp or shm)", s)
+	return 0, fmt.Errorf("bulk: unknown mode %q (want auto, off, tcp, shm or rdma)", s)
 }
 
 func (m Mode) String() string {
-	return [...]string{"auto", "off", "tcp", "shm"}[m]
+	return [...]string{"auto", "off", "tcp", "shm", "rdma"}[m]
 }
 
-func (m Mode) shm() bool { return m == ModeAuto || m == ModeSHM }
-func (m Mode) tcp() bool { return m == ModeAuto || m == ModeTCP }
+func (m Mode) shm() bool  { return m == ModeAuto || m == ModeSHM }
+func (m Mode) tcp() bool  { return m == ModeAuto || m == ModeTCP }
+func (m Mode) rdma() bool { return m == ModeAuto || m == ModeRDMA }
 
 // Defaults.
 const (
@@ -143,6 +150,10 @@ type Options struct {
 	// sender's memory (one copy instead of two) when the two processes may
 	// do so. Default DefaultRemoteMin; negative: never.
 	RemoteMin int
+	// RDMA, when set, is the RDMA device data channels to peers on other
+	// hosts (or every peer, with ModeRDMA) use where the peer has one
+	// too. The endpoint closes it.
+	RDMA RDMA
 }
 
 // HostID returns an identifier of this host and boot: machine id, boot id,
@@ -221,6 +232,8 @@ type Endpoint struct {
 	settledOK []bool
 
 	rpc *rpcPaths // LaneRPC channels (rpcchan.go)
+
+	rdmaPending map[int]RDMAEnd // receiving RDMA ends offered, not accepted yet (rdmachan.go)
 }
 
 // New prepares the composite endpoint for rank self of size; h and down
@@ -267,7 +280,7 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 		bye: make([]error, size), byeSeen: make([]bool, size), causes: make([]error, size), offers: map[int]*tcpOffer{}, ctlWG: true,
 		local: make([]bool, size), lazy: make([]atomic.Bool, size), waits: make([]chan struct{}, size),
 		sameProc: make([]bool, size), departing: make([]bool, size), exited: make([]error, size), drainMax: drainMax, settled: make([]chan struct{}, size), settledOK: make([]bool, size),
-		rpc: newRPCPaths(size)}
+		rpc: newRPCPaths(size), rdmaPending: map[int]RDMAEnd{}}
 	for r := range e.settled {
 		e.settled[r] = make(chan struct{})
 	}
@@ -336,6 +349,9 @@ func (e *Endpoint) Paths() map[int]string {
 		if ch := e.out[r].Load(); ch != nil && ch.ring != nil && ch.remoteMin > 0 && ch.ring.remoteOK() {
 			p += fmt.Sprintf(", cross-memory attach from %d KiB", ch.remoteMin>>10)
 		}
+		if end, ok := rdmaChannel(e.out[r].Load()); ok && end.Detail() != "" {
+			p += ", " + end.Detail()
+		}
 		m[r] = p
 	}
 	return m
@@ -353,7 +369,8 @@ func (e *Endpoint) Start(ctx context.Context, inner transport.Endpoint) error {
 	if e.opt.Mode == ModeOff {
 		return nil
 	}
-	hello := e.withProc(&ctlMsg{V: 1, T: "hello", Host: e.opt.HostID, SHM: e.opt.Mode.shm() && shmSupported(), TCP: e.opt.Mode.tcp()})
+	hello := e.withProc(&ctlMsg{V: 1, T: "hello", Host: e.opt.HostID, SHM: e.opt.Mode.shm() && shmSupported(), TCP: e.opt.Mode.tcp(),
+		RDMA: e.opt.RDMA != nil && e.opt.Mode.rdma()})
 	for r := range e.size {
 		if r != e.self {
 			if err := e.sendCtl(ctx, r, hello); err != nil {
@@ -452,6 +469,7 @@ func (e *Endpoint) send(ctx context.Context, peer int, lane transport.Lane, h *t
 				if e.downed[peer].Load() {
 					return &transport.PeerDownError{Peer: peer, Cause: e.cause(peer)}
 				}
+				e.rdmaBroken(peer, ch, err)
 				err = fmt.Errorf("bulk: send to rank %d over %s: %w", peer, ch.desc, err)
 				if ctx.Err() != nil {
 					// We cut a frame: the peer sees an abrupt loss, so do we.
@@ -885,6 +903,7 @@ func (e *Endpoint) Close() error {
 			}
 		}
 		e.wg.Wait()
+		e.rdmaClose()
 		// Sends still in a ring (waiting for room or an acknowledgement)
 		// and pollers see the closed rings and return; the rings stay
 		// mapped until they have, or leak if one does not within the close
@@ -918,7 +937,7 @@ type ctlMsg struct {
 	Host   string `cbor:"host,omitempty"`
 	SHM    bool   `cbor:"shm,omitempty"`
 	TCP    bool   `cbor:"tcp,omitempty"`
-	Kind   string `cbor:"kind,omitempty"` // offer/result: shm, shm-lazy, tcp, quic
+	Kind   string `cbor:"kind,omitempty"` // offer/result: shm, shm-lazy, rdma, tcp, quic
 	Path   string `cbor:"path,omitempty"`
 	Cookie []byte `cbor:"cookie,omitempty"`
 	Size   int    `cbor:"size,omitempty"`
@@ -937,6 +956,11 @@ type ctlMsg struct {
 	Data  []byte `cbor:"data,omitempty"`
 	Start uint64 `cbor:"start,omitempty"` // clock ticks after boot
 	PIDNS string `cbor:"pidns,omitempty"` // "pid:[inode]"
+	// hello: this rank has an RDMA device; offer and result of kind rdma:
+	// the queue pair's parameters (a map of transport/rdma,
+	// docs/wire-format.md).
+	RDMA bool            `cbor:"rdma,omitempty"`
+	QP   cbor.RawMessage `cbor:"qp,omitempty"`
 }
 
 var ctlDec, _ = cbor.DecOptions{MaxArrayElements: 16, MaxMapPairs: 32, MaxNestedLevels: 4}.DecMode()
@@ -1006,9 +1030,9 @@ func (e *Endpoint) control(from int, m *ctlMsg) {
 	ctx := e.ctx
 	switch m.T {
 	case "hello":
-		e.offer(ctx, from, m.Host == e.opt.HostID && m.SHM, m.TCP, 0)
+		e.offer(ctx, from, m.Host == e.opt.HostID && m.SHM, m.TCP, 0, e.rdmaUsable(m.RDMA, m.Host == e.opt.HostID))
 	case "want":
-		e.offer(ctx, from, true, m.TCP, m.Size)
+		e.offer(ctx, from, true, m.TCP, m.Size, false)
 	case "offer":
 		e.attach(ctx, from, m)
 	case "rpcwant":
@@ -1018,6 +1042,9 @@ func (e *Endpoint) control(from int, m *ctlMsg) {
 	case "rpcresult":
 		e.rpcResult(from, m)
 	case "result":
+		if m.Kind == "rdma" {
+			e.rdmaResult(ctx, from, m)
+		}
 		if m.Kind == "shm" && m.OK {
 			e.tryRemote(from, m)
 		}
@@ -1031,7 +1058,7 @@ func (e *Endpoint) control(from int, m *ctlMsg) {
 				ch.quiet.Store(true)
 				ch.close()
 			}
-			e.offer(ctx, from, false, m.TCP, 0)
+			e.offer(ctx, from, false, m.TCP, 0, false)
 		}
 	}
 }
@@ -1063,8 +1090,9 @@ func (e *Endpoint) tryRemote(from int, m *ctlMsg) {
 // offer sets up the inbound channel from peer (this rank receives) and
 // tells the peer how to reach it. For a local peer (shm) at the hello
 // (size 0) it only says so: the peer asks for the ring, of about size
-// bytes, with its first message (want).
-func (e *Endpoint) offer(ctx context.Context, from int, shm, tcp bool, size int) {
+// bytes, with its first message (want). rdma: try an RDMA channel before
+// TCP.
+func (e *Endpoint) offer(ctx context.Context, from int, shm, tcp bool, size int, rdma bool) {
 	if shm && e.opt.Mode.shm() && shmSupported() {
 		if size == 0 {
 			e.sendCtl(ctx, from, e.withProc(&ctlMsg{V: 1, T: "offer", Kind: "shm-lazy"}))
@@ -1086,6 +1114,9 @@ func (e *Endpoint) offer(ctx context.Context, from int, shm, tcp bool, size int)
 			e.refundRing(size)
 		}
 		e.log.Debug("nexar: bulk: no shared-memory ring", "rank", e.self, "peer", from, "err", err)
+	}
+	if rdma && e.offerRDMA(ctx, from, tcp) {
+		return
 	}
 	if ln := e.tcpListener(tcp); ln != nil {
 		nonce := make([]byte, 32)
@@ -1140,6 +1171,8 @@ func (e *Endpoint) attach(ctx context.Context, to int, m *ctlMsg) {
 		e.decide(to, newChannel(to, e.tcpDesc(len(links)), links))
 	case "shm-lazy":
 		e.decideLater(to)
+	case "rdma":
+		e.attachRDMA(ctx, to, m)
 	default:
 		e.decide(to, nil)
 	}

@@ -378,13 +378,13 @@ func TestStripes(t *testing.T) {
 }
 
 func TestParseMode(t *testing.T) {
-	for in, want := range map[string]Mode{"": ModeAuto, "auto": ModeAuto, "off": ModeOff, "TCP": ModeTCP, "shm": ModeSHM} {
+	for in, want := range map[string]Mode{"": ModeAuto, "auto": ModeAuto, "off": ModeOff, "TCP": ModeTCP, "shm": ModeSHM, "rdma": ModeRDMA} {
 		if got, err := ParseMode(in); err != nil || got != want {
 			t.Errorf("ParseMode(%q) = %v, %v", in, got, err)
 		}
 	}
-	if _, err := ParseMode("rdma"); err == nil {
-		t.Errorf("ParseMode(rdma) succeeded")
+	if _, err := ParseMode("ib"); err == nil {
+		t.Errorf("ParseMode(ib) succeeded")
 	}
 }
 

@@ -5,21 +5,13 @@
 package cudart
 
 import (
-	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
+
+	"github.com/nexar-go/nexar/tests/fakes/ccbuild"
 )
 
 // Source is the path of fake_cudart.c in this checkout.
-func Source() (string, error) {
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", fmt.Errorf("fakes/cudart: cannot locate the source directory")
-	}
-	return filepath.Join(filepath.Dir(file), "src", "fake_cudart.c"), nil
-}
+func Source() (string, error) { return ccbuild.Source("fake_cudart.c") }
 
 // Build compiles the fake into dir/libfakecudart.so with $CC (default cc)
 // and returns its path. Tests that need the fake fail when this fails: a
@@ -30,22 +22,15 @@ func Build(dir string) (string, error) {
 		return "", err
 	}
 	out := filepath.Join(dir, "libfakecudart.so")
-	return out, CompileShared(src, out)
+	return out, ccbuild.Shared(src, out, "-lpthread")
 }
 
-// CompileShared compiles the C file src into the shared library out with
-// $CC (default cc), warnings as errors, linked with pthread and libs (the
-// fakes of tests/fakes build this way).
-func CompileShared(src, out string, libs ...string) error {
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "cc"
+// Cached returns the fake compiled once for every test binary of this
+// source (ccbuild.Cached): a library a process loaded is never rewritten.
+func Cached() (string, error) {
+	src, err := Source()
+	if err != nil {
+		return "", err
 	}
-	args := append([]string{"-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-		"-o", out, src, "-lpthread"}, libs...)
-	cmd := exec.Command(cc, args...)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("fakes: %s: %v\n%s", cmd, err, b)
-	}
-	return nil
+	return ccbuild.Cached(src, "libfakecudart", "-lpthread")
 }

@@ -7,21 +7,13 @@
 package nccl
 
 import (
-	"fmt"
 	"path/filepath"
-	"runtime"
 
-	"github.com/nexar-go/nexar/tests/fakes/cudart"
+	"github.com/nexar-go/nexar/tests/fakes/ccbuild"
 )
 
 // Source is the path of fake_nccl.c in this checkout.
-func Source() (string, error) {
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", fmt.Errorf("fakes/nccl: cannot locate the source directory")
-	}
-	return filepath.Join(filepath.Dir(file), "src", "fake_nccl.c"), nil
-}
+func Source() (string, error) { return ccbuild.Source("fake_nccl.c") }
 
 // Build compiles the fake into dir/libfakenccl.so and returns its path.
 // Tests that need it fail when this fails, as for the fake CUDA runtime.
@@ -31,5 +23,5 @@ func Build(dir string) (string, error) {
 		return "", err
 	}
 	out := filepath.Join(dir, "libfakenccl.so")
-	return out, cudart.CompileShared(src, out, "-ldl", "-lrt")
+	return out, ccbuild.Shared(src, out, "-ldl", "-lrt")
 }

@@ -22,6 +22,8 @@
 // (at the end). Thread-safe throughout.
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -61,6 +63,7 @@ struct alloc {
     uintptr_t base;  // the address the caller sees
     size_t size;
     char* shadow;  // read-write alias of a device allocation; NULL for pinned host memory
+    int fd;        // the memfd behind a device allocation (dma-buf export); -1 for host memory
     int type;
     struct alloc* next;
 };
@@ -121,8 +124,8 @@ cudaError_t cudaMalloc(void** devPtr, size_t size) {
     }
     void* dev = mmap(NULL, len, PROT_NONE, MAP_SHARED, fd, 0);
     void* shadow = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
     if (dev == MAP_FAILED || shadow == MAP_FAILED) {
+        close(fd);
         return ret(cudaErrorMemoryAllocation);
     }
     memset(shadow, 0xDE, len);  // uninitialised device memory is garbage
@@ -130,6 +133,7 @@ cudaError_t cudaMalloc(void** devPtr, size_t size) {
     a->base = (uintptr_t)dev;
     a->size = size;
     a->shadow = shadow;
+    a->fd = fd;  // kept for dma-buf export (below)
     a->type = typeDevice;
     pthread_mutex_lock(&amu);
     a->next = allocs;
@@ -160,6 +164,7 @@ static cudaError_t release(void* p, int type) {
     if (type == typeDevice) {
         munmap((void*)a->base, len);
         munmap(a->shadow, len);
+        close(a->fd);
     } else {
         munmap((void*)a->base, len);
     }
@@ -185,6 +190,7 @@ static cudaError_t host_alloc(void** pHost, size_t size) {
     struct alloc* a = calloc(1, sizeof *a);
     a->base = (uintptr_t)p;
     a->size = size;
+    a->fd = -1;
     a->type = typeHost;
     pthread_mutex_lock(&amu);
     a->next = allocs;
@@ -677,4 +683,67 @@ void* nexarFakeCudaDeviceAlias(const void* p, size_t n) {
     }
     pthread_mutex_unlock(&amu);
     return out;
+}
+
+// ---- dma-buf export (GPUDirect RDMA) ----------------------------------------
+
+// A device range exported as a dma-buf is, here, the allocation's memfd
+// reopened (a file description of its own) and positioned at the range's
+// start: the fake libibverbs (tests/fakes/ibverbs) maps it for its own use
+// and never touches the device address. NEXAR_FAKE_CUDA_DMABUF=0 makes the
+// export fail as a driver or kernel without dma-buf support does.
+
+enum { cuSuccess = 0, cuErrorInvalidValue = 1, cuErrorNotSupported = 801 };
+enum { cuRangeHandleDmaBufFd = 1 };
+
+// export_range opens a file description for [p, p+n) of one device
+// allocation: the fd and the range's offset in the memfd.
+static int export_range(uintptr_t p, size_t n, int* fd, uint64_t* off) {
+    pthread_mutex_lock(&amu);
+    struct alloc* a = allocs;
+    for (; a; a = a->next) {
+        size_t len = a->size ? (a->size + 4095) & ~(size_t)4095 : 4096;
+        if (a->type == typeDevice && p >= a->base && p - a->base < len && n <= len - (p - a->base)) break;
+    }
+    int rc = -1;
+    if (a && n > 0) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", a->fd);
+        *fd = open(path, O_RDWR | O_CLOEXEC);
+        *off = p - a->base;
+        rc = *fd >= 0 ? 0 : -1;
+    }
+    pthread_mutex_unlock(&amu);
+    return rc;
+}
+
+// cuMemGetHandleForAddressRange is the CUDA driver's dma-buf export (CUDA
+// 11.7+): handle is an int* for CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD; the
+// range must be page aligned and within one allocation.
+int cuMemGetHandleForAddressRange(void* handle, unsigned long long dptr, size_t size, int handleType,
+                                  unsigned long long flags) {
+    const char* env = getenv("NEXAR_FAKE_CUDA_DMABUF");
+    if (env && strcmp(env, "0") == 0) {
+        return cuErrorNotSupported;
+    }
+    if (handle == NULL || handleType != cuRangeHandleDmaBufFd || flags != 0 || dptr % 4096 != 0 || size % 4096 != 0) {
+        return cuErrorInvalidValue;
+    }
+    int fd;
+    uint64_t off;
+    if (export_range((uintptr_t)dptr, size, &fd, &off) != 0) {
+        return cuErrorInvalidValue;
+    }
+    if (lseek(fd, (off_t)off, SEEK_SET) < 0) {
+        close(fd);
+        return cuErrorInvalidValue;
+    }
+    *(int*)handle = fd;
+    return cuSuccess;
+}
+
+// nexar_fake_cuda_export stands in for nvidia-peermem: the fake libibverbs
+// asks it for the memory behind a device range it is told to register.
+int nexar_fake_cuda_export(const void* p, size_t n, int* fd, uint64_t* off) {
+    return export_range((uintptr_t)p, n, fd, off);
 }

@@ -1,0 +1,47 @@
+//go:build cgo
+
+package ibverbs
+
+/*
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stdlib.h>
+
+typedef int (*nx_live_fn)(int);
+
+static int nx_live(const char *lib, int kind) {
+	void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+	if (!h) return -2;
+	nx_live_fn f = (nx_live_fn)dlsym(h, "nexar_fake_ibv_live");
+	int n = f ? f(kind) : -3;
+	dlclose(h);
+	return n;
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"unsafe"
+)
+
+// Counts are the fake's live objects of each kind in this process.
+type Counts struct {
+	Contexts, PDs, MRs, CQs, QPs, Channels int
+}
+
+// Live reads the live objects of the fake at lib, which this process must
+// have loaded already (through hw/rdma).
+func Live(lib string) (Counts, error) {
+	cl := C.CString(lib)
+	defer C.free(unsafe.Pointer(cl))
+	var v [6]int
+	for k := range v {
+		n := int(C.nx_live(cl, C.int(k)))
+		if n < 0 {
+			return Counts{}, fmt.Errorf("fakes/ibverbs: %s is not loaded or is not the fake (%d)", lib, n)
+		}
+		v[k] = n
+	}
+	return Counts{v[0], v[1], v[2], v[3], v[4], v[5]}, nil
+}

@@ -1,0 +1,159 @@
+package bulk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/fxamacker/cbor/v2"
+)
+
+// RDMA is an RDMA device on which the endpoint makes LaneData channels
+// (transport/rdma.Device implements it; core opens it). The endpoint owns
+// it: Close closes it. Safe for concurrent use.
+type RDMA interface {
+	// Describe names the device, port and addressing ("mlx5_0:1 roce v2").
+	Describe() string
+	// Listen makes the receiving end of a channel from peer and returns
+	// the parameters to offer it.
+	Listen(peer int) (RDMAEnd, []byte, error)
+	// Dial makes the sending end of a channel to peer from the
+	// parameters peer offered and returns this end's, for the result.
+	Dial(peer int, offer []byte) (RDMAEnd, []byte, error)
+	Close() error
+}
+
+// RDMAEnd is one end of an RDMA channel: an ordered byte stream (Read on
+// the receiving end, Write on the sending end) that a channel frames as
+// it frames a TCP connection. An alias of an interface literal, so that
+// transport/rdma implements RDMA without importing this package.
+type RDMAEnd = interface {
+	Read(p []byte) (int, error)
+	// Write writes bufs in order; it returns once no buffer is read any
+	// more, n > 0 with an error when the stream was cut inside them.
+	Write(ctx context.Context, bufs ...[]byte) (int, error)
+	// Accept completes a receiving end with the sending end's parameters.
+	Accept(params []byte) error
+	// Detail adds to the path's description ("" for nothing).
+	Detail() string
+	Close() error
+}
+
+// rdmaLink is a channel's only link over an RDMA end.
+type rdmaLink struct{ e RDMAEnd }
+
+func (l rdmaLink) Read(p []byte) (int, error) { return l.e.Read(p) }
+func (l rdmaLink) Close() error               { return l.e.Close() }
+func (l rdmaLink) write(ctx context.Context, _ func() bool, bufs ...[]byte) (int, error) {
+	return l.e.Write(ctx, bufs...)
+}
+
+func (e *Endpoint) rdmaDesc() string { return "rdma " + e.opt.RDMA.Describe() }
+
+// rdmaChannel reports whether ch runs over RDMA, and its end.
+func rdmaChannel(ch *channel) (RDMAEnd, bool) {
+	if ch == nil || len(ch.links) != 1 {
+		return nil, false
+	}
+	l, ok := ch.links[0].(rdmaLink)
+	return l.e, ok
+}
+
+// rdmaUsable says whether this rank offers RDMA to a peer that announced
+// (hello) whether it has a device: in auto mode between hosts, in rdma
+// mode always, where both sides have a device.
+func (e *Endpoint) rdmaUsable(peerHas, sameHost bool) bool {
+	return e.opt.RDMA != nil && peerHas && e.opt.Mode.rdma() && (e.opt.Mode == ModeRDMA || !sameHost)
+}
+
+// offerRDMA makes the receiving end of an RDMA channel from peer and
+// offers it; false when it cannot (the caller offers another path).
+func (e *Endpoint) offerRDMA(ctx context.Context, from int, tcp bool) bool {
+	end, params, err := e.opt.RDMA.Listen(from)
+	if err != nil {
+		e.log.Warn("nexar: bulk: no RDMA channel; trying the next path", "rank", e.self, "peer", from, "err", err)
+		return false
+	}
+	e.mu.Lock()
+	if !e.ctlWG || e.rdmaPending == nil {
+		e.mu.Unlock()
+		end.Close()
+		return true // closing: nothing more to offer
+	}
+	if old := e.rdmaPending[from]; old != nil {
+		old.Close()
+	}
+	e.rdmaPending[from] = end
+	e.mu.Unlock()
+	e.sendCtl(ctx, from, e.withProc(&ctlMsg{V: 1, T: "offer", Kind: "rdma", QP: cbor.RawMessage(params), TCP: tcp}))
+	return true
+}
+
+// attachRDMA connects the sending end to the queue pair peer offered.
+func (e *Endpoint) attachRDMA(ctx context.Context, to int, m *ctlMsg) {
+	var end RDMAEnd
+	var params []byte
+	err := errors.New("this rank has no RDMA device")
+	if e.opt.RDMA != nil {
+		end, params, err = e.opt.RDMA.Dial(to, m.QP)
+	}
+	if err != nil {
+		e.log.Warn("nexar: bulk: RDMA channel failed; asking for another path", "rank", e.self, "peer", to, "err", err)
+		e.sendCtl(ctx, to, &ctlMsg{V: 1, T: "result", Kind: "rdma", Err: err.Error(), TCP: e.opt.Mode.tcp()})
+		return
+	}
+	e.decide(to, newChannel(to, e.rdmaDesc(), []link{rdmaLink{end}}))
+	e.sendCtl(ctx, to, &ctlMsg{V: 1, T: "result", Kind: "rdma", OK: true, QP: cbor.RawMessage(params)})
+}
+
+// rdmaResult completes (ok) or gives up (and offers another path) the
+// receiving end offered to peer.
+func (e *Endpoint) rdmaResult(ctx context.Context, from int, m *ctlMsg) {
+	e.mu.Lock()
+	end := e.rdmaPending[from]
+	delete(e.rdmaPending, from)
+	e.mu.Unlock()
+	if end == nil {
+		return
+	}
+	if !m.OK {
+		end.Close()
+		e.log.Debug("nexar: bulk: peer could not connect to the RDMA channel", "rank", e.self, "peer", from, "err", m.Err)
+		e.offer(ctx, from, false, m.TCP, 0, false)
+		return
+	}
+	if err := end.Accept(m.QP); err != nil {
+		// The sender's channel is fixed already: its sends fail once its
+		// wait for credits ends, and the departure follows.
+		end.Close()
+		e.log.Warn("nexar: bulk: accepting the RDMA channel failed", "rank", e.self, "peer", from, "err", err)
+		return
+	}
+	e.startReader(from, newChannel(from, e.rdmaDesc(), []link{rdmaLink{end}}))
+}
+
+// rdmaClose closes the receiving ends never accepted and the device (once
+// every channel on it is closed).
+func (e *Endpoint) rdmaClose() {
+	e.mu.Lock()
+	pending := e.rdmaPending
+	e.rdmaPending = nil
+	e.mu.Unlock()
+	for _, end := range pending {
+		end.Close()
+	}
+	if e.opt.RDMA != nil {
+		if err := e.opt.RDMA.Close(); err != nil {
+			e.log.Warn("nexar: bulk: closing the RDMA device", "rank", e.self, "err", err)
+		}
+	}
+}
+
+// rdmaBroken turns a failed send on an RDMA channel into the peer's loss:
+// unlike a socket, a queue pair in error does not end the peer's side of
+// the channel, so nobody else would report it.
+func (e *Endpoint) rdmaBroken(peer int, ch *channel, err error) {
+	if _, ok := rdmaChannel(ch); ok {
+		e.report(peer, fmt.Errorf("bulk: send to rank %d over %s: %w", peer, ch.desc, err))
+	}
+}

@@ -1,0 +1,25 @@
+//go:build !cgo
+
+package rdma
+
+import "errors"
+
+var errNoCgo = errors.New("transport/rdma: unavailable: built without cgo")
+
+// Device cannot be opened without cgo; no value of it exists.
+type Device struct{}
+
+// Open fails: a build without cgo cannot load libibverbs.
+func Open(Options) (*Device, error) { return nil, errNoCgo }
+
+// Describe is empty: no device.
+func (d *Device) Describe() string { return "" }
+
+// Listen fails: no device.
+func (d *Device) Listen(int) (Channel, []byte, error) { return nil, nil, errNoCgo }
+
+// Dial fails: no device.
+func (d *Device) Dial(int, []byte) (Channel, []byte, error) { return nil, nil, errNoCgo }
+
+// Close does nothing: no device.
+func (d *Device) Close() error { return nil }

@@ -64,8 +64,16 @@ func newBulk(cfg Config, rank int, adv string, id *nquic.Identity, peers []nquic
 // NEXAR_IBVERBS, NEXAR_IB_HCA, NEXAR_IB_GID_INDEX) where the mode may use
 // one: under "auto" its absence is no error (nil: no RDMA); under "rdma" it
 // is.
+//
+// RDMA carries data in the clear, so "auto" uses it only where the job
+// declared its network trusted (BulkPlaintext), as it must for plaintext
+// TCP: nothing leaves a host unencrypted unless asked (DESIGN §4).
 func openRDMA(cfg Config, mode bulk.Mode) (bulk.RDMA, error) {
 	if mode != bulk.ModeAuto && mode != bulk.ModeRDMA {
+		return nil, nil
+	}
+	if mode == bulk.ModeAuto && !cfg.BulkPlaintext {
+		cfg.Logger.Debug("nexar: RDMA not used: it is not encrypted; NEXAR_BULK_PLAINTEXT=1 or NEXAR_BULK=rdma allow it", "subsys", SubsysNet)
 		return nil, nil
 	}
 	opt, err := trdma.OptionsFromEnv(os.Getenv)

@@ -74,8 +74,10 @@ type Config struct {
 	// BulkConns is the number of parallel TCP connections per peer and
 	// direction. Default 2.
 	BulkConns int
-	// BulkPlaintext turns TLS off on the bulk TCP connections (trusted
-	// networks only). Default false: TLS 1.3 pinned like the QUIC mesh.
+	// BulkPlaintext declares the network trusted: TLS off on the bulk TCP
+	// connections, and RDMA (which is never encrypted) chosen by Bulk
+	// "auto" between hosts that both have a device. Default false: TLS 1.3
+	// pinned like the QUIC mesh, and RDMA only with Bulk "rdma".
 	BulkPlaintext bool
 	// BulkRemoteMin is the smallest message that a rank on this host
 	// copies straight out of the sender's memory (cross-memory attach, one

@@ -82,7 +82,7 @@ func rdmaPath() string {
 		return "none (" + err.Error() + ")"
 	}
 	defer d.Close()
-	return d.Describe() + " (not encrypted; tested against a fake libibverbs only, not verified on hardware;" +
+	return d.Describe() + " (not encrypted: used with NEXAR_BULK_PLAINTEXT=1 or NEXAR_BULK=rdma; tested against a fake libibverbs only, not verified on hardware;" +
 		" GPUDirect registration is not on the C ABI's path: device buffers are staged, docs/device-memory.md)"
 }
 

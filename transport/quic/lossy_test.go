@@ -283,44 +283,56 @@ func TestPartsOf(t *testing.T) {
 	for _, c := range []struct {
 		n, stripes int
 		lossy      bool
-		want       int
+		k, parts   int
 	}{
-		{stripeMin, 32, false, stripeMin / partMin},
-		{stripeMin, 32, true, stripeMin / lossyPartMin},
-		{stripeMin, 1, true, 1},
-		{5*lossyPartMin + lossyPartMin - 1, 32, true, 5},
-		{1 << 19, 32, false, 16},
-		{1 << 19, 32, true, 32},
-		{1 << 20, 32, false, 32},
-		{1 << 20, 16, true, 16},
-		{lossyPartMin - 1, 8, true, 1},
+		{stripeMin, 31, false, stripeMin / partMin, stripeMin / partMin},
+		{stripeMin, 31, true, stripeMin / lossyPartMin, stripeMin/lossyPartMin + 2},
+		{stripeMin, 1, true, 1, 1},
+		{stripeMin, 2, true, 1, 2},
+		{5*lossyPartMin + lossyPartMin - 1, 31, true, 5, 7},
+		{1 << 19, 31, false, 16, 16},
+		{1 << 19, 31, true, 23, 31},
+		{1 << 20, 31, false, 31, 31},
+		{1 << 20, 15, true, 11, 15},
+		{1 << 20, 7, true, 5, 7},
+		{transport.MaxPayload, 31, true, 23, 31},
 	} {
-		if got := partsOf(c.n, c.stripes, c.lossy); got != c.want {
-			t.Errorf("partsOf(%d, %d, %v) = %d, want %d", c.n, c.stripes, c.lossy, got, c.want)
+		k, parts := partsOf(c.n, c.stripes, c.lossy)
+		if k != c.k || parts != c.parts {
+			t.Errorf("partsOf(%d, %d, %v) = %d, %d, want %d, %d", c.n, c.stripes, c.lossy, k, parts, c.k, c.parts)
+		}
+		if err := checkParts(c.n, parts, k, c.stripes); err != nil {
+			t.Errorf("partsOf(%d, %d, %v) = %d, %d, which checkParts refuses: %v", c.n, c.stripes, c.lossy, k, parts, err)
 		}
 	}
 }
 
-// TestBadPartCount: a striped frame whose part count does not fit the
-// pair's connections or leaves parts under lossyPartMin is malformed.
-func TestBadPartCount(t *testing.T) {
+// TestBadSplit: a striped frame whose split does not fit the pair's
+// connections, leaves parts under lossyPartMin or has more parity than
+// partsOf gives is malformed, and nothing is allocated for it.
+func TestBadSplit(t *testing.T) {
 	e := &endpoint{}
-	pc := &peerConn{stripes: make([]stripe, 7)} // 8 connections
+	pc := &peerConn{stripes: make([]stripe, 7), asm: newAssembler(&e.codecs)}
 	for _, c := range []struct {
-		n     int
-		parts byte
+		n        int
+		parts, k byte
 	}{
-		{stripeMin, 0},
-		{stripeMin, 5}, // parts under lossyPartMin
-		{1 << 20, 9},   // more parts than connections
+		{stripeMin, 0, 0},
+		{stripeMin, 5, 5}, // parts under lossyPartMin
+		{1 << 20, 8, 8},   // more parts than connections
+		{1 << 20, 7, 4},   // more parity than a third
+		{1 << 20, 3, 4},   // fewer parts than data parts
+		{stripeMin, 1, 0}, // no data part
 	} {
 		b := frame.AppendPrefix(nil, transport.LaneData, nil, c.n)
-		b = append(b, c.parts)
-		b = append(b, make([]byte, c.n)...)
+		b = append(b, c.parts, c.k)
 		_, _, _, err := e.nextFrame(pc, bufio.NewReader(bytes.NewReader(b)), new([frame.PrefixSize]byte))
 		if !errors.Is(err, frame.ErrMalformed) {
-			t.Errorf("%d bytes in %d parts over 8 connections: %v, want a malformed frame", c.n, c.parts, err)
+			t.Errorf("%d bytes in %d parts (%d data) over 7 connections: %v, want a malformed frame", c.n, c.parts, c.k, err)
 		}
+	}
+	if len(pc.asm.msgs) != 0 {
+		t.Errorf("%d messages allocated for malformed frames", len(pc.asm.msgs))
 	}
 }
 

@@ -101,6 +101,9 @@ type Options struct {
 	// only those connections are made at Connect, and a Send to another
 	// rank fails with a *transport.PeerDownError. nil: every pair.
 	Neighbors func(a, b int) bool
+
+	// lossyAlways (tests) codes every striped message as on a lossy link.
+	lossyAlways bool
 }
 
 const (
@@ -170,7 +173,7 @@ func (o Options) quicConfig() *quic.Config {
 		// One bidirectional stream (the hello) and one stream per lane,
 		// ever: credit is never released, so a peer cannot open more.
 		MaxIncomingStreams:         1,
-		MaxIncomingUniStreams:      int64(transport.NumLanes),
+		MaxIncomingUniStreams:      int64(transport.NumLanes + partStreams),
 		RequireStreamCreditRelease: true,
 		// Datagrams are the tail probes of striped parts (see
 		// writePart); what arrives is read and dropped.

@@ -165,7 +165,8 @@ func exchangeTime(t testing.TB, opt Options, loss float64, delay time.Duration, 
 	if ep, ok := eps[0].(*endpoint); ok {
 		if pc := ep.conns[1]; pc != nil {
 			s := pc.conn.ConnectionStats()
-			t.Logf("rank 0, first connection: srtt %v cwnd %d sent %d lost %d", s.SmoothedRTT, s.CongestionWindow, s.PacketsSent, s.PacketsLost)
+			t.Logf("rank 0, first connection: srtt %v cwnd %d sent %d lost %d; striped messages sent %d, done notices up to %d",
+				s.SmoothedRTT, s.CongestionWindow, s.PacketsSent, s.PacketsLost, pc.sentSeq.Load(), pc.doneSeq.Load())
 		}
 	}
 	return d
@@ -196,9 +197,16 @@ func TestLossyLink(t *testing.T) {
 }
 
 // TestStripedSizes: payloads around the striping threshold and of odd
-// lengths arrive whole and in order across several data connections.
+// lengths arrive whole and in order across several data connections, in
+// plain parts and coded ones.
 func TestStripedSizes(t *testing.T) {
-	nodes, peers := listenN(t, 2, Options{DataConns: 8})
+	for _, coded := range []bool{false, true} {
+		t.Run(fmt.Sprintf("coded=%v", coded), func(t *testing.T) { testStripedSizes(t, coded) })
+	}
+}
+
+func testStripedSizes(t *testing.T, coded bool) {
+	nodes, peers := listenN(t, 2, Options{DataConns: 8, lossyAlways: coded})
 	got := make(chan []byte, 64)
 	eps := connectAll(t, nodes, peers, []transport.Handler{nil, func(from int, lane transport.Lane, _ *transport.Header, p []byte) {
 		got <- p

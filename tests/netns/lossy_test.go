@@ -206,22 +206,25 @@ func allreduceTime(t *testing.T, nexar string, a, b host, bulk string, size, ite
 }
 
 // TestLossyLink: the QUIC data path between two hosts must stand 5% packet
-// loss and 5 ms of delay each way. On one QUIC connection 10 x 1 MiB took
-// 16 s (50 took 78 s, the TCP path 5.9 s): one congestion window under
-// random loss. The quick form runs 10 x 1 MiB on the QUIC and the TCP path
-// over the same lossy link and fails only if QUIC is slow both absolutely
-// (over lossyFloor) and against TCP (over lossyRatio times): a regression
-// to one or a few connections is, a host busy enough to slow both is not.
-// Set NEXAR_LOSSY_FULL=1 for the full measurement (50 x 1 MiB, QUIC and
-// TCP paths, clean and lossy links; docs/bulk-path.md, "Under loss").
+// loss and 5 ms of delay each way within lossyMaxRatio times the TCP path's
+// time over the same link. On one QUIC connection 10 x 1 MiB took 16 s (50
+// took 78 s, the TCP path 5.9 s): one congestion window under random loss;
+// striped over 32 connections without parity parts every step waited for
+// its slowest part, 1.7-2.6 times TCP. The quick form runs quickIters x
+// 1 MiB allreduces on the QUIC and the TCP path over the lossy link, both
+// measured in the same run, and fails above the ratio. Set
+// NEXAR_LOSSY_FULL=1 for the full measurement (50 x 1 MiB, QUIC and TCP
+// paths, clean and lossy links, the ratio checked on the lossy one;
+// docs/bulk-path.md, "Under loss", gives the distributions the bound was
+// chosen from).
 func TestLossyLink(t *testing.T) {
 	const (
-		lossyFloor = 8 * time.Second
-		lossyRatio = 4
+		quickIters    = 20
+		lossyMaxRatio = 1.5
 	)
 	nexar, _ := build(t)
 	full := os.Getenv("NEXAR_LOSSY_FULL") != ""
-	iters := 10
+	iters := quickIters
 	imps := []impairment{{loss: 0.05, delay: 5 * time.Millisecond}}
 	if full {
 		iters = 50
@@ -241,10 +244,11 @@ func TestLossyLink(t *testing.T) {
 			}
 		}
 		q, tcp := took["off"], took["tcp"]
-		t.Logf("loss %.0f%%, delay %v: QUIC/TCP %.2f", imp.loss*100, imp.delay, float64(q)/float64(tcp))
-		if !full && q > lossyFloor && q > lossyRatio*tcp {
-			t.Errorf("%d x 1 MiB allreduce over QUIC took %v with %.0f%% loss, %.1f times the TCP path's %v; want under %v or %d times TCP",
-				iters, q.Round(time.Millisecond), imp.loss*100, float64(q)/float64(tcp), tcp.Round(time.Millisecond), lossyFloor, lossyRatio)
+		ratio := float64(q) / float64(tcp)
+		t.Logf("loss %.0f%%, delay %v: QUIC/TCP %.2f", imp.loss*100, imp.delay, ratio)
+		if imp.loss > 0 && ratio > lossyMaxRatio {
+			t.Errorf("%d x 1 MiB allreduce over QUIC took %v with %.0f%% loss, %.2f times the TCP path's %v; want at most %.1f times",
+				iters, q.Round(time.Millisecond), imp.loss*100, ratio, tcp.Round(time.Millisecond), lossyMaxRatio)
 		}
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quic-go/quic-go"
+
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/transporttest"
 )
@@ -17,10 +19,7 @@ import (
 // TestConformanceCoded runs the transport contract with every striped
 // message coded as on a lossy link (parity parts, done notices).
 func TestConformanceCoded(t *testing.T) {
-	transporttest.Run(t, func(t *testing.T, n int, h []transport.Handler, down []transport.DownHandler) []transport.Endpoint {
-		nodes, peers := listenN(t, n, Options{DataConns: 5, lossyAlways: true})
-		return connectAll(t, nodes, peers, h, down)
-	})
+	transporttest.Run(t, meshWith(Options{DataConns: 5, lossyAlways: true}))
 }
 
 // close stops the proxy now, so that a goroutine count can follow.
@@ -172,5 +171,64 @@ func TestCodedDoneNotices(t *testing.T) {
 	pc := eps[0].(*endpoint).conns[1]
 	if d, s := pc.doneSeq.Load(), pc.sentSeq.Load(); d == 0 || d > s {
 		t.Errorf("done notices up to message %d of %d sent", d, s)
+	}
+}
+
+// TestPartStopped: a part's stream that the receiver stops once its Write
+// is done fails the Close, not with a StreamError; that still counts as a
+// part the receiver did not need (a Send failed with "close called for
+// canceled stream" before this was seen), and a stop for another reason
+// does not.
+func TestPartStopped(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	id, err := NewIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	any := func([32]byte) error { return nil }
+	conf := Options{}.withDefaults().quicConfig()
+	ln, err := quic.ListenAddr("127.0.0.1:0", ServerTLSConfig(id, any), conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	conn, err := quic.DialAddr(ctx, ln.Addr().String(), ClientTLSConfig(id, any), conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.CloseWithError(0, "")
+	peer, err := ln.Accept(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.CloseWithError(0, "")
+	for _, code := range []quic.StreamErrorCode{codePartDone, codePartCancel} {
+		s, err := conn.OpenUniStreamSync(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Write([]byte("part")); err != nil {
+			t.Fatal(err)
+		}
+		rs, err := peer.AcceptUniStream(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs.CancelRead(code)
+		select {
+		case <-s.Context().Done():
+		case <-ctx.Done():
+			t.Fatal("no STOP_SENDING")
+		}
+		err = s.Close()
+		if err == nil {
+			t.Fatal("Close of a stopped stream succeeded")
+		}
+		var se *quic.StreamError
+		t.Logf("Close: %v (a StreamError: %v)", err, errors.As(err, &se))
+		if got, want := partStopped(s), code == codePartDone; got != want {
+			t.Errorf("stopped with code %d, Close: %v: partStopped = %v, want %v", code, err, got, want)
+		}
 	}
 }

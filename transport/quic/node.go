@@ -24,7 +24,7 @@
 // bytes; once the pair has lost packets, of at least lossyPartMin, and a
 // third as many again are Reed-Solomon parity: the receiver completes the
 // message from the first k parts to arrive, cancels the streams of the
-// rest, and tells the sender (a done datagram on every connection of the
+// rest, and tells the sender (a done datagram on four connections of the
 // pair), whose Send then stops waiting for them. The receiver assembles at
 // most assemblyWindow messages of a pair at once and delivers them in the
 // order of their frames on the data lane stream. Losing any stripe closes

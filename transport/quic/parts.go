@@ -56,6 +56,8 @@ const (
 	dgProbe  = 0 // a tail probe (see writeMarker); the rest is padding
 	dgDone   = 1 // 8 bytes follow: seq of a coded message the sender completed
 	doneSize = 9
+	// doneCopies: how many of a pair's connections carry each done notice.
+	doneCopies = 4
 )
 
 // partHeader is one decoded part header.

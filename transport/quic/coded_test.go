@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -150,13 +151,15 @@ func TestCodedDoneNotices(t *testing.T) {
 		msgs[i] = make([]byte, stripeMin+i*37<<10)
 		crand.Read(msgs[i])
 	}
+	sent := make(chan error, 1)
 	go func() {
 		for i := range msgs {
 			if err := eps[0].Send(ctx, 1, transport.LaneData, nil, msgs[i]); err != nil {
-				t.Error(err)
+				sent <- err
 				return
 			}
 		}
+		sent <- nil
 	}()
 	for i := range count {
 		select {
@@ -167,6 +170,9 @@ func TestCodedDoneNotices(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatalf("message %d: %v", i, ctx.Err())
 		}
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
 	}
 	pc := eps[0].(*endpoint).conns[1]
 	if d, s := pc.doneSeq.Load(), pc.sentSeq.Load(); d == 0 || d > s {
@@ -230,5 +236,80 @@ func TestPartStopped(t *testing.T) {
 		if got, want := partStopped(s), code == codePartDone; got != want {
 			t.Errorf("stopped with code %d, Close: %v: partStopped = %v, want %v", code, err, got, want)
 		}
+	}
+}
+
+// TestMalformedPartsFromPeer: what a peer sends on a data connection or as
+// a datagram that breaks the part rules closes the pair, and each side is
+// told why, naming the peer.
+func TestMalformedPartsFromPeer(t *testing.T) {
+	n := 1 << 20
+	hdr := func(index int, seq uint64, parts, k int) []byte {
+		var b [partHeaderSize]byte
+		partHeader{index: index, seq: seq, n: n, parts: parts, k: k}.marshal(&b)
+		return b[:]
+	}
+	size := func(k int) int { return partSize(n, k) }
+	type stream struct {
+		b   []byte
+		fin bool
+	}
+	for _, c := range []struct {
+		name    string
+		streams []stream // on data connection 1 (part index 0)
+		dgram   []byte   // on the first connection
+		want    string
+	}{
+		{name: "garbage header", streams: []stream{{b: bytes.Repeat([]byte{0xAB}, partHeaderSize)}}, want: "part header"},
+		{name: "wrong connection", streams: []stream{{b: hdr(1, 1, 2, 2)}}, want: "part 1 on data connection 1"},
+		{name: "header cut", streams: []stream{{b: hdr(0, 1, 2, 2)[:7], fin: true}}, want: "inside a part header"},
+		{name: "short part", streams: []stream{{b: append(hdr(0, 1, 2, 2), 1, 2, 3), fin: true}}, want: "shorter than"},
+		{name: "long coded part", streams: []stream{{b: append(hdr(0, 1, 2, 1), make([]byte, size(1)+1)...), fin: true}}, want: "longer than"},
+		{name: "coded after plain", streams: []stream{{b: append(append(hdr(0, 1, 2, 2), make([]byte, size(2))...), hdr(0, 2, 2, 1)...)}}, want: "after other parts"},
+		{name: "duplicate", streams: []stream{{b: hdr(0, 1, 2, 1)}, {b: hdr(0, 1, 2, 1)}}, want: "received twice"},
+		{name: "split differs", streams: []stream{{b: hdr(0, 1, 2, 1)}, {b: hdr(0, 1, 2, 2)}}, want: "then as"},
+		{name: "done too early", dgram: []byte{dgDone, 1, 0, 0, 0, 0, 0, 0, 0}, want: "beyond the last sent"},
+		{name: "unknown datagram", dgram: []byte{9}, want: "unknown kind"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			downs := [2]chan error{make(chan error, 1), make(chan error, 1)}
+			down := func(self int) transport.DownHandler {
+				return func(peer int, err error) { downs[self] <- err }
+			}
+			nodes, peers := listenN(t, 2, Options{DataConns: 3})
+			eps := connectAll(t, nodes, peers, nil, []transport.DownHandler{down(0), down(1)})
+			defer eps[0].Close()
+			defer eps[1].Close()
+			pc := eps[0].(*endpoint).conns[1]
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			for _, st := range c.streams {
+				s, err := pc.stripes[0].conn.OpenUniStreamSync(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				s.Write(st.b)
+				if st.fin {
+					s.Close()
+				}
+			}
+			if c.dgram != nil {
+				pc.conn.SendDatagram(c.dgram)
+			}
+			// Rank 1 finds the fault and says why; rank 0 may learn of it
+			// through any of the pair's connections.
+			for r, want := range [][]string{{"rank 1"}, {"bad frame from rank 0", c.want}} {
+				select {
+				case err := <-downs[r]:
+					for _, w := range want {
+						if !strings.Contains(err.Error(), w) {
+							t.Errorf("rank %d: down error %q, want one with %q", r, err, w)
+						}
+					}
+				case <-ctx.Done():
+					t.Fatalf("rank %d: no down notification", r)
+				}
+			}
+		})
 	}
 }

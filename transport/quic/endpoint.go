@@ -95,9 +95,11 @@ type peerConn struct {
 	doneIn, doneOutIn         chan struct{}
 }
 
-// stripe is one further data connection of a pair.
+// stripe is one further data connection of a pair. out, the stream that
+// carries its plain parts, is guarded by the data lane's sendLane.sem.
 type stripe struct {
 	conn *quic.Conn
+	out  *quic.SendStream
 }
 
 // sendLane serialises writes to one (peer, lane) stream; sem is a mutex that
@@ -454,7 +456,7 @@ func (e *endpoint) monitorStripe(pc *peerConn, k int, st *stripe) {
 		if err != nil {
 			break
 		}
-		e.wg.Go(func() { e.readPart(ctx, pc, k, s) })
+		e.wg.Go(func() { e.readParts(ctx, pc, k, s) })
 	}
 	select {
 	case <-st.conn.Context().Done():
@@ -501,10 +503,12 @@ func (e *endpoint) monitor(pc *peerConn) {
 	}
 }
 
-// readPart reads one part from s, a stream the peer opened on stripe k,
-// into the message it belongs to (see parts.go). A malformed part header,
-// or a part shorter or longer than its header says, closes the pair.
-func (e *endpoint) readPart(ctx context.Context, pc *peerConn, k int, s *quic.ReceiveStream) {
+// readParts reads the parts on s, a stream the peer opened on stripe k,
+// into the messages they belong to (see parts.go): one coded part, or
+// plain parts back to back. A malformed part header, a part shorter or
+// longer than its header says, a plain part that is not needed (only a
+// duplicate can be) or a coded part after others closes the pair.
+func (e *endpoint) readParts(ctx context.Context, pc *peerConn, k int, s *quic.ReceiveStream) {
 	defer s.ReleaseStreamCredit()
 	drop := func() { s.CancelRead(codePartDone) }
 	bad := func(err error) {
@@ -512,49 +516,64 @@ func (e *endpoint) readPart(ctx context.Context, pc *peerConn, k int, s *quic.Re
 		e.protocolError(pc, fmt.Errorf("data connection %d: %w", k, err))
 	}
 	var hb [partHeaderSize]byte
-	if _, err := io.ReadFull(s, hb[:]); err != nil {
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			bad(errors.New("stream ended inside a part header"))
+	for first := true; ; first = false {
+		if _, err := io.ReadFull(s, hb[:]); err != nil {
+			switch {
+			case err == io.EOF && !first:
+				// the end of a stream of plain parts
+			case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+				bad(errors.New("stream ended inside a part header"))
+			default:
+				drop() // reset by the sender, or the connection is gone
+			}
 			return
 		}
-		drop() // reset by the sender, or the connection is gone
-		return
-	}
-	h, err := parsePartHeader(&hb, len(pc.stripes))
-	if err == nil && h.index != k-1 {
-		err = fmt.Errorf("%w: part %d on data connection %d", frame.ErrMalformed, h.index, k)
-	}
-	if err != nil {
-		bad(err)
-		return
-	}
-	m, region, err := pc.asm.claim(ctx, h, drop)
-	if err != nil {
-		if errors.Is(err, frame.ErrMalformed) {
+		h, err := parsePartHeader(&hb, len(pc.stripes))
+		coded := err == nil && h.parts > h.k
+		switch {
+		case err != nil:
+		case h.index != k-1:
+			err = fmt.Errorf("%w: part %d on data connection %d", frame.ErrMalformed, h.index, k)
+		case coded && !first:
+			err = fmt.Errorf("%w: coded part %d of message %d after other parts on a stream", frame.ErrMalformed, h.index, h.seq)
+		}
+		if err != nil {
 			bad(err)
-		} else {
-			drop()
+			return
 		}
-		return
-	}
-	if m == nil {
-		drop() // not needed: its message is complete
-		return
-	}
-	_, err = io.ReadFull(s, region)
-	if coded := pc.asm.filled(m, h.index, err == nil); coded && raiseTo(&pc.doneOut, h.seq) {
-		notify(pc.doneOutIn)
-	}
-	if err != nil {
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			bad(fmt.Errorf("%w: part %d of message %d shorter than %d bytes", frame.ErrMalformed, h.index, h.seq, len(region)))
+		m, region, err := pc.asm.claim(ctx, h, drop)
+		switch {
+		case err != nil && errors.Is(err, frame.ErrMalformed):
+			bad(err)
+			return
+		case err != nil:
+			drop() // the pair or the endpoint is ending
+			return
+		case m == nil && !coded:
+			bad(fmt.Errorf("%w: plain part %d of message %d, which is complete", frame.ErrMalformed, h.index, h.seq))
+			return
+		case m == nil:
+			drop() // not needed: its message is complete
+			return
 		}
-		return // cancelled (not needed), reset by the sender, or the connection is gone
-	}
-	// Reading the stream's end completes it, which frees its credit.
-	var b [1]byte
-	if n, _ := s.Read(b[:]); n > 0 {
-		bad(fmt.Errorf("%w: part %d of message %d longer than %d bytes", frame.ErrMalformed, h.index, h.seq, len(region)))
+		_, err = io.ReadFull(s, region)
+		if pc.asm.filled(m, h.index, err == nil) && raiseTo(&pc.doneOut, h.seq) {
+			notify(pc.doneOutIn)
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+				bad(fmt.Errorf("%w: part %d of message %d shorter than %d bytes", frame.ErrMalformed, h.index, h.seq, len(region)))
+			}
+			return // cancelled (not needed), reset by the sender, or the connection is gone
+		}
+		if coded {
+			// Reading the stream's end completes it, which frees its credit.
+			var b [1]byte
+			if n, _ := s.Read(b[:]); n > 0 {
+				bad(fmt.Errorf("%w: coded part %d of message %d longer than %d bytes", frame.ErrMalformed, h.index, h.seq, len(region)))
+			}
+			return
+		}
 	}
 }
 
@@ -820,7 +839,12 @@ func (e *endpoint) sendStriped(ctx context.Context, pc *peerConn, sl *sendLane, 
 	results := make(chan error, parts)
 	for i := range parts {
 		ph := partHeader{index: i, seq: seq, n: len(payload), parts: parts, k: k}
-		go func() { results <- writePart(pctx, pc.stripes[i].conn, ph, out[i]) }()
+		st := &pc.stripes[i]
+		if parts > k {
+			go func() { results <- writePart(pctx, st.conn, ph, out[i]) }()
+		} else {
+			go func() { results <- st.writePlain(pctx, ph, out[i]) }()
+		}
 	}
 	var doneIn chan struct{}
 	if parts > k {
@@ -884,7 +908,7 @@ func writeMarker(pc *peerConn, sl *sendLane, lossy bool) (int, error) {
 func noLimit(n int) int { return n }
 
 // writePart opens a stream on conn and writes part h.index of message
-// h.seq on it, until ctx ends. A part the receiver stopped (it completed
+// h.seq, a coded one, on it alone, until ctx ends. A part the receiver stopped (it completed
 // the message without it) counts as written. When it returns quic-go no
 // longer reads part.
 func writePart(ctx context.Context, conn *quic.Conn, h partHeader, part []byte) error {
@@ -902,6 +926,27 @@ func writePart(ctx context.Context, conn *quic.Conn, h partHeader, part []byte) 
 	}
 	if err != nil && partStopped(s) {
 		return nil
+	}
+	return err
+}
+
+// writePlain writes part h.index of message h.seq, a plain one, on the
+// stream of st that carries them, opened on first use, until ctx ends
+// (which leaves the stream mid-part: the caller closes the pair).
+func (st *stripe) writePlain(ctx context.Context, h partHeader, part []byte) error {
+	if st.out == nil {
+		s, err := st.conn.OpenUniStreamSync(ctx)
+		if err != nil {
+			return err
+		}
+		st.out = s
+	}
+	defer context.AfterFunc(ctx, func() { st.out.CancelWrite(codePartCancel) })()
+	var hb [partHeaderSize]byte
+	h.marshal(&hb)
+	_, err := st.out.Write(hb[:])
+	if err == nil {
+		_, err = st.out.Write(part)
 	}
 	return err
 }

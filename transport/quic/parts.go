@@ -15,8 +15,11 @@ import (
 // A LaneData payload of stripeMin bytes or more to a peer with further data
 // connections travels in parts (docs/wire-format.md, "QUIC data parts"):
 // the data lane stream carries the frame prefix and two bytes, the number
-// of parts and how many of them are data, and part i travels on a new
-// unidirectional stream of data connection i+1 behind a part header. On a
+// of parts and how many of them are data, and part i travels on a
+// unidirectional stream of data connection i+1 behind a part header: a
+// coded part (one of a message with parity) on a new stream of its own,
+// which the receiver can cancel once it no longer needs it; plain parts
+// one after the other on a long-lived stream. On a
 // lossy link a third of the parts (rounded up) are Reed-Solomon parity, so
 // that the receiver completes the message from the first k parts to arrive
 // whichever they are, instead of waiting for the slowest (see

@@ -162,10 +162,14 @@ func relay(ctx context.Context, in, out *os.File, imp impairment, seed uint64, s
 	}
 }
 
+// benchTimes is what rank 0 of `nexar bench` reports for one size: the
+// total time of the timed iterations, and the median and p99 of one.
+type benchTimes struct{ total, median, p99 time.Duration }
+
 // allreduceTime runs `nexar bench` for iters allreduces of size bytes on two
-// ranks, one per namespace, with NEXAR_BULK=bulk, and returns the total time
-// and the data path rank 0 reports.
-func allreduceTime(t *testing.T, nexar string, a, b host, bulk string, size, iters int) (time.Duration, string) {
+// ranks, one per namespace, with NEXAR_BULK=bulk, and returns rank 0's
+// times and the data path it reports.
+func allreduceTime(t *testing.T, nexar string, a, b host, bulk string, size, iters int) (benchTimes, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -188,10 +192,12 @@ func allreduceTime(t *testing.T, nexar string, a, b host, bulk string, size, ite
 	t.Logf("NEXAR_BULK=%s: both ranks used %v of CPU", bulk, cpu.Round(time.Millisecond))
 	for line := range strings.Lines(procs[0].out.String()) {
 		var res struct {
-			Mean  float64 `json:"mean_us"`
-			Iters int     `json:"iters"`
-			Wrong int     `json:"wrong"`
-			Path  string  `json:"path"`
+			Mean   float64 `json:"mean_us"`
+			Median float64 `json:"time_us"`
+			P99    float64 `json:"p99_us"`
+			Iters  int     `json:"iters"`
+			Wrong  int     `json:"wrong"`
+			Path   string  `json:"path"`
 		}
 		if json.Unmarshal([]byte(line), &res) != nil || res.Iters == 0 {
 			continue
@@ -199,28 +205,36 @@ func allreduceTime(t *testing.T, nexar string, a, b host, bulk string, size, ite
 		if res.Wrong != 0 {
 			t.Fatalf("bench: %d wrong results", res.Wrong)
 		}
-		return time.Duration(res.Mean * float64(res.Iters) * float64(time.Microsecond)), res.Path
+		us := func(v float64) time.Duration { return time.Duration(v * float64(time.Microsecond)) }
+		return benchTimes{total: us(res.Mean * float64(res.Iters)), median: us(res.Median), p99: us(res.P99)}, res.Path
 	}
 	t.Fatalf("no result from rank 0:\n%s", procs[0].out.String())
-	return 0, ""
+	return benchTimes{}, ""
 }
 
 // TestLossyLink: the QUIC data path between two hosts must stand 5% packet
-// loss and 5 ms of delay each way within lossyMaxRatio times the TCP path's
-// time over the same link. On one QUIC connection 10 x 1 MiB took 16 s (50
-// took 78 s, the TCP path 5.9 s): one congestion window under random loss;
-// striped over 32 connections without parity parts every step waited for
-// its slowest part, 1.7-2.6 times TCP. The quick form runs quickIters x
-// 1 MiB allreduces on the QUIC and the TCP path over the lossy link, both
-// measured in the same run, and fails above the ratio. Set
-// NEXAR_LOSSY_FULL=1 for the full measurement (50 x 1 MiB, QUIC and TCP
-// paths, clean and lossy links, the ratio checked on the lossy one;
-// docs/bulk-path.md, "Under loss", gives the distributions the bound was
-// chosen from).
+// loss and 5 ms of delay each way about as well as the TCP path over the
+// same link. On one QUIC connection 10 x 1 MiB took 16 s (50 took 78 s, the
+// TCP path 5.9 s): one congestion window under random loss; striped over
+// 32 connections without parity parts, every step waited for its slowest
+// part. The quick form runs quickIters x 1 MiB allreduces on the QUIC and
+// the TCP path over the lossy link and fails if QUIC takes more than
+// maxTotalRatio times as long as TCP in all AND more than maxMedianRatio
+// times in the median allreduce. Either ratio alone is noisy on a busy
+// host: the TCP path's total rides on its occasional retransmission
+// timeouts (its p99 allreduce took 0.15-1.6 s), and QUIC's median on
+// scheduling. Measured in the quick form (30 iterations, load average
+// 10-16 on 2 cores, old and new code alternating, 8 runs each): without
+// parity parts totals 1.37-2.37 (median 2.06) and medians 1.86-2.55 (2.27)
+// times TCP, failing at least 6 of 8 (the two that passed: 1.37 with 1.86, 1.50 with 2.22); with them totals
+// 0.81-1.45 (1.10) and medians 0.97-1.57 (1.30). Set NEXAR_LOSSY_FULL=1 for
+// the full measurement (50 x 1 MiB, QUIC and TCP paths, clean and lossy
+// links, the same check on the lossy one; docs/bulk-path.md, "Under loss").
 func TestLossyLink(t *testing.T) {
 	const (
-		quickIters    = 20
-		lossyMaxRatio = 1.5
+		quickIters     = 30
+		maxTotalRatio  = 1.5
+		maxMedianRatio = 1.8
 	)
 	nexar, _ := build(t)
 	full := os.Getenv("NEXAR_LOSSY_FULL") != ""
@@ -233,22 +247,24 @@ func TestLossyLink(t *testing.T) {
 	for _, imp := range imps {
 		var st [2]relayStats
 		a, b := lossyHosts(t, imp, 1, &st)
-		took := map[string]time.Duration{}
+		took := map[string]benchTimes{}
 		for _, bulk := range []string{"off", "tcp"} {
 			d, path := allreduceTime(t, nexar, a, b, bulk, 1<<20, iters)
 			took[bulk] = d
-			t.Logf("loss %.0f%%, delay %v, NEXAR_BULK=%s (%s): %d x 1 MiB allreduce in %v", imp.loss*100, imp.delay, bulk, path, iters, d.Round(time.Millisecond))
+			t.Logf("loss %.0f%%, delay %v, NEXAR_BULK=%s (%s): %d x 1 MiB allreduce in %v (one: median %v, p99 %v)", imp.loss*100, imp.delay, bulk, path, iters,
+				d.total.Round(time.Millisecond), d.median.Round(100*time.Microsecond), d.p99.Round(100*time.Microsecond))
 			t.Logf("relay a->b: %v; b->a: %v", &st[0], &st[1])
 			for i := range st {
 				st[i].reset()
 			}
 		}
 		q, tcp := took["off"], took["tcp"]
-		ratio := float64(q) / float64(tcp)
-		t.Logf("loss %.0f%%, delay %v: QUIC/TCP %.2f", imp.loss*100, imp.delay, ratio)
-		if imp.loss > 0 && ratio > lossyMaxRatio {
-			t.Errorf("%d x 1 MiB allreduce over QUIC took %v with %.0f%% loss, %.2f times the TCP path's %v; want at most %.1f times",
-				iters, q.Round(time.Millisecond), imp.loss*100, ratio, tcp.Round(time.Millisecond), lossyMaxRatio)
+		total, median := float64(q.total)/float64(tcp.total), float64(q.median)/float64(tcp.median)
+		t.Logf("loss %.0f%%, delay %v: QUIC/TCP %.2f (medians %.2f, p99 %.2f)", imp.loss*100, imp.delay, total, median, float64(q.p99)/float64(tcp.p99))
+		if imp.loss > 0 && total > maxTotalRatio && median > maxMedianRatio {
+			t.Errorf("%d x 1 MiB allreduce over QUIC with %.0f%% loss took %v, %.2f times the TCP path's %v, and %v in the median, %.2f times TCP's %v; want at most %.1f times in all or %.1f times in the median",
+				iters, imp.loss*100, q.total.Round(time.Millisecond), total, tcp.total.Round(time.Millisecond),
+				q.median.Round(100*time.Microsecond), median, tcp.median.Round(100*time.Microsecond), maxTotalRatio, maxMedianRatio)
 		}
 	}
 }

@@ -18,17 +18,18 @@
 // Between hosts a pair has more connections for LaneData only (stripes,
 // Options.DataConns). A LaneData payload of stripeMin or more to such a
 // peer travels in parts (parts.go): the data lane stream carries the frame
-// prefix and the split, and part i travels on a new unidirectional stream
-// of further connection i+1, each connection within its own congestion
-// window. On a clean link the parts are plain slices of at least partMin
-// bytes; once the pair has lost packets, of at least lossyPartMin, and a
-// third as many again are Reed-Solomon parity: the receiver completes the
-// message from the first k parts to arrive, cancels the streams of the
-// rest, and tells the sender (a done datagram on four connections of the
-// pair), whose Send then stops waiting for them. The receiver assembles at
-// most assemblyWindow messages of a pair at once and delivers them in the
-// order of their frames on the data lane stream. Losing any stripe closes
-// the pair's first connection: the peer is lost.
+// prefix and the split, and part i travels on further connection i+1,
+// each connection within its own congestion window. On a clean link the
+// parts are plain slices of at least partMin bytes, one after the other on
+// a long-lived stream per connection. Once the pair has lost packets they
+// are of at least lossyPartMin bytes and a third as many again are
+// Reed-Solomon parity, each part on a stream of its own: the receiver
+// completes the message from the first k parts to arrive, cancels the
+// streams of the rest, and tells the sender (a done datagram on four
+// connections of the pair), whose Send then stops waiting for them. The
+// receiver assembles at most assemblyWindow messages of a pair at once and
+// delivers them in the order of their frames on the data lane stream.
+// Losing any stripe closes the pair's first connection: the peer is lost.
 //
 // Close is graceful and bounded: the closer ends every lane stream to every
 // live peer with a goodbye frame and a FIN (opening the lanes it never

@@ -237,19 +237,24 @@ func allreduceTime(t *testing.T, nexar string, a, b host, bulk string, size, ite
 // maxMedianRatio times in the median allreduce. Either ratio alone is noisy
 // on a busy host: the TCP path's total rides on its occasional
 // retransmission timeouts (its p99 allreduce took 0.15-1.6 s), and QUIC's
-// median on scheduling. Measured with the load average at 7.5-15 on 2
-// cores, old and new code alternating, 5 runs each: without parity parts
-// totals 1.95-3.17 and medians 1.95-2.81 times TCP, all failing; with them
-// totals 0.91-0.99 and medians 1.14-1.33, all passing. (With one round of
-// 30 and the TUN queue at 500, load 10-16: 1.37-2.37 and 1.86-2.55 before,
-// 0.81-1.45 and 0.97-1.57 after.) Set NEXAR_LOSSY_FULL=1 for the full
-// measurement (one round of 50 on each path, clean and lossy links, the
-// same check on the lossy one; docs/bulk-path.md, "Under loss").
+// median on scheduling. Measured (total, median) ratios, old and new code
+// alternating in the same session:
+//
+//   - as make test runs it (-race), load average 3-6.6, 7 runs each:
+//     without parity parts 1.37-2.77 and 1.69-2.36, all failing; with them
+//     0.91-1.35 and 1.22-1.48, all passing (never both over the bounds:
+//     the highest total, 1.35, came with a median of 1.26).
+//   - without -race, load 7.5-15, 5 runs each: without 1.95-3.17 and
+//     1.95-2.81; with 0.91-0.99 and 1.14-1.33.
+//
+// Set NEXAR_LOSSY_FULL=1 for the full measurement (one round of 50 on each
+// path, clean and lossy links, the same check on the lossy one;
+// docs/bulk-path.md, "Under loss").
 func TestLossyLink(t *testing.T) {
 	const (
 		iters          = 50
-		maxTotalRatio  = 1.5
-		maxMedianRatio = 1.8
+		maxTotalRatio  = 1.3
+		maxMedianRatio = 1.6
 	)
 	nexar, _ := build(t)
 	full := os.Getenv("NEXAR_LOSSY_FULL") != ""

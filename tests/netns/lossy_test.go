@@ -240,10 +240,10 @@ func allreduceTime(t *testing.T, nexar string, a, b host, bulk string, size, ite
 // median on scheduling. Measured (total, median) ratios, old and new code
 // alternating in the same session:
 //
-//   - as make test runs it (-race), load average 3-6.6, 7 runs each:
-//     without parity parts 1.37-2.77 and 1.69-2.36, all failing; with them
-//     0.91-1.35 and 1.22-1.48, all passing (never both over the bounds:
-//     the highest total, 1.35, came with a median of 1.26).
+//   - as make test runs it (-race), load average 3-9.5, 9 runs each:
+//     without parity parts 1.37-2.77 and 1.69-2.47, all failing; with them
+//     0.91-1.41 and 1.22-1.48, all passing (never both over the bounds:
+//     the highest total, 1.41, came with a median of 1.41).
 //   - without -race, load 7.5-15, 5 runs each: without 1.95-3.17 and
 //     1.95-2.81; with 0.91-0.99 and 1.14-1.33.
 //

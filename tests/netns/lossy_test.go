@@ -45,13 +45,16 @@ func lossyHosts(t *testing.T, imp impairment, seed uint64, st *[2]relayStats) (a
 	ta, tb := "nta"+id, "ntb"+id
 	fa, fb := openTUN(t, ta), openTUN(t, tb)
 	a.addr, b.addr = lossyA, lossyB
-	for _, h := range []struct {
-		host
-		dev string
-	}{{a, ta}, {b, tb}} {
+	a.dev, b.dev = ta, tb
+	for _, h := range []host{a, b} {
 		ip(t, "link", "set", h.dev, "netns", h.ns)
 		ip(t, "-n", h.ns, "addr", "add", h.addr+"/24", "dev", h.dev)
-		ip(t, "-n", h.ns, "link", "set", h.dev, "mtu", "1500", "up")
+		// The relay's queue models the link's buffer. The TUN device's own
+		// (500 packets by default) overflowed whenever a busy host kept
+		// the relay from reading for a moment: up to 1,200 drops in a
+		// "clean" run with the load average at 15, bursts of 5-8% of the
+		// packets, which QUIC rightly took for a lossy link.
+		ip(t, "-n", h.ns, "link", "set", h.dev, "mtu", "1500", "txqueuelen", "20000", "up")
 		ip(t, "-n", h.ns, "link", "set", "lo", "up")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -110,6 +113,17 @@ func openTUN(t *testing.T, name string) *os.File {
 	return os.NewFile(uintptr(fd), name)
 }
 
+// tunDrops returns how many packets h's TUN device dropped because the
+// relay did not read them in time (its transmit queue was full): losses
+// the impairment did not model.
+func tunDrops(h host) string {
+	out, err := exec.Command("ip", "netns", "exec", h.ns, "cat", "/sys/class/net/"+h.dev+"/statistics/tx_dropped").Output()
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(string(out))
+}
+
 // relayStats counts what one direction of the relay did with the packets it
 // read: carried, dropped as the impairment says, or dropped because its
 // queue was full.
@@ -162,10 +176,14 @@ func relay(ctx context.Context, in, out *os.File, imp impairment, seed uint64, s
 	}
 }
 
+// benchTimes is what rank 0 of `nexar bench` reports for one size: the
+// total time of the timed iterations, and the median and p99 of one.
+type benchTimes struct{ total, median, p99 time.Duration }
+
 // allreduceTime runs `nexar bench` for iters allreduces of size bytes on two
-// ranks, one per namespace, with NEXAR_BULK=bulk, and returns the total time
-// and the data path rank 0 reports.
-func allreduceTime(t *testing.T, nexar string, a, b host, bulk string, size, iters int) (time.Duration, string) {
+// ranks, one per namespace, with NEXAR_BULK=bulk, and returns rank 0's
+// times and the data path it reports.
+func allreduceTime(t *testing.T, nexar string, a, b host, bulk string, size, iters int) (benchTimes, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -188,10 +206,12 @@ func allreduceTime(t *testing.T, nexar string, a, b host, bulk string, size, ite
 	t.Logf("NEXAR_BULK=%s: both ranks used %v of CPU", bulk, cpu.Round(time.Millisecond))
 	for line := range strings.Lines(procs[0].out.String()) {
 		var res struct {
-			Mean  float64 `json:"mean_us"`
-			Iters int     `json:"iters"`
-			Wrong int     `json:"wrong"`
-			Path  string  `json:"path"`
+			Mean   float64 `json:"mean_us"`
+			Median float64 `json:"time_us"`
+			P99    float64 `json:"p99_us"`
+			Iters  int     `json:"iters"`
+			Wrong  int     `json:"wrong"`
+			Path   string  `json:"path"`
 		}
 		if json.Unmarshal([]byte(line), &res) != nil || res.Iters == 0 {
 			continue
@@ -199,52 +219,80 @@ func allreduceTime(t *testing.T, nexar string, a, b host, bulk string, size, ite
 		if res.Wrong != 0 {
 			t.Fatalf("bench: %d wrong results", res.Wrong)
 		}
-		return time.Duration(res.Mean * float64(res.Iters) * float64(time.Microsecond)), res.Path
+		us := func(v float64) time.Duration { return time.Duration(v * float64(time.Microsecond)) }
+		return benchTimes{total: us(res.Mean * float64(res.Iters)), median: us(res.Median), p99: us(res.P99)}, res.Path
 	}
 	t.Fatalf("no result from rank 0:\n%s", procs[0].out.String())
-	return 0, ""
+	return benchTimes{}, ""
 }
 
 // TestLossyLink: the QUIC data path between two hosts must stand 5% packet
-// loss and 5 ms of delay each way. On one QUIC connection 10 x 1 MiB took
-// 16 s (50 took 78 s, the TCP path 5.9 s): one congestion window under
-// random loss. The quick form runs 10 x 1 MiB on the QUIC and the TCP path
-// over the same lossy link and fails only if QUIC is slow both absolutely
-// (over lossyFloor) and against TCP (over lossyRatio times): a regression
-// to one or a few connections is, a host busy enough to slow both is not.
-// Set NEXAR_LOSSY_FULL=1 for the full measurement (50 x 1 MiB, QUIC and
-// TCP paths, clean and lossy links; docs/bulk-path.md, "Under loss").
+// loss and 5 ms of delay each way about as well as the TCP path over the
+// same link. On one QUIC connection 10 x 1 MiB took 16 s (50 took 78 s, the
+// TCP path 5.9 s): one congestion window under random loss; striped over
+// 32 connections without parity parts, every step waited for its slowest
+// part. The quick form runs iters x 1 MiB allreduces on each path over the
+// lossy link, in two rounds that alternate QUIC and TCP, and fails if QUIC
+// takes more than maxTotalRatio times as long as TCP in all AND more than
+// maxMedianRatio times in the median allreduce. Either ratio alone is noisy
+// on a busy host: the TCP path's total rides on its occasional
+// retransmission timeouts (its p99 allreduce took 0.15-1.6 s), and QUIC's
+// median on scheduling. Measured (total, median) ratios, old and new code
+// alternating in the same session:
+//
+//   - as make test runs it (-race), load average 3-9.5, 9 runs each:
+//     without parity parts 1.37-2.77 and 1.69-2.47, all failing; with them
+//     0.91-1.41 and 1.22-1.48, all passing (never both over the bounds:
+//     the highest total, 1.41, came with a median of 1.41).
+//   - without -race, load 7.5-15, 5 runs each: without 1.95-3.17 and
+//     1.95-2.81; with 0.91-0.99 and 1.14-1.33.
+//
+// Set NEXAR_LOSSY_FULL=1 for the full measurement (one round of 50 on each
+// path, clean and lossy links, the same check on the lossy one;
+// docs/bulk-path.md, "Under loss").
 func TestLossyLink(t *testing.T) {
 	const (
-		lossyFloor = 8 * time.Second
-		lossyRatio = 4
+		iters          = 50
+		maxTotalRatio  = 1.3
+		maxMedianRatio = 1.6
 	)
 	nexar, _ := build(t)
 	full := os.Getenv("NEXAR_LOSSY_FULL") != ""
-	iters := 10
+	rounds := 2 // of iters/2 on each path
 	imps := []impairment{{loss: 0.05, delay: 5 * time.Millisecond}}
 	if full {
-		iters = 50
+		rounds = 1
 		imps = append([]impairment{{delay: 5 * time.Millisecond}, {}}, imps...)
 	}
 	for _, imp := range imps {
 		var st [2]relayStats
 		a, b := lossyHosts(t, imp, 1, &st)
-		took := map[string]time.Duration{}
-		for _, bulk := range []string{"off", "tcp"} {
-			d, path := allreduceTime(t, nexar, a, b, bulk, 1<<20, iters)
-			took[bulk] = d
-			t.Logf("loss %.0f%%, delay %v, NEXAR_BULK=%s (%s): %d x 1 MiB allreduce in %v", imp.loss*100, imp.delay, bulk, path, iters, d.Round(time.Millisecond))
-			t.Logf("relay a->b: %v; b->a: %v", &st[0], &st[1])
-			for i := range st {
-				st[i].reset()
+		// The paths take turns, rounds times each, so that a change in the
+		// host's load weighs on both alike.
+		took := map[string]benchTimes{}
+		for range rounds {
+			for _, bulk := range []string{"off", "tcp"} {
+				d, path := allreduceTime(t, nexar, a, b, bulk, 1<<20, iters/rounds)
+				sum := took[bulk]
+				sum.total += d.total
+				sum.median += d.median / time.Duration(rounds)
+				sum.p99 = max(sum.p99, d.p99)
+				took[bulk] = sum
+				t.Logf("loss %.0f%%, delay %v, NEXAR_BULK=%s (%s): %d x 1 MiB allreduce in %v (one: median %v, p99 %v)", imp.loss*100, imp.delay, bulk, path, iters/rounds,
+					d.total.Round(time.Millisecond), d.median.Round(100*time.Microsecond), d.p99.Round(100*time.Microsecond))
+				t.Logf("relay a->b: %v; b->a: %v; TUN queue drops so far: a %s, b %s", &st[0], &st[1], tunDrops(a), tunDrops(b))
+				for i := range st {
+					st[i].reset()
+				}
 			}
 		}
 		q, tcp := took["off"], took["tcp"]
-		t.Logf("loss %.0f%%, delay %v: QUIC/TCP %.2f", imp.loss*100, imp.delay, float64(q)/float64(tcp))
-		if !full && q > lossyFloor && q > lossyRatio*tcp {
-			t.Errorf("%d x 1 MiB allreduce over QUIC took %v with %.0f%% loss, %.1f times the TCP path's %v; want under %v or %d times TCP",
-				iters, q.Round(time.Millisecond), imp.loss*100, float64(q)/float64(tcp), tcp.Round(time.Millisecond), lossyFloor, lossyRatio)
+		total, median := float64(q.total)/float64(tcp.total), float64(q.median)/float64(tcp.median)
+		t.Logf("loss %.0f%%, delay %v: QUIC/TCP %.2f (medians %.2f, p99 %.2f)", imp.loss*100, imp.delay, total, median, float64(q.p99)/float64(tcp.p99))
+		if imp.loss > 0 && total > maxTotalRatio && median > maxMedianRatio {
+			t.Errorf("%d x 1 MiB allreduce over QUIC with %.0f%% loss took %v, %.2f times the TCP path's %v, and %v in the median, %.2f times TCP's %v; want at most %.1f times in all or %.1f times in the median",
+				iters, imp.loss*100, q.total.Round(time.Millisecond), total, tcp.total.Round(time.Millisecond),
+				q.median.Round(100*time.Microsecond), median, tcp.median.Round(100*time.Microsecond), maxTotalRatio, maxMedianRatio)
 		}
 	}
 }

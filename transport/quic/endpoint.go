@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -32,14 +33,21 @@ const (
 	loopbackDepth                           = 16 // messages per loopback lane
 	inlineMax                               = 16 << 10
 	readBuffer                              = 64 << 10
-	// tailProbes datagrams of tailProbeSize bytes follow a striped part on
-	// a connection that has lost more than 1 packet in lossyRatio (see
-	// writePart). Two, each too large to share a packet with the other, so
-	// that the receiver acknowledges at once (it does after two
-	// ack-eliciting packets) rather than after its 25 ms ack delay.
+	// tailProbes datagrams of tailProbeSize bytes follow the frame of a
+	// striped message on a pair that has lost more than 1 packet in
+	// lossyRatio (see writeMarker). Two, each too large to share a packet
+	// with the other, so that the receiver acknowledges at once (it does
+	// after two ack-eliciting packets) rather than after its 25 ms ack
+	// delay.
 	tailProbes    = 2
 	tailProbeSize = 800
 	lossyRatio    = 200
+)
+
+// Stream error codes on a part's stream (see parts.go).
+const (
+	codePartDone   quic.StreamErrorCode = 1 // the receiver completed the message without this part
+	codePartCancel quic.StreamErrorCode = 2 // the sender was told so, or its Send ended
 )
 
 // endpoint is one rank's side of the mesh. All methods are safe for
@@ -57,6 +65,7 @@ type endpoint struct {
 	wg     sync.WaitGroup
 	loop   [transport.NumLanes]*inbox.Inbox
 	ready  chan struct{} // closed when every connection is registered
+	codecs codecs
 
 	mu      sync.Mutex
 	conns   []*peerConn
@@ -77,15 +86,20 @@ type peerConn struct {
 	// stripes are the pair's further LaneData connections (see the package
 	// comment), fixed in number when the first connection registers.
 	stripes []stripe
+	asm     *assembler // the striped messages from the peer
+	// sentSeq is the seq of the last striped message sent; doneSeq the
+	// highest the peer said it completed (a done datagram), doneIn
+	// signals a rise. doneOut is the highest this side completed of the
+	// peer's coded messages, doneOutIn signals a rise to sendDone.
+	sentSeq, doneSeq, doneOut atomic.Uint64
+	doneIn, doneOutIn         chan struct{}
 }
 
-// stripe is one further data connection of a pair. out is guarded by the
-// data lane's sendLane.sem; in is taken by the data lane's reader.
+// stripe is one further data connection of a pair. out, the stream that
+// carries its plain parts, is guarded by the data lane's sendLane.sem.
 type stripe struct {
 	conn *quic.Conn
 	out  *quic.SendStream
-	in   chan *quic.ReceiveStream // the peer's stream, once
-	rs   *quic.ReceiveStream      // owned by the data lane's reader
 }
 
 // sendLane serialises writes to one (peer, lane) stream; sem is a mutex that
@@ -94,6 +108,7 @@ type sendLane struct {
 	sem chan struct{}
 	s   *quic.SendStream
 	buf []byte
+	seq uint64 // data lane: seq of the last striped message
 }
 
 func newEndpoint(n *Node, self int, peers []Peer, h transport.Handler, down transport.DownHandler) *endpoint {
@@ -317,18 +332,19 @@ func (e *endpoint) register(r int, conn *quic.Conn, k, stripes int) error {
 		if stripes < 1 || stripes > maxStripes {
 			return fmt.Errorf("rank %d asks for %d data connections, want 1 to %d", r, stripes, maxStripes)
 		}
-		pc = &peerConn{rank: r, conn: conn, stripes: make([]stripe, stripes-1)}
+		pc = &peerConn{rank: r, conn: conn, stripes: make([]stripe, stripes-1), asm: newAssembler(&e.codecs),
+			doneIn: make(chan struct{}, 1), doneOutIn: make(chan struct{}, 1)}
 		for l := range pc.lanes {
 			pc.lanes[l].sem = make(chan struct{}, 1)
-		}
-		for i := range pc.stripes {
-			pc.stripes[i].in = make(chan *quic.ReceiveStream, 1)
 		}
 		e.conns[r] = pc
 		e.pending += stripes - 1
 		e.wg.Go(func() { e.monitor(pc) })
 		e.wg.Go(func() { e.acceptStreams(pc) })
-		e.wg.Go(func() { e.dropDatagrams(conn) })
+		e.wg.Go(func() { e.readDatagrams(pc, conn) })
+		if stripes > 1 {
+			e.wg.Go(func() { e.sendDone(pc) })
+		}
 	} else {
 		if pc == nil || stripes != len(pc.stripes)+1 || k >= stripes || pc.stripes[k-1].conn != nil {
 			return fmt.Errorf("rank %d: unexpected data connection %d of %d", r, k, stripes)
@@ -336,7 +352,7 @@ func (e *endpoint) register(r int, conn *quic.Conn, k, stripes int) error {
 		st := &pc.stripes[k-1]
 		st.conn = conn
 		e.wg.Go(func() { e.monitorStripe(pc, k, st) })
-		e.wg.Go(func() { e.dropDatagrams(conn) })
+		e.wg.Go(func() { e.readDatagrams(pc, conn) })
 	}
 	e.pending--
 	if e.pending == 0 {
@@ -345,30 +361,102 @@ func (e *endpoint) register(r int, conn *quic.Conn, k, stripes int) error {
 	return nil
 }
 
-// dropDatagrams reads and discards the peer's tail probes on conn until
-// it or the endpoint ends, so that they do not sit in quic-go's queue.
-func (e *endpoint) dropDatagrams(conn *quic.Conn) {
+// readDatagrams reads the peer's datagrams on conn, one of pc's, until it
+// or the endpoint ends: tail probes, which it drops, and done notices.
+func (e *endpoint) readDatagrams(pc *peerConn, conn *quic.Conn) {
 	for {
-		if _, err := conn.ReceiveDatagram(e.ctx); err != nil {
+		d, err := conn.ReceiveDatagram(e.ctx)
+		if err != nil {
+			return
+		}
+		switch {
+		case len(d) > 0 && d[0] == dgProbe:
+		case len(d) == doneSize && d[0] == dgDone:
+			seq := binary.LittleEndian.Uint64(d[1:])
+			if seq > pc.sentSeq.Load() {
+				e.protocolError(pc, fmt.Errorf("done notice for message %d, beyond the last sent (%d)", seq, pc.sentSeq.Load()))
+				return
+			}
+			if raiseTo(&pc.doneSeq, seq) {
+				notify(pc.doneIn)
+			}
+		default:
+			e.protocolError(pc, fmt.Errorf("%d-byte datagram of unknown kind", len(d)))
 			return
 		}
 	}
 }
 
-// monitorStripe takes the peer's stream on stripe k and ends the pair with
-// its first connection if the stripe ends first: no Send or frame can
-// complete without it.
+// raiseTo sets v to x if x is higher and reports whether it did.
+func raiseTo(v *atomic.Uint64, x uint64) bool {
+	for {
+		old := v.Load()
+		if x <= old {
+			return false
+		}
+		if v.CompareAndSwap(old, x) {
+			return true
+		}
+	}
+}
+
+// notify wakes the waiter on ch (capacity 1) without blocking.
+func notify(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// sendDone tells the peer, on doneCopies connections of the pair (the
+// first, which carries no parts, and the first further ones), the highest
+// seq of its coded messages this side has completed, so that its Send
+// stops waiting for the parts still under way (see sendStriped). A done
+// notice is a datagram: a lost or late one is covered by the other copies
+// (all four lost: 1 in 160,000 at 5% loss) and by the next notice, and at
+// worst the Send waits for its writes as it would without. SendDatagram
+// waits only while a connection's queue of 32 datagrams is full, which
+// ends at the latest with the connection.
+func (e *endpoint) sendDone(pc *peerConn) {
+	var d [doneSize]byte
+	d[0] = dgDone
+	for {
+		select {
+		case <-pc.doneOutIn:
+		case <-pc.conn.Context().Done():
+			return
+		case <-e.ctx.Done():
+			return
+		}
+		binary.LittleEndian.PutUint64(d[1:], pc.doneOut.Load())
+		e.mu.Lock()
+		conns := make([]*quic.Conn, 0, doneCopies)
+		conns = append(conns, pc.conn)
+		for _, st := range pc.stripes[:min(len(pc.stripes), doneCopies-1)] {
+			if st.conn != nil {
+				conns = append(conns, st.conn)
+			}
+		}
+		e.mu.Unlock()
+		for _, c := range conns {
+			c.SendDatagram(d[:]) // best effort: an error ends with the connection
+		}
+	}
+}
+
+// monitorStripe reads the parts the peer sends on stripe k, each on a
+// stream of its own, and ends the pair with its first connection if the
+// stripe ends first: no striped message can complete without it.
 func (e *endpoint) monitorStripe(pc *peerConn, k int, st *stripe) {
 	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
 	defer context.AfterFunc(pc.conn.Context(), cancel)()
-	s, err := st.conn.AcceptUniStream(ctx)
-	if err == nil {
-		st.in <- s
-		// A stripe carries one stream per direction; a second one is a
-		// protocol violation.
-		if _, err = st.conn.AcceptUniStream(ctx); err == nil {
-			e.protocolError(pc, fmt.Errorf("second stream on data connection %d", k))
+	for {
+		s, err := st.conn.AcceptUniStream(ctx)
+		if err != nil {
+			break
 		}
+		e.wg.Go(func() { e.readParts(ctx, pc, k, s) })
 	}
 	select {
 	case <-st.conn.Context().Done():
@@ -412,6 +500,80 @@ func (e *endpoint) monitor(pc *peerConn) {
 	pc.mu.Unlock()
 	if !already && e.down != nil {
 		e.down(pc.rank, &transport.PeerDownError{Peer: pc.rank, Cause: cause})
+	}
+}
+
+// readParts reads the parts on s, a stream the peer opened on stripe k,
+// into the messages they belong to (see parts.go): one coded part, or
+// plain parts back to back. A malformed part header, a part shorter or
+// longer than its header says, a plain part that is not needed (only a
+// duplicate can be) or a coded part after others closes the pair.
+func (e *endpoint) readParts(ctx context.Context, pc *peerConn, k int, s *quic.ReceiveStream) {
+	defer s.ReleaseStreamCredit()
+	drop := func() { s.CancelRead(codePartDone) }
+	bad := func(err error) {
+		drop()
+		e.protocolError(pc, fmt.Errorf("data connection %d: %w", k, err))
+	}
+	var hb [partHeaderSize]byte
+	for first := true; ; first = false {
+		if _, err := io.ReadFull(s, hb[:]); err != nil {
+			switch {
+			case err == io.EOF && !first:
+				// the end of a stream of plain parts
+			case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+				bad(errors.New("stream ended inside a part header"))
+			default:
+				drop() // reset by the sender, or the connection is gone
+			}
+			return
+		}
+		h, err := parsePartHeader(&hb, len(pc.stripes))
+		coded := err == nil && h.parts > h.k
+		switch {
+		case err != nil:
+		case h.index != k-1:
+			err = fmt.Errorf("%w: part %d on data connection %d", frame.ErrMalformed, h.index, k)
+		case coded && !first:
+			err = fmt.Errorf("%w: coded part %d of message %d after other parts on a stream", frame.ErrMalformed, h.index, h.seq)
+		}
+		if err != nil {
+			bad(err)
+			return
+		}
+		m, region, err := pc.asm.claim(ctx, h, drop)
+		switch {
+		case err != nil && errors.Is(err, frame.ErrMalformed):
+			bad(err)
+			return
+		case err != nil:
+			drop() // the pair or the endpoint is ending
+			return
+		case m == nil && !coded:
+			bad(fmt.Errorf("%w: plain part %d of message %d, which is complete", frame.ErrMalformed, h.index, h.seq))
+			return
+		case m == nil:
+			drop() // not needed: its message is complete
+			return
+		}
+		_, err = io.ReadFull(s, region)
+		if pc.asm.filled(m, h.index, err == nil) && raiseTo(&pc.doneOut, h.seq) {
+			notify(pc.doneOutIn)
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+				bad(fmt.Errorf("%w: part %d of message %d shorter than %d bytes", frame.ErrMalformed, h.index, h.seq, len(region)))
+			}
+			return // cancelled (not needed), reset by the sender, or the connection is gone
+		}
+		if coded {
+			// Reading the stream's end completes it, which frees its credit.
+			var b [1]byte
+			if n, _ := s.Read(b[:]); n > 0 {
+				bad(fmt.Errorf("%w: coded part %d of message %d longer than %d bytes", frame.ErrMalformed, h.index, h.seq, len(region)))
+			}
+			return
+		}
 	}
 }
 
@@ -478,41 +640,34 @@ func (e *endpoint) nextFrame(pc *peerConn, br *bufio.Reader, pre *[frame.PrefixS
 	if err != nil {
 		return lane, nil, nil, err
 	}
-	p := make([]byte, n)
-	stripes := len(pc.stripes) + 1
-	if lane != transport.LaneData || stripes == 1 || n < stripeMin {
+	if lane != transport.LaneData || len(pc.stripes) == 0 || n < stripeMin {
+		p := make([]byte, n)
 		if _, err := io.ReadFull(br, p); err != nil {
 			return 0, nil, nil, unexpectedEOF(err)
 		}
 		return lane, h, p, nil
 	}
-	c, err := br.ReadByte()
+	// A striped message: its parts come on the further connections.
+	var split [2]byte
+	if _, err := io.ReadFull(br, split[:]); err != nil {
+		return 0, nil, nil, unexpectedEOF(err)
+	}
+	parts, k := int(split[0]), int(split[1])
+	if err := checkParts(n, parts, k, len(pc.stripes)); err != nil {
+		return 0, nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
+	defer context.AfterFunc(pc.conn.Context(), cancel)()
+	p, err := pc.asm.await(ctx, n, parts, k)
 	if err != nil {
-		return 0, nil, nil, unexpectedEOF(err)
-	}
-	parts := int(c)
-	if parts < 1 || parts > stripes || n/parts < lossyPartMin {
-		return 0, nil, nil, fmt.Errorf("%w: %d-byte payload in %d parts over %d connections", frame.ErrMalformed, n, parts, stripes)
-	}
-	_, b := stripeBounds(n, parts, 0)
-	if _, err := io.ReadFull(br, p[:b]); err != nil {
-		return 0, nil, nil, unexpectedEOF(err)
-	}
-	for k := 1; k < parts; k++ {
-		st := &pc.stripes[k-1]
-		if st.rs == nil {
-			select {
-			case st.rs = <-st.in:
-			case <-pc.conn.Context().Done():
-				return 0, nil, nil, context.Cause(pc.conn.Context())
-			case <-e.ctx.Done():
-				return 0, nil, nil, transport.ErrClosed
-			}
+		if c := context.Cause(pc.conn.Context()); c != nil {
+			return 0, nil, nil, c
 		}
-		a, b := stripeBounds(n, parts, k)
-		if _, err := io.ReadFull(st.rs, p[a:b]); err != nil {
-			return 0, nil, nil, fmt.Errorf("data connection %d: %w", k, unexpectedEOF(err))
+		if e.ctx.Err() != nil {
+			return 0, nil, nil, transport.ErrClosed
 		}
+		return 0, nil, nil, err
 	}
 	return lane, h, p, nil
 }
@@ -594,39 +749,23 @@ func (e *endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 		}
 		sl.s = s
 	}
-	striped := lane == transport.LaneData && len(pc.stripes) > 0 && len(payload) >= stripeMin
-	parts := 1 // connections the payload is split across
-	if striped {
-		parts = partsOf(len(payload), len(pc.stripes)+1, lossy(pc.conn))
-		for k := range parts - 1 {
-			st := &pc.stripes[k]
-			if st.out == nil {
-				s, err := st.conn.OpenUniStreamSync(ctx)
-				if err != nil {
-					return e.sendErr(pc, ctx, err)
-				}
-				st.out = s
-			}
+	if lane == transport.LaneData && len(pc.stripes) > 0 && len(payload) >= stripeMin {
+		wrote, err := e.sendStriped(ctx, pc, sl, h, payload)
+		if err == nil {
+			return nil
 		}
+		return e.sendFailed(ctx, pc, lane, wrote, err)
 	}
 	// A cancelled ctx moves the write deadline to the past.
 	fired := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		sl.s.SetWriteDeadline(time.Unix(1, 0))
-		for k := range parts - 1 {
-			pc.stripes[k].out.SetWriteDeadline(time.Unix(1, 0))
-		}
 		close(fired)
 	})
 	sl.buf = frame.AppendPrefix(sl.buf[:0], lane, h, len(payload))
-	if striped {
-		sl.buf = append(sl.buf, byte(parts))
-	}
 	var n int
 	var err error
-	if striped {
-		n, err = e.writeStriped(pc, sl, payload, parts)
-	} else if len(payload) <= inlineMax {
+	if len(payload) <= inlineMax {
 		sl.buf = append(sl.buf, payload...)
 		n, err = sl.s.Write(sl.buf)
 	} else if n, err = sl.s.Write(sl.buf); err == nil {
@@ -637,9 +776,6 @@ func (e *endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 	if !stop() {
 		<-fired
 		sl.s.SetWriteDeadline(time.Time{})
-		for k := range parts - 1 {
-			pc.stripes[k].out.SetWriteDeadline(time.Time{})
-		}
 	}
 	if cap(sl.buf) > 4*inlineMax {
 		sl.buf = nil
@@ -647,118 +783,195 @@ func (e *endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 	if err == nil {
 		return nil
 	}
+	return e.sendFailed(ctx, pc, lane, n > 0, err)
+}
+
+// sendFailed turns the error of a Send on lane to pc into the one it
+// returns. wrote says whether the peer may have seen part of the frame: if
+// ctx ended then, only a new connection could resynchronise, so the peer is
+// lost.
+func (e *endpoint) sendFailed(ctx context.Context, pc *peerConn, lane transport.Lane, wrote bool, err error) error {
 	if ctx.Err() != nil && pc.conn.Context().Err() == nil {
-		if n > 0 {
-			// The stream now holds part of a frame: only a new connection
-			// could resynchronise, so this peer is lost.
-			pc.conn.CloseWithError(codeSendAbort, fmt.Sprintf("send to rank %d on %v cancelled mid-frame", peer, lane))
+		if wrote {
+			pc.conn.CloseWithError(codeSendAbort, fmt.Sprintf("send to rank %d on %v cancelled mid-frame", pc.rank, lane))
 		}
-		return fmt.Errorf("quic: send to rank %d on %v: %w", peer, lane, ctx.Err())
+		return fmt.Errorf("quic: send to rank %d on %v: %w", pc.rank, lane, ctx.Err())
 	}
 	return e.sendErr(pc, ctx, err)
 }
 
-// partsOf says across how many of a pair's stripes connections an n-byte
-// LaneData payload of at least stripeMin bytes is split: all of them, or
-// fewer so that no part is under partMin, or lossyPartMin if the pair's
-// link is lossy. The frame tells the receiver.
-func partsOf(n, stripes int, lossy bool) int {
-	least := partMin
-	if lossy {
-		least = lossyPartMin
+// sendStriped sends a striped LaneData message (see parts.go): the frame
+// prefix and the split on the data lane stream, then every part at once on
+// a new stream of its own connection, each within that connection's
+// congestion window. It returns once every part is written (quic-go holds
+// what is still unacknowledged) or, for a coded message, once the peer
+// says it completed the message, whichever is first: a part held up by
+// loss on its connection then no longer holds up the Send, and its stream
+// is cancelled. wrote says whether the peer may have seen part of the
+// message.
+func (e *endpoint) sendStriped(ctx context.Context, pc *peerConn, sl *sendLane, h *transport.Header, payload []byte) (wrote bool, err error) {
+	lossy := e.node.opt.lossyAlways || pc.lossy()
+	k, parts := partsOf(len(payload), len(pc.stripes), lossy)
+	out, err := e.codecs.encodeParts(payload, k, parts)
+	if err != nil {
+		return false, err
 	}
-	return max(1, min(stripes, n/least))
-}
-
-// lossy says whether conn has lost more than 1 packet in lossyRatio so far.
-func lossy(conn *quic.Conn) bool {
-	s := conn.ConnectionStats()
-	return s.PacketsLost*lossyRatio > s.PacketsSent
-}
-
-// stripeBounds returns where part k of an n-byte payload split in parts
-// starts and ends.
-func stripeBounds(n, parts, k int) (int, int) {
-	part := n / parts
-	if k == parts-1 {
-		return k * part, n
+	sl.buf = frame.AppendPrefix(sl.buf[:0], transport.LaneData, h, len(payload))
+	sl.buf = append(sl.buf, byte(parts), byte(k))
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		sl.s.SetWriteDeadline(time.Unix(1, 0))
+		close(fired)
+	})
+	n, err := writeMarker(pc, sl, lossy)
+	if !stop() {
+		<-fired
+		sl.s.SetWriteDeadline(time.Time{})
 	}
-	return k * part, (k + 1) * part
-}
-
-// writeStriped writes the prefix in sl.buf and part 0 of payload on the data
-// lane stream and part k on stripe k (k < parts), all at once: each
-// connection sends within its own congestion window. It returns the bytes
-// written and the first error.
-func (e *endpoint) writeStriped(pc *peerConn, sl *sendLane, payload []byte, parts int) (int, error) {
-	var n atomic.Int64
-	errs := make([]error, parts)
-	var wg sync.WaitGroup
-	for k := 1; k < parts; k++ {
-		wg.Go(func() {
-			a, b := stripeBounds(len(payload), parts, k)
-			st := &pc.stripes[k-1]
-			m, err := writePart(st.conn, st.out, payload[a:b])
-			n.Add(int64(m))
-			errs[k] = err
-		})
+	if err != nil {
+		return n > 0, err
 	}
-	_, b := stripeBounds(len(payload), parts, 0)
-	m, err := sl.s.Write(sl.buf)
-	if err == nil {
-		var m2 int
-		m2, err = writePart(pc.conn, sl.s, payload[:b])
-		m += m2
-	}
-	n.Add(int64(m))
-	errs[0] = err
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return int(n.Load()), err
+	sl.seq++
+	seq := sl.seq
+	pc.sentSeq.Store(seq)
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	results := make(chan error, parts)
+	for i := range parts {
+		ph := partHeader{index: i, seq: seq, n: len(payload), parts: parts, k: k}
+		st := &pc.stripes[i]
+		if parts > k {
+			go func() { results <- writePart(pctx, st.conn, ph, out[i]) }()
+		} else {
+			go func() { results <- st.writePlain(pctx, ph, out[i]) }()
 		}
 	}
-	return int(n.Load()), nil
+	var doneIn chan struct{}
+	if parts > k {
+		doneIn = pc.doneIn
+	}
+	var failed error
+	written, done := 0, false
+	for left := parts; left > 0; {
+		select {
+		case err := <-results:
+			left--
+			if err == nil {
+				written++
+			} else if failed == nil {
+				failed = err
+				cancel()
+			}
+		case <-doneIn:
+			if pc.doneSeq.Load() >= seq {
+				done, doneIn = true, nil
+				cancel()
+			}
+		}
+	}
+	if done || written == parts {
+		return true, nil
+	}
+	return true, failed
 }
 
-// writePart writes one part of a striped payload on s, a stream of conn.
-// If conn has lost more than 1 packet in lossyRatio so far, it follows the
-// part with tailProbes datagrams. quic-go declares a packet lost only once
-// a later one is acknowledged, and repeats a lost acknowledgement only
-// when new packets arrive; a part's last packets have nothing after them,
-// so without probes the loss of one of them, or of the acknowledgement of
-// the last ones, waits for the probe timeout (srtt + 4 rttvar + the peer's
-// 26 ms max_ack_delay, doubled on each repetition), and the unacknowledged
-// packets hold the congestion window against the next message meanwhile
-// (at 5% loss, about half the parts that waited for a probe timeout). The
-// probes carry no data and the peer drops them; SendDatagram waits only
-// while quic-go's queue of 32 datagrams is full, which ends at the latest
-// with the connection. A plain Write returns with the part's last bytes
-// still buffered, and quic-go packs datagrams ahead of stream data, so the
-// probes would ride with the tail instead of after it: with a write
+// writeMarker writes the frame prefix and split of a striped message, in
+// sl.buf, on the data lane stream. On a lossy link tail probes follow:
+// quic-go declares a packet lost only once a later one is acknowledged,
+// and the frame is the last thing on the connection, so without them its
+// loss would wait for the probe timeout (srtt + 4 rttvar + the peer's
+// 26 ms max_ack_delay) while every part is in. The probes are acknowledged
+// at once and the peer drops them. A plain Write may return with the
+// frame still buffered, and quic-go packs datagrams ahead of stream data,
+// so the probes would ride with it instead of after it: with a write
 // limiter (one that limits nothing) Write returns only once every byte is
 // in a packet. Probes are best effort: an error (connection closed,
-// datagram too large for the path) only ends them. On a clean link none
-// is sent and the write is a plain one.
-func writePart(conn *quic.Conn, s *quic.SendStream, part []byte) (int, error) {
-	if !lossy(conn) {
-		return s.Write(part)
+// datagram too large for the path) only ends them.
+func writeMarker(pc *peerConn, sl *sendLane, lossy bool) (int, error) {
+	if !lossy {
+		return sl.s.Write(sl.buf)
 	}
-	n, err := s.WriteWithLimit(part, noLimit)
+	n, err := sl.s.WriteWithLimit(sl.buf, noLimit)
 	if err != nil {
 		return n, err
 	}
-	var probe [tailProbeSize]byte
+	var probe [tailProbeSize]byte // dgProbe and padding
 	for range tailProbes {
-		if conn.SendDatagram(probe[:]) != nil {
+		if pc.conn.SendDatagram(probe[:]) != nil {
 			break
 		}
 	}
 	return n, nil
 }
 
-// noLimit is the write limiter of writePart: it allows every byte.
+// noLimit is the write limiter of writeMarker: it allows every byte.
 func noLimit(n int) int { return n }
+
+// writePart opens a stream on conn and writes part h.index of message
+// h.seq, a coded one, on it alone, until ctx ends. A part the receiver stopped (it completed
+// the message without it) counts as written. When it returns quic-go no
+// longer reads part.
+func writePart(ctx context.Context, conn *quic.Conn, h partHeader, part []byte) error {
+	s, err := conn.OpenUniStreamSync(ctx)
+	if err != nil {
+		return err
+	}
+	defer context.AfterFunc(ctx, func() { s.CancelWrite(codePartCancel) })()
+	var hb [partHeaderSize]byte
+	h.marshal(&hb)
+	if _, err = s.Write(hb[:]); err == nil {
+		if _, err = s.Write(part); err == nil {
+			err = s.Close()
+		}
+	}
+	if err != nil && partStopped(s) {
+		return nil
+	}
+	return err
+}
+
+// writePlain writes part h.index of message h.seq, a plain one, on the
+// stream of st that carries them, opened on first use, until ctx ends
+// (which leaves the stream mid-part: the caller closes the pair).
+func (st *stripe) writePlain(ctx context.Context, h partHeader, part []byte) error {
+	if st.out == nil {
+		s, err := st.conn.OpenUniStreamSync(ctx)
+		if err != nil {
+			return err
+		}
+		st.out = s
+	}
+	defer context.AfterFunc(ctx, func() { st.out.CancelWrite(codePartCancel) })()
+	var hb [partHeaderSize]byte
+	h.marshal(&hb)
+	_, err := st.out.Write(hb[:])
+	if err == nil {
+		_, err = st.out.Write(part)
+	}
+	return err
+}
+
+// partStopped reports whether the receiver stopped s, a part's stream,
+// because it completed the message without it. Its STOP_SENDING fails the
+// Write or, when that is done, the Close, with an error of its own: the
+// stream's cause says why.
+func partStopped(s *quic.SendStream) bool {
+	var se *quic.StreamError
+	return errors.As(context.Cause(s.Context()), &se) && se.Remote && se.ErrorCode == codePartDone
+}
+
+// lossy says whether the pair's connections have lost more than 1 packet
+// in lossyRatio so far.
+func (pc *peerConn) lossy() bool {
+	s := pc.conn.ConnectionStats()
+	lost, sent := s.PacketsLost, s.PacketsSent
+	for _, st := range pc.stripes {
+		s := st.conn.ConnectionStats()
+		lost += s.PacketsLost
+		sent += s.PacketsSent
+	}
+	return lost*lossyRatio > sent
+}
 
 func (e *endpoint) sendErr(pc *peerConn, ctx context.Context, err error) error {
 	if e.closing.Load() {

@@ -14,7 +14,7 @@ import (
 //
 //	offset size field
 //	0      2    magic 'N' 'H'
-//	2      1    version (2)
+//	2      1    version (3)
 //	3      1    status (0 = ok; dialer sends 0)
 //	4      4    rank, u32 LE
 //	8      4    world size, u32 LE
@@ -22,7 +22,7 @@ import (
 //	13     1    stripes: connections that carry LaneData
 const (
 	helloSize    = 14
-	helloVersion = 2
+	helloVersion = 3
 )
 
 type hello struct {

@@ -16,18 +16,20 @@
 // that a stalled lane cannot starve the others.
 //
 // Between hosts a pair has more connections for LaneData only (stripes,
-// Options.DataConns), each with one unidirectional stream per direction
-// that carries raw bytes: a payload of stripeMin or more is cut into as
-// many equal parts as there are stripes, or fewer so that no part is under
-// partMin (lossyPartMin once the pair has lost packets; the last part
-// takes the remainder); the frame on the data lane stream carries the full
-// length, one byte with the number of parts and part 0, stripe k carries
-// part k. A
-// Send holds the data lane for the whole frame, so each stripe carries its
-// parts in frame order. On a connection that has lost packets, each part
-// is followed by two datagrams, tail probes that the peer discards (see
-// writePart). Losing any stripe closes the pair's first connection: the
-// peer is lost.
+// Options.DataConns). A LaneData payload of stripeMin or more to such a
+// peer travels in parts (parts.go): the data lane stream carries the frame
+// prefix and the split, and part i travels on further connection i+1,
+// each connection within its own congestion window. On a clean link the
+// parts are plain slices of at least partMin bytes, one after the other on
+// a long-lived stream per connection. Once the pair has lost packets they
+// are of at least lossyPartMin bytes and a third as many again are
+// Reed-Solomon parity, each part on a stream of its own: the receiver
+// completes the message from the first k parts to arrive, cancels the
+// streams of the rest, and tells the sender (a done datagram on four
+// connections of the pair), whose Send then stops waiting for them. The
+// receiver assembles at most assemblyWindow messages of a pair at once and
+// delivers them in the order of their frames on the data lane stream.
+// Losing any stripe closes the pair's first connection: the peer is lost.
 //
 // Close is graceful and bounded: the closer ends every lane stream to every
 // live peer with a goodbye frame and a FIN (opening the lanes it never
@@ -82,25 +84,27 @@ type Options struct {
 	// and minimum: transport.NumLanes * MaxStreamWindow, so that lanes whose
 	// handlers stall cannot use up the window of the others.
 	MaxConnWindow uint64
-	// DataConns is how many QUIC connections carry LaneData to one peer
-	// (at most 32): the pair's first connection and DataConns-1 more, each
-	// with a congestion window of its own, across which payloads of 64 KiB
-	// or more are split in parts of at least 32 KiB (16 KiB once the pair
-	// has lost packets). One connection's window
-	// collapses under random packet loss (quic-go's Cubic keeps 10-20
-	// packets at 5% loss, where Linux TCP keeps hundreds): on a link that
-	// drops 5% of the packets and delays them 5 ms, 50 x 1 MiB allreduces
-	// took 78 s on one connection, 26 s on 4, 11-13 s on 16, and 6.5-7.5 s on
-	// the bulk path's 2 TCP connections (docs/bulk-path.md, "Under loss").
-	// The lower rank of a pair chooses. Default: to a peer whose address is
-	// not a loopback address (another host) 32, or 256/(ranks-1) if fewer,
-	// at least 1; to a loopback address 1.
+	// DataConns is how many QUIC connections a pair has (at most 32): the
+	// first, which carries every lane, and DataConns-1 more across which
+	// LaneData payloads of 64 KiB or more are split in parts of at least
+	// 32 KiB (16 KiB once the pair has lost packets, plus a third as many
+	// Reed-Solomon parity parts). One connection's window collapses under
+	// random packet loss (quic-go's Cubic keeps 10-20 packets at 5% loss,
+	// where Linux TCP keeps hundreds), and a message split over many
+	// connections waits for its slowest part unless parity stands in for
+	// it (docs/bulk-path.md, "Under loss"). The lower rank of a pair
+	// chooses. Default: to a peer whose address is not a loopback address
+	// (another host) 32, or 256/(ranks-1) if fewer, at least 1; to a
+	// loopback address 1.
 	DataConns int
 	// Neighbors, when set, limits the mesh to the pairs for which it
 	// reports true (a sparse topology; the layer above relays the rest):
 	// only those connections are made at Connect, and a Send to another
 	// rank fails with a *transport.PeerDownError. nil: every pair.
 	Neighbors func(a, b int) bool
+
+	// lossyAlways (tests) codes every striped message as on a lossy link.
+	lossyAlways bool
 }
 
 const (
@@ -113,12 +117,13 @@ const (
 	// data connections; smaller ones travel whole on the first.
 	stripeMin = 64 << 10
 	// partMin is the smallest part of a split payload: a payload of n
-	// bytes uses n/partMin of the pair's connections if that is fewer.
-	// On a clean link parts of 32 KiB fill 16 connections with a 512 KiB
-	// message: more, smaller parts only cost CPU. Once the pair's first
-	// connection has lost more than 1 packet in lossyRatio, parts go down
-	// to lossyPartMin: every connection's window is small then, and a
-	// part that fits in one window needs no second round trip.
+	// bytes uses n/partMin of the pair's further connections if that is
+	// fewer. On a clean link parts of 32 KiB fill 16 connections with a
+	// 512 KiB message: more, smaller parts only cost CPU. Once the pair's
+	// connections have lost more than 1 packet in lossyRatio, data parts
+	// go down to lossyPartMin (every connection's window is small then,
+	// and a part that fits in one window needs no second round trip) and
+	// parity parts join them (partsOf).
 	partMin      = 32 << 10
 	lossyPartMin = 16 << 10
 )
@@ -168,9 +173,11 @@ func (o Options) quicConfig() *quic.Config {
 		InitialConnectionReceiveWindow: o.MaxConnWindow,
 		MaxConnectionReceiveWindow:     o.MaxConnWindow,
 		// One bidirectional stream (the hello) and one stream per lane,
-		// ever: credit is never released, so a peer cannot open more.
+		// ever: their credit is never released, so a peer cannot open
+		// more. A further data connection opens a stream per part, whose
+		// credit the receiver releases as each ends (partStreams at once).
 		MaxIncomingStreams:         1,
-		MaxIncomingUniStreams:      int64(transport.NumLanes),
+		MaxIncomingUniStreams:      int64(transport.NumLanes + partStreams),
 		RequireStreamCreditRelease: true,
 		// Datagrams are the tail probes of striped parts (see
 		// writePart); what arrives is read and dropped.

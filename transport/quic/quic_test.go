@@ -67,13 +67,16 @@ func connectAll(t testing.TB, nodes []*Node, peers []Peer, h []transport.Handler
 	return eps
 }
 
-func newMesh(t *testing.T, n int, h []transport.Handler, down []transport.DownHandler) []transport.Endpoint {
-	nodes, peers := listenN(t, n, Options{})
-	return connectAll(t, nodes, peers, h, down)
+// meshWith makes meshes of nodes with opt.
+func meshWith(opt Options) transporttest.NewMesh {
+	return func(t *testing.T, n int, h []transport.Handler, down []transport.DownHandler) []transport.Endpoint {
+		nodes, peers := listenN(t, n, opt)
+		return connectAll(t, nodes, peers, h, down)
+	}
 }
 
 func TestConformance(t *testing.T) {
-	transporttest.Run(t, newMesh)
+	transporttest.Run(t, meshWith(Options{}))
 }
 
 // TestStrangerRefused: a node with its own fresh identity, not in anyone's

@@ -24,9 +24,23 @@ func (n *node) place(from int, th *transport.Header, size int) ([]byte, func(err
 		return nil, nil // the Handler reports what is wrong
 	}
 	n.lastSeen[from].Store(time.Now().UnixNano())
-	n.mu.Lock()
-	c := n.comms[h.comm]
-	n.mu.Unlock()
+	if h.kind == kindColl {
+		// A communicator once registered: a closed one has failed, and
+		// placeColl then leaves the frame to the Handler.
+		c := n.placed.Load()
+		if c == nil || c.id != h.comm {
+			if c = n.comm(h.comm); c == nil {
+				return nil, nil
+			}
+			n.placed.Store(c)
+		}
+		src := c.rankOfWorld(from)
+		if src < 0 || h.gen != c.gen {
+			return nil, nil // the Handler drops another generation's
+		}
+		return c.placeColl(src, h, size)
+	}
+	c := n.comm(h.comm)
 	if c == nil || h.gen != c.gen {
 		return nil, nil // the Handler drops another generation's
 	}
@@ -35,12 +49,17 @@ func (n *node) place(from int, th *transport.Header, size int) ([]byte, func(err
 		return nil, nil
 	}
 	switch h.kind {
-	case kindColl:
-		return c.placeColl(src, h, size)
 	case kindRPC:
 		return c.placeRPC(src, h, size) // from RPC channels (transport/bulk)
 	}
 	return c.placeP2P(src, h, size)
+}
+
+// comm returns the registered communicator id, or nil.
+func (n *node) comm(id uint64) *Comm {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.comms[id]
 }
 
 // resolveSpinWait fixes whether waiters yield the core between polls (the
@@ -95,15 +114,25 @@ func (c *Comm) pollOnce(src int) {
 	}
 }
 
-// spin polls the channel from comm rank src until done is closed, for at
-// most the node's spinWait; it reports whether done was closed. It
-// returns false at once when that channel cannot be polled.
+// spin polls the channel from comm rank src until done fires, and
+// reports whether it did; false, at once, when that channel cannot be
+// polled. It gives up (and the caller sleeps: await) once the peer has not
+// been seen polling for the node's spinWait, where the path tells
+// (Caps().Presence: the peer's presence beat moves while it polls), else
+// spinWait after it began; in all, after spinMax. A peer seen polling is
+// on a CPU and about to answer (or waiting in turn for a peer that is):
+// waking after a sleep costs a scheduler round trip, and a rank that
+// sleeps is often woken onto its waker's CPU, where it then competes with
+// the rank it waits for. With more ranks than cores it yields the core
+// between polls (the peer may need it), and sleeps as soon as the peer is
+// seen asleep or has not been seen polling for staleAfter.
 func (c *Comm) spin(src int, done completion) bool {
 	spinFor := c.n.spinWait
 	if spinFor <= 0 || src < 0 || !c.n.caps.Poll {
 		return false
 	}
-	poll, stop := c.n.ep.StartPolling(c.world[src])
+	peer := c.world[src]
+	poll, stop := c.n.ep.StartPolling(peer)
 	if poll == nil {
 		return false
 	}
@@ -112,8 +141,12 @@ func (c *Comm) spin(src int, done completion) bool {
 	// (libnexar) the goroutine is locked to its thread, and every yield
 	// is a thread hand-off through the kernel, tens of microseconds. The
 	// spin is short; other goroutines of this process get the CPU after.
-	start := time.Now()
+	presence := c.n.caps.Presence
 	yield := c.n.oversubscribed
+	start := time.Now()
+	seen := start // when the peer was last seen polling
+	var beat uint32
+	known := false
 	for i := 1; ; i++ {
 		if done.fired() {
 			return true
@@ -121,11 +154,35 @@ func (c *Comm) spin(src int, done completion) bool {
 		if !poll() && yield {
 			osYield() // the peer may be waiting for this core
 		}
-		if i%16 == 0 && time.Since(start) > spinFor {
+		if i%16 != 0 {
+			continue
+		}
+		now := time.Now()
+		if presence {
+			if p, ok := c.n.ep.PeerPresence(peer); ok {
+				if p.Polling && (!known || p.Beat != beat) {
+					seen = now
+				}
+				beat, known = p.Beat, true
+				if yield && (p.Asleep || now.Sub(seen) > staleAfter) {
+					return false // give the core to a rank that can use it
+				}
+			}
+		}
+		if now.Sub(seen) > spinFor || now.Sub(start) > spinMax(spinFor) {
 			return false
 		}
 	}
 }
+
+// staleAfter is how long a peer that polls goes without a presence beat
+// (one every few microseconds while it polls) before spin takes it for
+// off the CPU or out of the library.
+const staleAfter = 20 * time.Microsecond
+
+// spinMax bounds a spin on a peer that keeps polling (it waits for a third
+// rank, which then sleeps, and so does it): ten spin windows, at least 2 ms.
+func spinMax(spinFor time.Duration) time.Duration { return max(10*spinFor, 2*time.Millisecond) }
 
 // awaitSlot bounds each sleep of await, so that a failure of the
 // communicator or the end of ctx, which do not wake the sleeper, is seen
@@ -156,25 +213,37 @@ func (c *Comm) await(ctx context.Context, src int, done completion) bool {
 		if ctx != nil && ctx.Err() != nil {
 			return false
 		}
-		if !c.n.ep.Await(peer, done.ch(), awaitSlot) {
+		if !c.n.ep.Await(peer, done.firedFunc(), awaitSlot) {
 			return false
 		}
 	}
 }
 
 // completion is what a waiter waits for: a posted receive (postedDone) or a
-// Request. fired is checked while spinning, ch made only to block.
+// Request; fired is checked while spinning and, as firedFunc, by a sleeper
+// (Await), so that no channel is made unless the waiter blocks on one.
 type completion interface {
 	fired() bool
-	ch() <-chan struct{}
+	firedFunc() func() bool
 }
 
 // postedDone is a posted collective receive's completion (one pointer: no
 // allocation as an interface).
-type postedDone struct{ s *match.Signal }
+type postedDone struct{ m *match.Msg }
 
-func (p postedDone) fired() bool         { return p.s.Fired() }
-func (p postedDone) ch() <-chan struct{} { return p.s.C() }
+func (p postedDone) fired() bool { return p.m.Done.Fired() }
+
+// firedFunc is made once per Msg, which the engine reuses.
+func (p postedDone) firedFunc() func() bool {
+	if p.m.Fired == nil {
+		p.m.Fired = p.m.Done.Fired
+	}
+	return p.m.Fired
+}
+
+// firedFunc makes a Request a completion (an allocation per sleep: only
+// point-to-point receives sleep on a Request).
+func (r *Request) firedFunc() func() bool { return r.fired }
 
 // spinDone waits for done for at most the node's spinWait without
 // blocking, yielding the core between checks where the host is

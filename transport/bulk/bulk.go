@@ -193,8 +193,9 @@ type Endpoint struct {
 	offers         map[int]*tcpOffer
 	ln             net.Listener // TCP, bound on first use (see listener)
 	lnErr          error
-	rings          []*ring // every ring mapped, released at Close
-	local          []bool  // peer is on this host: shared memory, its ring made on first use
+	rings          []*ring  // every ring mapped, released at Close
+	pres           presence // this process's presence in the data rings it reads (presence.go)
+	local          []bool   // peer is on this host: shared memory, its ring made on first use
 	lazy           []atomic.Bool
 	waits          []chan struct{} // closed once a lazy path is fixed; nil until a send asks
 	ringBytes      int             // capacity of the rings this process created
@@ -474,7 +475,7 @@ var _ transport.DataPath = (*Endpoint)(nil)
 // room, and are made on first use, where the mode allows shared memory.
 func (e *Endpoint) Caps() transport.Caps {
 	shm := e.opt.Mode.shm()
-	return transport.Caps{Poll: shm, ProgressSend: shm, LazyData: shm}
+	return transport.Caps{Poll: shm, ProgressSend: shm, LazyData: shm, Presence: shm}
 }
 
 // SharedMemory reports whether this rank's data to peer goes over a
@@ -669,7 +670,7 @@ func (e *Endpoint) Waiting(peer int) (done func()) {
 // goroutine (see channel.await): the producer wakes this thread itself,
 // so a waiter whose peer is late is back within microseconds. It reports
 // false at once when peer's data does not come over an open ring.
-func (e *Endpoint) Await(peer int, done <-chan struct{}, d time.Duration) bool {
+func (e *Endpoint) Await(peer int, done func() bool, d time.Duration) bool {
 	if peer < 0 || peer >= e.size {
 		return false
 	}
@@ -898,6 +899,7 @@ func (e *Endpoint) Close() error {
 			}
 			time.Sleep(100 * time.Microsecond)
 		}
+		e.pres.clear()
 		e.mu.Lock()
 		for _, r := range e.rings {
 			r.Close()
@@ -1079,6 +1081,7 @@ func (e *Endpoint) offer(ctx context.Context, from int, shm, tcp bool, size int)
 			var cookie []byte
 			if r, path, cookie, err = createRing(size); err == nil {
 				e.addRing(r)
+				e.pres.add(r) // this process's presence, for the peer (presence.go)
 				e.startReader(from, newChannel(from, ringDesc(size), []link{ringLink{r}}))
 				e.sendCtl(ctx, from, e.withProc(&ctlMsg{V: 1, T: "offer", Kind: "shm", Path: path, Cookie: cookie, Size: size, TCP: tcp}))
 				return

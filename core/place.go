@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/nexar-go/nexar/core/internal/match"
+	"github.com/nexar-go/nexar/internal/sched"
 	"github.com/nexar-go/nexar/transport"
 )
 
@@ -116,16 +117,19 @@ func (c *Comm) pollOnce(src int) {
 
 // spin polls the channel from comm rank src until done fires, and
 // reports whether it did; false, at once, when that channel cannot be
-// polled. It gives up (and the caller sleeps: await) once the peer has not
-// been seen polling for the node's spinWait, where the path tells
-// (Caps().Presence: the peer's presence beat moves while it polls), else
-// spinWait after it began; in all, after spinMax. A peer seen polling is
-// on a CPU and about to answer (or waiting in turn for a peer that is):
-// waking after a sleep costs a scheduler round trip, and a rank that
-// sleeps is often woken onto its waker's CPU, where it then competes with
-// the rank it waits for. With more ranks than cores it yields the core
-// between polls (the peer may need it), and sleeps as soon as the peer is
-// seen asleep or has not been seen polling for staleAfter.
+// polled. Where the path tells whether the peer runs (Caps().Presence), it
+// spins for as long as the peer is in a call, polling for data itself
+// (PeerPresence), up to spinMax: the peer answers as soon as it runs, and a
+// rank that sleeps costs a scheduler round trip to wake, and is often woken
+// onto its waker's CPU, where it then competes with the rank it waits for.
+// When the peer last ran on this thread's CPU (and is not asleep), it
+// cannot run while this thread spins: spin yields the core between polls
+// (two ranks that share a CPU then hand it to each other at every message,
+// as they must). It gives up (the caller sleeps: await) once the peer has
+// not been in a call for the node's spinWait; where nothing is known of the
+// peer, spinWait after it began. With more ranks than cores it yields the
+// core between polls, and gives up as soon as the peer is out of a call or
+// asleep, or has not moved for staleAfter.
 func (c *Comm) spin(src int, done completion) bool {
 	spinFor := c.n.spinWait
 	if spinFor <= 0 || src < 0 || !c.n.caps.Poll {
@@ -139,50 +143,58 @@ func (c *Comm) spin(src int, done completion) bool {
 	defer stop()
 	// No runtime.Gosched in the loop: on a thread that called in from C
 	// (libnexar) the goroutine is locked to its thread, and every yield
-	// is a thread hand-off through the kernel, tens of microseconds. The
-	// spin is short; other goroutines of this process get the CPU after.
+	// is a thread hand-off through the kernel, tens of microseconds.
 	presence := c.n.caps.Presence
-	yield := c.n.oversubscribed
+	oversub := c.n.oversubscribed
 	start := time.Now()
-	seen := start // when the peer was last seen polling
+	inCall := start // when the peer was last seen in a call
+	moved := start  // when its beat last moved
 	var beat uint32
 	known := false
-	for i := 1; ; i++ {
+	yield := oversub
+	for i := 0; ; i++ {
+		if i%16 == 0 && presence {
+			now := start
+			if i > 0 {
+				now = time.Now()
+			}
+			if p, ok := c.n.ep.PeerPresence(peer); ok {
+				if !known || p.Beat != beat {
+					moved = now
+				}
+				beat, known = p.Beat, true
+				if p.Polling {
+					inCall = now
+				}
+				if oversub && i > 0 && (p.Asleep || (p.Polling && now.Sub(moved) > staleAfter)) {
+					return false // give the core to a rank that can use it
+				}
+				yield = oversub || (!p.Asleep && p.CPU >= 0 && p.CPU == sched.CPU())
+			}
+			if now.Sub(inCall) > spinFor || now.Sub(start) > spinMax(spinFor) {
+				return false
+			}
+		} else if i%16 == 0 && i > 0 && time.Since(start) > spinFor {
+			return false
+		}
 		if done.fired() {
 			return true
 		}
 		if !poll() && yield {
 			osYield() // the peer may be waiting for this core
 		}
-		if i%16 != 0 {
-			continue
-		}
-		now := time.Now()
-		if presence {
-			if p, ok := c.n.ep.PeerPresence(peer); ok {
-				if p.Polling && (!known || p.Beat != beat) {
-					seen = now
-				}
-				beat, known = p.Beat, true
-				if yield && (p.Asleep || now.Sub(seen) > staleAfter) {
-					return false // give the core to a rank that can use it
-				}
-			}
-		}
-		if now.Sub(seen) > spinFor || now.Sub(start) > spinMax(spinFor) {
-			return false
-		}
 	}
 }
 
 // staleAfter is how long a peer that polls goes without a presence beat
-// (one every few microseconds while it polls) before spin takes it for
-// off the CPU or out of the library.
-const staleAfter = 20 * time.Microsecond
+// (one every few microseconds while it polls) before spin, with more
+// ranks than cores, takes it for off the CPU.
+const staleAfter = 50 * time.Microsecond
 
-// spinMax bounds a spin on a peer that keeps polling (it waits for a third
-// rank, which then sleeps, and so does it): ten spin windows, at least 2 ms.
-func spinMax(spinFor time.Duration) time.Duration { return max(10*spinFor, 2*time.Millisecond) }
+// spinMax bounds a spin on a peer that stays in a call (preempted, or
+// waiting in turn for a rank that computes): ten spin windows, at least
+// 5 ms, the scale of a scheduler's time slice on a loaded host.
+func spinMax(spinFor time.Duration) time.Duration { return max(10*spinFor, 5*time.Millisecond) }
 
 // awaitSlot bounds each sleep of await, so that a failure of the
 // communicator or the end of ctx, which do not wake the sleeper, is seen

@@ -118,12 +118,16 @@ type Caps struct {
 }
 
 // Presence is what a peer last published of how it waits for data: a
-// goroutine of it polls (Polling; Beat then advances every few
-// microseconds while it does, so a Beat that stops moving means the peer
-// is off the CPU or busy outside the library) or sleeps until data
-// arrives (Asleep). A hint for how long to spin, never for correctness.
+// goroutine of it is in a call, polling for data (Polling; Beat then
+// advances every few microseconds while it polls, so a Beat that stops
+// moving means the peer is off the CPU, or busy in the call), or sleeps
+// until data arrives (Asleep); neither: it runs its own code. CPU is the
+// CPU it ran on then (-1: unknown): while the reader runs on that CPU, the
+// peer does not. A hint for how long to spin and whether to yield, never
+// for correctness.
 type Presence struct {
 	Polling, Asleep bool
+	CPU             int
 	Beat            uint32
 }
 

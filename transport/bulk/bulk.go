@@ -203,7 +203,7 @@ type Endpoint struct {
 	probe          []byte          // what a peer reads from our memory to test cross-memory attach
 	oversubscribed bool            // more ranks on this host than cores (see Start)
 	using          atomic.Int64    // sends and pollers that may touch a ring (see Close)
-	unuseFn        func()          // using.Add(-1), made once
+	unuseFn        func()          // StartPolling's stop, made once
 
 	// Same-host deaths (procwatch_linux.go). A peer whose hello or offer
 	// proves it a process of this host and PID namespace (sameProc) may
@@ -276,7 +276,10 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 		e.me, _ = selfProcID()
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
-	e.unuseFn = func() { e.using.Add(-1) }
+	e.unuseFn = func() {
+		e.pres.leave()
+		e.using.Add(-1)
+	}
 	e.probe = make([]byte, 16)
 	rand.Read(e.probe)
 	for r := range e.paths {
@@ -637,6 +640,7 @@ func (e *Endpoint) StartPolling(peer int) (poll func() bool, stop func()) {
 		e.using.Add(-1)
 		return nil, nil
 	}
+	e.pres.enter()
 	return ch.pollFn, e.unuseFn
 }
 

@@ -364,7 +364,13 @@ func (c *channel) readLoop() error {
 			idle = min(2*idle, hi) // nothing came: sleep longer
 			continue
 		}
-		idle = lo
+		if pres := c.ring.pres; pres != nil && pres.pollers.Load() > 0 {
+			// This process polls: the pollers take what comes, and a
+			// timed wake-up of this thread would take a core from them.
+			idle = min(2*idle, hi)
+		} else {
+			idle = lo
+		}
 		c.rmu.Lock()
 		n, err := c.stepRing(0)
 		if n > 0 && c.sleepers.Load() > 0 {
@@ -419,7 +425,7 @@ func (c *channel) stepUnlock() bool {
 	n, _ := c.stepRing(pollBudget)
 	ended := c.end != nil
 	if r := c.ring; r.pres != nil {
-		if r.polls++; r.polls%pollsPerBeat == 1 {
+		if r.polls++; r.polls%pollsPerBeat == 1 && r.pres.pollers.Load() > 0 {
 			r.pres.publish(presPolling)
 		}
 	}
@@ -446,7 +452,11 @@ func (c *channel) await(done func() bool, d time.Duration) bool {
 	}
 	ok := c.ring.sleepData(done, d)
 	if pres != nil {
-		pres.publish(presPolling)
+		state := uint64(0)
+		if pres.pollers.Load() > 0 {
+			state = presPolling
+		}
+		pres.publish(state)
 	}
 	c.sleepers.Add(-1)
 	if !ok {

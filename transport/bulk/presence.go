@@ -4,6 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/nexar-go/nexar/internal/sched"
 	"github.com/nexar-go/nexar/transport"
 )
 
@@ -18,9 +19,12 @@ import (
 // The word is a hint for that choice only, never for correctness: a
 // process with several waiting goroutines publishes whichever moved last.
 //
-// Layout: bits 0-7 the state (presPolling, presAsleep), bits 8-39 the
-// beat, a counter bumped every pollsPerBeat polls and at every change of
-// state.
+// Layout: bits 0-7 the state, bits 8-23 the CPU the publishing thread ran
+// on plus one (0: unknown, internal/sched), bits 24-55 the beat, a counter
+// bumped every pollsPerBeat polls and at every change of state. The state is
+// presPolling while a goroutine of this process polls for data (from
+// StartPolling to its stop: it is inside a call), presAsleep while one
+// sleeps in Await, and 0 when none does (the rank runs its own code).
 
 const (
 	presPolling = 1
@@ -34,9 +38,24 @@ const (
 // presence publishes this process's presence in the rings it reads. Safe
 // for concurrent use.
 type presence struct {
-	rings atomic.Pointer[[]*ring] // the rings this process reads
-	beat  atomic.Uint32
-	mu    sync.Mutex // serialises add and clear
+	rings   atomic.Pointer[[]*ring] // the rings this process reads
+	beat    atomic.Uint32
+	pollers atomic.Int32 // polling sessions open (StartPolling to stop)
+	mu      sync.Mutex   // serialises add and clear
+}
+
+// enter and leave bracket a polling session: the first one in publishes
+// presPolling, the last one out 0.
+func (p *presence) enter() {
+	if p.pollers.Add(1) == 1 {
+		p.publish(presPolling)
+	}
+}
+
+func (p *presence) leave() {
+	if p.pollers.Add(-1) == 0 {
+		p.publish(0)
+	}
 }
 
 // add makes r, a ring this process reads, carry its presence.
@@ -66,7 +85,7 @@ func (p *presence) publish(state uint64) {
 	if rs == nil {
 		return
 	}
-	v := state | uint64(p.beat.Add(1))<<8
+	v := state | uint64(uint16(sched.CPU()+1))<<8 | uint64(p.beat.Add(1))<<24
 	for _, r := range *rs {
 		r.setPresence(v)
 	}
@@ -92,5 +111,6 @@ func (e *Endpoint) PeerPresence(peer int) (transport.Presence, bool) {
 	if v == 0 {
 		return transport.Presence{}, false
 	}
-	return transport.Presence{Polling: v&presPolling != 0, Asleep: v&presAsleep != 0, Beat: uint32(v >> 8)}, true
+	return transport.Presence{Polling: v&presPolling != 0, Asleep: v&presAsleep != 0,
+		CPU: int(uint16(v>>8)) - 1, Beat: uint32(v >> 24)}, true
 }

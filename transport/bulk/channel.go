@@ -350,6 +350,7 @@ func (c *channel) readLoop() error {
 		}
 	}
 	idle := idleMin
+	var beat uint32 // the process's presence beat at the last wake-up
 	for {
 		// Wait without the lock, so that a poller can read meanwhile.
 		ready, waited := c.ring.waitData(idle)
@@ -364,10 +365,12 @@ func (c *channel) readLoop() error {
 			idle = min(2*idle, hi) // nothing came: sleep longer
 			continue
 		}
-		if pres := c.ring.pres; pres != nil && pres.pollers.Load() > 0 {
-			// This process polls: the pollers take what comes, and a
-			// timed wake-up of this thread would take a core from them.
+		if pres := c.ring.pres; pres != nil && (pres.pollers.Load() > 0 || pres.beat.Load() != beat) {
+			// This process polls, or did since the last wake-up: the
+			// pollers take what comes, and a timed wake-up of this
+			// thread would take a core from them.
 			idle = min(2*idle, hi)
+			beat = pres.beat.Load()
 		} else {
 			idle = lo
 		}

@@ -103,11 +103,11 @@ func (e *Endpoint) PeerPresence(peer int) (transport.Presence, bool) {
 		return transport.Presence{}, false
 	}
 	e.using.Add(1) // as StartPolling: Close does not unmap the ring under it
-	defer e.using.Add(-1)
-	if e.closed.Load() {
-		return transport.Presence{}, false
+	var v uint64
+	if !e.closed.Load() {
+		v = ch.ring.presence()
 	}
-	v := ch.ring.presence()
+	e.using.Add(-1)
 	if v == 0 {
 		return transport.Presence{}, false
 	}

@@ -122,10 +122,10 @@ func (c *Comm) pollOnce(src int) {
 // (PeerPresence), up to spinMax: the peer answers as soon as it runs, and a
 // rank that sleeps costs a scheduler round trip to wake, and is often woken
 // onto its waker's CPU, where it then competes with the rank it waits for.
-// When the peer last ran on this thread's CPU (and is not asleep), it
-// cannot run while this thread spins: spin yields the core between polls
-// (two ranks that share a CPU then hand it to each other at every message,
-// as they must). It gives up (the caller sleeps: await) once the peer has
+// When the peer is in a call but has stopped beating, and last ran on this
+// thread's CPU, it is queued behind this thread, and cannot run while it
+// spins: spin then yields the core between polls (two ranks that share a
+// CPU then hand it to each other at every message, as they must). It gives up (the caller sleeps: await) once the peer has
 // not been in a call for the node's spinWait; where nothing is known of the
 // peer, spinWait after it began. With more ranks than cores it yields the
 // core between polls, and gives up as soon as the peer is out of a call or
@@ -151,6 +151,7 @@ func (c *Comm) spin(src int, done completion) bool {
 	var start, inCall, moved time.Time // began; peer last seen in a call; its beat last moved
 	var beat uint32
 	known := false
+	still := 0 // looks at the peer since its beat last moved
 	yield := oversub
 	for i := 0; ; i++ {
 		if i == 16 {
@@ -164,7 +165,9 @@ func (c *Comm) spin(src int, done completion) bool {
 			}
 			if p, ok := c.n.ep.PeerPresence(peer); ok {
 				if !known || p.Beat != beat {
-					moved = now
+					moved, still = now, 0
+				} else {
+					still++
 				}
 				beat, known = p.Beat, true
 				if p.Polling {
@@ -173,7 +176,10 @@ func (c *Comm) spin(src int, done completion) bool {
 				if oversub && i > 16 && (p.Asleep || (p.Polling && now.Sub(moved) > staleAfter)) {
 					return false // give the core to a rank that can use it
 				}
-				yield = oversub || (!p.Asleep && p.CPU >= 0 && p.CPU == sched.CPU())
+				// A peer in a call beats while it runs: one that has not
+				// for three looks, and last ran on this CPU, is queued
+				// behind this thread.
+				yield = oversub || (p.Polling && still >= 3 && p.CPU >= 0 && p.CPU == sched.CPU())
 			}
 			if i >= 16 && (now.Sub(inCall) > spinFor || now.Sub(start) > spinMax(spinFor)) {
 				return false

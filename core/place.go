@@ -29,15 +29,15 @@ func (n *node) place(from int, th *transport.Header, size int) ([]byte, func(err
 		// A communicator once registered: a closed one has failed, and
 		// placeColl then leaves the frame to the Handler.
 		c := n.placed.Load()
-		if c == nil || c.id != h.comm {
-			if c = n.comm(h.comm); c == nil {
-				return nil, nil
+		if c == nil || c.id != h.comm || c.gen != h.gen {
+			if c = n.comm(h.comm); c == nil || h.gen != c.gen {
+				return nil, nil // the Handler drops another generation's
 			}
 			n.placed.Store(c)
 		}
 		src := c.rankOfWorld(from)
-		if src < 0 || h.gen != c.gen {
-			return nil, nil // the Handler drops another generation's
+		if src < 0 {
+			return nil, nil
 		}
 		return c.placeColl(src, h, size)
 	}

@@ -233,15 +233,20 @@ func choose(name string, forced, auto Algorithm, ok ...Algorithm) (Algorithm, er
 // they agree on every step without talking. Reserve steps in the goroutine
 // that runs the schedule, before handing work to helper goroutines.
 type steps struct {
-	out, in []uint32
+	n       int // ranks
 	chunk   int
 	segment int                    // pipeline segment, at most chunk
-	small   [2 * smallWorld]uint32 // out and in for small worlds: one allocation per call
+	small   [2 * smallWorld]uint32 // out and in counters for small worlds
+	big     []uint32               // out and in counters above smallWorld
 }
 
 const smallWorld = 16
 
-func newSteps(l Link) *steps {
+// init prepares st for one call over l. A steps lives in its schedule's
+// frame (var st steps; st.init(l)) and nothing keeps it past the call, so
+// in a small world it costs no allocation (the counters are indexed, not
+// sliced out of small: a pointer into itself would move it to the heap).
+func (st *steps) init(l Link) {
 	t := l.Tuning()
 	c := t.ChunkSize
 	if c <= 0 {
@@ -252,13 +257,25 @@ func newSteps(l Link) *steps {
 		seg = c
 	}
 	n := l.Size()
-	st := &steps{chunk: c, segment: seg}
-	if n <= smallWorld {
-		st.out, st.in = st.small[:n:n], st.small[n:2*n]
-	} else {
-		st.out, st.in = make([]uint32, n), make([]uint32, n)
+	st.n, st.chunk, st.segment = n, c, seg
+	if n > smallWorld {
+		st.big = make([]uint32, 2*n)
 	}
-	return st
+}
+
+// out is the next step to send to peer, in is the next from peer.
+func (s *steps) out(peer int) *uint32 {
+	if s.big != nil {
+		return &s.big[peer]
+	}
+	return &s.small[peer]
+}
+
+func (s *steps) in(peer int) *uint32 {
+	if s.big != nil {
+		return &s.big[s.n+peer]
+	}
+	return &s.small[s.n+peer]
 }
 
 // nchunks is the number of messages for n bytes: at least one, so that
@@ -271,24 +288,32 @@ func nchunks(n, chunk int) int {
 }
 
 func (s *steps) sendTo(peer, n int) uint32 {
-	b := s.out[peer]
-	s.out[peer] += uint32(nchunks(n, s.chunk))
+	p := s.out(peer)
+	b := *p
+	*p += uint32(nchunks(n, s.chunk))
 	return b
 }
 
 func (s *steps) recvFrom(peer, n int) uint32 {
-	b := s.in[peer]
-	s.in[peer] += uint32(nchunks(n, s.chunk))
+	p := s.in(peer)
+	b := *p
+	*p += uint32(nchunks(n, s.chunk))
 	return b
 }
 
 // sendMsg sends data as consecutive chunks starting at step base.
 func (s *steps) sendMsg(ctx context.Context, l Link, peer int, base uint32, data []byte) error {
-	if len(data) <= s.chunk {
+	return sendChunks(ctx, l, peer, base, data, s.chunk)
+}
+
+// sendChunks is sendMsg with the chunk size given (for goroutines, which
+// must not keep the schedule's steps alive: see steps.init).
+func sendChunks(ctx context.Context, l Link, peer int, base uint32, data []byte, chunk int) error {
+	if len(data) <= chunk {
 		return l.Send(ctx, peer, base, data)
 	}
-	for off, i := 0, uint32(0); off < len(data); off, i = off+s.chunk, i+1 {
-		end := min(off+s.chunk, len(data))
+	for off, i := 0, uint32(0); off < len(data); off, i = off+chunk, i+1 {
+		end := min(off+chunk, len(data))
 		if err := l.Send(ctx, peer, base+i, data[off:end]); err != nil {
 			return err
 		}
@@ -338,7 +363,8 @@ func (s *steps) exchange(ctx context.Context, l Link, to int, data []byte, from 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 1)
-	go func() { errc <- s.sendMsg(ctx, l, to, sb, data) }()
+	chunk := s.chunk
+	go func() { errc <- sendChunks(ctx, l, to, sb, data, chunk) }()
 	rerr := s.recvMsg(ctx, l, from, rb, buf)
 	if rerr != nil {
 		cancel()
@@ -392,12 +418,12 @@ func (s *steps) pipeline(ctx context.Context, l Link, prev int, in []byte, next 
 	// Each segment is one message of at most one chunk: one step each.
 	var rb, sb uint32
 	if prev >= 0 {
-		rb = s.in[prev]
-		s.in[prev] += uint32(nseg)
+		rb = *s.in(prev)
+		*s.in(prev) += uint32(nseg)
 	}
 	if next >= 0 {
-		sb = s.out[next]
-		s.out[next] += uint32(nseg)
+		sb = *s.out(next)
+		*s.out(next) += uint32(nseg)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -32,7 +32,8 @@ func Allgather(ctx context.Context, l Link, send, recv []byte) error {
 	if size == 1 || blk == 0 {
 		return nil
 	}
-	st := newSteps(l)
+	var st steps
+	st.init(l)
 	if algo == AlgoRing {
 		return st.ringAllgather(ctx, l, blocks)
 	}
@@ -75,7 +76,9 @@ func Allgatherv(ctx context.Context, l Link, send, recv []byte, counts, displs [
 	if size == 1 {
 		return nil
 	}
-	return newSteps(l).ringAllgather(ctx, l, blocks)
+	var st steps
+	st.init(l)
+	return st.ringAllgather(ctx, l, blocks)
 }
 
 // Alltoall sends block j of send to rank j, which stores it as block Rank()
@@ -99,7 +102,9 @@ func Alltoall(ctx context.Context, l Link, send, recv []byte) error {
 		return err
 	}
 	if algo == AlgoBruck && size > 1 && blk > 0 {
-		return newSteps(l).bruckAlltoall(ctx, l, send, recv, blk)
+		var st steps
+		st.init(l)
+		return st.bruckAlltoall(ctx, l, send, recv, blk)
 	}
 	counts, displs := make([]int, size), make([]int, size)
 	for i := range counts {
@@ -193,7 +198,8 @@ func alltoallv(ctx context.Context, l Link, send []byte, scounts, sdispls []int,
 		return fmt.Errorf("collective: alltoallv rank %d sends itself %d bytes but expects %d", rank, len(sb[rank]), len(rb[rank]))
 	}
 	copy(rb[rank], sb[rank])
-	st := newSteps(l)
+	var st steps
+	st.init(l)
 	for s := 1; s < size; s++ {
 		to, from := (rank+s)%size, mod(rank-s, size)
 		if err := st.exchange(ctx, l, to, sb[to], from, rb[from]); err != nil {

@@ -43,7 +43,8 @@ func Allreduce(ctx context.Context, l Link, send, recv []byte, dt DType, op Op) 
 		}
 		return nil
 	}
-	st := newSteps(l)
+	var st steps
+	st.init(l)
 	if algo == AlgoRing {
 		in := send
 		if in == nil {
@@ -215,7 +216,9 @@ func ReduceScatter(ctx context.Context, l Link, send, recv []byte, dt DType, op 
 	if len(recv) == 0 {
 		return nil
 	}
-	return newSteps(l).ringReduceScatter(ctx, l, eqblocks(send, size, len(recv)), recv, dt, op)
+	var st steps
+	st.init(l)
+	return st.ringReduceScatter(ctx, l, eqblocks(send, size, len(recv)), recv, dt, op)
 }
 
 // ReduceScatterInPlace reduces buf (size equal blocks) across ranks and
@@ -240,7 +243,9 @@ func ReduceScatterInPlace(ctx context.Context, l Link, buf []byte, dt DType, op 
 		return nil
 	}
 	blocks := eqblocks(buf, size, blk)
-	return newSteps(l).ringReduceScatter(ctx, l, blocks, blocks[rank], dt, op)
+	var st steps
+	st.init(l)
+	return st.ringReduceScatter(ctx, l, blocks, blocks[rank], dt, op)
 }
 
 // overlaps reports whether a and b share memory.

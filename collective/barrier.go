@@ -11,7 +11,8 @@ func Barrier(ctx context.Context, l Link) error {
 	if err != nil {
 		return err
 	}
-	st := newSteps(l)
+	var st steps
+	st.init(l)
 	for k := 1; k < size; k <<= 1 {
 		if err := st.exchange(ctx, l, (rank+k)%size, nil, mod(rank-k, size), nil); err != nil {
 			return err

@@ -49,7 +49,8 @@ func Broadcast(ctx context.Context, l Link, buf []byte, root int) error {
 	if size == 1 {
 		return nil
 	}
-	st := newSteps(l)
+	var st steps
+	st.init(l)
 	vr := mod(rank-root, size)
 	abs := func(v int) int { return (v + root) % size }
 	if algo == AlgoPipeline {
@@ -117,7 +118,8 @@ func Reduce(ctx context.Context, l Link, send, recv []byte, dt DType, op Op, roo
 		}
 		return nil
 	}
-	st := newSteps(l)
+	var st steps
+	st.init(l)
 	if algo == AlgoRing {
 		// Rabenseifner-style: reduce-scatter, then gather the blocks to root.
 		var out []byte
@@ -206,7 +208,9 @@ func Gather(ctx context.Context, l Link, send, recv []byte, root int) error {
 		for i := range counts {
 			counts[i], displs[i] = blk, i*blk
 		}
-		return gatherv(ctx, l, newSteps(l), send, recv, counts, displs, root)
+		var st steps
+		st.init(l)
+		return gatherv(ctx, l, &st, send, recv, counts, displs, root)
 	}
 	if size == 1 {
 		if send != nil {
@@ -215,7 +219,8 @@ func Gather(ctx context.Context, l Link, send, recv []byte, root int) error {
 		return nil
 	}
 	// Binomial: tmp holds the blocks of relative ranks [vr, vr+subtree).
-	st := newSteps(l)
+	var st steps
+	st.init(l)
 	vr := mod(rank-root, size)
 	n := subtree(vr, size)
 	var tmp []byte
@@ -268,7 +273,9 @@ func Gatherv(ctx context.Context, l Link, send, recv []byte, counts, displs []in
 			return fmt.Errorf("collective: gatherv root sends %d bytes, counts say %d", len(send), counts[rank])
 		}
 	}
-	return gatherv(ctx, l, newSteps(l), send, recv, counts, displs, root)
+	var st steps
+	st.init(l)
+	return gatherv(ctx, l, &st, send, recv, counts, displs, root)
 }
 
 // gatherv is the linear gather: the root receives from all ranks at once.
@@ -322,7 +329,9 @@ func Scatter(ctx context.Context, l Link, send, recv []byte, root int) error {
 		for i := range counts {
 			counts[i], displs[i] = blk, i*blk
 		}
-		return scatterv(ctx, l, newSteps(l), send, counts, displs, recv, root)
+		var st steps
+		st.init(l)
+		return scatterv(ctx, l, &st, send, counts, displs, recv, root)
 	}
 	if size == 1 {
 		if recv != nil {
@@ -331,7 +340,8 @@ func Scatter(ctx context.Context, l Link, send, recv []byte, root int) error {
 		return nil
 	}
 	// Binomial: tmp holds the blocks of relative ranks [vr, vr+subtree).
-	st := newSteps(l)
+	var st steps
+	st.init(l)
 	vr := mod(rank-root, size)
 	n := subtree(vr, size)
 	var tmp []byte
@@ -389,7 +399,9 @@ func Scatterv(ctx context.Context, l Link, send []byte, counts, displs []int, re
 			return fmt.Errorf("collective: scatterv root receives %d bytes, counts say %d", len(recv), counts[rank])
 		}
 	}
-	return scatterv(ctx, l, newSteps(l), send, counts, displs, recv, root)
+	var st steps
+	st.init(l)
+	return scatterv(ctx, l, &st, send, counts, displs, recv, root)
 }
 
 // scatterv is the linear scatter: the root sends to all ranks at once.

@@ -57,7 +57,8 @@ func scan(ctx context.Context, l Link, send, recv []byte, dt DType, op Op, exclu
 	if own == nil {
 		own = append([]byte(nil), recv...)
 	}
-	st := newSteps(l)
+	var st steps
+	st.init(l)
 	o := redOp(op)
 	if algo == AlgoPipeline {
 		err = st.chainScan(ctx, l, own, recv, dt, o, exclusive)

@@ -22,7 +22,7 @@ import (
 // not keep.
 
 const (
-	minScratchClass = 9  // 512 B: smaller buffers are cheap to allocate
+	minScratchClass = 9  // 512 B: smaller buffers come from the tiny slots
 	maxScratchClass = 34 // 16 GiB
 	hugeClass       = 21 // 2 MiB
 )
@@ -34,15 +34,29 @@ type ScratchPool struct {
 	inUse   atomic.Int64 // capacity of buffers handed out and not returned
 	idleB   atomic.Int64 // capacity of idle buffers kept
 
+	// tiny keeps idle buffers of tinyScratch bytes, for every request of
+	// that size or less (an 8-byte allreduce's temporary), without a lock:
+	// a slot is taken and given back with one atomic swap each.
+	tiny       [tinySlots]atomic.Pointer[[tinyScratch]byte]
+	tinyOn     bool        // idleMax leaves room for every tiny slot
+	tinyClosed atomic.Bool // Close has begun: tiny buffers are not kept
+
 	mu     sync.Mutex
 	idle   [maxScratchClass + 1][][]byte
 	closed bool
 }
 
+const (
+	tinyScratch = 1 << minScratchClass
+	tinySlots   = 4
+)
+
 // NewScratchPool returns a pool that keeps at most idleBytes of idle
 // buffers (0 or less: none; a buffer is released when its call ends).
 func NewScratchPool(idleBytes int64) *ScratchPool {
-	return &ScratchPool{idleMax: max(idleBytes, 0)}
+	p := &ScratchPool{idleMax: max(idleBytes, 0)}
+	p.tinyOn = p.idleMax >= tinySlots*tinyScratch
+	return p
 }
 
 // ScratchLink is an optional Link extension: the pool its schedules take
@@ -78,6 +92,9 @@ func (p *ScratchPool) Idle() int64 {
 // Get returns a buffer of n bytes with undefined contents; give it back
 // with Put when no goroutine uses it any more.
 func (p *ScratchPool) Get(n int) []byte {
+	if p != nil && n <= tinyScratch && p.tinyOn {
+		return p.getTiny(n)
+	}
 	c := scratchClass(n)
 	if c < 0 || p == nil {
 		return make([]byte, n)
@@ -107,6 +124,10 @@ func (p *ScratchPool) Get(n int) []byte {
 // Put returns b, which came from Get, to the pool: kept idle while the
 // pool's bound allows, else released.
 func (p *ScratchPool) Put(b []byte) {
+	if p != nil && cap(b) == tinyScratch && p.tinyOn {
+		p.putTiny((*[tinyScratch]byte)(b[:tinyScratch]))
+		return
+	}
 	c := scratchClass(cap(b))
 	if p == nil || c < 0 || cap(b) != 1<<c {
 		return
@@ -125,12 +146,51 @@ func (p *ScratchPool) Put(b []byte) {
 	}
 }
 
+// getTiny returns an idle tiny buffer, or a new one.
+func (p *ScratchPool) getTiny(n int) []byte {
+	for i := range p.tiny {
+		if b := p.tiny[i].Swap(nil); b != nil {
+			p.idleB.Add(-tinyScratch)
+			p.inUse.Add(tinyScratch)
+			return b[:n]
+		}
+	}
+	p.inUse.Add(tinyScratch)
+	return new([tinyScratch]byte)[:n]
+}
+
+// putTiny keeps b in a free tiny slot (none: the GC takes it). A buffer
+// put back after Close is dropped by that Close's or the next sweep.
+func (p *ScratchPool) putTiny(b *[tinyScratch]byte) {
+	p.inUse.Add(-tinyScratch)
+	for i := range p.tiny {
+		if p.tiny[i].CompareAndSwap(nil, b) {
+			p.idleB.Add(tinyScratch)
+			if p.tinyClosed.Load() {
+				p.dropTiny()
+			}
+			return
+		}
+	}
+}
+
+// dropTiny empties the tiny slots.
+func (p *ScratchPool) dropTiny() {
+	for i := range p.tiny {
+		if p.tiny[i].Swap(nil) != nil {
+			p.idleB.Add(-tinyScratch)
+		}
+	}
+}
+
 // Close releases the idle buffers; buffers put back afterwards are
 // released at once.
 func (p *ScratchPool) Close() {
 	if p == nil {
 		return
 	}
+	p.tinyClosed.Store(true)
+	p.dropTiny()
 	p.mu.Lock()
 	var drop [][]byte
 	for c := range p.idle {

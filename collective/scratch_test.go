@@ -34,3 +34,41 @@ func TestScratchPoolIdleBound(t *testing.T) {
 		t.Fatal("nil pool")
 	}
 }
+
+// TestScratchPoolTiny: requests of at most 512 bytes reuse the pool's tiny
+// buffers (an 8-byte allreduce allocates none), are counted like the
+// others, and are kept only where the idle bound leaves room for them.
+func TestScratchPoolTiny(t *testing.T) {
+	p := NewScratchPool(1 << 20)
+	a := p.Get(8)
+	if len(a) != 8 || cap(a) != tinyScratch || p.Held() != tinyScratch {
+		t.Fatalf("tiny get: len %d cap %d, held %d", len(a), cap(a), p.Held())
+	}
+	p.Put(a)
+	if p.Idle() != tinyScratch {
+		t.Fatalf("idle %d after a tiny put; want %d", p.Idle(), tinyScratch)
+	}
+	if got := testing.AllocsPerRun(100, func() { p.Put(p.Get(8)) }); got != 0 {
+		t.Errorf("tiny get and put: %.0f allocations; want 0", got)
+	}
+	bufs := make([][]byte, tinySlots+2)
+	for i := range bufs {
+		bufs[i] = p.Get(500)
+	}
+	for _, b := range bufs {
+		p.Put(b)
+	}
+	if p.Idle() != tinySlots*tinyScratch || p.Held() != tinySlots*tinyScratch {
+		t.Fatalf("idle %d, held %d; want the %d slots' bytes", p.Idle(), p.Held(), tinySlots)
+	}
+	p.Close()
+	p.Put(p.Get(8)) // after Close: not kept
+	if p.Idle() != 0 || p.Held() != 0 {
+		t.Fatalf("after Close: idle %d, held %d", p.Idle(), p.Held())
+	}
+	small := NewScratchPool(tinyScratch) // no room for every slot: none kept
+	small.Put(small.Get(8))
+	if small.Held() != 0 {
+		t.Fatalf("a pool with no room for the tiny slots holds %d", small.Held())
+	}
+}

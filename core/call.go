@@ -36,20 +36,20 @@ func (c *Comm) startColl(ctx context.Context, sig signature, body func(ctx conte
 	seq := c.nextSeq
 	c.nextSeq++
 	if err := c.collDepartedLocked(op, seq); err != nil {
-		delete(c.remoteSig, seq)
+		if s := c.callTab.get(seq); s != nil {
+			s.hasRemote = false
+			c.callTab.tidy(s)
+		}
 		c.mu.Unlock()
 		req.finish(Status{}, err)
 		return req
 	}
-	c.unfinished[seq] = true
-	if c.size > 1 {
-		rs, seen := c.remoteSig[seq]
-		delete(c.remoteSig, seq)
-		c.mySig[seq] = sig
-		if seen && !rs.sig.matches(sig) {
-			c.mismatchLocked(sig, rs.from, rs.sig)
-		}
+	s := c.callTab.at(seq)
+	if s.hasRemote && !s.remote.matches(sig) {
+		c.mismatchLocked(sig, s.from, s.remote)
 	}
+	s.hasRemote = false
+	s.mine, s.hasMine = sig, true
 	c.ops.Add(1)
 	req.fr = c.flight.startColl(seq, sig)
 	c.mu.Unlock()
@@ -143,10 +143,14 @@ func (cc *collCall) run() {
 		err = c.opError(op, ctx, err)
 	}
 	c.mu.Lock()
-	delete(c.mySig, seq)
-	if err == nil {
-		delete(c.unfinished, seq)
-	} else if e, ok := err.(*Error); ok && CodeOf(err) != CodeClosed && !isDeparture(err) {
+	if s := c.callTab.get(seq); s != nil {
+		s.hasMine = false
+		c.callTab.tidy(s)
+	}
+	if err != nil {
+		c.callTab.minFailed = min(c.callTab.minFailed, seq)
+	}
+	if e, ok := err.(*Error); ok && CodeOf(err) != CodeClosed && !isDeparture(err) {
 		// A member's departure fails the collectives it did not
 		// complete on every rank alike: not a failure of c.
 		c.failAndTellLocked(e)

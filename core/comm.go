@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nexar-go/nexar/collective"
@@ -36,7 +37,10 @@ type Comm struct {
 	size  int
 	world []int // comm rank -> world rank
 	of    map[int]int
-	cfg   Config
+	// rankOf is of as a slice by world rank of the node (-1: not a
+	// member), for the placement of every frame (rankOfWorld).
+	rankOf []int32
+	cfg    Config
 	// tuningDigest is cfg.Tuning.Digest(), put in every signature.
 	tuningDigest uint16
 	// gen is the membership generation c was created in: its messages
@@ -52,21 +56,25 @@ type Comm struct {
 	closeOnce sync.Once
 
 	// mu guards the following fields.
-	mu         sync.Mutex
-	err        error
-	nextSeq    uint64
-	mySig      map[uint64]signature // own calls not completed yet
-	remoteSig  map[uint64]remoteSig // signatures seen for calls not made here yet
-	match      *match.Engine        // matching of inbound messages and receives; settleLocked acts on its completions
-	sendTail   []chan struct{}      // per peer: done when the previous p2p send finished
-	unfinished map[uint64]bool      // collectives started here and not completed successfully
-	gone       map[int]departure
-	fwd        *Error     // the failure a member's goodbye reported, to report in ours
-	collLimit  uint64     // collectives from this seq on can never complete (a member left)
-	filled     *sync.Cond // on mu: broadcast when a placed chunk is written
-	lost       failures   // members found failed (Failures, Failed)
-	rec        recovery   // revoke, agreements, failure policy (core/recover.go)
-	closing    bool       // Close has begun: no automatic shrink starts
+	mu        sync.Mutex
+	err       error
+	nextSeq   uint64
+	callTab   callTable       // signatures by call: own calls not completed, peers' calls not made here yet (core/calltable.go)
+	match     *match.Engine   // matching of inbound messages and receives; settleLocked acts on its completions
+	sendTail  []chan struct{} // per peer: done when the previous p2p send finished
+	gone      map[int]departure
+	fwd       *Error     // the failure a member's goodbye reported, to report in ours
+	collLimit uint64     // collectives from this seq on can never complete (a member left)
+	filled    *sync.Cond // on mu: broadcast when a placed chunk is written (see waitFilledLocked)
+	lost      failures   // members found failed (Failures, Failed)
+	rec       recovery   // revoke, agreements, failure policy (core/recover.go)
+	closing   bool       // Close has begun: no automatic shrink starts
+
+	// fillWaiters counts goroutines in waitFilledLocked (core/matching.go).
+	fillWaiters atomic.Int32
+	// departed: some member left (gone is not empty); until then a
+	// collective send needs no look at gone (collSendSkip).
+	departed atomic.Bool
 
 	rpc *rpcState // handlers and calls in flight (core/rpc.go), under its own lock
 
@@ -87,35 +95,46 @@ type departure struct {
 	err *Error // Op is filled in per operation
 }
 
-type remoteSig struct {
-	sig  signature
-	from int
-}
-
 func newComm(n *node, id uint64, rank int, world []int) *Comm {
 	c := &Comm{
 		n: n, id: id, rank: rank, size: len(world), world: world,
 		of: make(map[int]int, len(world)), cfg: n.cfg, tuningDigest: n.cfg.Tuning.Digest(), gen: n.view.Gen,
-		failed:     make(chan struct{}),
-		mySig:      make(map[uint64]signature),
-		remoteSig:  make(map[uint64]remoteSig),
-		match:      match.New(len(world)),
-		sendTail:   make([]chan struct{}, len(world)),
-		unfinished: make(map[uint64]bool),
-		gone:       make(map[int]departure),
-		collLimit:  math.MaxUint64,
-		lost:       newFailures(len(world)),
-		rpc:        newRPCState(n.cfg.RPCHandlers, rpcPoolBytes(n.cfg)),
-		rec:        recovery{policy: n.cfg.OnFailure, stop: make(chan struct{})},
-		flight:     newFlightRecorder(n.cfg, n.log, id, rank),
-		scratch:    collective.NewScratchPool(n.cfg.ScratchIdleBytes),
+		failed:    make(chan struct{}),
+		callTab:   callTable{minFailed: math.MaxUint64},
+		match:     match.New(len(world)),
+		sendTail:  make([]chan struct{}, len(world)),
+		gone:      make(map[int]departure),
+		collLimit: math.MaxUint64,
+		lost:      newFailures(len(world)),
+		rpc:       newRPCState(n.cfg.RPCHandlers, rpcPoolBytes(n.cfg)),
+		rec:       recovery{policy: n.cfg.OnFailure, stop: make(chan struct{})},
+		flight:    newFlightRecorder(n.cfg, n.log, id, rank),
+		scratch:   collective.NewScratchPool(n.cfg.ScratchIdleBytes),
+	}
+	c.rankOf = make([]int32, n.size)
+	for i := range c.rankOf {
+		c.rankOf[i] = -1
 	}
 	for r, w := range world {
 		c.of[w] = r
+		if w >= 0 && w < len(c.rankOf) {
+			c.rankOf[w] = int32(r)
+		}
 	}
 	c.filled = sync.NewCond(&c.mu)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c
+}
+
+// rankOfWorld is the rank in c of world rank w, or -1.
+func (c *Comm) rankOfWorld(w int) int {
+	if w >= 0 && w < len(c.rankOf) {
+		return int(c.rankOf[w])
+	}
+	if r, ok := c.of[w]; ok {
+		return r
+	}
+	return -1
 }
 
 // NewLocal builds n communicators in this process, connected by the
@@ -232,10 +251,7 @@ func (c *Comm) Abort(err error) {
 func (c *Comm) Close() error {
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
-		done := c.nextSeq // every collective before it completed here
-		for seq := range c.unfinished {
-			done = min(done, seq)
-		}
+		done := c.callTab.firstUnfinished(c.nextSeq) // every collective before it completed here
 		cause := c.fwd
 		if e := (*Error)(nil); cause == nil && errors.As(c.err, &e) && e.Code != CodeClosed && !isDeparture(c.err) {
 			cause = e
@@ -468,22 +484,24 @@ func (c *Comm) control(src int, h header, payload []byte) {
 // the call until it completes), or keeps it until we make call seq. Every
 // data message of a collective and every ring check carries one.
 func (c *Comm) checkSigLocked(src int, seq uint64, sig signature) {
-	if mine, ok := c.mySig[seq]; ok {
-		if !mine.matches(sig) {
-			c.mismatchLocked(mine, src, sig)
+	s := c.callTab.get(seq)
+	if s != nil && s.hasMine {
+		if !s.mine.matches(sig) {
+			c.mismatchLocked(s.mine, src, sig)
 		}
 		return
 	}
 	if seq < c.nextSeq {
 		return // our call seq has completed, every message checked
 	}
-	if prev, ok := c.remoteSig[seq]; ok {
-		if !prev.sig.matches(sig) {
-			c.mismatchBetweenLocked(prev.from, prev.sig, src, sig)
+	if s != nil && s.hasRemote {
+		if !s.remote.matches(sig) {
+			c.mismatchBetweenLocked(s.from, s.remote, src, sig)
 		}
 		return
 	}
-	c.remoteSig[seq] = remoteSig{sig: sig, from: src}
+	s = c.callTab.at(seq)
+	s.remote, s.from, s.hasRemote = sig, src, true
 }
 
 func (c *Comm) mismatchLocked(mine signature, src int, theirs signature) {
@@ -616,6 +634,7 @@ func (c *Comm) departLocked(r int, seq uint64, cause *Error) {
 		d.err = cause
 	}
 	c.gone[r] = d
+	c.departed.Store(true)
 	c.suspectDepartedLocked(r)
 	c.collLimit = min(c.collLimit, seq)
 	release := c.match.Depart(r, c.collLimit, d.err)
@@ -653,6 +672,11 @@ func (c *Comm) collDepartedLocked(op string, seq uint64) error {
 // it (true, nil) when peer left after completing seq, which therefore
 // needs nothing more; fail it when peer left before; else (false, nil).
 func (c *Comm) collSendSkip(peer int, seq uint64, op string) (bool, error) {
+	if !c.departed.Load() {
+		// Nobody left: nothing to skip or fail. A departure recorded
+		// meanwhile fails this send, which asks again (link.send).
+		return false, nil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	d, ok := c.gone[peer]

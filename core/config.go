@@ -85,13 +85,15 @@ type Config struct {
 	// allows it. Default 256 KiB; negative: never.
 	BulkRemoteMin int
 	// SpinWait is how long a goroutine waiting for data from a rank on this
-	// host polls the shared-memory channel itself before it sleeps until
-	// the channel's reader hands the data over. Longer spins cut latency
-	// and burn a core while waiting; a sleep and wake-up costs tens of
-	// microseconds, more for calls from C and Python (whose thread the Go
-	// runtime must hand back). Default: 500 µs when this host has a core
-	// for every rank it runs, else 200 µs yielding the core (sched_yield)
-	// between polls; negative: never spin.
+	// host polls the shared-memory channel itself, once that rank is out of
+	// any call (its presence in the ring says so; while it is in a call the
+	// waiter spins on, up to ten SpinWaits and at least 5 ms), before it
+	// sleeps until the sender wakes it. Longer spins cut latency and burn a
+	// core while waiting; a sleep and wake-up costs tens of microseconds,
+	// more for calls from C and Python (whose thread the Go runtime must
+	// hand back). Default: 500 µs when this host has a core for every rank
+	// it runs, else 200 µs yielding the core (sched_yield) between polls;
+	// negative: never spin.
 	SpinWait time.Duration
 	// OnFailure is what a member's failure does to a communicator made
 	// from this config (NEXAR_ON_FAILURE=abort|manual|shrink; see

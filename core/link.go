@@ -77,7 +77,7 @@ func (l *link) Exchange(ctx context.Context, to int, sbase uint32, data []byte, 
 	unpost := func() {
 		for _, p := range ps {
 			c.unpostColl(p.key, p.m)
-			c.match.Release(p.m)
+			c.releaseColl(p.m)
 		}
 	}
 	if to != l.successor() {

@@ -140,9 +140,9 @@ func (c *Comm) postColl(key match.Key, buf []byte) (*match.Msg, error) {
 //
 // m is released to the engine when it returns: the caller must not use it.
 func (c *Comm) waitColl(ctx context.Context, key match.Key, m *match.Msg) error {
-	if c.spin(key.Src, postedDone{&m.Done}) || c.await(ctx, key.Src, postedDone{&m.Done}) {
+	if c.spin(key.Src, postedDone{m}) || c.await(ctx, key.Src, postedDone{m}) {
 		err := m.Err
-		c.match.Release(m)
+		c.releaseColl(m)
 		return err
 	}
 	done := c.blocking(key.Src)
@@ -150,7 +150,7 @@ func (c *Comm) waitColl(ctx context.Context, key match.Key, m *match.Msg) error 
 	case <-m.Done.C():
 		err := m.Err
 		done()
-		c.match.Release(m)
+		c.releaseColl(m)
 		return err
 	case <-c.failed:
 	case <-ctx.Done():
@@ -160,11 +160,11 @@ func (c *Comm) waitColl(ctx context.Context, key match.Key, m *match.Msg) error 
 	select {
 	case <-m.Done.C():
 		err := m.Err
-		c.match.Release(m)
+		c.releaseColl(m)
 		return err
 	default:
 	}
-	c.match.Release(m)
+	c.releaseColl(m)
 	if err := c.Err(); err != nil {
 		return err
 	}
@@ -191,11 +191,32 @@ func (c *Comm) placeColl(src int, h header, size int) ([]byte, func(error)) {
 	if c.err != nil || h.seqOrTag >= c.collLimit {
 		return nil, nil
 	}
-	m, dst := c.match.PlaceColl(key, int(h.total), size)
+	m, dst, whole := c.match.PlaceColl(key, int(h.total), size)
 	if m == nil {
 		return nil, nil
 	}
 	c.traffic.bytesRecv.Add(int64(size))
+	if whole {
+		// The engine forgot m: its completion is ours, without c.mu.
+		// Done fires before the fill ends, so that a waiter that gives
+		// up (unpostColl) finds it fired once the fill is over, and the
+		// waiter that sees it fire waits for the end (releaseColl)
+		// before m is reused; m is not touched after EndFill.
+		if m.FillWhole == nil { // made once per Msg, which the engine reuses
+			m.FillWhole = func(err error) {
+				if err == nil { // else the transport reports the peer down: c fails
+					m.Done.Fire()
+				}
+				m.EndFill()
+				if c.fillWaiters.Load() > 0 {
+					c.mu.Lock()
+					c.filled.Broadcast()
+					c.mu.Unlock()
+				}
+			}
+		}
+		return dst, m.FillWhole
+	}
 	m.FillSize = size
 	if m.Fill == nil { // made once per Msg, which the engine reuses
 		m.Fill = func(err error) {
@@ -235,7 +256,25 @@ func (c *Comm) placeP2P(src int, h header, size int) ([]byte, func(error)) {
 // writing into m's buffer, so that a receive given up on no longer has its
 // buffer written behind the caller's back.
 func (c *Comm) waitFilledLocked(m *match.Msg) {
+	if !m.Filling() {
+		return
+	}
+	// A fill that ends without c.mu (placed whole) broadcasts only while
+	// someone is counted here: counted before Filling is read again, so
+	// either this sees the end or that fill sees the count.
+	c.fillWaiters.Add(1)
 	for m.Filling() {
 		c.filled.Wait()
 	}
+	c.fillWaiters.Add(-1)
+}
+
+// releaseColl gives a posted collective message back to the engine once
+// its receive is over, after the write that completed it has ended (a
+// message placed whole fires Done just before its fill ends).
+func (c *Comm) releaseColl(m *match.Msg) {
+	for m.Filling() {
+		osYield()
+	}
+	c.match.Release(m)
 }

@@ -81,6 +81,11 @@ type node struct {
 	stallEnd atomic.Int64
 	stallLen atomic.Int64
 
+	// placed is the communicator the last collective frame was placed
+	// for (core/place.go): the next one is usually for it too, and then
+	// needs neither mu nor comms.
+	placed atomic.Pointer[Comm]
+
 	// mu guards the following fields.
 	mu      sync.Mutex
 	comms   map[uint64]*Comm

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/nexar-go/nexar/core/internal/match"
+	"github.com/nexar-go/nexar/internal/sched"
 	"github.com/nexar-go/nexar/transport"
 )
 
@@ -24,9 +25,23 @@ func (n *node) place(from int, th *transport.Header, size int) ([]byte, func(err
 		return nil, nil // the Handler reports what is wrong
 	}
 	n.lastSeen[from].Store(time.Now().UnixNano())
-	n.mu.Lock()
-	c := n.comms[h.comm]
-	n.mu.Unlock()
+	if h.kind == kindColl {
+		// A communicator once registered: a closed one has failed, and
+		// placeColl then leaves the frame to the Handler.
+		c := n.placed.Load()
+		if c == nil || c.id != h.comm || c.gen != h.gen {
+			if c = n.comm(h.comm); c == nil || h.gen != c.gen {
+				return nil, nil // the Handler drops another generation's
+			}
+			n.placed.Store(c)
+		}
+		src := c.rankOfWorld(from)
+		if src < 0 {
+			return nil, nil
+		}
+		return c.placeColl(src, h, size)
+	}
+	c := n.comm(h.comm)
 	if c == nil || h.gen != c.gen {
 		return nil, nil // the Handler drops another generation's
 	}
@@ -35,12 +50,17 @@ func (n *node) place(from int, th *transport.Header, size int) ([]byte, func(err
 		return nil, nil
 	}
 	switch h.kind {
-	case kindColl:
-		return c.placeColl(src, h, size)
 	case kindRPC:
 		return c.placeRPC(src, h, size) // from RPC channels (transport/bulk)
 	}
 	return c.placeP2P(src, h, size)
+}
+
+// comm returns the registered communicator id, or nil.
+func (n *node) comm(id uint64) *Comm {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.comms[id]
 }
 
 // resolveSpinWait fixes whether waiters yield the core between polls (the
@@ -95,37 +115,96 @@ func (c *Comm) pollOnce(src int) {
 	}
 }
 
-// spin polls the channel from comm rank src until done is closed, for at
-// most the node's spinWait; it reports whether done was closed. It
-// returns false at once when that channel cannot be polled.
+// spin polls the channel from comm rank src until done fires, and
+// reports whether it did; false, at once, when that channel cannot be
+// polled. Where the path tells whether the peer runs (Caps().Presence), it
+// spins for as long as the peer is in a call, polling for data itself
+// (PeerPresence), up to spinMax: the peer answers as soon as it runs, and a
+// rank that sleeps costs a scheduler round trip to wake, and is often woken
+// onto its waker's CPU, where it then competes with the rank it waits for.
+// When the peer is in a call but has stopped beating, and last ran on this
+// thread's CPU, it is queued behind this thread, and cannot run while it
+// spins: spin then yields the core between polls (two ranks that share a
+// CPU then hand it to each other at every message, as they must). It gives up (the caller sleeps: await) once the peer has
+// not been in a call for the node's spinWait; where nothing is known of the
+// peer, spinWait after it began. With more ranks than cores it yields the
+// core between polls, and gives up as soon as the peer is out of a call or
+// asleep, or has not moved for staleAfter.
 func (c *Comm) spin(src int, done completion) bool {
 	spinFor := c.n.spinWait
 	if spinFor <= 0 || src < 0 || !c.n.caps.Poll {
 		return false
 	}
-	poll, stop := c.n.ep.StartPolling(c.world[src])
+	peer := c.world[src]
+	poll, stop := c.n.ep.StartPolling(peer)
 	if poll == nil {
 		return false
 	}
 	defer stop()
 	// No runtime.Gosched in the loop: on a thread that called in from C
 	// (libnexar) the goroutine is locked to its thread, and every yield
-	// is a thread hand-off through the kernel, tens of microseconds. The
-	// spin is short; other goroutines of this process get the CPU after.
-	start := time.Now()
-	yield := c.n.oversubscribed
-	for i := 1; ; i++ {
+	// is a thread hand-off through the kernel, tens of microseconds.
+	presence := c.n.caps.Presence
+	oversub := c.n.oversubscribed
+	// The clock is first read after 16 polls: most waits end before
+	// (a read costs tens of nanoseconds on a VM).
+	var start, inCall, moved time.Time // began; peer last seen in a call; its beat last moved
+	var beat uint32
+	known := false
+	still := 0 // looks at the peer since its beat last moved
+	yield := oversub
+	for i := 0; ; i++ {
+		if i == 16 {
+			start = time.Now()
+			inCall, moved = start, start
+		}
+		if i%16 == 0 && presence {
+			now := start
+			if i > 16 {
+				now = time.Now()
+			}
+			if p, ok := c.n.ep.PeerPresence(peer); ok {
+				if !known || p.Beat != beat {
+					moved, still = now, 0
+				} else {
+					still++
+				}
+				beat, known = p.Beat, true
+				if p.Polling {
+					inCall = now
+				}
+				if oversub && i > 16 && (p.Asleep || (p.Polling && now.Sub(moved) > staleAfter)) {
+					return false // give the core to a rank that can use it
+				}
+				// A peer in a call beats while it runs: one that has not
+				// for three looks, and last ran on this CPU, is queued
+				// behind this thread.
+				yield = oversub || (p.Polling && still >= 3 && p.CPU >= 0 && p.CPU == sched.CPU())
+			}
+			if i >= 16 && (now.Sub(inCall) > spinFor || now.Sub(start) > spinMax(spinFor)) {
+				return false
+			}
+		} else if i%16 == 0 && i > 16 && time.Since(start) > spinFor {
+			return false
+		}
 		if done.fired() {
 			return true
 		}
 		if !poll() && yield {
 			osYield() // the peer may be waiting for this core
 		}
-		if i%16 == 0 && time.Since(start) > spinFor {
-			return false
-		}
 	}
 }
+
+// staleAfter is how long a peer that polls goes without a presence beat
+// (one every few microseconds while it polls) before spin, with more
+// ranks than cores, takes it for off the CPU.
+const staleAfter = 50 * time.Microsecond
+
+// spinMax bounds a spin on a peer that stays in a call (preempted, or
+// waiting in turn for a rank that computes): ten spin windows, at least
+// 5 ms, the scale of a scheduler's time slice on a loaded host.
+func spinMax(spinFor time.Duration) time.Duration { return max(10*spinFor, 5*time.Millisecond) }
 
 // awaitSlot bounds each sleep of await, so that a failure of the
 // communicator or the end of ctx, which do not wake the sleeper, is seen
@@ -156,25 +235,37 @@ func (c *Comm) await(ctx context.Context, src int, done completion) bool {
 		if ctx != nil && ctx.Err() != nil {
 			return false
 		}
-		if !c.n.ep.Await(peer, done.ch(), awaitSlot) {
+		if !c.n.ep.Await(peer, done.firedFunc(), awaitSlot) {
 			return false
 		}
 	}
 }
 
 // completion is what a waiter waits for: a posted receive (postedDone) or a
-// Request. fired is checked while spinning, ch made only to block.
+// Request; fired is checked while spinning and, as firedFunc, by a sleeper
+// (Await), so that no channel is made unless the waiter blocks on one.
 type completion interface {
 	fired() bool
-	ch() <-chan struct{}
+	firedFunc() func() bool
 }
 
 // postedDone is a posted collective receive's completion (one pointer: no
 // allocation as an interface).
-type postedDone struct{ s *match.Signal }
+type postedDone struct{ m *match.Msg }
 
-func (p postedDone) fired() bool         { return p.s.Fired() }
-func (p postedDone) ch() <-chan struct{} { return p.s.C() }
+func (p postedDone) fired() bool { return p.m.Done.Fired() }
+
+// firedFunc is made once per Msg, which the engine reuses.
+func (p postedDone) firedFunc() func() bool {
+	if p.m.Fired == nil {
+		p.m.Fired = p.m.Done.Fired
+	}
+	return p.m.Fired
+}
+
+// firedFunc makes a Request a completion (an allocation per sleep: only
+// point-to-point receives sleep on a Request).
+func (r *Request) firedFunc() func() bool { return r.fired }
 
 // spinDone waits for done for at most the node's spinWait without
 // blocking, yielding the core between checks where the host is

@@ -111,6 +111,24 @@ type Caps struct {
 	// LazyData: LaneData paths to some peers are made on their first
 	// message, so DataUnused may report true.
 	LazyData bool
+	// Presence: PeerPresence can tell, for some peers (those whose data
+	// this rank polls for over shared memory), whether they are polling
+	// or asleep.
+	Presence bool
+}
+
+// Presence is what a peer last published of how it waits for data: a
+// goroutine of it is in a call, polling for data (Polling; Beat then
+// advances every few microseconds while it polls, so a Beat that stops
+// moving means the peer is off the CPU, or busy in the call), or sleeps
+// until data arrives (Asleep); neither: it runs its own code. CPU is the
+// CPU it ran on then (-1: unknown): while the reader runs on that CPU, the
+// peer does not. A hint for how long to spin and whether to yield, never
+// for correctness.
+type Presence struct {
+	Polling, Asleep bool
+	CPU             int
+	Beat            uint32
 }
 
 // DataPath is the contract between core and the path that carries its
@@ -147,7 +165,13 @@ type DataPath interface {
 	// trip. It reports false, without sleeping, where it cannot (no
 	// Caps().Poll, no pollable channel to peer, or that channel closed):
 	// the caller then blocks as usual (Waiting). Every Await ends by d.
-	Await(peer int, done <-chan struct{}, d time.Duration) bool
+	// done is checked once the sleep is announced (a completion that a
+	// poll of another goroutine reports wakes the sleeper); it is a
+	// function, so that a waiter that never sleeps makes no channel.
+	Await(peer int, done func() bool, d time.Duration) bool
+	// PeerPresence reads what peer last published of its presence; ok is
+	// false where the path cannot tell (always, with !Caps().Presence).
+	PeerPresence(peer int) (p Presence, ok bool)
 	// SharedMemory reports whether LaneData to peer goes over shared
 	// memory (where polling and spinning pay off).
 	SharedMemory(peer int) bool

@@ -204,8 +204,9 @@ type Endpoint struct {
 	offers         map[int]*tcpOffer
 	ln             net.Listener // TCP, bound on first use (see listener)
 	lnErr          error
-	rings          []*ring // every ring mapped, released at Close
-	local          []bool  // peer is on this host: shared memory, its ring made on first use
+	rings          []*ring  // every ring mapped, released at Close
+	pres           presence // this process's presence in the data rings it reads (presence.go)
+	local          []bool   // peer is on this host: shared memory, its ring made on first use
 	lazy           []atomic.Bool
 	waits          []chan struct{} // closed once a lazy path is fixed; nil until a send asks
 	ringBytes      int             // capacity of the rings this process created
@@ -213,7 +214,7 @@ type Endpoint struct {
 	probe          []byte          // what a peer reads from our memory to test cross-memory attach
 	oversubscribed bool            // more ranks on this host than cores (see Start)
 	using          atomic.Int64    // sends and pollers that may touch a ring (see Close)
-	unuseFn        func()          // using.Add(-1), made once
+	unuseFn        func()          // StartPolling's stop, made once
 
 	// Same-host deaths (procwatch_linux.go). A peer whose hello or offer
 	// proves it a process of this host and PID namespace (sameProc) may
@@ -288,7 +289,10 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 		e.me, _ = selfProcID()
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
-	e.unuseFn = func() { e.using.Add(-1) }
+	e.unuseFn = func() {
+		e.pres.leave()
+		e.using.Add(-1)
+	}
 	e.probe = make([]byte, 16)
 	rand.Read(e.probe)
 	for r := range e.paths {
@@ -492,7 +496,7 @@ var _ transport.DataPath = (*Endpoint)(nil)
 // room, and are made on first use, where the mode allows shared memory.
 func (e *Endpoint) Caps() transport.Caps {
 	shm := e.opt.Mode.shm()
-	return transport.Caps{Poll: shm, ProgressSend: shm, LazyData: shm}
+	return transport.Caps{Poll: shm, ProgressSend: shm, LazyData: shm, Presence: shm}
 }
 
 // SharedMemory reports whether this rank's data to peer goes over a
@@ -654,6 +658,7 @@ func (e *Endpoint) StartPolling(peer int) (poll func() bool, stop func()) {
 		e.using.Add(-1)
 		return nil, nil
 	}
+	e.pres.enter()
 	return ch.pollFn, e.unuseFn
 }
 
@@ -687,7 +692,7 @@ func (e *Endpoint) Waiting(peer int) (done func()) {
 // goroutine (see channel.await): the producer wakes this thread itself,
 // so a waiter whose peer is late is back within microseconds. It reports
 // false at once when peer's data does not come over an open ring.
-func (e *Endpoint) Await(peer int, done <-chan struct{}, d time.Duration) bool {
+func (e *Endpoint) Await(peer int, done func() bool, d time.Duration) bool {
 	if peer < 0 || peer >= e.size {
 		return false
 	}
@@ -917,6 +922,7 @@ func (e *Endpoint) Close() error {
 			}
 			time.Sleep(100 * time.Microsecond)
 		}
+		e.pres.clear()
 		e.mu.Lock()
 		for _, r := range e.rings {
 			r.Close()
@@ -1107,6 +1113,7 @@ func (e *Endpoint) offer(ctx context.Context, from int, shm, tcp bool, size int,
 			var cookie []byte
 			if r, path, cookie, err = createRing(size); err == nil {
 				e.addRing(r)
+				e.pres.add(r) // this process's presence, for the peer (presence.go)
 				e.startReader(from, newChannel(from, ringDesc(size), []link{ringLink{r}}))
 				e.sendCtl(ctx, from, e.withProc(&ctlMsg{V: 1, T: "offer", Kind: "shm", Path: path, Cookie: cookie, Size: size, TCP: tcp}))
 				return

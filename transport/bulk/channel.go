@@ -350,6 +350,7 @@ func (c *channel) readLoop() error {
 		}
 	}
 	idle := idleMin
+	var beat uint32 // the process's presence beat at the last wake-up
 	for {
 		// Wait without the lock, so that a poller can read meanwhile.
 		ready, waited := c.ring.waitData(idle)
@@ -364,7 +365,15 @@ func (c *channel) readLoop() error {
 			idle = min(2*idle, hi) // nothing came: sleep longer
 			continue
 		}
-		idle = lo
+		if pres := c.ring.pres; pres != nil && (pres.pollers.Load() > 0 || pres.beat.Load() != beat) {
+			// This process polls, or did since the last wake-up: the
+			// pollers take what comes, and a timed wake-up of this
+			// thread would take a core from them.
+			idle = min(2*idle, hi)
+			beat = pres.beat.Load()
+		} else {
+			idle = lo
+		}
 		c.rmu.Lock()
 		n, err := c.stepRing(0)
 		if n > 0 && c.sleepers.Load() > 0 {
@@ -418,6 +427,11 @@ func (c *channel) poll() bool {
 func (c *channel) stepUnlock() bool {
 	n, _ := c.stepRing(pollBudget)
 	ended := c.end != nil
+	if r := c.ring; r.pres != nil {
+		if r.polls++; r.polls%pollsPerBeat == 1 && r.pres.pollers.Load() > 0 {
+			r.pres.publish(presPolling)
+		}
+	}
 	c.rmu.Unlock()
 	if n > 0 && c.sleepers.Load() > 0 {
 		c.ring.nudge()
@@ -429,13 +443,24 @@ func (c *channel) stepUnlock() bool {
 }
 
 // await sleeps in the calling thread until data arrives on the ring (the
-// producer wakes it directly), d passes, or done is closed, and then
+// producer wakes it directly), d passes, or done reports true, and then
 // consumes what arrived, delivering the frames it completes. It reports
 // false, at once, when the ring is closed: the caller then waits for the
 // read loop's delivery (or the channel's end) instead.
-func (c *channel) await(done <-chan struct{}, d time.Duration) bool {
+func (c *channel) await(done func() bool, d time.Duration) bool {
 	c.sleepers.Add(1)
+	pres := c.ring.pres
+	if pres != nil {
+		pres.publish(presAsleep)
+	}
 	ok := c.ring.sleepData(done, d)
+	if pres != nil {
+		state := uint64(0)
+		if pres.pollers.Load() > 0 {
+			state = presPolling
+		}
+		pres.publish(state)
+	}
 	c.sleepers.Add(-1)
 	if !ok {
 		return false
@@ -524,6 +549,13 @@ func (c *channel) stepRing(budget int) (int, error) {
 		*rx = rxFrame{}
 		if done != nil {
 			done(nil)
+			if budget > 0 {
+				// A poller's receive may be complete: it checks before
+				// more is consumed, and a frame for a receive not posted
+				// yet stays in the ring until it is (placed then, not
+				// copied into a buffer of its own).
+				return used, c.end
+			}
 		} else {
 			hc := *h // deliver may keep it; c.rxh is the next frame's
 			c.deliver(&hc, p)

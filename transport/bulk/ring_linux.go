@@ -40,6 +40,7 @@ const (
 	offRemoteOK   = 328 // u32, set by the consumer: it can read the producer's memory
 	offAckSeq     = 384 // u32 futex word, remote frames the consumer has copied
 	offAckWait    = 388 // u32, producers sleeping on offAckSeq
+	offPresence   = 448 // u64, the consumer's presence (presence.go), read by the producer
 	ringHdr       = 4096
 
 	ringMagic = "NXRING01"
@@ -85,11 +86,20 @@ type ring struct {
 	// remoteSent counts the producer's remote frames (one writer at a
 	// time: the channel's semaphore).
 	remoteSent uint32
+	// tailSeen is the consumer's tail as the producer last read it (one
+	// writer at a time): the free space it implies only grows, so the
+	// shared line is read again only when a write needs more room.
+	tailSeen uint64
 	// yield: this host runs more ranks than it has cores; spinning
 	// waiters yield the core between checks.
 	yield    atomic.Bool
 	closed   atomic.Bool
 	unmapped atomic.Bool
+	// pres publishes this (consumer) process's presence; nil on rings
+	// that do not carry it. polls counts polls toward its next beat
+	// (under the channel's read lock).
+	pres  *presence
+	polls uint32
 }
 
 func (r *ring) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&r.mem[off])) }
@@ -384,6 +394,19 @@ func (r *ring) bump(seq, waiters int) {
 	}
 }
 
+// bumpIfWaiting is bump for a futex word that only wakes sleepers (not a
+// count that is read as data, like offAckSeq): with nobody counted in
+// waiters it writes nothing to the shared line. A waiter counts itself
+// before it reads the word and checks its condition once more, so it sees
+// the change it waits for or is seen here (both are sequentially
+// consistent atomics).
+func (r *ring) bumpIfWaiting(seq, waiters int) {
+	if atomic.LoadUint32(r.u32(waiters)) != 0 {
+		atomic.AddUint32(r.u32(seq), 1)
+		futex(r.u32(seq), futexWake, 1<<30, 0)
+	}
+}
+
 // bumpData publishes new data. It wakes a consumer waiting for the rest of
 // a frame, and the idle reader only when someone needs it to deliver: a
 // goroutine blocked on data from this ring (setWaiting), or a ring filling
@@ -396,14 +419,21 @@ func (r *ring) bump(seq, waiters int) {
 // and only it: one futex wake, a few microseconds, where a wake of the
 // idle reader that then wakes the waiting goroutine costs two thread
 // switches and a pass through the Go scheduler.
+//
+// With no sleeper counted, it writes nothing to the futex word's line: a
+// polling consumer then reads only the head (see bumpIfWaiting for why no
+// sleeper misses data).
 func (r *ring) bumpData() {
+	data, call, idle := atomic.LoadUint32(r.u32(offDataWait)), atomic.LoadUint32(r.u32(offCallWait)), atomic.LoadUint32(r.u32(offIdleWait))
+	if data|call|idle == 0 {
+		return
+	}
 	atomic.AddUint32(r.u32(offDataSeq), 1)
 	var bits uint32
-	if atomic.LoadUint32(r.u32(offDataWait)) != 0 || atomic.LoadUint32(r.u32(offCallWait)) != 0 {
+	if data != 0 || call != 0 {
 		bits = bitCall // Read's plain waits match any bit
 	}
-	if atomic.LoadUint32(r.u32(offIdleWait)) != 0 &&
-		(atomic.LoadUint32(r.u32(offWaiting)) != 0 || r.available() > (r.mask+1)/2) {
+	if idle != 0 && (atomic.LoadUint32(r.u32(offWaiting)) != 0 || r.available() > (r.mask+1)/2) {
 		bits |= bitIdle
 	}
 	if bits != 0 {
@@ -412,22 +442,18 @@ func (r *ring) bumpData() {
 }
 
 // sleepData puts the calling thread to sleep until the producer publishes
-// data, d passes, either side closes, or done is closed (checked after the
-// sleep is announced, so a delivery by another goroutine that then calls
-// nudge is not missed). It reports false, without sleeping, when the ring
-// is closed: the caller must wait some other way.
-func (r *ring) sleepData(done <-chan struct{}, d time.Duration) bool {
+// data, d passes, either side closes, or done reports true (checked after
+// the sleep is announced, so a delivery by another goroutine that then
+// calls nudge is not missed). It reports false, without sleeping, when the
+// ring is closed: the caller must wait some other way.
+func (r *ring) sleepData(done func() bool, d time.Duration) bool {
 	if r.closed.Load() || atomic.LoadUint32(r.u32(offProdClosed)) != 0 || atomic.LoadUint32(r.u32(offConsClosed)) != 0 {
 		return false
 	}
 	atomic.AddUint32(r.u32(offCallWait), 1)
 	s := atomic.LoadUint32(r.u32(offDataSeq))
-	select {
-	case <-done:
-	default:
-		if r.available() == 0 {
-			futexSleep(r.u32(offDataSeq), s, d, bitCall)
-		}
+	if !done() && r.available() == 0 {
+		futexSleep(r.u32(offDataSeq), s, d, bitCall)
 	}
 	atomic.AddUint32(r.u32(offCallWait), ^uint32(0))
 	return true
@@ -499,7 +525,11 @@ func (r *ring) Write(ctx context.Context, p []byte, progress func() bool) (int, 
 	for done < len(p) {
 		var free uint64
 		ready := func() bool {
-			free = size - (head - atomic.LoadUint64(r.u64(offTail)))
+			free = size - (head - r.tailSeen)
+			if free < uint64(len(p)-done) {
+				r.tailSeen = atomic.LoadUint64(r.u64(offTail))
+				free = size - (head - r.tailSeen)
+			}
 			return free > 0
 		}
 		if !ready() {
@@ -560,9 +590,18 @@ func (r *ring) TryRead(p []byte) int {
 		copy(p[c:n], r.data)
 	}
 	atomic.StoreUint64(r.u64(offTail), tail+n)
-	r.bump(offSpaceSeq, offSpaceWait)
+	r.bumpIfWaiting(offSpaceSeq, offSpaceWait)
 	return int(n)
 }
+
+// setPresence writes the consumer's presence word (presence.go): a plain
+// store, not an atomic one, which on amd64 would stall the poller until
+// the line is its own again after every read by the producer; an aligned
+// word is never torn, and the word is a hint that orders nothing.
+func (r *ring) setPresence(v uint64) { *r.u64(offPresence) = v }
+
+// presence reads the consumer's presence word (producer side).
+func (r *ring) presence() uint64 { return *r.u64(offPresence) }
 
 // remoteOK reports whether the consumer can copy payloads straight out of
 // this (producer) process's memory.

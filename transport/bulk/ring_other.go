@@ -14,6 +14,8 @@ import (
 type ring struct {
 	path  string
 	yield atomic.Bool
+	pres  *presence
+	polls uint32
 }
 
 var errNoShm = errors.New("bulk: shared memory rings need Linux")
@@ -35,7 +37,9 @@ func sweepStaleRings() []string                                         { return
 func (r *ring) available() uint64                                       { return 0 }
 func (r *ring) waitData(time.Duration) (bool, error)                    { return false, errNoShm }
 func (r *ring) setWaiting(int)                                          {}
-func (r *ring) sleepData(<-chan struct{}, time.Duration) bool           { return false }
+func (r *ring) sleepData(func() bool, time.Duration) bool               { return false }
+func (r *ring) setPresence(uint64)                                      {}
+func (r *ring) presence() uint64                                        { return 0 }
 func (r *ring) nudge()                                                  {}
 func (r *ring) remoteOK() bool                                          { return false }
 func (r *ring) setRemoteOK()                                            {}

@@ -277,7 +277,10 @@ func (e *Endpoint) SendProgress(ctx context.Context, peer int, h *transport.Head
 }
 
 // Await returns false: nothing here can be waited on but the delivery.
-func (e *Endpoint) Await(int, <-chan struct{}, time.Duration) bool { return false }
+func (e *Endpoint) Await(int, func() bool, time.Duration) bool { return false }
+
+// PeerPresence: nothing is published here (no Caps().Presence).
+func (e *Endpoint) PeerPresence(int) (transport.Presence, bool) { return transport.Presence{}, false }
 
 // StartPolling returns nil, nil: nothing here can be polled.
 func (e *Endpoint) StartPolling(int) (poll func() bool, stop func()) { return nil, nil }

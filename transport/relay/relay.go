@@ -805,12 +805,22 @@ func (e *Endpoint) Waiting(peer int) (done func()) {
 // Await is the inner path's for a neighbour; for another peer it returns
 // false at once: relayed data arrives through the handler, which the
 // caller's usual wait (Waiting) covers.
-func (e *Endpoint) Await(peer int, done <-chan struct{}, d time.Duration) bool {
+func (e *Endpoint) Await(peer int, done func() bool, d time.Duration) bool {
 	if peer < 0 || peer >= e.g.Size() || !e.direct(peer) {
 		return false
 	}
 	<-e.start
 	return e.inner.Await(peer, done, d)
+}
+
+// PeerPresence is the inner path's for a neighbour; for another peer it
+// cannot tell.
+func (e *Endpoint) PeerPresence(peer int) (transport.Presence, bool) {
+	if peer < 0 || peer >= e.g.Size() || !e.direct(peer) {
+		return transport.Presence{}, false
+	}
+	<-e.start
+	return e.inner.PeerPresence(peer)
 }
 
 // SharedMemory is the inner path's for a neighbour; false for others.

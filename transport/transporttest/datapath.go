@@ -45,7 +45,7 @@ func closePaths(t *testing.T, eps []transport.DataPath) {
 // peer; a path that cannot poll returns no poll function; DataUnused is
 // never true without LazyData and false once a message went; Waiting's
 // done can be called; Await keeps its bound and sleeps only where it can
-// poll.
+// poll; PeerPresence tells only what Caps declares.
 func testDeclarations(t *testing.T, newPaths NewDataPaths) {
 	const n = 3
 	c := newCollector(n)
@@ -116,10 +116,8 @@ func testDeclarations(t *testing.T, newPaths NewDataPaths) {
 				stop()
 			}
 			// Await sleeps at most d, returns at once for a done
-			// already closed, and can sleep only where it can poll.
-			closed := make(chan struct{})
-			close(closed)
-			for _, done := range []chan struct{}{nil, closed} {
+			// already reported, and can sleep only where it can poll.
+			for _, done := range []func() bool{func() bool { return false }, func() bool { return true }} {
 				t0 := time.Now()
 				slept := e.Await(p, done, 20*time.Millisecond)
 				if took := time.Since(t0); took > 2*time.Second {
@@ -131,6 +129,27 @@ func testDeclarations(t *testing.T, newPaths NewDataPaths) {
 				if slept && poll == nil {
 					t.Errorf("rank %d: Await(%d) slept but StartPolling gives nothing to poll", i, p)
 				}
+			}
+		}
+	}
+	// Every rank has polled (and slept on) what it could: a path that
+	// declares Presence tells each rank that sends to it over shared
+	// memory that it was there, and one that does not tells nothing.
+	for i, e := range eps {
+		caps := e.Caps()
+		for p := range n {
+			if p == i {
+				continue
+			}
+			pres, ok := e.PeerPresence(p)
+			if ok && !caps.Presence {
+				t.Errorf("rank %d: PeerPresence(%d) = %+v without Caps().Presence", i, p, pres)
+			}
+			if caps.Presence && e.SharedMemory(p) && !ok {
+				t.Errorf("rank %d: PeerPresence(%d) tells nothing after rank %d polled and slept", i, p, p)
+			}
+			if ok && (pres.Polling || pres.Asleep) {
+				t.Errorf("rank %d: PeerPresence(%d) = %+v with rank %d neither polling nor asleep", i, p, pres, p)
 			}
 		}
 	}

@@ -12,9 +12,16 @@
 // accounted by the driver through the room function it passes in; the
 // engine reports the bytes it stops holding.
 //
+// Collective messages are kept per call, in a window of slots indexed by
+// sequence number (a call's few messages from each source in its slot), so
+// that the common case (a handful of calls in flight) costs no map and no
+// allocation; a message whose slot is taken by another call or full goes
+// to an overflow map.
+//
 // An Engine is not safe for concurrent use: the driver serialises every
 // call (core holds Comm.mu), including the Filled* calls of the transport
-// goroutine that wrote a placed chunk.
+// goroutine that wrote a placed chunk. Release, Msg.Filling and
+// Msg.EndFill are the exceptions (see there).
 package match
 
 import (
@@ -80,6 +87,12 @@ type Msg struct {
 	// chunk's length. The engine never touches them.
 	Fill     func(error)
 	FillSize int
+	// FillWhole is the driver's callback for a chunk placed whole (see
+	// PlaceColl), kept like Fill.
+	FillWhole func(error)
+	// Fired is the driver's too: Done.Fired as a function value, made
+	// once and kept like Fill (a waiter hands it to a sleep).
+	Fired func() bool
 
 	key Key // a collective message's
 
@@ -93,13 +106,22 @@ type Msg struct {
 	posted   bool     // collective: a receive is posted (buf is its destination)
 	recv     *Recv    // point-to-point: the matched receive
 	complete bool     // point-to-point, unmatched: every chunk arrived
-	filling  bool     // a placed chunk is being written into the destination
+	// filling: a placed chunk is being written into the destination.
+	// Atomic: a message placed whole (PlaceColl) ends its fill without a
+	// call into the engine.
+	filling atomic.Bool
 }
 
 // Filling reports whether the transport is writing a placed chunk into
 // m's destination (see Filled*): the driver waits for that to end before
-// it lets a withdrawn receive's buffer go.
-func (m *Msg) Filling() bool { return m != nil && m.filling }
+// it lets a withdrawn receive's buffer go. Safe for concurrent use.
+func (m *Msg) Filling() bool { return m != nil && m.filling.Load() }
+
+// EndFill ends the write of a message PlaceColl placed whole (whole true):
+// the driver calls it after the write, from the goroutine that wrote, and
+// then, when the write succeeded, fires Done. Safe for concurrent use with
+// the engine's calls, which no longer see m.
+func (m *Msg) EndFill() { m.filling.Store(false) }
 
 // AnySource as a Recv's Src matches a message from any rank.
 const AnySource = -1
@@ -160,8 +182,11 @@ const (
 
 // Engine holds the matching state of one communicator of size ranks.
 type Engine struct {
-	msgs       sync.Pool // *Msg of collective messages done with (Release)
-	coll       map[Key]*Msg
+	msgs  sync.Pool // *Msg of collective messages done with (Release)
+	slots [collWindow]collSlot
+	coll  map[Key]*Msg // collective messages no slot holds (made on first need)
+	// scratch collects collective messages while Depart and Drop walk them.
+	scratch    []*Msg
 	posted     []*Recv // point-to-point receives, in posting order
 	unexpected []*Msg  // point-to-point messages not matched, in arrival order
 	cur        []*Msg  // per source: the point-to-point message in progress
@@ -169,9 +194,91 @@ type Engine struct {
 	spare      []Completion
 }
 
+// collWindow is the number of call slots (a power of two): calls whose
+// sequence numbers differ by a multiple of it share a slot, and the later
+// one's messages go to the overflow map while the earlier one holds it.
+const collWindow = 64
+
+// slotMsgs is how many messages of one call a slot holds: a small
+// collective exchanges one or two messages per source and call.
+const slotMsgs = 4
+
+// collSlot holds the messages of call seq (n of them) while any is pending.
+type collSlot struct {
+	seq  uint64
+	n    int
+	msgs [slotMsgs]*Msg
+}
+
 // New returns an empty engine for a communicator of size ranks.
 func New(size int) *Engine {
-	return &Engine{coll: make(map[Key]*Msg), cur: make([]*Msg, size)}
+	return &Engine{cur: make([]*Msg, size)}
+}
+
+// lookup returns the registered collective message k, or nil.
+func (e *Engine) lookup(k Key) *Msg {
+	if s := &e.slots[k.Seq%collWindow]; s.n > 0 && s.seq == k.Seq {
+		for _, m := range s.msgs[:s.n] {
+			if m.key == k {
+				return m
+			}
+		}
+	}
+	if len(e.coll) > 0 {
+		return e.coll[k]
+	}
+	return nil
+}
+
+// register adds m as collective message k (not registered yet).
+func (e *Engine) register(k Key, m *Msg) {
+	if s := &e.slots[k.Seq%collWindow]; (s.n == 0 || s.seq == k.Seq) && s.n < slotMsgs {
+		s.seq = k.Seq
+		s.msgs[s.n] = m
+		s.n++
+		return
+	}
+	if e.coll == nil {
+		e.coll = make(map[Key]*Msg)
+	}
+	e.coll[k] = m
+}
+
+// unregister removes m, registered as k; it reports false (and changes
+// nothing) when m is not what is registered as k.
+func (e *Engine) unregister(k Key, m *Msg) bool {
+	if m == nil {
+		return false
+	}
+	if s := &e.slots[k.Seq%collWindow]; s.n > 0 && s.seq == k.Seq {
+		for i, x := range s.msgs[:s.n] {
+			if x == m {
+				s.n--
+				s.msgs[i], s.msgs[s.n] = s.msgs[s.n], nil
+				return true
+			}
+		}
+	}
+	if len(e.coll) > 0 && e.coll[k] == m {
+		delete(e.coll, k)
+		return true
+	}
+	return false
+}
+
+// registered returns every registered collective message, in e.scratch
+// (valid until the next call).
+func (e *Engine) registered() []*Msg {
+	all := e.scratch[:0]
+	for i := range e.slots {
+		s := &e.slots[i]
+		all = append(all, s.msgs[:s.n]...)
+	}
+	for _, m := range e.coll {
+		all = append(all, m)
+	}
+	e.scratch = all
+	return all
 }
 
 // newColl returns a collective message for k, reusing a released one.
@@ -180,8 +287,8 @@ func (e *Engine) newColl(k Key) *Msg {
 	if m == nil {
 		return &Msg{key: k, src: k.Src}
 	}
-	fill := m.Fill
-	*m = Msg{key: k, src: k.Src, Fill: fill}
+	fill, whole, fired := m.Fill, m.FillWhole, m.Fired
+	*m = Msg{key: k, src: k.Src, Fill: fill, FillWhole: whole, Fired: fired}
 	return m
 }
 
@@ -210,7 +317,7 @@ func (e *Engine) Ready() []Completion {
 // Arrived reports whether collective message k has arrived (whole or in
 // part) with no receive posted for it.
 func (e *Engine) Arrived(k Key) bool {
-	m := e.coll[k]
+	m := e.lookup(k)
 	return m != nil && !m.posted
 }
 
@@ -220,11 +327,11 @@ func (e *Engine) Arrived(k Key) bool {
 // engine held for it. A message that arrived with another length is a
 // Mismatch, and nothing is posted.
 func (e *Engine) PostColl(k Key, buf []byte) (m *Msg, released int64, mm *Mismatch) {
-	m = e.coll[k]
+	m = e.lookup(k)
 	if m == nil {
 		m = e.newColl(k)
 		m.total, m.buf, m.posted = -1, buf, true
-		e.coll[k] = m
+		e.register(k, m)
 		return m, 0, nil
 	}
 	if m.total != len(buf) {
@@ -238,7 +345,7 @@ func (e *Engine) PostColl(k Key, buf []byte) (m *Msg, released int64, mm *Mismat
 	released = m.held
 	m.chunks, m.held, m.buf, m.posted = nil, 0, buf, true
 	if m.got >= m.total {
-		delete(e.coll, k)
+		e.unregister(k, m)
 		e.Release(m) // arrived whole: no one else refers to it
 		return nil, released, nil
 	}
@@ -247,17 +354,13 @@ func (e *Engine) PostColl(k Key, buf []byte) (m *Msg, released int64, mm *Mismat
 
 // UnpostColl withdraws the receive m posted for k, if it is still
 // pending. The driver first waits while m is Filling.
-func (e *Engine) UnpostColl(k Key, m *Msg) {
-	if e.coll[k] == m {
-		delete(e.coll, k)
-	}
-}
+func (e *Engine) UnpostColl(k Key, m *Msg) { e.unregister(k, m) }
 
 // DeliverColl takes one chunk of collective message k, whose sender says
 // it is total bytes long. A chunk that must be held calls room(its
 // length) first and is held only when room says so.
 func (e *Engine) DeliverColl(k Key, total int, payload []byte, room func(int64) bool) (Outcome, *Mismatch) {
-	m := e.coll[k]
+	m := e.lookup(k)
 	if m != nil && m.posted {
 		if m.total < 0 {
 			if total != len(m.buf) {
@@ -268,7 +371,7 @@ func (e *Engine) DeliverColl(k Key, total int, payload []byte, room func(int64) 
 		copy(m.buf[m.got:], payload)
 		m.got += len(payload)
 		if m.got >= m.total {
-			delete(e.coll, k)
+			e.unregister(k, m)
 			e.ready = append(e.ready, Completion{Coll: m})
 		}
 		return Copied, nil
@@ -280,7 +383,7 @@ func (e *Engine) DeliverColl(k Key, total int, payload []byte, room func(int64) 
 	if m == nil {
 		m = e.newColl(k)
 		m.total = total
-		e.coll[k] = m
+		e.register(k, m)
 	}
 	m.chunks = append(m.chunks, payload)
 	m.held += n
@@ -291,28 +394,39 @@ func (e *Engine) DeliverColl(k Key, total int, payload []byte, room func(int64) 
 // PlaceColl returns the destination of the next size bytes of
 // collective message k (total bytes long) when a receive is posted for it
 // and can take them, else nil (the chunk then goes through DeliverColl).
-// The message is Filling until the driver calls FilledColl.
-func (e *Engine) PlaceColl(k Key, total, size int) (*Msg, []byte) {
-	m := e.coll[k]
-	if m == nil || !m.posted || m.filling || (m.total < 0 && total != len(m.buf)) || m.got+size > len(m.buf) {
-		return nil, nil
+// The message is Filling until its write ends.
+//
+// A chunk that is the whole message (whole: the common case of small
+// messages) completes it without another call into the engine: the engine
+// forgets m at once (nothing else completes, withdraws or departs it), and
+// the driver, after the write, calls m.EndFill and, when the write
+// succeeded, fires m.Done. Otherwise the driver calls FilledColl.
+func (e *Engine) PlaceColl(k Key, total, size int) (m *Msg, dst []byte, whole bool) {
+	m = e.lookup(k)
+	if m == nil || !m.posted || m.filling.Load() || (m.total < 0 && total != len(m.buf)) || m.got+size > len(m.buf) {
+		return nil, nil, false
 	}
 	m.total = total
-	m.filling = true
-	return m, m.buf[m.got : m.got+size]
+	m.filling.Store(true)
+	dst = m.buf[m.got : m.got+size]
+	if m.got == 0 && size == total {
+		e.unregister(k, m)
+		m.got = size
+		return m, dst, true
+	}
+	return m, dst, false
 }
 
-// FilledColl ends the write PlaceColl started: ok when the size bytes
-// were written (else the transport failed and the driver fails the
-// communicator).
+// FilledColl ends the write PlaceColl started (not whole): ok when the
+// size bytes were written (else the transport failed and the driver fails
+// the communicator).
 func (e *Engine) FilledColl(k Key, m *Msg, size int, ok bool) {
-	m.filling = false
+	m.filling.Store(false)
 	if !ok {
 		return
 	}
 	m.got += size
-	if m.got >= m.total && e.coll[k] == m {
-		delete(e.coll, k)
+	if m.got >= m.total && e.unregister(k, m) {
 		e.ready = append(e.ready, Completion{Coll: m})
 	}
 }
@@ -444,16 +558,16 @@ func (e *Engine) PlaceP2P(src int, tag uint64, total, size int) (*Msg, []byte) {
 		r.msg = m
 		e.cur[src] = m
 	}
-	if m.recv == nil || m.recv.cancel || m.filling || m.got+size > len(m.recv.Buf) {
+	if m.recv == nil || m.recv.cancel || m.filling.Load() || m.got+size > len(m.recv.Buf) {
 		return nil, nil
 	}
-	m.filling = true
+	m.filling.Store(true)
 	return m, m.recv.Buf[m.got : m.got+size]
 }
 
 // FilledP2P ends the write PlaceP2P started (see FilledColl).
 func (e *Engine) FilledP2P(src int, m *Msg, size int, ok bool) {
-	m.filling = false
+	m.filling.Store(false)
 	if !ok {
 		return
 	}
@@ -481,20 +595,22 @@ func (e *Engine) completeRecv(m *Msg) {
 // one its message in progress was matched with. Messages held for such
 // calls, or cut short, are dropped; released is their bytes.
 func (e *Engine) Depart(src int, limit uint64, err error) (released int64) {
-	for k, m := range e.coll {
+	for _, m := range e.registered() {
+		k := m.key
 		if k.Src != src && k.Seq < limit {
 			continue
 		}
 		switch {
 		case m.posted:
 			m.Err = err
-			delete(e.coll, k)
+			e.unregister(k, m)
 			e.ready = append(e.ready, Completion{Coll: m, Err: err})
 		case k.Seq >= limit || m.got < m.total:
 			released += m.held
-			delete(e.coll, k)
+			e.unregister(k, m)
 		}
 	}
+	clear(e.scratch)
 	kept := e.posted[:0]
 	for _, p := range e.posted {
 		if p.Src == src {
@@ -531,13 +647,15 @@ func (e *Engine) dropUnexpected(m *Msg) {
 // Drop empties the engine (the communicator is destroyed): nothing
 // pending completes. It returns the bytes it held.
 func (e *Engine) Drop() (held int64) {
-	for _, m := range e.coll {
+	for _, m := range e.registered() {
 		held += m.held
 	}
+	clear(e.scratch)
 	for _, m := range e.unexpected { // a partial one is also in cur
 		held += m.held
 	}
 	clear(e.coll)
+	clear(e.slots[:])
 	e.posted, e.unexpected, e.ready = nil, nil, e.ready[:0]
 	clear(e.cur)
 	return held

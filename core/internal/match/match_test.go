@@ -56,6 +56,11 @@ func TestCollScripts(t *testing.T) {
 			{do: "place", total: 4, data: "ab"},
 			{do: "place", total: 4, data: "cd", done: true},
 		}, "abcd"},
+		{"placed whole", []collEv{
+			{do: "post", n: 4, pending: true},
+			{do: "place", total: 4, data: "abcd"},
+			{do: "deliver", total: 4, data: "zz", want: Buffered}, // a later message of the key is held
+		}, "abcd"},
 		{"placed then delivered", []collEv{
 			{do: "post", n: 4, pending: true},
 			{do: "place", total: 4, data: "ab"},
@@ -104,15 +109,27 @@ func TestCollScripts(t *testing.T) {
 						t.Fatalf("event %d: deliver: %v, want %v", i, out, ev.want)
 					}
 				case "place":
-					pm, dst := e.PlaceColl(k, ev.total, len(ev.data))
+					pm, dst, whole := e.PlaceColl(k, ev.total, len(ev.data))
 					if pm == nil {
 						t.Fatalf("event %d: place refused", i)
 					}
-					if again, _ := e.PlaceColl(k, ev.total, 1); again != nil {
+					if whole != (len(ev.data) == ev.total) {
+						t.Fatalf("event %d: placed whole %v for %d of %d bytes", i, whole, len(ev.data), ev.total)
+					}
+					if again, _, _ := e.PlaceColl(k, ev.total, 1); again != nil {
 						t.Fatalf("event %d: a second place while filling was accepted", i)
 					}
 					copy(dst, ev.data)
-					e.FilledColl(k, pm, len(ev.data), true)
+					if whole {
+						// The driver completes it: the engine forgot it.
+						if e.lookup(k) != nil {
+							t.Fatalf("event %d: a message placed whole is still registered", i)
+						}
+						pm.EndFill()
+						pm.Done.Fire()
+					} else {
+						e.FilledColl(k, pm, len(ev.data), true)
+					}
 				case "unpost":
 					e.UnpostColl(k, m)
 				}
@@ -147,18 +164,21 @@ func TestCollMismatchNamesTheCall(t *testing.T) {
 func TestPlaceRefusals(t *testing.T) {
 	k := Key{Src: 0, Seq: 1}
 	e := New(2)
-	if m, _ := e.PlaceColl(k, 4, 4); m != nil {
+	if m, _, _ := e.PlaceColl(k, 4, 4); m != nil {
 		t.Fatal("placed a message with no receive posted")
 	}
 	e.PostColl(k, make([]byte, 4))
-	if m, _ := e.PlaceColl(k, 8, 4); m != nil {
+	if m, _, _ := e.PlaceColl(k, 8, 4); m != nil {
 		t.Fatal("placed into a receive of another length")
 	}
-	if m, _ := e.PlaceColl(k, 4, 5); m != nil {
+	if m, _, _ := e.PlaceColl(k, 4, 5); m != nil {
 		t.Fatal("placed past the end of the buffer")
 	}
-	m, _ := e.PlaceColl(k, 4, 4)
-	e.FilledColl(k, m, 4, false) // the transport failed mid-write
+	m, _, whole := e.PlaceColl(k, 4, 2)
+	if whole {
+		t.Fatal("half a message placed whole")
+	}
+	e.FilledColl(k, m, 2, false) // the transport failed mid-write
 	if len(e.Ready()) != 0 || m.Filling() {
 		t.Fatal("a failed write completed the receive or left it filling")
 	}
@@ -440,7 +460,7 @@ func TestReleaseReuses(t *testing.T) {
 	if m2 == m && m2.Fill == nil {
 		t.Fatal("a reused message lost the driver's Fill")
 	}
-	if p := e.coll[k1]; p != nil {
+	if p := e.lookup(k1); p != nil {
 		t.Fatal("the first call's message is still registered")
 	}
 	if out, _ := e.DeliverColl(k2, 2, []byte("xy"), yes); out != Copied {
@@ -448,5 +468,119 @@ func TestReleaseReuses(t *testing.T) {
 	}
 	if r := e.Ready(); len(r) != 1 || r[0].Coll != m2 || string(b2) != "xy" {
 		t.Fatalf("second receive: %d completions, got %q", len(r), b2)
+	}
+}
+
+// TestCollSlotsAndOverflow runs messages that do not fit their call's slot
+// (more than slotMsgs per call, and calls sharing a slot,
+// seq and seq+collWindow) through every collective entry point: each is
+// found, completed, withdrawn, departed and dropped exactly as a message
+// in its slot is, and a slot freed by its call is taken by the next.
+func TestCollSlotsAndOverflow(t *testing.T) {
+	const steps = slotMsgs + 3
+	for _, tc := range []struct {
+		name string
+		keys []Key
+	}{
+		{"many steps in one call", func() (ks []Key) {
+			for s := range steps {
+				ks = append(ks, Key{Src: 1, Seq: 5, Step: uint32(s)})
+			}
+			return ks
+		}()},
+		{"calls sharing a slot", []Key{
+			{Src: 1, Seq: 5}, {Src: 1, Seq: 5 + collWindow}, {Src: 0, Seq: 5 + 2*collWindow}, {Src: 0, Seq: 5},
+		}},
+	} {
+		t.Run(tc.name+"/posted first", func(t *testing.T) {
+			e := New(2)
+			ms := make([]*Msg, len(tc.keys))
+			bufs := make([][]byte, len(tc.keys))
+			for i, k := range tc.keys {
+				bufs[i] = make([]byte, 2)
+				if ms[i], _, _ = e.PostColl(k, bufs[i]); ms[i] == nil {
+					t.Fatalf("key %+v: nothing to wait for", k)
+				}
+			}
+			if len(e.coll) == 0 || len(e.coll) == len(tc.keys) {
+				t.Fatalf("%d of %d messages in the overflow: the case misses slot or overflow", len(e.coll), len(tc.keys))
+			}
+			for i := len(tc.keys) - 1; i >= 0; i-- { // out of order
+				k := tc.keys[i]
+				if e.Arrived(k) {
+					t.Fatalf("key %+v: a posted receive reported arrived", k)
+				}
+				if out, _ := e.DeliverColl(k, 2, []byte{byte(i), 1}, no); out != Copied {
+					t.Fatalf("key %+v: deliver %v", k, out)
+				}
+				r := e.Ready()
+				if len(r) != 1 || r[0].Coll != ms[i] || bufs[i][0] != byte(i) {
+					t.Fatalf("key %+v: completions %+v, buffer %v", k, r, bufs[i])
+				}
+				if e.lookup(k) != nil {
+					t.Fatalf("key %+v: still registered after completing", k)
+				}
+			}
+			if len(e.coll) != 0 || len(e.registered()) != 0 {
+				t.Fatalf("left registered: %d in the overflow, %d in all", len(e.coll), len(e.registered()))
+			}
+		})
+		t.Run(tc.name+"/arrived first", func(t *testing.T) {
+			e := New(2)
+			for i, k := range tc.keys {
+				if out, _ := e.DeliverColl(k, 2, []byte{byte(i), 2}, yes); out != Buffered {
+					t.Fatalf("key %+v: deliver %v", k, out)
+				}
+				if !e.Arrived(k) {
+					t.Fatalf("key %+v: not arrived", k)
+				}
+			}
+			for i, k := range tc.keys {
+				buf := make([]byte, 2)
+				m, rel, mm := e.PostColl(k, buf)
+				if m != nil || rel != 2 || mm != nil || buf[0] != byte(i) {
+					t.Fatalf("key %+v: post: %v, released %d, %+v, got %v", k, m, rel, mm, buf)
+				}
+			}
+			if len(e.registered()) != 0 {
+				t.Fatalf("%d left registered", len(e.registered()))
+			}
+		})
+		t.Run(tc.name+"/withdrawn, departed, dropped", func(t *testing.T) {
+			e := New(2)
+			ms := make([]*Msg, len(tc.keys))
+			for i, k := range tc.keys {
+				ms[i], _, _ = e.PostColl(k, make([]byte, 2))
+			}
+			e.UnpostColl(tc.keys[0], ms[0])
+			if e.lookup(tc.keys[0]) != nil {
+				t.Fatal("a withdrawn receive is still registered")
+			}
+			e.UnpostColl(tc.keys[1], ms[0]) // another key's message: no effect
+			if e.lookup(tc.keys[1]) != ms[1] {
+				t.Fatal("withdrawing another message removed this one")
+			}
+			cause := errors.New("gone")
+			e.Depart(1, ^uint64(0), cause)
+			failed := map[*Msg]bool{}
+			for _, d := range e.Ready() {
+				if d.Err != cause {
+					t.Fatalf("completion %+v", d)
+				}
+				failed[d.Coll] = true
+			}
+			for i, k := range tc.keys[1:] {
+				if failed[ms[i+1]] != (k.Src == 1) || (e.lookup(k) != nil) == (k.Src == 1) {
+					t.Fatalf("key %+v after rank 1 departed: failed %v, registered %v", k, failed[ms[i+1]], e.lookup(k) != nil)
+				}
+			}
+			e.DeliverColl(Key{Src: 0, Seq: 9 + collWindow}, 3, []byte("abc"), yes)
+			if held := e.Drop(); held != 3 {
+				t.Fatalf("drop: held %d, want 3", held)
+			}
+			if len(e.registered()) != 0 || len(e.coll) != 0 {
+				t.Fatal("registered after Drop")
+			}
+		})
 	}
 }

@@ -1,0 +1,5 @@
+//go:build !amd64
+
+package sched
+
+func cpu() int { return -1 }

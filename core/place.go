@@ -178,8 +178,9 @@ func (c *Comm) spin(src int, done completion) bool {
 				}
 				// A peer in a call beats while it runs: one that has not
 				// for three looks, and last ran on this CPU, is queued
-				// behind this thread.
-				yield = oversub || (p.Polling && still >= 3 && p.CPU >= 0 && p.CPU == sched.CPU())
+				// behind this thread. (Not a rank of this process: it
+				// waits for a P, which yielding the thread does not give.)
+				yield = oversub || (!p.InProcess && p.Polling && still >= 3 && p.CPU >= 0 && p.CPU == sched.CPU())
 			}
 			if i >= 16 && (now.Sub(inCall) > spinFor || now.Sub(start) > spinMax(spinFor)) {
 				return false

@@ -129,6 +129,10 @@ type Presence struct {
 	Polling, Asleep bool
 	CPU             int
 	Beat            uint32
+	// InProcess: the peer is a rank of this very process, a goroutine of
+	// this runtime; yielding the thread (the OS's CPU) does not make it
+	// run, so CPU-sharing rules do not apply to it.
+	InProcess bool
 }
 
 // DataPath is the contract between core and the path that carries its

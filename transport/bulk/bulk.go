@@ -222,10 +222,14 @@ type Endpoint struct {
 	// on the control lane (bye) and waits until it acknowledges (settled),
 	// so that this process's exit after a graceful Close is never taken
 	// for a death.
-	me        procID          // this process; PID 0 when /proc cannot tell
-	watch     *procWatch      // made for the first same-host peer
-	watchErr  error           // why there is no watch
-	sameProc  []bool          // peer proven on this host, in this PID namespace
+	me       procID     // this process; PID 0 when /proc cannot tell
+	watch    *procWatch // made for the first same-host peer
+	watchErr error      // why there is no watch
+	sameProc []bool     // peer proven on this host, in this PID namespace
+	// inProc[p]: peer p is a rank of this very process (its hello named
+	// this process), whose presence says nothing of another process's
+	// use of a CPU (PeerPresence). Set once, read without e.mu.
+	inProc    []atomic.Bool
 	departing []bool          // peer said bye: its exit is a departure
 	exited    []error         // why peer's process is dead, once its watch said so
 	drainMax  time.Duration   // how long a dead peer's ring may take to drain (procExited)
@@ -280,7 +284,7 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 		ready: make(chan struct{}), paths: make([]string, size), in: make([]*channel, size),
 		bye: make([]error, size), byeSeen: make([]bool, size), causes: make([]error, size), offers: map[int]*tcpOffer{}, ctlWG: true,
 		local: make([]bool, size), lazy: make([]atomic.Bool, size), waits: make([]chan struct{}, size),
-		sameProc: make([]bool, size), departing: make([]bool, size), exited: make([]error, size), drainMax: drainMax, settled: make([]chan struct{}, size), settledOK: make([]bool, size),
+		sameProc: make([]bool, size), inProc: make([]atomic.Bool, size), departing: make([]bool, size), exited: make([]error, size), drainMax: drainMax, settled: make([]chan struct{}, size), settledOK: make([]bool, size),
 		rpc: newRPCPaths(size), rdmaPending: map[int]RDMAEnd{}}
 	for r := range e.settled {
 		e.settled[r] = make(chan struct{})

@@ -112,5 +112,5 @@ func (e *Endpoint) PeerPresence(peer int) (transport.Presence, bool) {
 		return transport.Presence{}, false
 	}
 	return transport.Presence{Polling: v&presPolling != 0, Asleep: v&presAsleep != 0,
-		CPU: int(uint16(v>>8)) - 1, Beat: uint32(v >> 24)}, true
+		CPU: int(uint16(v>>8)) - 1, Beat: uint32(v >> 24), InProcess: e.inProc[peer].Load()}, true
 }

@@ -1,6 +1,12 @@
 package bulk
 
-import "testing"
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nexar-go/nexar/transport"
+)
 
 // TestPresenceWord: what a ring's reader publishes (polling sessions, a
 // sleep, beats while it polls) is what its producer reads back, and a
@@ -49,5 +55,40 @@ func TestPresenceWord(t *testing.T) {
 	p.leave()
 	if prod.presence() != before {
 		t.Fatal("published after clear")
+	}
+}
+
+// TestPresenceInProcess: ranks of one process know each other as such from
+// their hellos (Presence.InProcess), so that core's waiter does not yield
+// its thread for a peer that is a goroutine of the same runtime.
+func TestPresenceInProcess(t *testing.T) {
+	got := make(chan struct{}, 2)
+	h := func(_ int, lane transport.Lane, _ *transport.Header, _ []byte) {
+		if lane == transport.LaneData {
+			got <- struct{}{}
+		}
+	}
+	eps := mesh(t, 2, Options{Mode: ModeSHM}, []transport.Handler{h, h}, nil)
+	defer eps[1].Close()
+	defer eps[0].Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i, e := range eps { // a message each way makes the rings
+		if err := e.Send(ctx, 1-i, transport.LaneData, nil, []byte{1}); err != nil {
+			t.Fatal(err)
+		}
+		<-got
+	}
+	for i, e := range eps {
+		peer := 1 - i
+		stop := func() {}
+		if poll, s := eps[peer].StartPolling(i); poll != nil {
+			stop = s // the peer publishes its presence in the ring it reads
+		}
+		p, ok := e.PeerPresence(peer)
+		stop()
+		if !ok || !p.InProcess {
+			t.Fatalf("rank %d: PeerPresence(%d) = %+v, %v; want a presence marked InProcess", i, peer, p, ok)
+		}
 	}
 }

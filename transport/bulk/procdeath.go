@@ -33,8 +33,11 @@ func (e *Endpoint) withProc(m *ctlMsg) *ctlMsg {
 // The pidfd is opened now, with the start time checked against the
 // peer's claim, so a pid reused since is not watched in its place.
 func (e *Endpoint) notePeerProc(from int, m *ctlMsg) {
-	if e.me.PID <= 0 || m.PID <= 0 || m.Start == 0 || m.PID == e.me.PID ||
-		m.Host != e.opt.HostID || m.PIDNS != e.me.PIDNS {
+	if e.me.PID <= 0 || m.PID <= 0 || m.Start == 0 || m.Host != e.opt.HostID || m.PIDNS != e.me.PIDNS {
+		return
+	}
+	if m.PID == e.me.PID {
+		e.inProc[from].Store(m.Start == e.me.Start) // a rank of this process: nothing to watch
 		return
 	}
 	e.mu.Lock()

@@ -44,6 +44,7 @@ import (
 
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/internal/frame"
+	"github.com/nexar-go/nexar/transport/internal/record"
 	nquic "github.com/nexar-go/nexar/transport/quic"
 )
 
@@ -203,6 +204,11 @@ type Endpoint struct {
 	oversubscribed bool            // more ranks on this host than cores (see Start)
 	using          atomic.Int64    // sends and pollers that may touch a ring (see Close)
 	unuseFn        func()          // using.Add(-1), made once
+
+	// Sealed TCP connections (tcp.go): the buffers of their records, and
+	// how they are dialed (tests tamper with the wire; nil: net.Dialer).
+	records  record.Pool
+	dialHook func(ctx context.Context, addr string) (net.Conn, error)
 
 	// Same-host deaths (procwatch_linux.go). A peer whose hello or offer
 	// proves it a process of this host and PID namespace (sameProc) may
@@ -1137,7 +1143,7 @@ func (e *Endpoint) attach(ctx context.Context, to int, m *ctlMsg) {
 			e.decide(to, nil)
 			return
 		}
-		e.decide(to, newChannel(to, e.tcpDesc(len(links)), links))
+		e.decide(to, newChannel(to, e.tcpDesc(links), links))
 	case "shm-lazy":
 		e.decideLater(to)
 	default:

@@ -127,6 +127,14 @@ func (l *link) Exchange(ctx context.Context, to int, sbase uint32, data []byte, 
 	return nil
 }
 
+// Stream implements collective.Streamer: a path other than a shared-memory
+// ring moves data into a posted buffer without its waiter's help. Either
+// answer is safe (the streaming schedule sends the same messages), and it
+// may change once a ring is made on first use.
+func (l *link) Stream(peer int) bool {
+	return peer >= 0 && peer < l.c.size && !l.sharedMemory(peer)
+}
+
 // sharedMemory reports whether this rank's data to comm rank peer goes
 // over a shared-memory ring (where a send can progress a receive).
 func (l *link) sharedMemory(peer int) bool {

@@ -546,6 +546,7 @@ def main():
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--timeout", type=float, default=120, help="seconds per system and world size")
     ap.add_argument("--netns", action="store_true", help="also run 2 ranks across two network namespaces")
+    ap.add_argument("--netns-only", action="store_true", help="only the runs across two network namespaces")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "compare"), help="output directory")
     args = ap.parse_args()
     args.systems = args.systems.split(",")
@@ -559,7 +560,9 @@ def main():
     rs_why = build_nexar_rs() if "nexar-rs" in args.systems else None
     if rs_why:
         log(f"nexar-rs: cannot run: {rs_why}")
-    for n in [int(x) for x in args.ranks.split(",")]:
+    if args.netns_only:
+        args.netns = True
+    for n in [] if args.netns_only else [int(x) for x in args.ranks.split(",")]:
         for s in args.systems:
             if s == "gloo":
                 why, procs = have_gloo(), None

@@ -78,6 +78,14 @@ func parseMagic(m string, plaintext bool) (rpc, aegis, ok bool) {
 // offerAEGIS: this process seals and opens AEGIS-128L at hardware speed.
 func offerAEGIS() bool { return record.AEGIS128L.Fast() }
 
+// recordSuites names the record suites this process offers (nexar info).
+func recordSuites() string {
+	if offerAEGIS() {
+		return "aegis-128l (aes-128-gcm with a peer without AES-NI)"
+	}
+	return "aes-128-gcm"
+}
+
 func preambleMAC(nonce []byte, dialer, acceptor, idx, cnt int) []byte {
 	m := hmac.New(sha256.New, nonce)
 	var b [12]byte

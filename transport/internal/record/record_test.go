@@ -55,6 +55,15 @@ func stream(t testing.TB, s Secret, suite Suite, lens ...int) []byte {
 	return out
 }
 
+func sealer(t testing.TB, suite Suite) *Sealer {
+	t.Helper()
+	s, err := NewSealer(testSecret, suite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 func reader(t testing.TB, s Secret, suite Suite, r io.Reader) *Reader {
 	t.Helper()
 	o, err := NewOpener(s, suite)
@@ -88,7 +97,7 @@ func TestRoundTrip(t *testing.T) {
 				continue
 			}
 			var pr, pw = net.Pipe()
-			sl, _ := NewSealer(testSecret, suite)
+			sl := sealer(t, suite)
 			w := NewWriter(pw, sl, &Pool{})
 			var want []byte
 			go func() {
@@ -247,7 +256,7 @@ func TestMalformed(t *testing.T) {
 				t.Errorf("length %d: %v, want ErrMalformed", n, err)
 			}
 		}
-		sl, _ := NewSealer(testSecret, suite)
+		sl := sealer(t, suite)
 		if _, err := sl.Seal(nil, nil); err == nil {
 			t.Error("sealed an empty record")
 		}
@@ -262,10 +271,13 @@ func TestMalformed(t *testing.T) {
 func TestRekey(t *testing.T) {
 	eachSuite(t, func(t *testing.T, suite Suite) {
 		const every = 3
-		ks, _ := newKeys(testSecret, suite, every)
+		ks, err := newKeys(testSecret, suite, every)
+		if err != nil {
+			t.Fatal(err)
+		}
 		ko, _ := newKeys(testSecret, suite, every)
 		s, o := &Sealer{ks}, &Opener{ko}
-		fixed, _ := NewSealer(testSecret, suite) // never rekeys in this test
+		fixed := sealer(t, suite) // never rekeys in this test
 		for i := range 10 {
 			p := pattern(i, 50)
 			rec, err := s.Seal(nil, p)
@@ -340,7 +352,7 @@ func TestSecrets(t *testing.T) {
 // reached it.
 func TestWriteError(t *testing.T) {
 	eachSuite(t, func(t *testing.T, suite Suite) {
-		sl, _ := NewSealer(testSecret, suite)
+		sl := sealer(t, suite)
 		w := NewWriter(&failAfter{n: 0}, sl, &Pool{})
 		if n, err := w.Write(make([]byte, 100)); n != 0 || err == nil {
 			t.Fatalf("nothing written: %d, %v", n, err)

@@ -105,7 +105,7 @@ type Reader struct {
 	r      io.Reader
 	o      *Opener
 	pool   *Pool
-	buf    []byte // read-ahead: raw bytes buf[lo:hi] not yet used
+	buf    []byte // read-ahead: raw bytes buf[lo:hi] not yet used; made on first read
 	lo, hi int
 	big    *[]byte // a large record's buffer, while plain points into it
 	plain  []byte  // plaintext of the current record not yet returned
@@ -115,7 +115,7 @@ type Reader struct {
 // NewReader returns a Reader that opens with o, reading large records into
 // buffers from pool.
 func NewReader(r io.Reader, o *Opener, pool *Pool) *Reader {
-	return &Reader{r: r, o: o, pool: pool, buf: make([]byte, smallBuf)}
+	return &Reader{r: r, o: o, pool: pool}
 }
 
 // Read returns plaintext of authenticated records only. It returns io.EOF
@@ -157,6 +157,9 @@ func (r *Reader) release() {
 // record reads the next record and opens it into p if its plaintext fits,
 // else into its buffer, returning the part that fits p.
 func (r *Reader) record(p []byte) (int, error) {
+	if r.buf == nil {
+		r.buf = make([]byte, smallBuf) // on first use: a connection's writing end never reads
+	}
 	if err := r.fill(HeaderSize); err != nil {
 		return 0, err
 	}

@@ -12,6 +12,15 @@ type Streamer interface {
 	Stream(peer int) bool
 }
 
+// Poster is an optional Link extension: Post makes buf the destination of
+// message (peer, step) at once and returns the wait for it, which the
+// caller must call exactly once, whatever happens (a wait whose ctx has
+// ended withdraws the receive). Without it a schedule posts a receive by
+// calling Recv in a goroutine, which posts when the goroutine runs.
+type Poster interface {
+	Post(ctx context.Context, peer int, step uint32, buf []byte) (wait func() error, err error)
+}
+
 // streams reports whether l streams to peer (Streamer).
 func streams(l Link, peer int) bool {
 	s, ok := l.(Streamer)
@@ -73,13 +82,22 @@ func (st *steps) pairStream(ctx context.Context, l Link, in, out []byte, dt DTyp
 	rb := st.in[peer]
 	st.in[peer] += uint32(len(recvIn) + len(got))
 	g, ctx := newGroup(ctx)
+	recvs := append(append(make([][]byte, 0, len(recvIn)+len(got)), recvIn...), got...)
+	waits, err := post(ctx, l, peer, rb, recvs)
+	if err != nil {
+		g.cancel()
+		for _, w := range waits {
+			w() // withdraws it: ctx has ended
+		}
+		return err
+	}
 	ready := make([]chan struct{}, len(res)) // closed once chunk i is reduced
 	for i := range ready {
 		ready[i] = make(chan struct{})
 	}
 	for i := range recvIn {
 		g.Go(func() error {
-			if err := l.Recv(ctx, peer, rb+uint32(i), recvIn[i]); err != nil {
+			if err := waits[i](); err != nil {
 				return err
 			}
 			if staged {
@@ -94,8 +112,8 @@ func (st *steps) pairStream(ctx context.Context, l Link, in, out []byte, dt DTyp
 			return nil
 		})
 	}
-	for i := range got {
-		g.Go(func() error { return l.Recv(ctx, peer, rb+uint32(len(recvIn)+i), got[i]) })
+	for _, w := range waits[len(recvIn):] {
+		g.Go(w)
 	}
 	g.Go(func() error {
 		for i, s := range sendIn {
@@ -118,4 +136,28 @@ func (st *steps) pairStream(ctx context.Context, l Link, in, out []byte, dt DTyp
 		return nil
 	})
 	return g.Wait()
+}
+
+// post posts the receives of bufs from peer under steps base, base+1, ...
+// and returns their waits: with a Poster, all posted on return (on an error,
+// the waits of those that were); else each is a Recv in a goroutine of its
+// own that posts as soon as it runs, and its wait returns Recv's result.
+func post(ctx context.Context, l Link, peer int, base uint32, bufs [][]byte) ([]func() error, error) {
+	waits := make([]func() error, 0, len(bufs))
+	if p, ok := l.(Poster); ok {
+		for i, b := range bufs {
+			w, err := p.Post(ctx, peer, base+uint32(i), b)
+			if err != nil {
+				return waits, err
+			}
+			waits = append(waits, w)
+		}
+		return waits, nil
+	}
+	for i, b := range bufs {
+		errc := make(chan error, 1)
+		go func() { errc <- l.Recv(ctx, peer, base+uint32(i), b) }()
+		waits = append(waits, func() error { return <-errc })
+	}
+	return waits, nil
 }

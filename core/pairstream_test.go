@@ -50,3 +50,31 @@ func TestTwoRankAllreducePaths(t *testing.T) {
 		})
 	}
 }
+
+// TestTwoRankAllreducePeerLeaves: the peer closes while this rank is in a
+// fused, pipelined allreduce with every receive posted: it fails at once,
+// naming the peer, on every path.
+func TestTwoRankAllreducePeerLeaves(t *testing.T) {
+	for _, w := range worlds() {
+		t.Run(w.name, func(t *testing.T) {
+			comms := w.make(t, 2)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			start := time.Now()
+			errs := each(comms, func(c *Comm) error {
+				if c.Rank() == 1 {
+					time.Sleep(50 * time.Millisecond)
+					return c.Close()
+				}
+				return c.Allreduce(ctx, nil, make([]byte, 9<<20), collective.Float32, collective.Sum)
+			})
+			if errs[1] != nil {
+				t.Fatalf("close: %v", errs[1])
+			}
+			expectAll(t, errs[:1], CodePeerDown, "rank 1 has destroyed its communicator")
+			if took := time.Since(start); took > 2*time.Second {
+				t.Errorf("rank 0 failed after %v, want well under the heartbeat timeout", took)
+			}
+		})
+	}
+}

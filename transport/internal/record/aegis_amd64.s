@@ -66,6 +66,15 @@
 	MOVOU X6, 96(R)  \
 	MOVOU X7, 112(R)
 
+// BLOCKS_PROLOGUE loads the arguments of encBlocksAsm and decBlocksAsm
+// (s in AX, dst in DI, src in SI, n in CX) and the state.
+#define BLOCKS_PROLOGUE \
+	MOVQ s+0(FP), AX    \
+	MOVQ dst+8(FP), DI  \
+	MOVQ src+16(FP), SI \
+	MOVQ n+24(FP), CX   \
+	LOAD_STATE(AX)
+
 // func updateAsm(s *aegisState, m *[32]byte)
 TEXT ·updateAsm(SB), NOSPLIT, $0-16
 	MOVQ s+0(FP), AX
@@ -79,11 +88,7 @@ TEXT ·updateAsm(SB), NOSPLIT, $0-16
 
 // func encBlocksAsm(s *aegisState, dst, src *byte, n int)
 TEXT ·encBlocksAsm(SB), NOSPLIT, $0-32
-	MOVQ s+0(FP), AX
-	MOVQ dst+8(FP), DI
-	MOVQ src+16(FP), SI
-	MOVQ n+24(FP), CX
-	LOAD_STATE(AX)
+	BLOCKS_PROLOGUE
 	TESTQ CX, CX
 	JZ    encdone
 
@@ -107,11 +112,7 @@ encdone:
 
 // func decBlocksAsm(s *aegisState, dst, src *byte, n int)
 TEXT ·decBlocksAsm(SB), NOSPLIT, $0-32
-	MOVQ s+0(FP), AX
-	MOVQ dst+8(FP), DI
-	MOVQ src+16(FP), SI
-	MOVQ n+24(FP), CX
-	LOAD_STATE(AX)
+	BLOCKS_PROLOGUE
 	TESTQ CX, CX
 	JZ    decdone
 

@@ -50,6 +50,9 @@ func Allreduce(ctx context.Context, l Link, send, recv []byte, dt DType, op Op) 
 		if in == nil {
 			in = recv
 		}
+		if size == 2 && streams(l, 1-rank) {
+			return st.pairStream(ctx, l, in, recv, dt, op)
+		}
 		blocks := balanced(recv, size, dt.Size())
 		if err := st.ringReduceScatter(ctx, l, balanced(in, size, dt.Size()), blocks[rank], dt, op); err != nil {
 			return err

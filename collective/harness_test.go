@@ -60,6 +60,12 @@ type memLink struct {
 	rank int
 }
 
+// streamLink is a memLink that says it streams (Streamer): 2-rank ring
+// allreduces over it take pairStream.
+type streamLink struct{ *memLink }
+
+func (streamLink) Stream(int) bool { return true }
+
 func (l *memLink) Rank() int { return l.rank }
 func (l *memLink) Size() int { return l.net.n }
 
@@ -127,7 +133,11 @@ func tryRanks(n int, timeout time.Duration, f func(ctx context.Context, l Link) 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := f(ctx, &memLink{net, r}); err != nil {
+			var l Link = &memLink{net, r}
+			if testStream != nil && testStream(r) {
+				l = streamLink{&memLink{net, r}}
+			}
+			if err := f(ctx, l); err != nil {
 				errs[r] = fmt.Errorf("rank %d: %w", r, err)
 				cancel()
 			}
@@ -397,6 +407,10 @@ func quick() bool { return os.Getenv("NEXAR_TEST_QUICK") == "1" }
 // tests touch it, never in parallel (no test here calls t.Parallel): it
 // keeps the many check helpers free of a tuning parameter.
 var testTuning Tuning
+
+// testStream says which ranks' links, of the next memNet, stream
+// (streamLink); nil: none.
+var testStream func(rank int) bool
 
 // withForce sets one field of testTuning.Force for the duration of f.
 func withForce(p *Algorithm, a Algorithm, f func()) {

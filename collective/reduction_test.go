@@ -50,6 +50,69 @@ func TestAllreduce(t *testing.T) {
 	}
 }
 
+// TestAllreducePairStream: 2 ranks over links that stream take the fused,
+// pipelined ring (pairStream), in and out of place, over chunk counts from
+// one to many, with both ranks streaming or just one (the other runs the
+// unfused ring: the two send the same messages), and give the unfused
+// ring's bits.
+func TestAllreducePairStream(t *testing.T) {
+	// Chunks above InlineSendMax: memLink's Send of those waits for the
+	// matching Recv, the strictest order a transport can impose.
+	old := testTuning
+	testTuning.ChunkSize = 2 * InlineSendMax
+	defer func() { testTuning, testStream = old, nil }()
+	rng := rand.New(rand.NewPCG(5, 6))
+	who := map[string]func(int) bool{
+		"both":   func(int) bool { return true },
+		"rank 0": func(r int) bool { return r == 0 },
+		"rank 1": func(r int) bool { return r == 1 },
+	}
+	for name, f := range who {
+		for _, count := range []int{2, 7, 1000, 3*InlineSendMax/4 + 5, 100003} {
+			for _, c := range someCombos() {
+				for _, inPlace := range []bool{false, true} {
+					withForce(&testTuning.Force.Allreduce, AlgoRing, func() {
+						testStream = f
+						t.Run(fmt.Sprintf("%s/%d/%v/inplace=%v", name, count, c, inPlace), func(t *testing.T) {
+							checkAllreduce(t, rng, 2, count, c, inPlace)
+						})
+						testStream = nil
+					})
+				}
+			}
+		}
+	}
+	// Rounding floats: the same bits as the unfused ring, on both ranks.
+	for _, c := range []combo{{Float32, Sum}, {Float64, Avg}, {BFloat16, Prod}} {
+		count := 5000
+		ins := [][]byte{make([]byte, count*c.dt.Size()), make([]byte, count*c.dt.Size())}
+		for r := range ins {
+			for i := 0; i < count; i++ {
+				putFloat(ins[r], c.dt, i, rng.NormFloat64()*1e3)
+			}
+		}
+		run := func(stream bool) [][]byte {
+			outs := [][]byte{make([]byte, len(ins[0])), make([]byte, len(ins[0]))}
+			withForce(&testTuning.Force.Allreduce, AlgoRing, func() {
+				testStream = func(int) bool { return stream }
+				runRanks(t, 2, func(ctx context.Context, l Link) error {
+					if _, ok := l.(Streamer); ok != stream {
+						return fmt.Errorf("link streams: %v, want %v", ok, stream)
+					}
+					return Allreduce(ctx, l, ins[l.Rank()], outs[l.Rank()], c.dt, c.op)
+				})
+				testStream = nil
+			})
+			return outs
+		}
+		ring, fused := run(false), run(true)
+		for r := range 2 {
+			equalBytes(t, fmt.Sprintf("%v rank %d: fused vs ring", c, r), fused[r], ring[r])
+		}
+		equalBytes(t, fmt.Sprintf("%v: fused rank 1 vs rank 0", c), fused[1], fused[0])
+	}
+}
+
 func checkAllreduce(t *testing.T, rng *rand.Rand, n, count int, c combo, inPlace bool) {
 	t.Helper()
 	ins := genInputs(rng, n, count, c.dt, c.op, false)

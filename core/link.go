@@ -127,6 +127,14 @@ func (l *link) Exchange(ctx context.Context, to int, sbase uint32, data []byte, 
 	return nil
 }
 
+// Stream implements collective.Streamer: a path other than a shared-memory
+// ring moves data into a posted buffer without its waiter's help. Either
+// answer is safe (the streaming schedule sends the same messages), and it
+// may change once a ring is made on first use.
+func (l *link) Stream(peer int) bool {
+	return peer >= 0 && peer < l.c.size && !l.sharedMemory(peer)
+}
+
 // sharedMemory reports whether this rank's data to comm rank peer goes
 // over a shared-memory ring (where a send can progress a receive).
 func (l *link) sharedMemory(peer int) bool {
@@ -169,6 +177,26 @@ func (l *link) send(ctx context.Context, peer int, step uint32, data []byte, pro
 		}
 	}
 	return err
+}
+
+// Post implements collective.Poster: buf is the destination of message
+// (peer, step) of this call from now on, whoever reads it; wait waits for
+// it (as Recv does) and must be called, once, whatever happens: a wait that
+// ends early withdraws the receive, so that buf is not written after it.
+func (l *link) Post(ctx context.Context, peer int, step uint32, buf []byte) (wait func() error, err error) {
+	if peer < 0 || peer >= l.c.size {
+		return nil, fmt.Errorf("collective received from rank %d of %d", peer, l.c.size)
+	}
+	l.ringCheck()
+	key := match.Key{Src: peer, Seq: l.seq, Step: step}
+	m, err := l.c.postColl(key, buf)
+	if err != nil {
+		return nil, err
+	}
+	if m == nil { // it had arrived whole: it is in buf
+		return func() error { return nil }, nil
+	}
+	return func() error { return l.c.waitColl(ctx, key, m) }, nil
 }
 
 func (l *link) Recv(ctx context.Context, peer int, step uint32, buf []byte) error {

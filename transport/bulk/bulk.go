@@ -47,6 +47,7 @@ import (
 
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/internal/frame"
+	"github.com/nexar-go/nexar/transport/internal/record"
 	nquic "github.com/nexar-go/nexar/transport/quic"
 )
 
@@ -215,6 +216,11 @@ type Endpoint struct {
 	oversubscribed bool            // more ranks on this host than cores (see Start)
 	using          atomic.Int64    // sends and pollers that may touch a ring (see Close)
 	unuseFn        func()          // StartPolling's stop, made once
+
+	// Sealed TCP connections (tcp.go): the buffers of their records, and
+	// how they are dialed (tests tamper with the wire; nil: net.Dialer).
+	records  record.Pool
+	dialHook func(ctx context.Context, addr string) (net.Conn, error)
 
 	// Same-host deaths (procwatch_linux.go). A peer whose hello or offer
 	// proves it a process of this host and PID namespace (sameProc) may
@@ -1179,7 +1185,7 @@ func (e *Endpoint) attach(ctx context.Context, to int, m *ctlMsg) {
 			e.decide(to, nil)
 			return
 		}
-		e.decide(to, newChannel(to, e.tcpDesc(len(links)), links))
+		e.decide(to, newChannel(to, e.tcpDesc(links), links))
 	case "shm-lazy":
 		e.decideLater(to)
 	case "rdma":
@@ -1274,6 +1280,6 @@ func Available() (shm, cma, tcp string) {
 			cma = fmt.Sprintf("yes (process_vm_readv; payloads from %d KiB on shared-memory paths)", DefaultRemoteMin>>10)
 		}
 	}
-	tcp = fmt.Sprintf("yes (%d connections per direction between hosts, TLS 1.3 unless NEXAR_BULK_PLAINTEXT=1)", DefaultConns)
+	tcp = fmt.Sprintf("yes (%d connections per direction between hosts, authenticated by TLS 1.3, data sealed with %s unless NEXAR_BULK_PLAINTEXT=1)", DefaultConns, recordSuites())
 	return shm, cma, tcp
 }

@@ -597,7 +597,7 @@ func (e *Endpoint) rpcAttach(ctx context.Context, to int, m *ctlMsg) {
 			e.rpcDecide(to, nil)
 			return
 		}
-		e.rpcDecide(to, newRPCChan(to, "rpc "+e.tcpDesc(1), links[0]))
+		e.rpcDecide(to, newRPCChan(to, "rpc "+e.tcpDesc(links), links[0]))
 	default:
 		e.rpcDecide(to, nil)
 	}
@@ -781,5 +781,6 @@ func (e *Endpoint) rpcCloseAll() {
 // rpcAccepted attaches an authorised TCP connection to the RPC offer
 // made to from (authorise checked the MAC against it).
 func (e *Endpoint) rpcAccepted(from int, c, raw net.Conn) {
-	e.startRPCReader(from, newRPCChan(from, "rpc "+e.tcpDesc(1), connLink{c, raw}))
+	l := connLink{c, raw}
+	e.startRPCReader(from, newRPCChan(from, "rpc "+e.tcpDesc([]link{l}), l))
 }

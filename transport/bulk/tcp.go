@@ -12,18 +12,30 @@ import (
 	"net"
 	"time"
 
+	"github.com/nexar-go/nexar/transport/internal/record"
 	nquic "github.com/nexar-go/nexar/transport/quic"
 )
 
 // TCP connection preamble, sent by the dialer (inside TLS unless plaintext):
 //
-//	0  4  magic "NXB1" (data channel) or "NXR1" (RPC channel, rpcchan.go)
+//	0  4  magic "NXB1" (data channel) or "NXR1" (RPC channel, rpcchan.go);
+//	      on a TLS connection "NXB" or "NXR" and the suites the dialer
+//	      offers for its records: '2' AES-128-GCM, '3' AES-128-GCM or
+//	      AEGIS-128L (sealedMagic)
 //	4  4  dialer rank, u32 LE
 //	8  2  connection index, u16 LE
 //	10 2  connection count, u16 LE
 //	12 32 HMAC-SHA256(nonce, "nexar-bulk/1" ‖ dialer u32 ‖ acceptor u32 ‖ index u16 ‖ count u16)
 //
-// The acceptor answers one byte, 1, once it has checked the preamble.
+// The acceptor answers one byte once it has checked the preamble: 1 on a
+// plaintext connection; on a TLS connection the record suite it chose
+// (record.Suite: AEGIS-128L when offered and fast on both ends, else
+// AES-128-GCM). Both ends then leave TLS's record layer for package
+// record's: the dialer's bytes after the answer are sealed records keyed
+// from the TLS session (the acceptor writes nothing after its answer, and
+// session tickets are off, so neither TLS stream holds unread bytes when
+// they switch). docs/wire-format.md gives the security argument. Offer and
+// answer travel inside TLS, so nobody on the path can steer the choice.
 const (
 	preambleSize = 44
 	authTimeout  = 5 * time.Second
@@ -36,6 +48,42 @@ type tcpOffer struct {
 	conns []net.Conn
 	raws  []net.Conn
 	got   int
+}
+
+// sealedMagic is the preamble magic of a TLS connection: the plaintext
+// magic's version digit replaced by the suites offered. A dialer of the
+// TLS-stream protocol ("NXB1" over TLS, before records) is refused, and
+// falls back to QUIC, rather than misread.
+func sealedMagic(magic string, aegis bool) string {
+	if aegis {
+		return magic[:3] + "3"
+	}
+	return magic[:3] + "2"
+}
+
+// parseMagic reads a preamble's magic: whether it is the RPC channel's,
+// and, on a TLS connection, whether AEGIS-128L is offered.
+func parseMagic(m string, plaintext bool) (rpc, aegis, ok bool) {
+	base := m[:3] + "1"
+	rpc = base == rpcMagic
+	if !rpc && base != "NXB1" {
+		return false, false, false
+	}
+	if plaintext {
+		return rpc, false, m[3] == '1'
+	}
+	return rpc, m[3] == '3', m[3] == '2' || m[3] == '3'
+}
+
+// offerAEGIS: this process seals and opens AEGIS-128L at hardware speed.
+func offerAEGIS() bool { return record.AEGIS128L.Fast() }
+
+// recordSuites names the record suites this process offers (nexar info).
+func recordSuites() string {
+	if offerAEGIS() {
+		return "aegis-128l (aes-128-gcm with a peer without AES-NI)"
+	}
+	return "aes-128-gcm"
 }
 
 func preambleMAC(nonce []byte, dialer, acceptor, idx, cnt int) []byte {
@@ -72,7 +120,8 @@ func (e *Endpoint) authorise(raw net.Conn) {
 	raw.SetDeadline(time.Now().Add(authTimeout))
 	stop := context.AfterFunc(e.ctx, func() { raw.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	c := raw
+	c := raw // the preamble and the answer; TLS unless plaintext
+	var cs tls.ConnectionState
 	var fp [32]byte
 	if !e.opt.Plaintext {
 		tc := tls.Server(raw, nquic.ServerTLSConfig(e.opt.Identity, e.knownPeer))
@@ -80,11 +129,14 @@ func (e *Endpoint) authorise(raw net.Conn) {
 			e.log.Debug("nexar: bulk: refused TCP connection", "rank", e.self, "remote", raw.RemoteAddr().String(), "err", err)
 			return
 		}
-		fp = sha256.Sum256(tc.ConnectionState().PeerCertificates[0].Raw)
+		cs = tc.ConnectionState()
+		fp = sha256.Sum256(cs.PeerCertificates[0].Raw)
 		c = tc
 	}
 	var b [preambleSize]byte
-	if _, err := io.ReadFull(c, b[:]); err != nil || (string(b[:4]) != "NXB1" && string(b[:4]) != rpcMagic) {
+	_, err := io.ReadFull(c, b[:])
+	forRPC, aegis, okMagic := parseMagic(string(b[:4]), e.opt.Plaintext)
+	if err != nil || !okMagic {
 		e.log.Debug("nexar: bulk: refused TCP connection without preamble", "rank", e.self, "remote", raw.RemoteAddr().String())
 		return
 	}
@@ -98,7 +150,21 @@ func (e *Endpoint) authorise(raw net.Conn) {
 		e.log.Warn("nexar: bulk: TLS certificate does not match the rank named", "rank", e.self, "claimed", from)
 		return
 	}
-	forRPC := string(b[:4]) == rpcMagic
+	// What the channel reads and writes: sealed records after the answer
+	// on a TLS connection.
+	stream, answer := raw, byte(1)
+	if !e.opt.Plaintext {
+		suite := record.AES128GCM
+		if aegis && offerAEGIS() {
+			suite = record.AEGIS128L
+		}
+		sc, err := record.NewConn(raw, &cs, false, suite, &e.records)
+		if err != nil {
+			e.log.Warn("nexar: bulk: refused TCP connection", "rank", e.self, "claimed", from, "err", err)
+			return
+		}
+		stream, answer = sc, byte(suite)
+	}
 	mu := &e.mu
 	if forRPC {
 		mu = &e.rpc.mu
@@ -116,7 +182,7 @@ func (e *Endpoint) authorise(raw net.Conn) {
 		e.log.Warn("nexar: bulk: refused unauthorised TCP connection", "rank", e.self, "claimed", from, "remote", raw.RemoteAddr().String())
 		return
 	}
-	off.conns[idx] = c
+	off.conns[idx] = stream
 	off.raws[idx] = raw
 	off.got++
 	complete := off.got == len(off.conns)
@@ -125,19 +191,19 @@ func (e *Endpoint) authorise(raw net.Conn) {
 	}
 	mu.Unlock()
 	ok = true
-	if _, err := c.Write([]byte{1}); err != nil {
+	if _, err := c.Write([]byte{answer}); err != nil {
 		return // the dialer sees the failure and falls back; the offer is spent
 	}
 	raw.SetDeadline(time.Time{})
 	if complete && forRPC {
-		e.rpcAccepted(from, c, raw)
+		e.rpcAccepted(from, stream, raw)
 	} else if complete {
 		links := make([]link, len(off.conns))
 		raws := off.raws
 		for i, cc := range off.conns {
 			links[i] = connLink{cc, raws[i]}
 		}
-		e.startReader(from, newChannel(from, e.tcpDesc(len(links)), links))
+		e.startReader(from, newChannel(from, e.tcpDesc(links), links))
 	}
 }
 
@@ -154,6 +220,14 @@ func (e *Endpoint) knownPeer(fp [32]byte) error {
 		return errors.New("bulk: unknown certificate")
 	}
 	return nil
+}
+
+func (e *Endpoint) dial(ctx context.Context, addr string) (net.Conn, error) {
+	if e.dialHook != nil {
+		return e.dialHook(ctx, addr)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", addr)
 }
 
 // dialTCP opens the connections of an offer from peer and waits for each
@@ -181,14 +255,15 @@ func (e *Endpoint) dialTCPMagic(ctx context.Context, peer int, addr string, nonc
 		return nil, fmt.Errorf("bulk: connect to rank %d at %s: %w", peer, addr, err)
 	}
 	for i := range cnt {
-		var d net.Dialer
-		raw, err := d.DialContext(ctx, "tcp", addr)
+		raw, err := e.dial(ctx, addr)
 		if err != nil {
 			return fail(err)
 		}
 		dl, _ := ctx.Deadline()
 		raw.SetDeadline(dl)
-		c := raw
+		c := raw // as in authorise
+		var cs tls.ConnectionState
+		m := magic
 		if useTLS {
 			tc := tls.Client(raw, nquic.ClientTLSConfig(e.opt.Identity, func(fp [32]byte) error {
 				if !nquic.Equal(fp, e.opt.Fingerprints[peer]) {
@@ -200,32 +275,57 @@ func (e *Endpoint) dialTCPMagic(ctx context.Context, peer int, addr string, nonc
 				raw.Close()
 				return fail(err)
 			}
-			c = tc
+			c, cs, m = tc, tc.ConnectionState(), sealedMagic(magic, offerAEGIS())
 		}
 		var b [preambleSize]byte
-		copy(b[:], magic)
+		copy(b[:], m)
 		binary.LittleEndian.PutUint32(b[4:], uint32(e.self))
 		binary.LittleEndian.PutUint16(b[8:], uint16(i))
 		binary.LittleEndian.PutUint16(b[10:], uint16(cnt))
 		copy(b[12:], preambleMAC(nonce, e.self, peer, i, cnt))
 		var ack [1]byte
 		if _, err := c.Write(b[:]); err != nil {
-			c.Close()
+			raw.Close()
 			return fail(err)
 		}
-		if _, err := io.ReadFull(c, ack[:]); err != nil || ack[0] != 1 {
-			c.Close()
+		if _, err := io.ReadFull(c, ack[:]); err != nil {
+			raw.Close()
 			return fail(fmt.Errorf("not accepted: %v", err))
 		}
+		var stream net.Conn = raw
+		if !useTLS && ack[0] != 1 {
+			raw.Close()
+			return fail(fmt.Errorf("not accepted: answer %d", ack[0]))
+		}
+		if useTLS {
+			suite := record.Suite(ack[0])
+			if suite != record.AES128GCM && (suite != record.AEGIS128L || m[3] != '3') {
+				raw.Close()
+				return fail(fmt.Errorf("not accepted: answer %d (record suite not offered)", ack[0]))
+			}
+			sc, err := record.NewConn(raw, &cs, true, suite, &e.records)
+			if err != nil {
+				raw.Close()
+				return fail(err)
+			}
+			stream = sc
+		}
 		raw.SetDeadline(time.Time{})
-		links = append(links, connLink{c, raw})
+		links = append(links, connLink{stream, raw})
 	}
 	return links, nil
 }
 
-func (e *Endpoint) tcpDesc(n int) string {
+// tcpDesc describes a channel over links: their count, and TLS with the
+// record suite, or plaintext.
+func (e *Endpoint) tcpDesc(links []link) string {
 	if e.opt.Plaintext {
-		return fmt.Sprintf("tcp x%d plaintext", n)
+		return fmt.Sprintf("tcp x%d plaintext", len(links))
 	}
-	return fmt.Sprintf("tcp x%d tls", n)
+	if l, ok := links[0].(connLink); ok {
+		if sc, ok := l.c.(*record.Conn); ok {
+			return fmt.Sprintf("tcp x%d tls %s", len(links), sc.Suite())
+		}
+	}
+	return fmt.Sprintf("tcp x%d tls", len(links))
 }

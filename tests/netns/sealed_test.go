@@ -1,0 +1,56 @@
+package netns
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestTwoHostsTwoRanks: one rank in each namespace, so every byte crosses
+// the veth pair on the bulk TCP path: with TLS (sealed records, AEGIS-128L
+// where this CPU runs it, else AES-128-GCM) and in plaintext. testprog's
+// check runs every collective up to 256 KiB, whose 2-rank allreduce of
+// that size is the fused, pipelined ring.
+func TestTwoHostsTwoRanks(t *testing.T) {
+	a, b := twoHosts(t)
+	_, testprog := build(t)
+	for i, plain := range []bool{false, true} {
+		name, want := "tls", regexp.MustCompile(`^tcp x2 tls (aegis-128l|aes-128-gcm)$`)
+		if plain {
+			name, want = "plaintext", regexp.MustCompile(`^tcp x2 plaintext$`)
+		}
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			token := randHex(32)
+			seed := fmt.Sprintf("%s:%d", a.addr, 29600+i)
+			var procs []*proc
+			for r, h := range []host{a, b} {
+				env := cleanEnv("NEXAR_RANK="+strconv.Itoa(r), "NEXAR_WORLD_SIZE=2", "NEXAR_SEED="+seed,
+					"NEXAR_TOKEN="+token, "NEXAR_ADVERTISE_ADDR="+h.addr, "NEXAR_BULK_PLAINTEXT="+strconv.FormatBool(plain))
+				procs = append(procs, startIn(t, ctx, fmt.Sprintf("rank %d in %s", r, h.ns), h.ns, env, testprog, "check"))
+			}
+			checked := 0
+			for _, p := range procs {
+				if err := p.cmd.Wait(); err != nil {
+					t.Errorf("%s: %v\n%s", p.name, err, p.out.String())
+				}
+				checked += strings.Count(p.out.String(), "CHECKED")
+				for rp, path := range dataPaths(p.out.String()) {
+					if rp[0] != rp[1] && !want.MatchString(path) {
+						t.Errorf("rank %d reaches rank %d by %q, want %v", rp[0], rp[1], path, want)
+					} else if rp[0] != rp[1] {
+						t.Logf("rank %d reaches rank %d by %q", rp[0], rp[1], path)
+					}
+				}
+			}
+			if checked != 2 {
+				t.Errorf("%d ranks reported CHECKED, want 2", checked)
+			}
+		})
+	}
+}

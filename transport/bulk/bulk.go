@@ -1280,6 +1280,6 @@ func Available() (shm, cma, tcp string) {
 			cma = fmt.Sprintf("yes (process_vm_readv; payloads from %d KiB on shared-memory paths)", DefaultRemoteMin>>10)
 		}
 	}
-	tcp = fmt.Sprintf("yes (%d connections per direction between hosts, authenticated by TLS 1.3, data sealed with %s unless NEXAR_BULK_PLAINTEXT=1)", DefaultConns, recordSuites())
+	tcp = fmt.Sprintf("yes (%d connections per direction between hosts, authenticated by TLS 1.3, data sealed with %s unless NEXAR_BULK_PLAINTEXT=1)", DefaultConns, record.AES128GCM)
 	return shm, cma, tcp
 }

@@ -19,23 +19,22 @@ import (
 // TCP connection preamble, sent by the dialer (inside TLS unless plaintext):
 //
 //	0  4  magic "NXB1" (data channel) or "NXR1" (RPC channel, rpcchan.go);
-//	      on a TLS connection "NXB" or "NXR" and the suites the dialer
-//	      offers for its records: '2' AES-128-GCM, '3' AES-128-GCM or
-//	      AEGIS-128L (sealedMagic)
+//	      on a TLS connection "NXB2" or "NXR2": sealed records follow
+//	      (sealedMagic)
 //	4  4  dialer rank, u32 LE
 //	8  2  connection index, u16 LE
 //	10 2  connection count, u16 LE
 //	12 32 HMAC-SHA256(nonce, "nexar-bulk/1" ‖ dialer u32 ‖ acceptor u32 ‖ index u16 ‖ count u16)
 //
 // The acceptor answers one byte once it has checked the preamble: 1 on a
-// plaintext connection; on a TLS connection the record suite it chose
-// (record.Suite: AEGIS-128L when offered and fast on both ends, else
-// AES-128-GCM). Both ends then leave TLS's record layer for package
+// plaintext connection; on a TLS connection the record suite
+// (record.Suite: AES-128-GCM, the only one). Both ends then leave TLS's
+// record layer for package
 // record's: the dialer's bytes after the answer are sealed records keyed
 // from the TLS session (the acceptor writes nothing after its answer, and
 // session tickets are off, so neither TLS stream holds unread bytes when
-// they switch). docs/wire-format.md gives the security argument. Offer and
-// answer travel inside TLS, so nobody on the path can steer the choice.
+// they switch). docs/wire-format.md gives the security argument. Magic and
+// answer travel inside TLS, so nobody on the path can alter them.
 const (
 	preambleSize = 44
 	authTimeout  = 5 * time.Second
@@ -51,39 +50,24 @@ type tcpOffer struct {
 }
 
 // sealedMagic is the preamble magic of a TLS connection: the plaintext
-// magic's version digit replaced by the suites offered. A dialer of the
+// magic's version digit replaced by 2, sealed records. A dialer of the
 // TLS-stream protocol ("NXB1" over TLS, before records) is refused, and
 // falls back to QUIC, rather than misread.
-func sealedMagic(magic string, aegis bool) string {
-	if aegis {
-		return magic[:3] + "3"
-	}
-	return magic[:3] + "2"
-}
+func sealedMagic(magic string) string { return magic[:3] + "2" }
 
 // parseMagic reads a preamble's magic: whether it is the RPC channel's,
-// and, on a TLS connection, whether AEGIS-128L is offered.
-func parseMagic(m string, plaintext bool) (rpc, aegis, ok bool) {
+// and whether it is the one this connection's kind (plaintext or TLS)
+// expects.
+func parseMagic(m string, plaintext bool) (rpc, ok bool) {
 	base := m[:3] + "1"
 	rpc = base == rpcMagic
 	if !rpc && base != "NXB1" {
-		return false, false, false
+		return false, false
 	}
 	if plaintext {
-		return rpc, false, m[3] == '1'
+		return rpc, m[3] == '1'
 	}
-	return rpc, m[3] == '3', m[3] == '2' || m[3] == '3'
-}
-
-// offerAEGIS: this process seals and opens AEGIS-128L at hardware speed.
-func offerAEGIS() bool { return record.AEGIS128L.Fast() }
-
-// recordSuites names the record suites this process offers (nexar info).
-func recordSuites() string {
-	if offerAEGIS() {
-		return "aegis-128l (aes-128-gcm with a peer without AES-NI)"
-	}
-	return "aes-128-gcm"
+	return rpc, m[3] == '2'
 }
 
 func preambleMAC(nonce []byte, dialer, acceptor, idx, cnt int) []byte {
@@ -135,7 +119,7 @@ func (e *Endpoint) authorise(raw net.Conn) {
 	}
 	var b [preambleSize]byte
 	_, err := io.ReadFull(c, b[:])
-	forRPC, aegis, okMagic := parseMagic(string(b[:4]), e.opt.Plaintext)
+	forRPC, okMagic := parseMagic(string(b[:4]), e.opt.Plaintext)
 	if err != nil || !okMagic {
 		e.log.Debug("nexar: bulk: refused TCP connection without preamble", "rank", e.self, "remote", raw.RemoteAddr().String())
 		return
@@ -155,9 +139,6 @@ func (e *Endpoint) authorise(raw net.Conn) {
 	stream, answer := raw, byte(1)
 	if !e.opt.Plaintext {
 		suite := record.AES128GCM
-		if aegis && offerAEGIS() {
-			suite = record.AEGIS128L
-		}
 		sc, err := record.NewConn(raw, &cs, false, suite, &e.records)
 		if err != nil {
 			e.log.Warn("nexar: bulk: refused TCP connection", "rank", e.self, "claimed", from, "err", err)
@@ -275,7 +256,7 @@ func (e *Endpoint) dialTCPMagic(ctx context.Context, peer int, addr string, nonc
 				raw.Close()
 				return fail(err)
 			}
-			c, cs, m = tc, tc.ConnectionState(), sealedMagic(magic, offerAEGIS())
+			c, cs, m = tc, tc.ConnectionState(), sealedMagic(magic)
 		}
 		var b [preambleSize]byte
 		copy(b[:], m)
@@ -299,7 +280,7 @@ func (e *Endpoint) dialTCPMagic(ctx context.Context, peer int, addr string, nonc
 		}
 		if useTLS {
 			suite := record.Suite(ack[0])
-			if suite != record.AES128GCM && (suite != record.AEGIS128L || m[3] != '3') {
+			if suite != record.AES128GCM {
 				raw.Close()
 				return fail(fmt.Errorf("not accepted: answer %d (record suite not offered)", ack[0]))
 			}

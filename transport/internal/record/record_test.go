@@ -15,17 +15,12 @@ import (
 
 var testSecret = Secret{1, 2, 3}
 
-var suites = []Suite{AES128GCM, AEGIS128L}
+var suites = []Suite{AES128GCM}
 
 // eachSuite runs f as a subtest per suite.
 func eachSuite(t *testing.T, f func(t *testing.T, s Suite)) {
 	for _, s := range suites {
-		t.Run(s.String(), func(t *testing.T) {
-			if s == AEGIS128L && !aegisFast {
-				t.Skip("AEGIS-128L has only the reference block functions here, too slow for the stream tests (TestAEGISVectors checks them)")
-			}
-			f(t, s)
-		})
+		t.Run(s.String(), func(t *testing.T) { f(t, s) })
 	}
 }
 
@@ -336,9 +331,6 @@ func TestSecrets(t *testing.T) {
 	if ds2 == ds {
 		t.Fatal("two connections share a secret")
 	}
-	if dsa, _, _ := Secrets(&d1, true, AEGIS128L); dsa == ds {
-		t.Fatal("two suites share a secret")
-	}
 	if _, _, err := Secrets(&d1, true, Suite(9)); err == nil {
 		t.Fatal("secrets for an unknown suite")
 	}
@@ -380,25 +372,19 @@ func (f *failAfter) Write(p []byte) (int, error) {
 	return k, errors.New("broken")
 }
 
-// FuzzReader feeds arbitrary streams to a Reader of either suite: it must
+// FuzzReader feeds arbitrary streams to a Reader: it must
 // not panic or loop, every record it returns must be one sealed under the
 // key at that position (pattern), and reading in small steps must return
 // the same bytes as reading whole records. The seed corpus is in
 // testdata/fuzz/FuzzReader.
 func FuzzReader(f *testing.F) {
-	for _, s := range suites {
-		aegis := s == AEGIS128L
-		f.Add(stream(f, testSecret, s, 64), uint16(7), aegis)
-		f.Add(stream(f, testSecret, s, 64, 1000, 20<<10, 3), uint16(100), aegis)
-		f.Add(stream(f, testSecret, s, 1, 2, 3, 4, 5), uint16(1), aegis)
-	}
-	f.Add([]byte{0, 0, 0, 0}, uint16(1), false)
-	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 1, 2}, uint16(3), true)
-	f.Fuzz(func(t *testing.T, data []byte, step uint16, aegis bool) {
-		suite := AES128GCM
-		if aegis {
-			suite = AEGIS128L
-		}
+	suite := AES128GCM
+	f.Add(stream(f, testSecret, suite, 64), uint16(7))
+	f.Add(stream(f, testSecret, suite, 64, 1000, 20<<10, 3), uint16(100))
+	f.Add(stream(f, testSecret, suite, 1, 2, 3, 4, 5), uint16(1))
+	f.Add([]byte{0, 0, 0, 0}, uint16(1))
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 1, 2}, uint16(3))
+	f.Fuzz(func(t *testing.T, data []byte, step uint16) {
 		r := reader(t, testSecret, suite, bytes.NewReader(data))
 		var whole []byte
 		buf := make([]byte, MaxPlain)

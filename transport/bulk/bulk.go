@@ -420,7 +420,7 @@ func (e *Endpoint) addRing(r *ring) {
 
 // Send routes LaneData to the peer's bulk channel and the rest to inner.
 func (e *Endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *transport.Header, payload []byte) error {
-	return e.send(ctx, peer, lane, h, payload, nil)
+	return e.send(ctx, peer, lane, h, payload, nil, false)
 }
 
 // SendProgress is Send for LaneData that, while it waits for room on a
@@ -428,10 +428,12 @@ func (e *Endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 // one goroutine can then keep both directions of an exchange moving, which
 // on few cores beats a goroutine per direction. On other paths it is Send.
 func (e *Endpoint) SendProgress(ctx context.Context, peer int, h *transport.Header, payload []byte, progress func() bool) error {
-	return e.send(ctx, peer, transport.LaneData, h, payload, progress)
+	return e.send(ctx, peer, transport.LaneData, h, payload, progress, false)
 }
 
-func (e *Endpoint) send(ctx context.Context, peer int, lane transport.Lane, h *transport.Header, payload []byte, progress func() bool) error {
+// send sends one message; dev: its payload is device memory (SendDevice),
+// which only a device channel (rdmachan.go) may carry.
+func (e *Endpoint) send(ctx context.Context, peer int, lane transport.Lane, h *transport.Header, payload []byte, progress func() bool, dev bool) error {
 	// Counted before the closed check: Close waits for every send it did
 	// not turn away before it unmaps the rings.
 	e.using.Add(1)
@@ -446,6 +448,10 @@ func (e *Endpoint) send(ctx context.Context, peer int, lane transport.Lane, h *t
 		if handled, err := e.sendRPC(ctx, peer, h, payload); handled {
 			return err
 		}
+	}
+	if dev && (lane != transport.LaneData || peer < 0 || peer >= e.size || !e.deviceChannel(e.out[peer].Load())) {
+		// Nothing else may see device memory: the inner endpoint copies it.
+		return fmt.Errorf("bulk: send to rank %d: %w", peer, transport.ErrNoDevicePath)
 	}
 	if lane == transport.LaneData && peer >= 0 && peer < e.size {
 		ch := e.out[peer].Load()
@@ -462,7 +468,7 @@ func (e *Endpoint) send(ctx context.Context, peer int, lane transport.Lane, h *t
 			if len(payload) > transport.MaxPayload {
 				return fmt.Errorf("bulk: payload of %d bytes exceeds %d", len(payload), transport.MaxPayload)
 			}
-			broken, err := ch.send(ctx, h, payload, progress)
+			broken, err := ch.send(ctx, h, payload, progress, dev)
 			if err == nil {
 				return nil
 			}
@@ -493,10 +499,16 @@ var _ transport.DataPath = (*Endpoint)(nil)
 
 // Caps declares what the endpoint can do (transport.DataPath): rings can
 // be polled by a waiting goroutine and progressed while a send waits for
-// room, and are made on first use, where the mode allows shared memory.
+// room, and are made on first use, where the mode allows shared memory;
+// RDMA channels move device memory where the device was given a GPU
+// runtime.
 func (e *Endpoint) Caps() transport.Caps {
 	shm := e.opt.Mode.shm()
-	return transport.Caps{Poll: shm, ProgressSend: shm, LazyData: shm, Presence: shm}
+	dev := false
+	if e.opt.RDMA != nil {
+		dev, _ = e.opt.RDMA.GPU()
+	}
+	return transport.Caps{Poll: shm, ProgressSend: shm, LazyData: shm, Presence: shm, Device: dev}
 }
 
 // SharedMemory reports whether this rank's data to peer goes over a

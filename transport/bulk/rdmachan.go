@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/fxamacker/cbor/v2"
+
+	"github.com/nexar-go/nexar/transport"
 )
 
 // RDMA is an RDMA device on which the endpoint makes LaneData channels
@@ -20,6 +22,11 @@ type RDMA interface {
 	// Dial makes the sending end of a channel to peer from the
 	// parameters peer offered and returns this end's, for the result.
 	Dial(peer int, offer []byte) (RDMAEnd, []byte, error)
+	// GPU reports whether the channels read and write GPU device memory
+	// themselves (moves: constant for the device's life), and whether the
+	// NIC may still reach it directly (direct: GPUDirect RDMA not ruled
+	// out).
+	GPU() (moves, direct bool)
 	Close() error
 }
 
@@ -57,6 +64,43 @@ func rdmaChannel(ch *channel) (RDMAEnd, bool) {
 	}
 	l, ok := ch.links[0].(rdmaLink)
 	return l.e, ok
+}
+
+// deviceChannel reports whether ch reads and writes payloads in device
+// memory itself: an RDMA channel on a device that moves device memory.
+func (e *Endpoint) deviceChannel(ch *channel) bool {
+	if _, ok := rdmaChannel(ch); !ok {
+		return false
+	}
+	moves, _ := e.opt.RDMA.GPU()
+	return moves
+}
+
+// DeviceData reports whether this rank's LaneData to peer (send) and
+// from peer (recv) goes over an RDMA channel that moves device memory
+// while GPUDirect RDMA is not ruled out on the device (transport.DataPath).
+// Safe for concurrent use.
+func (e *Endpoint) DeviceData(peer int) (send, recv bool) {
+	if e.opt.RDMA == nil || peer < 0 || peer >= e.size || e.downed[peer].Load() {
+		return false, false
+	}
+	if _, direct := e.opt.RDMA.GPU(); !direct {
+		return false, false
+	}
+	send = e.deviceChannel(e.out[peer].Load())
+	e.mu.Lock()
+	recv = e.deviceChannel(e.in[peer])
+	e.mu.Unlock()
+	return send, recv
+}
+
+// SendDevice sends a LaneData payload in device memory over peer's RDMA
+// channel, which registers it with the NIC or stages it itself; the
+// payload is never gathered with its frame's prefix. Without such a
+// channel it fails with transport.ErrNoDevicePath. Safe for concurrent
+// use.
+func (e *Endpoint) SendDevice(ctx context.Context, peer int, h *transport.Header, payload []byte) error {
+	return e.send(ctx, peer, transport.LaneData, h, payload, nil, true)
 }
 
 // rdmaUsable says whether this rank offers RDMA to a peer that announced

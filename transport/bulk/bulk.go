@@ -188,6 +188,7 @@ type Endpoint struct {
 
 	out    []atomic.Pointer[channel] // outbound channel per peer; nil: inner
 	polled []atomic.Pointer[channel] // inbound ring channel per peer, for Poll
+	devIn  []atomic.Pointer[channel] // inbound device channel per peer, for DeviceData
 	downed []atomic.Bool
 	closed atomic.Bool
 	once   sync.Once
@@ -275,7 +276,7 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 		return nil, errors.New("bulk: TLS on TCP needs the identity and every rank's fingerprint")
 	}
 	e := &Endpoint{self: self, size: size, opt: opt, log: opt.Logger, h: h, down: down,
-		started: make(chan struct{}), out: make([]atomic.Pointer[channel], size), polled: make([]atomic.Pointer[channel], size),
+		started: make(chan struct{}), out: make([]atomic.Pointer[channel], size), polled: make([]atomic.Pointer[channel], size), devIn: make([]atomic.Pointer[channel], size),
 		downed: make([]atomic.Bool, size), decided: make([]bool, size), left: size - 1,
 		ready: make(chan struct{}), paths: make([]string, size), in: make([]*channel, size),
 		bye: make([]error, size), byeSeen: make([]bool, size), causes: make([]error, size), offers: map[int]*tcpOffer{}, ctlWG: true,
@@ -828,10 +829,14 @@ func (e *Endpoint) startReader(from int, ch *channel) {
 	if ch.ring != nil {
 		e.polled[from].Store(ch)
 	}
+	if e.deviceChannel(ch) {
+		e.devIn[from].Store(ch)
+	}
 	go func() {
 		defer e.wg.Done()
 		err := ch.readLoop()
 		e.polled[from].CompareAndSwap(ch, nil)
+		e.devIn[from].CompareAndSwap(ch, nil)
 		ch.close()
 		graceful := errors.Is(err, frame.ErrGoodbye)
 		e.mu.Lock()

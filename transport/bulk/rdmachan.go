@@ -79,7 +79,8 @@ func (e *Endpoint) deviceChannel(ch *channel) bool {
 // DeviceData reports whether this rank's LaneData to peer (send) and
 // from peer (recv) goes over an RDMA channel that moves device memory
 // while GPUDirect RDMA is not ruled out on the device (transport.DataPath).
-// Safe for concurrent use.
+// Safe for concurrent use; it takes no lock of the endpoint (core asks
+// while it holds its communicator's).
 func (e *Endpoint) DeviceData(peer int) (send, recv bool) {
 	if e.opt.RDMA == nil || peer < 0 || peer >= e.size || e.downed[peer].Load() {
 		return false, false
@@ -87,11 +88,7 @@ func (e *Endpoint) DeviceData(peer int) (send, recv bool) {
 	if _, direct := e.opt.RDMA.GPU(); !direct {
 		return false, false
 	}
-	send = e.deviceChannel(e.out[peer].Load())
-	e.mu.Lock()
-	recv = e.deviceChannel(e.in[peer])
-	e.mu.Unlock()
-	return send, recv
+	return e.deviceChannel(e.out[peer].Load()), e.devIn[peer].Load() != nil
 }
 
 // SendDevice sends a LaneData payload in device memory over peer's RDMA

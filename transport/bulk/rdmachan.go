@@ -43,6 +43,11 @@ type RDMAEnd = interface {
 	Accept(params []byte) error
 	// Detail adds to the path's description ("" for nothing).
 	Detail() string
+	// Failed is closed when the end fails, Err saying why, also where no
+	// Read or Write is under way to tell (a message already handed to the
+	// NIC that could not be delivered); not when it is closed.
+	Failed() <-chan struct{}
+	Err() error
 	Close() error
 }
 
@@ -143,8 +148,36 @@ func (e *Endpoint) attachRDMA(ctx context.Context, to int, m *ctlMsg) {
 		e.sendCtl(ctx, to, &ctlMsg{V: 1, T: "result", Kind: "rdma", Err: err.Error(), TCP: e.opt.Mode.tcp()})
 		return
 	}
-	e.decide(to, newChannel(to, e.rdmaDesc(), []link{rdmaLink{end}}))
+	ch := newChannel(to, e.rdmaDesc(), []link{rdmaLink{end}})
+	e.decide(to, ch)
+	e.watchRDMA(to, ch, end)
 	e.sendCtl(ctx, to, &ctlMsg{V: 1, T: "result", Kind: "rdma", OK: true, QP: cbor.RawMessage(params)})
+}
+
+// watchRDMA reports peer lost when the sending end of its channel ch
+// fails while no send waits on it: a message handed to the NIC that could
+// not be delivered (the peer's queue pair is gone or unreachable) is told
+// by no reader (the channel has none here) and by no later send if none
+// comes, while receives from peer would wait for data that never comes.
+// It returns once ch is closed.
+func (e *Endpoint) watchRDMA(peer int, ch *channel, end RDMAEnd) {
+	e.mu.Lock()
+	if !e.ctlWG {
+		e.mu.Unlock()
+		return
+	}
+	e.wg.Add(1)
+	e.mu.Unlock()
+	go func() {
+		defer e.wg.Done()
+		select {
+		case <-end.Failed():
+			if !ch.quiet.Load() && !e.closed.Load() {
+				e.report(peer, fmt.Errorf("bulk: send to rank %d over %s: %w", peer, ch.desc, end.Err()))
+			}
+		case <-ch.dead:
+		}
+	}()
 }
 
 // rdmaResult completes (ok) or gives up (and offers another path) the

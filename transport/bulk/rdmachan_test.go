@@ -221,3 +221,52 @@ func TestRDMAChannelLost(t *testing.T) {
 		}
 	}
 }
+
+// TestRDMASendFailsUnwatched: the receiving end's queue pair goes into
+// error, and the sender hands one short message to the NIC (Send returns
+// once it is posted) and sends nothing more: the failed delivery, which no
+// later send and no reader would tell, reports the peer down, naming it.
+func TestRDMASendFailsUnwatched(t *testing.T) {
+	downs := make(chan error, 4)
+	eps := rdmaMesh(t, 2, Options{Mode: ModeRDMA}, "fake_ib0", nil, []transport.DownHandler{func(peer int, err error) {
+		if peer == 1 {
+			downs <- err
+		}
+	}})
+	defer func() {
+		for _, e := range eps {
+			e.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var h transport.Header
+	if err := eps[0].Send(ctx, 1, transport.LaneData, &h, []byte("first")); err != nil {
+		t.Fatal(err)
+	}
+	var in RDMAEnd
+	for deadline := time.Now().Add(10 * time.Second); in == nil; time.Sleep(time.Millisecond) {
+		eps[1].mu.Lock()
+		in, _ = rdmaChannel(eps[1].in[0])
+		eps[1].mu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatal("rank 1 has no inbound channel from rank 0")
+		}
+	}
+	if err := in.(interface{ Break() error }).Break(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := eps[0].Send(ctx, 1, transport.LaneData, &h, []byte("second")); err != nil {
+		t.Fatalf("a short send is posted and returns before delivery: %v", err)
+	}
+	select {
+	case err := <-downs:
+		if !strings.Contains(err.Error(), "rank 1") || !strings.Contains(err.Error(), "rdma") {
+			t.Errorf("down notice %q does not name the rank and the path", err)
+		}
+		t.Logf("after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the failed delivery was never reported")
+	}
+}

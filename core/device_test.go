@@ -10,32 +10,12 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/nexar-go/nexar/hw/cuda"
-	"github.com/nexar-go/nexar/tests/fakes/cudart"
+	"github.com/nexar-go/nexar/hw/cuda/cudatest"
 	"github.com/nexar-go/nexar/tests/fakes/ibverbs"
 	trdma "github.com/nexar-go/nexar/transport/rdma"
 )
-
-// fakeGPU loads the fake CUDA runtime, whose device memory faults on any
-// host access (so a host read or write of a device buffer anywhere in
-// core or below crashes the test), and names it in NEXAR_CUDART, where the
-// fake libibverbs finds its dma-buf and peer-memory hooks.
-func fakeGPU(t *testing.T) *cuda.Runtime {
-	t.Helper()
-	path, err := cudart.Cached()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("NEXAR_CUDART", path)
-	t.Setenv("NEXAR_FAKE_CUDA_DELAY_US", "0")
-	rt, err := cuda.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rt
-}
 
 // devBuf is n bytes of device memory holding fill, and a []byte over it
 // that host code must never touch.
@@ -55,7 +35,7 @@ func newDevBuf(t *testing.T, rt *cuda.Runtime, fill []byte) *devBuf {
 	if err := rt.CopyToDevice(p, fill); err != nil {
 		t.Fatal(err)
 	}
-	return &devBuf{rt: rt, ptr: p, b: unsafe.Slice(*(**byte)(unsafe.Pointer(&p)), len(fill))}
+	return &devBuf{rt: rt, ptr: p, b: cudatest.Bytes(p, len(fill))}
 }
 
 func (d *devBuf) read(t *testing.T) []byte {
@@ -177,7 +157,7 @@ func deviceP2P(t *testing.T, rt *cuda.Runtime, comms []*Comm, sizes []int) {
 // the NIC by dma-buf, whichever way the receive meets the message, and the
 // path says so.
 func TestDeviceP2PRDMA(t *testing.T) {
-	rt := fakeGPU(t)
+	rt := cudatest.Fake(t)
 	lib, err := ibverbs.Cached()
 	if err != nil {
 		t.Fatal(err)
@@ -212,7 +192,7 @@ func TestDeviceP2PRDMA(t *testing.T) {
 // (in-process here), SendDevice copies to the host first and RecvDevice
 // copies what arrives into device memory, with the runtime's copies only.
 func TestDeviceP2PNoDevicePath(t *testing.T) {
-	rt := fakeGPU(t)
+	rt := cudatest.Fake(t)
 	cfg := testConfig()
 	cfg.GPU = trdma.CUDA(rt)
 	comms, err := NewLocal(2, cfg)

@@ -34,23 +34,7 @@
 #include "nexar.h"
 #include "testutil.h"
 
-typedef void* cudaStream_t;
-int cudaMalloc(void** p, size_t n);
-int cudaFree(void* p);
-int cudaMemcpy(void* dst, const void* src, size_t n, int kind);
-int cudaMemcpyAsync(void* dst, const void* src, size_t n, int kind, cudaStream_t s);
-int cudaMallocHost(void** p, size_t n);
-int cudaFreeHost(void* p);
-int cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags);
-int cudaStreamSynchronize(cudaStream_t s);
-int cudaStreamDestroy(cudaStream_t s);
-enum { H2D = 1, D2H = 2 };
-
-#define CU(call)                                                  \
-    do {                                                          \
-        int e_ = (call);                                          \
-        EXPECT(e_ == 0, "%s -> cudaError %d", #call, e_);         \
-    } while (0)
+#include "cudautil.h"
 
 extern char** environ;
 

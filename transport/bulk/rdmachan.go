@@ -161,15 +161,7 @@ func (e *Endpoint) attachRDMA(ctx context.Context, to int, m *ctlMsg) {
 // comes, while receives from peer would wait for data that never comes.
 // It returns once ch is closed.
 func (e *Endpoint) watchRDMA(peer int, ch *channel, end RDMAEnd) {
-	e.mu.Lock()
-	if !e.ctlWG {
-		e.mu.Unlock()
-		return
-	}
-	e.wg.Add(1)
-	e.mu.Unlock()
-	go func() {
-		defer e.wg.Done()
+	e.afterStart(func() {
 		select {
 		case <-end.Failed():
 			if !ch.quiet.Load() && !e.closed.Load() {
@@ -177,7 +169,7 @@ func (e *Endpoint) watchRDMA(peer int, ch *channel, end RDMAEnd) {
 			}
 		case <-ch.dead:
 		}
-	}()
+	})
 }
 
 // rdmaResult completes (ok) or gives up (and offers another path) the

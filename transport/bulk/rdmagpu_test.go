@@ -10,32 +10,13 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/nexar-go/nexar/hw/cuda"
-	"github.com/nexar-go/nexar/tests/fakes/cudart"
+	"github.com/nexar-go/nexar/hw/cuda/cudatest"
 	"github.com/nexar-go/nexar/transport"
 	trdma "github.com/nexar-go/nexar/transport/rdma"
 	"github.com/nexar-go/nexar/transport/transporttest"
 )
-
-// fakeGPU loads the fake CUDA runtime (device memory that faults on any
-// host access) and names it in NEXAR_CUDART, where the fake libibverbs
-// finds its dma-buf and peer-memory hooks.
-func fakeGPU(t *testing.T) *cuda.Runtime {
-	t.Helper()
-	path, err := cudart.Cached()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("NEXAR_CUDART", path)
-	t.Setenv("NEXAR_FAKE_CUDA_DELAY_US", "0")
-	rt, err := cuda.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rt
-}
 
 // gpuRDMAMesh is rdmaMesh on a device that moves device memory through rt;
 // before edits each rank's endpoint before it starts.
@@ -55,7 +36,7 @@ func gpuRDMAMesh(t *testing.T, n int, rt *cuda.Runtime, h []transport.Handler, d
 }
 
 func TestRDMADeviceDataPath(t *testing.T) {
-	rt := fakeGPU(t)
+	rt := cudatest.Fake(t)
 	transporttest.RunDataPath(t, func(t *testing.T, n int, h []transport.Handler, down []transport.DownHandler) []transport.DataPath {
 		eps := gpuRDMAMesh(t, n, rt, h, down, nil)
 		out := make([]transport.DataPath, n)
@@ -69,11 +50,6 @@ func TestRDMADeviceDataPath(t *testing.T) {
 	})
 }
 
-// devBytes is a []byte over device memory: any host access faults.
-func devBytes(p cuda.DevicePtr, n int) []byte {
-	return unsafe.Slice(*(**byte)(unsafe.Pointer(&p)), n)
-}
-
 // TestRDMADevicePayload sends payloads in device memory (below the
 // channel's WRITE threshold, at it, and far above) with SendDevice, placed
 // by the receiver into device memory or, for a receive not posted, handed
@@ -81,7 +57,7 @@ func devBytes(p cuda.DevicePtr, n int) []byte {
 // touches device memory (the fake would crash the test), and the path
 // reports how the NIC reached it.
 func TestRDMADevicePayload(t *testing.T) {
-	rt := fakeGPU(t)
+	rt := cudatest.Fake(t)
 	sizes := []int{100, trdma.DefaultWriteMin, 1<<20 + 3}
 	type placed struct {
 		ptr  cuda.DevicePtr
@@ -107,7 +83,7 @@ func TestRDMADevicePayload(t *testing.T) {
 			if hd[0] != 1 || pl == nil || pl.n != n {
 				return nil, nil
 			}
-			return devBytes(pl.ptr, n), func(err error) { pl.done <- err }
+			return cudatest.Bytes(pl.ptr, n), func(err error) { pl.done <- err }
 		}
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -134,7 +110,7 @@ func TestRDMADevicePayload(t *testing.T) {
 		for _, place := range []byte{1, 0} {
 			var hd transport.Header
 			hd[0], hd[1] = place, byte(seq)
-			if err := eps[0].SendDevice(ctx, 1, &hd, devBytes(src, n)); err != nil {
+			if err := eps[0].SendDevice(ctx, 1, &hd, cudatest.Bytes(src, n)); err != nil {
 				t.Fatalf("%d bytes: SendDevice: %v", n, err)
 			}
 			got := make([]byte, n)

@@ -156,7 +156,21 @@ static void p2p(const char* way) {
             int go = 0;
             CK(nexar_recv(&go, 1, NEXAR_INT32, 1, 1000 + tag, c));
             if (!go) sleep_ms(200);
-            CK(nexar_send(src, n, NEXAR_UINT8, 1, tag, c));
+            /* nexar_isend takes device memory where the channel to rank 1
+             * moves it: always with dma-buf or peer memory; staged, not
+             * after the first device buffer showed the NIC cannot. */
+            nexar_request_t req = NEXAR_REQUEST_NULL;
+            nexar_result_t r = nexar_isend(src, n, NEXAR_UINT8, 1, tag, c, &req);
+            if (r == NEXAR_SUCCESS) {
+                EXPECT(!staged || k == 0, "nexar_isend took device memory after the NIC refused it for good");
+                CK(nexar_wait(req));
+                CK(nexar_request_free(req));
+            } else {
+                EXPECT(r == NEXAR_ERR_INVALID_ARGUMENT && strstr(nexar_last_error(), "nexar_isend") &&
+                           strstr(nexar_last_error(), "GPUDirect") && staged,
+                       "nexar_isend of device memory: %s: %s", nexar_result_string(r), nexar_last_error());
+                CK(nexar_send(src, n, NEXAR_UINT8, 1, tag, c));
+            }
         } else {
             int direct = recv_posted_first(c, n, tag, seed);
             /* Where the NIC takes device memory the channel from rank 0

@@ -80,12 +80,13 @@ func initFrom(fn string, config unsafe.Pointer, comm *C.uintptr_t, join bool) C.
 }
 
 func newComm(fn string, cfg core.Config, out *C.uintptr_t) C.int {
+	devices.probe() // first: the data path takes the runtime (GPUDirect RDMA)
+	cfg.GPU = devices.gpu()
 	c, err := newWorld(bg, cfg)
 	if err != nil {
 		return result(fn, err)
 	}
 	*out = C.uintptr_t(comms.add(c))
-	devices.probe()
 	return resSuccess
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/nexar-go/nexar/core"
 	"github.com/nexar-go/nexar/hw/cuda"
 	"github.com/nexar-go/nexar/hw/cuda/stage"
+	trdma "github.com/nexar-go/nexar/transport/rdma"
 )
 
 // devMem is the process's CUDA staging (hw/cuda/stage): present once a
@@ -64,6 +65,15 @@ func (d *devMem) probe() {
 	d.st.Store(stage.New(rt, stage.Options{}))
 }
 
+// gpu is the runtime for core's device paths (Config.GPU), nil without
+// one: the RDMA data path registers device memory with the NIC through it.
+func (d *devMem) gpu() trdma.GPUMemory {
+	if d.st.Load() == nil {
+		return nil
+	}
+	return trdma.CUDA(d.rt)
+}
+
 // reason says why device memory and streams cannot be served.
 func (d *devMem) reason() string {
 	d.mu.Lock()
@@ -75,12 +85,14 @@ func (d *devMem) reason() string {
 }
 
 // devCall is the device use of one call. ok: the entry point stages device buffers
-// (blocking calls and the _stream variants); the others refuse them.
+// (blocking calls and the _stream variants); the others refuse them, but
+// for what a point-to-point call may pass to the path as it is (direct).
 type devCall struct {
 	ok     bool
 	stream uintptr // the caller's cudaStream_t (0: legacy default)
 	isStrm bool    // a _stream variant: completion chained to stream
 	call   *stage.Call
+	direct bool // a device buffer goes to core as it is (GPUDirect RDMA path)
 }
 
 // allowDevice marks the call as one that stages device buffers; stream is
@@ -97,6 +109,16 @@ func (a *args) allowDevice(streamVariant bool, stream unsafe.Pointer) {
 // dbuf is buf for memory that may be on a device: in and out say whether
 // the call reads and writes it (what staging must copy in and back).
 func (a *args) dbuf(name string, p unsafe.Pointer, n int, in, out bool) []byte {
+	return a.p2pBuf(name, p, n, in, out, nil)
+}
+
+// p2pBuf is dbuf for the one buffer of a point-to-point call: a device
+// buffer goes to core as it is (a.dev.direct; no staging) where direct
+// reports that the path to the peer moves device memory between the NIC
+// and the device (core's DevicePath), decided anew at every call. A call
+// that does not stage (!a.dev.ok: isend, irecv) takes device memory only
+// that way.
+func (a *args) p2pBuf(name string, p unsafe.Pointer, n int, in, out bool, direct func() bool) []byte {
 	if !a.ok() {
 		return nil
 	}
@@ -119,6 +141,14 @@ func (a *args) dbuf(name string, p unsafe.Pointer, n int, in, out bool) []byte {
 	if !isDev {
 		return unsafe.Slice((*byte)(p), n)
 	}
+	if direct != nil && direct() {
+		a.dev.direct = true
+		return unsafe.Slice((*byte)(p), n)
+	}
+	if direct != nil && !a.dev.ok {
+		a.failf(resInvalidArgument, "%s %p is CUDA device memory, which %s takes only where the path to the peer moves device memory (GPUDirect RDMA; docs/device-memory.md): the blocking and _stream forms take it everywhere", name, p, a.fn)
+		return nil
+	}
 	if !a.dev.ok {
 		a.failf(resInvalidArgument, "%s %p is CUDA device memory, which %s does not take (the blocking collectives, send/recv and the _stream variants do)", name, p, a.fn)
 		return nil
@@ -138,12 +168,26 @@ func (a *args) dbuf(name string, p unsafe.Pointer, n int, in, out bool) []byte {
 	return h
 }
 
+// waitStream runs call, which gives device memory to the NIC, once the
+// work enqueued on the caller's stream so far is done (the legacy default
+// stream for the blocking and non-blocking forms): that work may still
+// write or read the buffer. Nothing is left on the stream: the transfer
+// is over when call returns (a non-blocking call's request says when).
+func (a *args) waitStream(call func() error) error {
+	if err := devices.st.Load().WaitStream(cuda.Stream(a.dev.stream)); err != nil {
+		return err
+	}
+	return call()
+}
+
 // run makes the call, staging its device buffers if it has any. A
 // _stream variant with host buffers only still waits for the work on its
 // stream first (its host buffers may be the target of copies queued there).
 func (a *args) run(call func() error) C.int {
 	var err error
 	switch {
+	case a.dev.direct:
+		err = a.waitStream(call)
 	case a.dev.call != nil:
 		err = a.dev.call.Run(cuda.Stream(a.dev.stream), !a.dev.isStrm, call)
 	case a.dev.isStrm && a.dev.stream != 0:
@@ -153,6 +197,11 @@ func (a *args) run(call func() error) C.int {
 	default:
 		err = call()
 	}
+	return a.result(err)
+}
+
+// result maps the error of a call that may have used CUDA to its result.
+func (a *args) result(err error) C.int {
 	if err == nil {
 		return resSuccess
 	}

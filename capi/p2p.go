@@ -23,13 +23,17 @@ func nxgo_send(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.u
 func send(a *args, buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t) C.int {
 	c := a.comm(comm)
 	t := a.dtype(dt)
-	b := a.dbuf("buf", buf, a.bytes("count", count, 1, t), true, false)
+	n := a.bytes("count", count, 1, t)
 	if !a.ok() {
 		return a.fail()
 	}
 	p := a.rank("peer", peer, c.Size(), false)
+	b := a.p2pBuf("buf", buf, n, true, false, func() bool { return c.DevicePath(p, true) })
 	if !a.ok() {
 		return a.fail()
+	}
+	if a.dev.direct {
+		return a.run(func() error { return c.SendDevice(bg, b, p, uint64(tag)) })
 	}
 	return a.run(func() error { return c.Send(bg, b, p, uint64(tag)) })
 }
@@ -55,17 +59,23 @@ func nxgo_recv_status(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, 
 func recv(a *args, buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.uint64_t, comm C.uintptr_t, status unsafe.Pointer) C.int {
 	c := a.comm(comm)
 	t := a.dtype(dt)
-	// Read as well as written: a shorter message leaves the tail as it was.
-	b := a.dbuf("buf", buf, a.bytes("count", count, 1, t), true, true)
+	n := a.bytes("count", count, 1, t)
 	if !a.ok() {
 		return a.fail()
 	}
 	p := a.rank("peer", peer, c.Size(), true)
+	// Read as well as written when staged: a shorter message leaves the
+	// tail as it was.
+	b := a.p2pBuf("buf", buf, n, true, true, func() bool { return c.DevicePath(p, false) })
 	if !a.ok() {
 		return a.fail()
 	}
+	recv := c.Recv
+	if a.dev.direct {
+		recv = c.RecvDevice
+	}
 	var st core.Status
-	if r := a.run(func() (err error) { st, err = c.Recv(bg, b, p, uint64(tag)); return err }); r != resSuccess {
+	if r := a.run(func() (err error) { st, err = recv(bg, b, p, uint64(tag)); return err }); r != resSuccess {
 		return r
 	}
 	writeStatus(status, st, t.Size())
@@ -79,16 +89,24 @@ func nxgo_isend(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.
 	a := args{fn: fn}
 	c := a.comm(comm)
 	t := a.dtype(dt)
-	b := a.buf("buf", buf, a.bytes("count", count, 1, t))
+	n := a.bytes("count", count, 1, t)
 	a.out("req", unsafe.Pointer(req))
 	if !a.ok() {
 		return a.fail()
 	}
 	p := a.rank("peer", peer, c.Size(), false)
+	b := a.p2pBuf("buf", buf, n, true, false, func() bool { return c.DevicePath(p, true) })
 	if !a.ok() {
 		return a.fail()
 	}
-	*req = newRequest(&request{r: c.ISend(b, p, uint64(tag))})
+	isend := c.ISend
+	if a.dev.direct {
+		if err := devices.st.Load().WaitStream(0); err != nil {
+			return a.result(err)
+		}
+		isend = c.ISendDevice
+	}
+	*req = newRequest(&request{r: isend(b, p, uint64(tag))})
 	return resSuccess
 }
 
@@ -99,15 +117,23 @@ func nxgo_irecv(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.
 	a := args{fn: fn}
 	c := a.comm(comm)
 	t := a.dtype(dt)
-	b := a.buf("buf", buf, a.bytes("count", count, 1, t))
+	n := a.bytes("count", count, 1, t)
 	a.out("req", unsafe.Pointer(req))
 	if !a.ok() {
 		return a.fail()
 	}
 	p := a.rank("peer", peer, c.Size(), true)
+	b := a.p2pBuf("buf", buf, n, true, true, func() bool { return c.DevicePath(p, false) })
 	if !a.ok() {
 		return a.fail()
 	}
-	*req = newRequest(&request{r: c.IRecv(b, p, uint64(tag)), esize: t.Size(), isRecv: true})
+	irecv := c.IRecv
+	if a.dev.direct {
+		if err := devices.st.Load().WaitStream(0); err != nil {
+			return a.result(err)
+		}
+		irecv = c.IRecvDevice
+	}
+	*req = newRequest(&request{r: irecv(b, p, uint64(tag)), esize: t.Size(), isRecv: true})
 	return resSuccess
 }

@@ -11,7 +11,10 @@ import "unsafe"
 // (opaque). The call is ordered after the work enqueued on stream so far;
 // device buffers' results are copied back on the library's stream and the
 // caller's stream waits for them (the call returns once the host part is
-// done, without waiting for those copies). See hw/cuda/stage.
+// done, without waiting for those copies). See hw/cuda/stage. A send or
+// receive whose device buffer goes straight to the NIC (p2p.go, GPUDirect
+// RDMA) leaves nothing on the stream: the host waits for the stream to
+// reach the call, and the call returns once the transfer is over.
 
 //export nxgo_allreduce_stream
 func nxgo_allreduce_stream(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, comm C.uintptr_t, stream unsafe.Pointer) (r C.int) {

@@ -81,6 +81,7 @@ func openRDMA(cfg Config, mode bulk.Mode) (bulk.RDMA, error) {
 		return nil, invalidArg("new", "%v", err)
 	}
 	opt.Logger = cfg.Logger.With("subsys", SubsysNet)
+	opt.GPU = cfg.GPU
 	d, err := trdma.Open(opt)
 	if err != nil {
 		if mode == bulk.ModeRDMA {

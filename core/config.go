@@ -12,6 +12,7 @@ import (
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport/bulk"
+	trdma "github.com/nexar-go/nexar/transport/rdma"
 )
 
 // Config describes one rank's place in a job. The zero value of every field
@@ -79,6 +80,12 @@ type Config struct {
 	// "auto" between hosts that both have a device. Default false: TLS 1.3
 	// pinned like the QUIC mesh, and RDMA only with Bulk "rdma".
 	BulkPlaintext bool
+	// GPU is this process's GPU runtime (capi sets the CUDA runtime it
+	// found, transport/rdma.CUDA): with it the RDMA data path registers
+	// device memory with the NIC (GPUDirect RDMA), and SendDevice and
+	// RecvDevice take device buffers (docs/device-memory.md). Nil: no
+	// device memory.
+	GPU trdma.GPUMemory
 	// BulkRemoteMin is the smallest message that a rank on this host
 	// copies straight out of the sender's memory (cross-memory attach, one
 	// copy instead of two through the shared-memory ring) when the kernel

@@ -238,7 +238,7 @@ func (c *Comm) placeP2P(src int, h header, size int) ([]byte, func(error)) {
 	if c.err != nil {
 		return nil, nil
 	}
-	m, dst := c.match.PlaceP2P(src, h.seqOrTag, int(h.total), size)
+	m, dst := c.match.PlaceP2P(src, h.seqOrTag, int(h.total), size, c.deviceIn)
 	if m == nil {
 		return nil, nil
 	}
@@ -250,6 +250,14 @@ func (c *Comm) placeP2P(src int, h header, size int) ([]byte, func(error)) {
 		c.settleLocked()
 		c.filled.Broadcast()
 	}
+}
+
+// deviceIn reports whether the channel from comm rank src writes device
+// memory itself (a device receive may then be placed there). The path
+// answers without a lock of its own.
+func (c *Comm) deviceIn(src int) bool {
+	_, in := c.n.ep.DeviceData(c.world[src])
+	return in
 }
 
 // waitFilledLocked waits, with c.mu held, until the transport has finished

@@ -855,7 +855,24 @@ nexar_result_t nexar_allreduce_compressed(void* buf, void* residual, size_t coun
  * default stream, the call run on the host, the results copied back before
  * the call returns). The library never dereferences a device pointer. The
  * non-blocking forms, nexar_allreduce_multi and nexar_allreduce_compressed
- * refuse device memory with NEXAR_ERR_INVALID_ARGUMENT naming the argument.
+ * refuse device memory with NEXAR_ERR_INVALID_ARGUMENT naming the argument
+ * (nexar_isend and nexar_irecv: see GPUDirect RDMA below).
+ *
+ * GPUDirect RDMA: the device buffer of nexar_send, nexar_recv,
+ * nexar_recv_status, nexar_send_stream, nexar_recv_stream, nexar_isend and
+ * nexar_irecv is not staged where the data path to the peer (from the peer
+ * for a receive; from some member for NEXAR_ANY_SOURCE) is an RDMA channel
+ * whose NIC can reach device memory (dma-buf, else peer memory): decided at
+ * each call. The host waits for the work enqueued on the call's stream (the
+ * legacy default stream for the blocking and non-blocking forms), then the
+ * NIC reads or writes the device buffer; a message that arrived before its
+ * receive, or over another path, is copied into it by the CUDA runtime. The
+ * call (the request) completes once the transfer is over, and nothing is
+ * left on the stream. A too long message fills the buffer and fails with
+ * NEXAR_ERR_TRUNCATED, as for host memory (a staged receive that fails
+ * leaves the device buffer as it was). nexar_isend and nexar_irecv refuse
+ * device memory (NEXAR_ERR_INVALID_ARGUMENT, saying why) where GPUDirect
+ * RDMA is not used. Not verified on hardware.
  *
  * Device memory is recognised when the process had a CUDA runtime loaded
  * (or named one in the NEXAR_CUDART environment variable) and saw a device
@@ -915,7 +932,8 @@ nexar_result_t nexar_reduce_scatter_stream(const void* sendbuf, void* recvbuf, s
 nexar_result_t nexar_send_stream(const void* buf, size_t count, nexar_datatype_t dt, int peer,
                                  uint64_t tag, nexar_comm_t comm, void* stream);
 
-/* nexar_recv_stream: nexar_recv whose result reaches buf in stream order. */
+/* nexar_recv_stream: nexar_recv whose result reaches buf in stream order
+ * (over GPUDirect RDMA: in buf when the call returns). */
 nexar_result_t nexar_recv_stream(void* buf, size_t count, nexar_datatype_t dt, int peer,
                                  uint64_t tag, nexar_comm_t comm, void* stream);
 
@@ -930,7 +948,9 @@ nexar_result_t nexar_recv_stream(void* buf, size_t count, nexar_datatype_t dt, i
  * them. Buffers must stay valid and untouched until the request completes;
  * counts and displacement arrays are copied by the call and may be freed
  * once it returns. Every request must be released with nexar_request_free.
- * Every collective has a non-blocking form.
+ * Every collective has a non-blocking form. Device memory is refused but by
+ * nexar_isend and nexar_irecv over GPUDirect RDMA (see CUDA device memory
+ * and streams), which first wait for the work on the legacy default stream.
  * Thread-safety: as the blocking forms.
  * --------------------------------------------------------------------- */
 

@@ -115,6 +115,9 @@ type Caps struct {
 	// this rank polls for over shared memory), whether they are polling
 	// or asleep.
 	Presence bool
+	// Device: DeviceData may report true for some peers, whose LaneData
+	// channels move payloads in GPU device memory themselves.
+	Device bool
 }
 
 // Presence is what a peer last published of how it waits for data: a
@@ -189,6 +192,22 @@ type DataPath interface {
 	// being sent, to peer; a message that must only stay behind LaneData
 	// may then take another lane. Never true without Caps().LazyData.
 	DataUnused(peer int) bool
+	// DeviceData reports whether LaneData to peer (send) and from peer
+	// (recv) travels over a channel that moves payloads in GPU device
+	// memory itself, never with a host access to it (the NIC registers
+	// the memory, GPUDirect RDMA, else the channel stages it), while the
+	// NIC may still reach device memory directly: once every way of
+	// registering it failed for good both are false, so that the caller
+	// stages in a better way of its own. With send, SendDevice takes a
+	// payload in device memory; with recv, the PlaceFunc may return device
+	// memory as the destination of a message from peer. Both false without
+	// Caps().Device; they may change while a path is set up or lost.
+	DeviceData(peer int) (send, recv bool)
+	// SendDevice is SendProgress (without progress) of a payload in GPU
+	// device memory, which the path reads without a host access. It fails
+	// with an error wrapping ErrNoDevicePath, having sent nothing, where
+	// the channel to peer cannot read device memory.
+	SendDevice(ctx context.Context, peer int, h *Header, payload []byte) error
 	// Abandon gives up on peer, which the layer above declared down
 	// (cause says why): the DownHandler is told once, as for any loss, and
 	// where the path holds connections to peer they are closed, so that a
@@ -196,6 +215,11 @@ type DataPath interface {
 	// learns it was declared down (ErrDeclaredDown).
 	Abandon(peer int, cause error)
 }
+
+// ErrNoDevicePath is wrapped by SendDevice's error when the channel to
+// the peer cannot read device memory: the caller copies the payload to
+// host memory and sends that.
+var ErrNoDevicePath = errors.New("transport: the path to the peer does not carry device memory")
 
 // ErrClosed is returned by Send after Close.
 var ErrClosed = errors.New("transport: endpoint closed")

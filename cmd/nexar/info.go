@@ -83,7 +83,8 @@ func rdmaPath() string {
 	}
 	defer d.Close()
 	return d.Describe() + " (not encrypted: used with NEXAR_BULK_PLAINTEXT=1 or NEXAR_BULK=rdma; tested against a fake libibverbs only, not verified on hardware;" +
-		" GPUDirect registration is not on the C ABI's path: device buffers are staged, docs/device-memory.md)"
+		" GPUDirect RDMA: the C ABI's sends and receives of CUDA device buffers go between the NIC and device memory" +
+		" where it can reach them (dma-buf, peer memory), collectives stage; tested against fakes only, docs/device-memory.md)"
 }
 
 type transportInfo struct{ name, status string }

@@ -189,6 +189,7 @@ type Endpoint struct {
 
 	out    []atomic.Pointer[channel] // outbound channel per peer; nil: inner
 	polled []atomic.Pointer[channel] // inbound ring channel per peer, for Poll
+	devIn  []atomic.Pointer[channel] // inbound device channel per peer, for DeviceData
 	downed []atomic.Bool
 	closed atomic.Bool
 	once   sync.Once
@@ -285,7 +286,7 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 		return nil, errors.New("bulk: TLS on TCP needs the identity and every rank's fingerprint")
 	}
 	e := &Endpoint{self: self, size: size, opt: opt, log: opt.Logger, h: h, down: down,
-		started: make(chan struct{}), out: make([]atomic.Pointer[channel], size), polled: make([]atomic.Pointer[channel], size),
+		started: make(chan struct{}), out: make([]atomic.Pointer[channel], size), polled: make([]atomic.Pointer[channel], size), devIn: make([]atomic.Pointer[channel], size),
 		downed: make([]atomic.Bool, size), decided: make([]bool, size), left: size - 1,
 		ready: make(chan struct{}), paths: make([]string, size), in: make([]*channel, size),
 		bye: make([]error, size), byeSeen: make([]bool, size), causes: make([]error, size), offers: map[int]*tcpOffer{}, ctlWG: true,
@@ -430,7 +431,7 @@ func (e *Endpoint) addRing(r *ring) {
 
 // Send routes LaneData to the peer's bulk channel and the rest to inner.
 func (e *Endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *transport.Header, payload []byte) error {
-	return e.send(ctx, peer, lane, h, payload, nil)
+	return e.send(ctx, peer, lane, h, payload, nil, false)
 }
 
 // SendProgress is Send for LaneData that, while it waits for room on a
@@ -438,10 +439,12 @@ func (e *Endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 // one goroutine can then keep both directions of an exchange moving, which
 // on few cores beats a goroutine per direction. On other paths it is Send.
 func (e *Endpoint) SendProgress(ctx context.Context, peer int, h *transport.Header, payload []byte, progress func() bool) error {
-	return e.send(ctx, peer, transport.LaneData, h, payload, progress)
+	return e.send(ctx, peer, transport.LaneData, h, payload, progress, false)
 }
 
-func (e *Endpoint) send(ctx context.Context, peer int, lane transport.Lane, h *transport.Header, payload []byte, progress func() bool) error {
+// send sends one message; dev: its payload is device memory (SendDevice),
+// which only a device channel (rdmachan.go) may carry.
+func (e *Endpoint) send(ctx context.Context, peer int, lane transport.Lane, h *transport.Header, payload []byte, progress func() bool, dev bool) error {
 	// Counted before the closed check: Close waits for every send it did
 	// not turn away before it unmaps the rings.
 	e.using.Add(1)
@@ -456,6 +459,10 @@ func (e *Endpoint) send(ctx context.Context, peer int, lane transport.Lane, h *t
 		if handled, err := e.sendRPC(ctx, peer, h, payload); handled {
 			return err
 		}
+	}
+	if dev && (lane != transport.LaneData || peer < 0 || peer >= e.size || !e.deviceChannel(e.out[peer].Load())) {
+		// Nothing else may see device memory: the inner endpoint copies it.
+		return fmt.Errorf("bulk: send to rank %d: %w", peer, transport.ErrNoDevicePath)
 	}
 	if lane == transport.LaneData && peer >= 0 && peer < e.size {
 		ch := e.out[peer].Load()
@@ -472,7 +479,7 @@ func (e *Endpoint) send(ctx context.Context, peer int, lane transport.Lane, h *t
 			if len(payload) > transport.MaxPayload {
 				return fmt.Errorf("bulk: payload of %d bytes exceeds %d", len(payload), transport.MaxPayload)
 			}
-			broken, err := ch.send(ctx, h, payload, progress)
+			broken, err := ch.send(ctx, h, payload, progress, dev)
 			if err == nil {
 				return nil
 			}
@@ -503,10 +510,16 @@ var _ transport.DataPath = (*Endpoint)(nil)
 
 // Caps declares what the endpoint can do (transport.DataPath): rings can
 // be polled by a waiting goroutine and progressed while a send waits for
-// room, and are made on first use, where the mode allows shared memory.
+// room, and are made on first use, where the mode allows shared memory;
+// RDMA channels move device memory where the device was given a GPU
+// runtime.
 func (e *Endpoint) Caps() transport.Caps {
 	shm := e.opt.Mode.shm()
-	return transport.Caps{Poll: shm, ProgressSend: shm, LazyData: shm, Presence: shm}
+	dev := false
+	if e.opt.RDMA != nil {
+		dev, _ = e.opt.RDMA.GPU()
+	}
+	return transport.Caps{Poll: shm, ProgressSend: shm, LazyData: shm, Presence: shm, Device: dev}
 }
 
 // SharedMemory reports whether this rank's data to peer goes over a
@@ -826,10 +839,14 @@ func (e *Endpoint) startReader(from int, ch *channel) {
 	if ch.ring != nil {
 		e.polled[from].Store(ch)
 	}
+	if e.deviceChannel(ch) {
+		e.devIn[from].Store(ch)
+	}
 	go func() {
 		defer e.wg.Done()
 		err := ch.readLoop()
 		e.polled[from].CompareAndSwap(ch, nil)
+		e.devIn[from].CompareAndSwap(ch, nil)
 		ch.close()
 		graceful := errors.Is(err, frame.ErrGoodbye)
 		e.mu.Lock()

@@ -181,8 +181,10 @@ func part(p []byte, i, per int) []byte {
 var errBroken = errors.New("bulk: channel broken by an earlier failure")
 
 // send writes one frame. An error after some bytes left breaks the channel
-// (the stream can no longer be framed); broken reports that.
-func (c *channel) send(ctx context.Context, h *transport.Header, p []byte, progress func() bool) (broken bool, err error) {
+// (the stream can no longer be framed); broken reports that. dev: p is
+// device memory, which host code must not read: it goes to the link as a
+// buffer of its own (a device channel has one link and no remote frames).
+func (c *channel) send(ctx context.Context, h *transport.Header, p []byte, progress func() bool, dev bool) (broken bool, err error) {
 	select {
 	case c.sem <- struct{}{}: // uncontended: no need for ctx.Done
 	default:
@@ -198,14 +200,17 @@ func (c *channel) send(ctx context.Context, h *transport.Header, p []byte, progr
 	if c.broken.Load() {
 		return true, errBroken
 	}
-	if c.ring != nil && c.remoteMin > 0 && len(p) >= c.remoteMin && c.ring.remoteOK() {
+	if c.ring != nil && c.remoteMin > 0 && len(p) >= c.remoteMin && c.ring.remoteOK() && !dev {
 		return c.sendRemote(ctx, h, p, progress)
 	}
 	parts, per := stripes(len(p), len(c.links))
 	c.buf = frame.AppendPrefix(c.buf[:0], transport.LaneData, h, len(p))
+	if dev {
+		parts, per = 1, len(p)
+	}
 	first := part(p, 0, per)
 	if parts == 1 {
-		return c.sendOne(ctx, first, progress)
+		return c.sendOne(ctx, first, progress, !dev)
 	}
 	bufs := [][]byte{c.buf, first}
 	if len(first) <= inlineMax {
@@ -249,11 +254,12 @@ func (c *channel) send(ctx context.Context, h *transport.Header, p []byte, progr
 
 // sendOne writes a frame whose prefix is in c.buf and whose payload p goes
 // whole on link 0 (no stripes: the common case, kept free of allocations).
-// Called with the semaphore held.
-func (c *channel) sendOne(ctx context.Context, p []byte, progress func() bool) (bool, error) {
+// A short p is gathered behind the prefix where gather allows (not for
+// device memory). Called with the semaphore held.
+func (c *channel) sendOne(ctx context.Context, p []byte, progress func() bool, gather bool) (bool, error) {
 	var n int
 	var err error
-	if len(p) <= inlineMax {
+	if len(p) <= inlineMax && gather {
 		c.buf = append(c.buf, p...)
 		c.bufs[0] = c.buf
 		n, err = c.links[0].write(ctx, progress, c.bufs[:1]...)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/fxamacker/cbor/v2"
+
+	"github.com/nexar-go/nexar/transport"
 )
 
 // RDMA is an RDMA device on which the endpoint makes LaneData channels
@@ -20,6 +22,11 @@ type RDMA interface {
 	// Dial makes the sending end of a channel to peer from the
 	// parameters peer offered and returns this end's, for the result.
 	Dial(peer int, offer []byte) (RDMAEnd, []byte, error)
+	// GPU reports whether the channels read and write GPU device memory
+	// themselves (moves: constant for the device's life), and whether the
+	// NIC may still reach it directly (direct: GPUDirect RDMA not ruled
+	// out).
+	GPU() (moves, direct bool)
 	Close() error
 }
 
@@ -36,6 +43,11 @@ type RDMAEnd = interface {
 	Accept(params []byte) error
 	// Detail adds to the path's description ("" for nothing).
 	Detail() string
+	// Failed is closed when the end fails, Err saying why, also where no
+	// Read or Write is under way to tell (a message already handed to the
+	// NIC that could not be delivered); not when it is closed.
+	Failed() <-chan struct{}
+	Err() error
 	Close() error
 }
 
@@ -57,6 +69,40 @@ func rdmaChannel(ch *channel) (RDMAEnd, bool) {
 	}
 	l, ok := ch.links[0].(rdmaLink)
 	return l.e, ok
+}
+
+// deviceChannel reports whether ch reads and writes payloads in device
+// memory itself: an RDMA channel on a device that moves device memory.
+func (e *Endpoint) deviceChannel(ch *channel) bool {
+	if _, ok := rdmaChannel(ch); !ok {
+		return false
+	}
+	moves, _ := e.opt.RDMA.GPU()
+	return moves
+}
+
+// DeviceData reports whether this rank's LaneData to peer (send) and
+// from peer (recv) goes over an RDMA channel that moves device memory
+// while GPUDirect RDMA is not ruled out on the device (transport.DataPath).
+// Safe for concurrent use; it takes no lock of the endpoint (core asks
+// while it holds its communicator's).
+func (e *Endpoint) DeviceData(peer int) (send, recv bool) {
+	if e.opt.RDMA == nil || peer < 0 || peer >= e.size || e.downed[peer].Load() {
+		return false, false
+	}
+	if _, direct := e.opt.RDMA.GPU(); !direct {
+		return false, false
+	}
+	return e.deviceChannel(e.out[peer].Load()), e.devIn[peer].Load() != nil
+}
+
+// SendDevice sends a LaneData payload in device memory over peer's RDMA
+// channel, which registers it with the NIC or stages it itself; the
+// payload is never gathered with its frame's prefix. Without such a
+// channel it fails with transport.ErrNoDevicePath. Safe for concurrent
+// use.
+func (e *Endpoint) SendDevice(ctx context.Context, peer int, h *transport.Header, payload []byte) error {
+	return e.send(ctx, peer, transport.LaneData, h, payload, nil, true)
 }
 
 // rdmaUsable says whether this rank offers RDMA to a peer that announced
@@ -102,8 +148,28 @@ func (e *Endpoint) attachRDMA(ctx context.Context, to int, m *ctlMsg) {
 		e.sendCtl(ctx, to, &ctlMsg{V: 1, T: "result", Kind: "rdma", Err: err.Error(), TCP: e.opt.Mode.tcp()})
 		return
 	}
-	e.decide(to, newChannel(to, e.rdmaDesc(), []link{rdmaLink{end}}))
+	ch := newChannel(to, e.rdmaDesc(), []link{rdmaLink{end}})
+	e.decide(to, ch)
+	e.watchRDMA(to, ch, end)
 	e.sendCtl(ctx, to, &ctlMsg{V: 1, T: "result", Kind: "rdma", OK: true, QP: cbor.RawMessage(params)})
+}
+
+// watchRDMA reports peer lost when the sending end of its channel ch
+// fails while no send waits on it: a message handed to the NIC that could
+// not be delivered (the peer's queue pair is gone or unreachable) is told
+// by no reader (the channel has none here) and by no later send if none
+// comes, while receives from peer would wait for data that never comes.
+// It returns once ch is closed.
+func (e *Endpoint) watchRDMA(peer int, ch *channel, end RDMAEnd) {
+	e.afterStart(func() {
+		select {
+		case <-end.Failed():
+			if !ch.quiet.Load() && !e.closed.Load() {
+				e.report(peer, fmt.Errorf("bulk: send to rank %d over %s: %w", peer, ch.desc, end.Err()))
+			}
+		case <-ch.dead:
+		}
+	})
 }
 
 // rdmaResult completes (ok) or gives up (and offers another path) the

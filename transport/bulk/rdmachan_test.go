@@ -182,18 +182,7 @@ func TestRDMAChannelLost(t *testing.T) {
 	if err := eps[0].Send(ctx, 1, transport.LaneData, &h, []byte("first")); err != nil {
 		t.Fatal(err)
 	}
-	var in RDMAEnd
-	for deadline := time.Now().Add(10 * time.Second); in == nil; time.Sleep(time.Millisecond) {
-		eps[1].mu.Lock()
-		in, _ = rdmaChannel(eps[1].in[0]) // set once rank 1 accepted
-		eps[1].mu.Unlock()
-		if time.Now().After(deadline) {
-			t.Fatal("rank 1 has no inbound channel from rank 0")
-		}
-	}
-	if err := in.(interface{ Break() error }).Break(); err != nil {
-		t.Fatal(err)
-	}
+	breakInbound(t, eps[1], 0)
 	start := time.Now()
 	var sendErr error
 	for sendErr == nil && time.Since(start) < 20*time.Second {
@@ -203,15 +192,7 @@ func TestRDMAChannelLost(t *testing.T) {
 	if !errors.As(sendErr, &pd) || pd.Peer != 1 || !strings.Contains(sendErr.Error(), "rank 1") {
 		t.Fatalf("send after the channel was lost: %v, want a PeerDownError naming rank 1", sendErr)
 	}
-	select {
-	case err := <-downs:
-		if !strings.Contains(err.Error(), "rank 1") || !strings.Contains(err.Error(), "rdma") {
-			t.Errorf("down notice %q does not name the rank and the path", err)
-		}
-		t.Logf("after %v: %v", time.Since(start).Round(time.Millisecond), err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the sender did not report rank 1 down")
-	}
+	expectDown(t, downs, start, 10*time.Second)
 	for _, e := range eps {
 		e.Close()
 	}
@@ -219,5 +200,68 @@ func TestRDMAChannelLost(t *testing.T) {
 		if after, err := ibverbs.Live(lib); err == nil && (after.QPs != base.QPs || after.MRs != base.MRs || after.CQs != base.CQs) {
 			t.Errorf("live objects after close: %+v, before %+v", after, base)
 		}
+	}
+}
+
+// breakInbound puts e's receiving end of the RDMA channel from rank from
+// into the error state, as a fatal NIC error does, once e accepted it.
+func breakInbound(t *testing.T, e *Endpoint, from int) {
+	t.Helper()
+	var in RDMAEnd
+	for deadline := time.Now().Add(10 * time.Second); in == nil; time.Sleep(time.Millisecond) {
+		e.mu.Lock()
+		in, _ = rdmaChannel(e.in[from])
+		e.mu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatalf("rank %d has no inbound channel from rank %d", e.self, from)
+		}
+	}
+	if err := in.(interface{ Break() error }).Break(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRDMASendFailsUnwatched: the receiving end's queue pair goes into
+// error, and the sender hands one short message to the NIC (Send returns
+// once it is posted) and sends nothing more: the failed delivery, which no
+// later send and no reader would tell, reports the peer down, naming it.
+func TestRDMASendFailsUnwatched(t *testing.T) {
+	downs := make(chan error, 4)
+	eps := rdmaMesh(t, 2, Options{Mode: ModeRDMA}, "fake_ib0", nil, []transport.DownHandler{func(peer int, err error) {
+		if peer == 1 {
+			downs <- err
+		}
+	}})
+	defer func() {
+		for _, e := range eps {
+			e.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var h transport.Header
+	if err := eps[0].Send(ctx, 1, transport.LaneData, &h, []byte("first")); err != nil {
+		t.Fatal(err)
+	}
+	breakInbound(t, eps[1], 0)
+	start := time.Now()
+	if err := eps[0].Send(ctx, 1, transport.LaneData, &h, []byte("second")); err != nil {
+		t.Fatalf("a short send is posted and returns before delivery: %v", err)
+	}
+	expectDown(t, downs, start, 20*time.Second)
+}
+
+// expectDown waits (within d) for the DownHandler's notice of rank 1,
+// which must name the rank and the path.
+func expectDown(t *testing.T, downs <-chan error, start time.Time, d time.Duration) {
+	t.Helper()
+	select {
+	case err := <-downs:
+		if !strings.Contains(err.Error(), "rank 1") || !strings.Contains(err.Error(), "rdma") {
+			t.Errorf("down notice %q does not name the rank and the path", err)
+		}
+		t.Logf("after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	case <-time.After(d):
+		t.Fatal("rank 1 was never reported down")
 	}
 }

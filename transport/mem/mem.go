@@ -291,6 +291,14 @@ func (e *Endpoint) Waiting(int) (done func()) { return func() {} }
 // SharedMemory reports false: messages are handed over in process.
 func (e *Endpoint) SharedMemory(int) bool { return false }
 
+// DeviceData reports false: nothing here reads device memory.
+func (e *Endpoint) DeviceData(int) (send, recv bool) { return false, false }
+
+// SendDevice refuses: nothing here reads device memory.
+func (e *Endpoint) SendDevice(context.Context, int, *transport.Header, []byte) error {
+	return fmt.Errorf("mem: %w", transport.ErrNoDevicePath)
+}
+
 // Paths names every other rank's path "mem".
 func (e *Endpoint) Paths() map[int]string {
 	m := make(map[int]string, len(e.m.eps))

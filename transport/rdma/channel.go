@@ -10,5 +10,7 @@ type Channel = interface {
 	Write(ctx context.Context, bufs ...[]byte) (int, error)
 	Accept(params []byte) error
 	Detail() string
+	Failed() <-chan struct{}
+	Err() error
 	Close() error
 }

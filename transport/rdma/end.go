@@ -89,6 +89,7 @@ type End struct {
 	batch           int // credits returned at once (receiving end)
 
 	stopped   chan struct{} // closed when the progress loop returns
+	failed    chan struct{} // closed at the first failure (err set)
 	quit      atomic.Bool
 	closeOnce sync.Once
 
@@ -119,7 +120,7 @@ type End struct {
 }
 
 func (d *Device) newEnd(peer int, recv bool, slots, slotSize int) (e *End, err error) {
-	e = &End{d: d, peer: peer, recv: recv, stopped: make(chan struct{}), slots: slots}
+	e = &End{d: d, peer: peer, recv: recv, stopped: make(chan struct{}), failed: make(chan struct{}), slots: slots}
 	e.cond.L = &e.mu
 	ctl := slots + 4
 	if recv {
@@ -289,11 +290,25 @@ func (e *End) fail(err error) {
 func (e *End) failLocked(err error) {
 	if e.err == nil {
 		e.err = err
+		close(e.failed)
 		if !e.closed {
 			e.qp.ToError()
 		}
 	}
 	e.cond.Broadcast()
+}
+
+// Failed is closed when the end fails (Err says why), also where no Read
+// or Write is under way to tell: a message the sending end handed to the
+// NIC whose delivery failed (the peer's queue pair is gone or cannot be
+// reached). Closing the end is not a failure. Safe for concurrent use.
+func (e *End) Failed() <-chan struct{} { return e.failed }
+
+// Err is the end's failure, nil while it has none. Safe for concurrent use.
+func (e *End) Err() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.err
 }
 
 func (e *End) protocolError(format string, args ...any) error {

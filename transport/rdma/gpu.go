@@ -179,6 +179,20 @@ func (d *Device) GPUWays() map[string]int {
 	return out
 }
 
+// GPU reports whether the channels on d move device memory (Options.GPU
+// is set), and whether the NIC may reach it directly: false once dma-buf
+// and peer memory both failed for good, after which every device buffer
+// would be staged through host memory by the channel. Safe for concurrent
+// use.
+func (d *Device) GPU() (moves, direct bool) {
+	if d.gpu == nil {
+		return false, false
+	}
+	d.gpu.mu.Lock()
+	defer d.gpu.mu.Unlock()
+	return true, d.gpu.noDma == nil || d.gpu.noPeer == nil
+}
+
 // Detail adds to the channel's description how device buffers reached the
 // NIC on its device ("" when none did).
 func (e *End) Detail() string { return e.d.gpu.summary() }

@@ -8,34 +8,14 @@ import (
 	"io"
 	"testing"
 	"time"
-	"unsafe"
 
-	"github.com/nexar-go/nexar/hw/cuda"
-	"github.com/nexar-go/nexar/tests/fakes/cudart"
+	"github.com/nexar-go/nexar/hw/cuda/cudatest"
 )
 
-// fakeCUDA loads the fake CUDA runtime, whose device memory faults on any
-// host access, and names it in NEXAR_CUDART (where the fake libibverbs'
-// peer-memory client finds it).
-func fakeCUDA(t *testing.T) *cuda.Runtime {
-	t.Helper()
-	path, err := cudart.Cached()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("NEXAR_CUDART", path)
-	t.Setenv("NEXAR_FAKE_CUDA_DELAY_US", "0")
-	rt, err := cuda.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rt
-}
-
-// devSlice is a []byte over device memory: any host access faults.
-func devSlice(p cuda.DevicePtr, n int) []byte {
-	return unsafe.Slice(*(**byte)(unsafe.Pointer(&p)), n)
-}
+var (
+	fakeCUDA = cudatest.Fake
+	devSlice = cudatest.Bytes
+)
 
 // TestGPUDirect sends a buffer of device memory and receives into device
 // memory, registered with the NIC by dma-buf, as peer memory, or staged

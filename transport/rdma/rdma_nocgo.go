@@ -21,5 +21,8 @@ func (d *Device) Listen(int) (Channel, []byte, error) { return nil, nil, errNoCg
 // Dial fails: no device.
 func (d *Device) Dial(int, []byte) (Channel, []byte, error) { return nil, nil, errNoCgo }
 
+// GPU reports false, false: no device.
+func (d *Device) GPU() (moves, direct bool) { return false, false }
+
 // Close does nothing: no device.
 func (d *Device) Close() error { return nil }

@@ -832,6 +832,32 @@ func (e *Endpoint) SharedMemory(peer int) bool {
 	return e.inner.SharedMemory(peer)
 }
 
+// DeviceData is the inner path's for a neighbour; relayed data never
+// carries device memory.
+func (e *Endpoint) DeviceData(peer int) (send, recv bool) {
+	if peer < 0 || peer >= e.g.Size() || !e.direct(peer) {
+		return false, false
+	}
+	<-e.start
+	return e.inner.DeviceData(peer)
+}
+
+// SendDevice is the inner path's for a neighbour; a relayed peer's data
+// cannot be device memory (transport.ErrNoDevicePath).
+func (e *Endpoint) SendDevice(ctx context.Context, peer int, h *transport.Header, payload []byte) error {
+	if peer < 0 || peer >= e.g.Size() || !e.direct(peer) {
+		return fmt.Errorf("relay: rank %d is reached through a relay: %w", peer, transport.ErrNoDevicePath)
+	}
+	<-e.start
+	e.mu.Lock()
+	closed := e.closed
+	e.mu.Unlock()
+	if closed {
+		return transport.ErrClosed
+	}
+	return e.inner.SendDevice(ctx, peer, h, payload)
+}
+
 // Paths names the inner path for neighbours and the first relay for
 // others.
 func (e *Endpoint) Paths() map[int]string {

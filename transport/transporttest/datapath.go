@@ -26,6 +26,7 @@ func RunDataPath(t *testing.T, newPaths NewDataPaths) {
 		{"Declarations", testDeclarations},
 		{"SendProgress", testSendProgress},
 		{"Abandon", testAbandon},
+		{"SendDevice", testSendDevice},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newPaths) })
@@ -226,5 +227,54 @@ func testAbandon(t *testing.T, newPaths NewDataPaths) {
 	case e := <-evs:
 		t.Fatalf("told again after one Abandon: down(%d, %v)", e.peer, e.err)
 	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// testSendDevice: without Caps().Device, DeviceData reports nothing and
+// SendDevice refuses with ErrNoDevicePath, delivering nothing; where
+// DeviceData says a peer's channel moves device memory, SendDevice
+// delivers (here host bytes, which such a channel moves too) in order
+// with Send.
+func testSendDevice(t *testing.T, newPaths NewDataPaths) {
+	const n = 2
+	c := newCollector(n)
+	eps := newPaths(t, n, c.handlers(), nil)
+	defer closePaths(t, eps)
+	ctx := ctxT(t)
+	// A LaneData message first: every path is then made.
+	if err := eps[0].Send(ctx, 1, transport.LaneData, header(0, 1, transport.LaneData, 0), payload(0, 1, transport.LaneData, 0, 10)); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor(t, []int{0, 1})
+	want := 1
+	for k := 1; k <= 3; k++ {
+		send, recv := eps[0].DeviceData(1)
+		if !eps[0].Caps().Device && (send || recv) {
+			t.Fatalf("DeviceData(1) = %v, %v without Caps().Device", send, recv)
+		}
+		h, p := header(0, 1, transport.LaneData, want), payload(0, 1, transport.LaneData, want, k*70000)
+		err := eps[0].SendDevice(ctx, 1, h, p)
+		switch {
+		case !eps[0].Caps().Device:
+			if !errors.Is(err, transport.ErrNoDevicePath) {
+				t.Fatalf("SendDevice without Caps().Device: %v, want ErrNoDevicePath", err)
+			}
+		case send && err != nil:
+			t.Fatalf("SendDevice where DeviceData says the channel moves device memory: %v", err)
+		case err == nil:
+			want++
+		case !errors.Is(err, transport.ErrNoDevicePath):
+			t.Fatalf("SendDevice: %v", err)
+		}
+		if err := eps[0].Send(ctx, 1, transport.LaneData, header(0, 1, transport.LaneData, want), payload(0, 1, transport.LaneData, want, 5)); err != nil {
+			t.Fatal(err)
+		}
+		want++
+	}
+	got := c.waitFor(t, []int{0, want})[1]
+	for k, m := range got {
+		if seqOf(&m.h) != k || !bytes.Equal(m.p, payload(0, 1, transport.LaneData, k, len(m.p))) {
+			t.Fatalf("message %d has sequence %d: out of order, or a refused SendDevice delivered something", k, seqOf(&m.h))
+		}
 	}
 }

@@ -10,7 +10,9 @@
 // the last call to Ready, which the driver settles (closes a waiter's
 // channel, finishes a request) before its next call. Buffered bytes are
 // accounted by the driver through the room function it passes in; the
-// engine reports the bytes it stops holding.
+// engine reports the bytes it stops holding. A receive into memory that
+// host code must not touch (GPU device memory) brings the driver's Put,
+// which the engine calls where it would copy.
 //
 // Collective messages are kept per call, in a window of slots indexed by
 // sequence number (a call's few messages from each source in its slot), so
@@ -106,6 +108,7 @@ type Msg struct {
 	posted   bool     // collective: a receive is posted (buf is its destination)
 	recv     *Recv    // point-to-point: the matched receive
 	complete bool     // point-to-point, unmatched: every chunk arrived
+	putErr   error    // point-to-point: the first failed Put of its receive
 	// filling: a placed chunk is being written into the destination.
 	// Atomic: a message placed whole (PlaceColl) ends its fill without a
 	// call into the engine.
@@ -132,6 +135,13 @@ type Recv struct {
 	Tag   uint64
 	Buf   []byte
 	Owner any // the driver's (core: its *Request); the engine never touches it
+	// Put, when set, writes src into dst (a part of Buf) where the engine
+	// would copy: Buf is memory that host code must not touch (GPU device
+	// memory), which Put reaches through its runtime. Its first error
+	// fails the receive (the Completion's Err). PlaceP2P places such a
+	// receive only where the driver says the transport writes that memory
+	// itself.
+	Put func(dst, src []byte) error
 
 	msg    *Msg
 	cancel bool
@@ -142,7 +152,7 @@ func (r *Recv) Msg() *Msg { return r.msg }
 
 // Completion is a receive that completed: a posted collective receive
 // (Coll) or a point-to-point one (Recv). Err is set when Depart failed
-// it; otherwise, for Recv, Source and Tag name the message, Total is its
+// it, or a Put of the receive failed; otherwise, for Recv, Source and Tag name the message, Total is its
 // length and Count the bytes written (Total > len(Recv.Buf): truncated).
 type Completion struct {
 	Coll   *Msg
@@ -447,9 +457,7 @@ func (e *Engine) TakeUnexpected(r *Recv) (matched bool, released int64) {
 		m.recv, r.msg = r, m
 		off := 0
 		for _, ch := range m.chunks {
-			if off < len(r.Buf) {
-				copy(r.Buf[off:], ch)
-			}
+			m.put(off, ch)
 			off += len(ch)
 		}
 		released = m.held
@@ -510,8 +518,8 @@ func (e *Engine) DeliverP2P(src int, tag uint64, total int, payload []byte, room
 	m := e.startP2P(src, tag, total)
 	out := Copied
 	if m.recv != nil {
-		if !m.recv.cancel && m.got < len(m.recv.Buf) {
-			copy(m.recv.Buf[m.got:], payload)
+		if !m.recv.cancel {
+			m.put(m.got, payload)
 		}
 	} else {
 		n := int64(len(payload))
@@ -534,12 +542,37 @@ func (e *Engine) DeliverP2P(src int, tag uint64, total int, payload []byte, room
 	return out
 }
 
+// put writes src at offset off of its receive's buffer, as much of it as
+// fits, through the receive's Put where it has one.
+func (m *Msg) put(off int, src []byte) {
+	r := m.recv
+	if off >= len(r.Buf) {
+		return
+	}
+	if r.Put == nil {
+		copy(r.Buf[off:], src)
+		return
+	}
+	n := min(len(src), len(r.Buf)-off)
+	if m.putErr == nil && n > 0 {
+		m.putErr = r.Put(r.Buf[off:off+n], src[:n])
+	}
+}
+
+// mayPlace says whether the transport may write r's buffer itself for a
+// message from src.
+func mayPlace(r *Recv, src int, putOK func(int) bool) bool {
+	return r.Put == nil || (putOK != nil && putOK(src))
+}
+
 // PlaceP2P returns the destination of the next size bytes of the
 // point-to-point message from src (tag, total bytes long) when it is, or
 // as its first chunk can be, matched with a receive whose buffer holds it
-// whole; else nil (the chunk then goes through DeliverP2P). The message is
-// Filling until the driver calls FilledP2P.
-func (e *Engine) PlaceP2P(src int, tag uint64, total, size int) (*Msg, []byte) {
+// whole and that the transport may write (a receive with Put only where
+// putOK(src) says the transport writes its memory itself); else nil (the
+// chunk then goes through DeliverP2P). The message is Filling until the
+// driver calls FilledP2P.
+func (e *Engine) PlaceP2P(src int, tag uint64, total, size int, putOK func(src int) bool) (*Msg, []byte) {
 	m := e.cur[src]
 	if m == nil {
 		ri := -1
@@ -549,8 +582,8 @@ func (e *Engine) PlaceP2P(src int, tag uint64, total, size int) (*Msg, []byte) {
 				break
 			}
 		}
-		if ri < 0 || total > len(e.posted[ri].Buf) {
-			return nil, nil // unexpected, or truncated: DeliverP2P's path
+		if ri < 0 || total > len(e.posted[ri].Buf) || !mayPlace(e.posted[ri], src, putOK) {
+			return nil, nil // unexpected, truncated, or not for the transport to write: DeliverP2P's path
 		}
 		r := e.posted[ri]
 		e.posted = append(e.posted[:ri], e.posted[ri+1:]...)
@@ -558,7 +591,7 @@ func (e *Engine) PlaceP2P(src int, tag uint64, total, size int) (*Msg, []byte) {
 		r.msg = m
 		e.cur[src] = m
 	}
-	if m.recv == nil || m.recv.cancel || m.filling.Load() || m.got+size > len(m.recv.Buf) {
+	if m.recv == nil || m.recv.cancel || m.filling.Load() || m.got+size > len(m.recv.Buf) || !mayPlace(m.recv, src, putOK) {
 		return nil, nil
 	}
 	m.filling.Store(true)
@@ -586,7 +619,7 @@ func (e *Engine) completeRecv(m *Msg) {
 		return
 	}
 	e.ready = append(e.ready, Completion{Recv: r, Source: m.src, Tag: m.tag,
-		Count: min(m.total, len(r.Buf)), Total: m.total})
+		Count: min(m.total, len(r.Buf)), Total: m.total, Err: m.putErr})
 }
 
 // Depart records that rank src left after completing every collective

@@ -3,7 +3,9 @@ package match
 import (
 	"bytes"
 	"errors"
+	"syscall"
 	"testing"
+	"unsafe"
 )
 
 func yes(int64) bool { return true }
@@ -271,7 +273,7 @@ func TestP2PScripts(t *testing.T) {
 						t.Fatalf("event %d: %v", i, out)
 					}
 				case "place":
-					m, dst := e.PlaceP2P(ev.src, ev.tag, ev.total, len(ev.data))
+					m, dst := e.PlaceP2P(ev.src, ev.tag, ev.total, len(ev.data), nil)
 					if m == nil {
 						t.Fatalf("event %d: place refused", i)
 					}
@@ -323,10 +325,10 @@ func TestPlaceP2PLeavesTruncationToDeliver(t *testing.T) {
 	e := New(2)
 	r := &Recv{Src: 1, Buf: make([]byte, 2)}
 	e.Post(r)
-	if m, _ := e.PlaceP2P(1, 0, 8, 2); m != nil {
+	if m, _ := e.PlaceP2P(1, 0, 8, 2, nil); m != nil {
 		t.Fatal("placed a message longer than the receive's buffer")
 	}
-	if m, _ := e.PlaceP2P(0, 0, 2, 2); m != nil {
+	if m, _ := e.PlaceP2P(0, 0, 2, 2, nil); m != nil {
 		t.Fatal("placed a message from another source")
 	}
 }
@@ -583,4 +585,102 @@ func TestCollSlotsAndOverflow(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fenced is a receive buffer the host may not touch (PROT_NONE, as the
+// fake CUDA's device memory is): a copy into it by the engine crashes the
+// test. Its Put writes into shadow instead, at the same offsets.
+type fenced struct {
+	buf, shadow []byte
+	puts        int
+	fail        error
+}
+
+func newFenced(t *testing.T, n int) *fenced {
+	t.Helper()
+	page := syscall.Getpagesize()
+	m, err := syscall.Mmap(-1, 0, (n+page-1)/page*page+page, syscall.PROT_NONE, syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Munmap(m) })
+	return &fenced{buf: m[:n:n], shadow: make([]byte, n)}
+}
+
+func (f *fenced) put(dst, src []byte) error {
+	if f.fail != nil {
+		return f.fail
+	}
+	off := int(uintptr(unsafe.Pointer(&dst[0])) - uintptr(unsafe.Pointer(&f.buf[0])))
+	if off < 0 || off+len(dst) > len(f.buf) || len(src) != len(dst) {
+		panic("Put outside the receive's buffer")
+	}
+	copy(f.shadow[off:], src)
+	f.puts++
+	return nil
+}
+
+// TestPutNeverTouchesBuf: a receive with Put gets every byte the engine
+// would copy (early chunks taken, chunks delivered, a truncated message
+// cut at the buffer's end) through Put, never by a copy into Buf; it is
+// placed only where putOK allows; a failed Put fails the receive.
+func TestPutNeverTouchesBuf(t *testing.T) {
+	never := func(int) bool { return false }
+	always := func(int) bool { return true }
+	t.Run("taken, then delivered", func(t *testing.T) {
+		e := New(2)
+		f := newFenced(t, 6)
+		e.DeliverP2P(1, 5, 6, []byte("ab"), yes)
+		r := &Recv{Src: AnySource, Tag: 5, Buf: f.buf, Put: f.put}
+		if ok, released := e.TakeUnexpected(r); !ok || released != 2 {
+			t.Fatalf("TakeUnexpected: %v, %d", ok, released)
+		}
+		if m, _ := e.PlaceP2P(1, 5, 6, 4, never); m != nil {
+			t.Fatal("placed into a Put receive where putOK says no")
+		}
+		e.DeliverP2P(1, 5, 6, []byte("cdef"), yes)
+		c := e.Ready()
+		if len(c) != 1 || c[0].Recv != r || c[0].Err != nil || c[0].Count != 6 || string(f.shadow) != "abcdef" {
+			t.Fatalf("completions %+v, shadow %q", c, f.shadow)
+		}
+	})
+	t.Run("truncated", func(t *testing.T) {
+		e := New(2)
+		f := newFenced(t, 3)
+		r := &Recv{Src: 1, Tag: 0, Buf: f.buf, Put: f.put}
+		e.Post(r)
+		if m, _ := e.PlaceP2P(1, 0, 5, 5, always); m != nil {
+			t.Fatal("placed a message longer than the buffer")
+		}
+		e.DeliverP2P(1, 0, 5, []byte("wx"), yes)
+		e.DeliverP2P(1, 0, 5, []byte("yz!"), yes)
+		c := e.Ready()
+		if len(c) != 1 || c[0].Total != 5 || c[0].Count != 3 || string(f.shadow) != "wxy" || f.puts != 2 {
+			t.Fatalf("completions %+v, shadow %q after %d puts", c, f.shadow, f.puts)
+		}
+	})
+	t.Run("placed where putOK", func(t *testing.T) {
+		e := New(2)
+		f := newFenced(t, 4)
+		r := &Recv{Src: 1, Tag: 0, Buf: f.buf, Put: f.put}
+		e.Post(r)
+		m, dst := e.PlaceP2P(1, 0, 4, 4, always)
+		if m == nil || &dst[0] != &f.buf[0] || len(dst) != 4 {
+			t.Fatal("not placed into the receive's buffer where putOK allows")
+		}
+		e.FilledP2P(1, m, 4, true)
+		if c := e.Ready(); len(c) != 1 || c[0].Err != nil || f.puts != 0 {
+			t.Fatalf("completions %+v after %d puts", c, f.puts)
+		}
+	})
+	t.Run("failed put", func(t *testing.T) {
+		e := New(2)
+		f := newFenced(t, 4)
+		f.fail = errors.New("copy failed")
+		e.Post(&Recv{Src: 1, Tag: 0, Buf: f.buf, Put: f.put})
+		e.DeliverP2P(1, 0, 4, []byte("abcd"), yes)
+		if c := e.Ready(); len(c) != 1 || !errors.Is(c[0].Err, f.fail) {
+			t.Fatalf("completions %+v, want the Put's error", c)
+		}
+	})
 }

@@ -9,9 +9,11 @@ import (
 	"encoding/binary"
 	"math"
 	"testing"
+	"unsafe"
 
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/hw/cuda"
+	"github.com/nexar-go/nexar/tests/fakes/cudart"
 )
 
 // Upload allocates device memory holding b (at least one byte).
@@ -59,4 +61,29 @@ func Encode(dt collective.DType, v []float64) []byte {
 		}
 	}
 	return b
+}
+
+// Fake loads the fake CUDA runtime of tests/fakes/cudart (device memory
+// that faults on any host access), with no delay on its copies, and names
+// it in NEXAR_CUDART for the test, where the fake libibverbs finds its
+// dma-buf and peer-memory hooks. A fake that cannot be built fails the test.
+func Fake(t *testing.T) *cuda.Runtime {
+	t.Helper()
+	path, err := cudart.Cached()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NEXAR_CUDART", path)
+	t.Setenv("NEXAR_FAKE_CUDA_DELAY_US", "0")
+	rt, err := cuda.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rt
+}
+
+// Bytes is a []byte over n bytes of device memory at p, for code that
+// takes device buffers as slices; host code must never touch it.
+func Bytes(p cuda.DevicePtr, n int) []byte {
+	return unsafe.Slice(*(**byte)(unsafe.Pointer(&p)), n)
 }

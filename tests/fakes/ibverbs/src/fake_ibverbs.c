@@ -64,7 +64,8 @@
 // hardware frees them with the next signaled completion).
 //
 // nexar_fake_ibv_live reports the live objects of each kind, for tests
-// that check nothing leaked.
+// that check nothing leaked; nexar_fake_ibv_bytes the bytes the NIC moved
+// through host, peer-memory and dma-buf registrations.
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
 
@@ -368,8 +369,13 @@ static void pd_use(struct ibv_pd* pd, int d) {
 
 // ---- memory regions ---------------------------------------------------------------
 
+// What an MR registers: host memory, fake-CUDA device memory claimed by
+// the peer-memory client, or a dma-buf (nexar_fake_ibv_bytes).
+enum { mrHost, mrPeerMem, mrDmaBuf, mrKinds };
+
 struct fmr {
     struct ibv_mr mr;
+    int kind;
     int access;
     char* base;  // where the fake reaches byte 0 of [mr.addr, mr.addr+length)
     void* map;   // the fake's own mapping (dma-buf, peer memory), or NULL
@@ -382,6 +388,19 @@ static pthread_mutex_t mr_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t mr_cv = PTHREAD_COND_INITIALIZER;
 static struct fmr* mrs;
 static uint32_t next_key;
+static long long mr_bytes[mrKinds];  // bytes the NIC reached through MRs of each kind
+
+// nexar_fake_ibv_bytes reports the bytes this process's NIC read or wrote
+// through MRs of one kind (0 host memory, 1 peer memory, 2 dma-buf) by
+// executing work requests (a receive counts its posted length): tests
+// tell by it how device buffers reached the NIC. -1 for another kind.
+EXPORT long long nexar_fake_ibv_bytes(int kind) {
+    if (kind < 0 || kind >= mrKinds) return -1;
+    pthread_mutex_lock(&mr_mu);
+    long long n = mr_bytes[kind];
+    pthread_mutex_unlock(&mr_mu);
+    return n;
+}
 
 static uint32_t new_key(void) {
     // Caller holds mr_mu. A random start, so that keys of another run or
@@ -488,6 +507,7 @@ EXPORT struct ibv_mr* ibv_reg_mr(struct ibv_pd* pd, void* addr, size_t n, int ac
         if (ex && ex(addr, n, &fd, &off) == 0) {
             int rc = map_fd(fd, off, n, m);
             close(fd);
+            m->kind = mrPeerMem;
             if (rc == 0) return add_mr(m, pd, addr, n, access);
         }
     }
@@ -530,6 +550,7 @@ EXPORT struct ibv_mr* ibv_reg_dmabuf_mr(struct ibv_pd* pd, uint64_t offset, size
         errno = ENOMEM;
         return NULL;
     }
+    m->kind = mrDmaBuf;
     return add_mr(m, pd, (void*)(uintptr_t)iova, n, access);
 }
 
@@ -570,6 +591,7 @@ static struct fmr* mr_get(uint32_t key, int remote, struct ibv_pd* pd, uint64_t 
         return NULL;
     }
     m->refs++;
+    mr_bytes[m->kind] += (long long)n;
     pthread_mutex_unlock(&mr_mu);
     *at = m->base + (addr - lo);
     return m;
@@ -941,30 +963,47 @@ static void sweep(void) {
 static pthread_once_t sweep_once = PTHREAD_ONCE_INIT;
 
 // qp_listen binds the QP's socket under a fresh random QPN (a name left by
-// a dead process is reused).
+// a dead process is reused). The socket is bound under a name of its own
+// and listens before it takes its QP name (a hard link): a QP name that
+// refuses a connection therefore belongs to a dead process, and sweep or a
+// colliding QPN never removes the name of a QP still being made.
 static int qp_listen(struct fqp* q) {
     pthread_once(&sweep_once, sweep);
+    static unsigned seq;
+    char dir[sizeof(((struct sockaddr_un*)0)->sun_path)];
+    sock_dir(dir, sizeof dir);
     for (int tries = 0; tries < 64; tries++) {
         uint32_t qpn;
         if (getrandom(&qpn, sizeof qpn, 0) != sizeof qpn) qpn = (uint32_t)rand();
         qpn = 0x100 + qpn % (0xffffff - 0x100);
-        struct sockaddr_un sa;
+        struct sockaddr_un sa, tmp;
         if (qp_addr(qpn, &sa) != 0) return -1;
+        memset(&tmp, 0, sizeof tmp);
+        tmp.sun_family = AF_UNIX;
+        int k = snprintf(tmp.sun_path, sizeof tmp.sun_path, "%s/new-%d-%u", dir, (int)getpid(),
+                         __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED));
+        if (k < 0 || (size_t)k >= sizeof tmp.sun_path) return -1;
+        unlink(tmp.sun_path);
         int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0) return -1;
-        if (bind(fd, (struct sockaddr*)&sa, sizeof sa) != 0) {
-            int busy = errno == EADDRINUSE;
-            if (busy && connect(fd, (struct sockaddr*)&sa, sizeof sa) != 0 && errno == ECONNREFUSED) {
-                unlink(sa.sun_path);  // stale: its process is gone
-            }
+        if (bind(fd, (struct sockaddr*)&tmp, sizeof tmp) != 0 || listen(fd, 8) != 0) {
             close(fd);
-            if (!busy) return -1;
-            continue;
-        }
-        if (listen(fd, 8) != 0) {
-            close(fd);
-            unlink(sa.sun_path);
+            unlink(tmp.sun_path);
             return -1;
+        }
+        int rc = link(tmp.sun_path, sa.sun_path);
+        if (rc != 0 && errno == EEXIST) {
+            int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            if (c >= 0 && connect(c, (struct sockaddr*)&sa, sizeof sa) != 0 && errno == ECONNREFUSED) {
+                unlink(sa.sun_path);  // stale: its process is gone
+                rc = link(tmp.sun_path, sa.sun_path);
+            }
+            if (c >= 0) close(c);
+        }
+        unlink(tmp.sun_path);
+        if (rc != 0) {
+            close(fd);
+            continue;
         }
         q->lfd = fd;
         q->qp.qp_num = qpn;

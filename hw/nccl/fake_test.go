@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -75,6 +76,7 @@ func runRanks(t *testing.T, test string, n int, limit time.Duration) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	dir := t.TempDir() // for the ranks' own hand-offs (files)
 	outs := make([]string, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -82,7 +84,7 @@ func runRanks(t *testing.T, test string, n int, limit time.Duration) []string {
 		cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1", "-test.v")
 		cmd.Env = append(os.Environ(), "FAKE_NCCL_TEST_RT="+rt, "FAKE_NCCL_TEST_NC="+nc, "NEXAR_CUDART="+rt,
 			"FAKE_NCCL_TEST_ID="+hex.EncodeToString(id[:]), fmt.Sprintf("FAKE_NCCL_TEST_RANK=%d", r),
-			fmt.Sprintf("FAKE_NCCL_TEST_N=%d", n), "NEXAR_FAKE_CUDA_DELAY_US=200")
+			fmt.Sprintf("FAKE_NCCL_TEST_N=%d", n), "NEXAR_FAKE_CUDA_DELAY_US=200", "FAKE_NCCL_TEST_DIR="+dir)
 		wg.Add(1)
 		go func(r int) {
 			defer wg.Done()
@@ -309,6 +311,22 @@ func TestFakeHangsUntilAborted(t *testing.T) {
 	}
 	if err := k.c.AsyncError(); err != nil {
 		t.Fatalf("async error before any abort: %v", err)
+	}
+	// Rank 0 aborts only once rank 1 has looked: a rank started late
+	// (a loaded host) would otherwise see the abort before its check.
+	checked := filepath.Join(os.Getenv("FAKE_NCCL_TEST_DIR"), "rank1-checked")
+	if k.r == 1 {
+		if err := os.WriteFile(checked, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		deadline := time.Now().Add(20 * time.Second)
+		for _, err := os.Stat(checked); err != nil; _, err = os.Stat(checked) {
+			if time.Now().After(deadline) {
+				t.Fatal("rank 1 never checked its async error")
+			}
+			time.Sleep(time.Millisecond)
+		}
 	}
 	if k.r == 1 {
 		// Rank 0 aborts: this rank learns of it from the async error.

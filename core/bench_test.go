@@ -161,3 +161,48 @@ func BenchmarkRPCLent(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkIAllreduceWait2 times IAllreduce followed at once by Wait on
+// both ranks (torch's async_op=True then wait(), MPI_Iallreduce then
+// MPI_Wait) over loopback QUIC; compare with BenchmarkAllreduce2.
+func BenchmarkIAllreduceWait2(b *testing.B) {
+	for _, size := range []int{8, 1 << 20} {
+		b.Run(fmt.Sprint(size), func(b *testing.B) {
+			comms, err := NewLocalQUIC(2, testConfig())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer closeAll(b, comms)
+			ctx := context.Background()
+			bufs := [2][]byte{make([]byte, size), make([]byte, size)}
+			iw := func(r int) error {
+				return comms[r].IAllreduce(nil, bufs[r], collective.Float32, collective.Sum).Wait(ctx)
+			}
+			var wg sync.WaitGroup
+			start := make(chan int)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for n := range start {
+					for range n {
+						if err := iw(1); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}
+			}()
+			b.SetBytes(int64(size))
+			b.ResetTimer()
+			start <- b.N
+			for range b.N {
+				if err := iw(0); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			close(start)
+			wg.Wait()
+		})
+	}
+}

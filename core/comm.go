@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nexar-go/nexar/collective"
@@ -48,6 +49,13 @@ type Comm struct {
 	failed chan struct{}  // closed with err set
 	ops    sync.WaitGroup // running operation goroutines
 	bg     sync.WaitGroup // abort broadcasts started on failure
+
+	// The started collective not run yet, and the timer that runs it
+	// (call.go, deferCall); atomics, taken without mu.
+	deferred   atomic.Pointer[collCall]
+	laterArmed atomic.Bool
+	armedFor   atomic.Pointer[collCall] // the call the armed timer is for
+	later      *time.Timer              // stopped until a call is deferred
 
 	closeOnce sync.Once
 
@@ -115,6 +123,8 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 	}
 	c.filled = sync.NewCond(&c.mu)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.later = time.AfterFunc(time.Hour, c.deferredDue)
+	c.later.Stop()
 	return c
 }
 
@@ -239,6 +249,8 @@ func (c *Comm) Close() error {
 		close(c.rec.stop)
 		c.mu.Unlock()
 		c.fail(newError(CodeClosed, "close", c.rank, "communicator is closed"))
+		c.later.Stop()
+		c.launchDeferred() // it fails at once: closed
 		c.ops.Wait()
 		c.rpc.running.Wait() // handlers see their context end
 		c.bg.Wait()

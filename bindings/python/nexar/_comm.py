@@ -1082,6 +1082,19 @@ class RawComm:
                              bucket_bytes: int = 0) -> int:
         return _lib.iallreduce_multi(addrs, counts, dtype, op, bucket_bytes, self._comm._check())
 
+    # One plain torch tensor (a dense, contiguous CPU tensor), its
+    # collective decided and made in one C call from the tensor and torch's
+    # options object (nexar.torch's common case; set_tensor_kinds first).
+    # None: not for this path, nothing done (the caller takes its general
+    # path); True: done (opts.asyncOp false; GIL released meanwhile); an
+    # int: the raw request of the operation started (opts.asyncOp true).
+
+    def allreduce_tensor(self, t, opts):
+        return _lib.torch_allreduce(t, opts, self._comm._check())
+
+    def broadcast_tensor(self, t, opts):
+        return _lib.torch_broadcast(t, opts, self._comm._check())
+
     @staticmethod
     def wait_raw(h: int) -> None:
         """Wait (GIL released, the communicator's timeout applies) for a raw
@@ -1096,6 +1109,16 @@ class RawComm:
     @staticmethod
     def free_raw(h: int) -> None:
         _lib.request_free(h)
+
+
+def set_tensor_kinds(dtypes: dict, ops: dict, strided, sum_op) -> None:
+    """What RawComm.allreduce_tensor and broadcast_tensor take as they are:
+    dtypes {torch.dtype: Datatype}, ops {torch ReduceOp.RedOpType: Op} (an
+    op not listed is staged by the caller; sum_op is the one for Op.SUM),
+    and torch.strided. Call once, before them (nexar.torch does, on
+    import)."""
+    _lib.torch_kinds_set({k: int(v) for k, v in dtypes.items()}, {int(k): int(v) for k, v in ops.items()}, strided,
+                         sum_op)
 
 
 def _finish(bufs: Sequence[Buffer], out):

@@ -16,6 +16,7 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -330,6 +331,154 @@ nexar_result_t call_rpc(nexar_comm_t, int from, uint32_t, const void* req, size_
         return NEXAR_ERR_INTERNAL;
     }
 }
+
+// ---- torch tensors, without libtorch ------------------------------------
+// The torch backend's synchronous and started collectives of one plain
+// tensor are decided and made here in one call: reading a tensor's and an
+// options object's attributes from Python costs several microseconds per
+// call, from C a fraction of one. Only the Python C API is used (no
+// libtorch: one build serves every torch version); the dtype objects, the
+// reduce ops and torch.strided come from nexar.torch once
+// (torch_kinds_set). Anything this code does not recognise (a CUDA or
+// sparse tensor, a view that is not contiguous, a conjugate or negative
+// bit, an element type or op that needs staging, an attribute missing in
+// this torch) is answered None, and the caller takes its general path,
+// which also produces the error messages.
+struct TorchKinds {
+    std::vector<std::pair<py::object, nexar_datatype_t>> dtypes;  // torch.dtype -> nexar dtype
+    int ops[16];                                                    // RedOpType value -> nexar op, -1: not taken
+    py::object strided;
+    py::object sum;  // ReduceOp.SUM (a RedOpType), which a ReduceOp compares equal to
+    bool ready = false;
+    // interned attribute names
+    py::object is_cpu, layout, dtype, is_contiguous, is_conj, is_neg, data_ptr, numel, element_size,
+        reduce_op, op, async_op, root_rank;
+};
+TorchKinds* g_torch = nullptr;  // made once, under the GIL; never freed (module lifetime)
+
+bool float_dtype(nexar_datatype_t d) {
+    return d == NEXAR_FLOAT16 || d == NEXAR_BFLOAT16 || d == NEXAR_FLOAT32 || d == NEXAR_FLOAT64;
+}
+
+// PlainTensor is one dense, contiguous CPU tensor's memory: get answers
+// false (no Python error set) for anything else.
+struct PlainTensor {
+    void* addr = nullptr;
+    size_t count = 0;       // elements
+    int dt = -1;            // nexar dtype, -1: not one libnexar reduces as it is
+    size_t elem = 0;        // element size, when asked for
+
+    bool get(py::handle t, bool want_elem) {
+        const TorchKinds& k = *g_torch;
+        if (!attr_true(t, k.is_cpu)) return false;
+        PyObject* lay = PyObject_GetAttr(t.ptr(), k.layout.ptr());
+        if (lay == nullptr) return clear();
+        bool strided = lay == k.strided.ptr();
+        Py_DECREF(lay);
+        if (!strided || !flag(t, k.is_contiguous, true) || !flag(t, k.is_conj, false) || !flag(t, k.is_neg, false))
+            return clear();
+        PyObject* d = PyObject_GetAttr(t.ptr(), k.dtype.ptr());
+        if (d == nullptr) return clear();
+        for (const auto& e : k.dtypes)
+            if (e.first.ptr() == d) dt = e.second;
+        Py_DECREF(d);
+        if (!call_size(t, k.data_ptr, reinterpret_cast<size_t*>(&addr)) || !call_size(t, k.numel, &count))
+            return clear();
+        if (want_elem && !call_size(t, k.element_size, &elem)) return clear();
+        return true;
+    }
+
+   private:
+    static bool clear() {
+        PyErr_Clear();
+        return false;
+    }
+    static bool attr_true(py::handle o, const py::object& name) {
+        PyObject* v = PyObject_GetAttr(o.ptr(), name.ptr());
+        if (v == nullptr) return clear();
+        bool yes = v == Py_True;
+        Py_DECREF(v);
+        return yes;
+    }
+    // flag: whether method name() of o answers want (false on an error).
+    static bool flag(py::handle o, const py::object& name, bool want) {
+        PyObject* v = PyObject_CallMethodNoArgs(o.ptr(), name.ptr());
+        if (v == nullptr) return false;
+        bool yes = v == (want ? Py_True : Py_False);
+        Py_DECREF(v);
+        return yes;
+    }
+    static bool call_size(py::handle o, const py::object& name, size_t* out) {
+        PyObject* v = PyObject_CallMethodNoArgs(o.ptr(), name.ptr());
+        if (v == nullptr) return false;
+        size_t x = PyLong_AsSize_t(v);
+        Py_DECREF(v);
+        if (x == static_cast<size_t>(-1) && PyErr_Occurred()) return false;
+        *out = x;
+        return true;
+    }
+};
+
+// TorchOpts is what a collective's options object says: asyncOp (true
+// without opts or where this torch has no such field, as the backend
+// always read it), the reduce op, the root.
+struct TorchOpts {
+    bool async = true;
+    int op = NEXAR_SUM;
+    int root = 0;
+
+    // get answers false (no Python error set) for a reduce op libnexar
+    // does not take as it is (PREMUL_SUM) or options it cannot read.
+    bool get(py::handle opts, bool reduces, bool rooted) {
+        if (opts.is_none()) return true;
+        const TorchKinds& k = *g_torch;
+        PyObject* a = PyObject_GetAttr(opts.ptr(), k.async_op.ptr());
+        if (a == nullptr) {
+            PyErr_Clear();  // a torch without asyncOp: asynchronous, as before
+        } else {
+            async = a == Py_True;
+            Py_DECREF(a);
+        }
+        if (reduces) {
+            PyObject* r = PyObject_GetAttr(opts.ptr(), k.reduce_op.ptr());
+            if (r == nullptr) return clear();
+            // SUM, the common case, by one comparison: reading .op makes
+            // two Python objects.
+            int sum = PyObject_RichCompareBool(r, k.sum.ptr(), Py_EQ);
+            if (sum == 1) {
+                Py_DECREF(r);
+                op = NEXAR_SUM;
+                return rooted ? root_of(opts) : true;
+            }
+            if (sum < 0) PyErr_Clear();
+            PyObject* kind = PyObject_GetAttr(r, k.op.ptr());
+            Py_DECREF(r);
+            if (kind == nullptr) return clear();
+            Py_ssize_t v = PyNumber_AsSsize_t(kind, nullptr);
+            Py_DECREF(kind);
+            if (v == -1 && PyErr_Occurred()) return clear();
+            if (v < 0 || v >= 16 || k.ops[v] < 0) return false;
+            op = k.ops[v];
+        }
+        return rooted ? root_of(opts) : true;
+    }
+
+   private:
+    bool root_of(py::handle opts) {
+        PyObject* r = PyObject_GetAttr(opts.ptr(), g_torch->root_rank.ptr());
+        if (r == nullptr) return clear();
+        long v = PyLong_AsLong(r);
+        Py_DECREF(r);
+        if (v == -1 && PyErr_Occurred()) return clear();
+        if (v < INT_MIN || v > INT_MAX) return false;
+        root = static_cast<int>(v);
+        return true;
+    }
+    static bool clear() {
+        PyErr_Clear();
+        return false;
+    }
+};
 
 }  // namespace
 
@@ -855,6 +1004,69 @@ PYBIND11_MODULE(_nexar, m) {
                                            static_cast<nexar_compress_t>(method), ratio, seed, C(c)));
     });
 #undef NX_START
+
+    // ---- torch tensors (nexar.torch's fast paths; see TorchKinds) ------------
+    // torch_kinds_set(dtypes: {torch.dtype: nexar dtype}, ops: {RedOpType
+    // value: nexar op}, strided: torch.strided, sum: ReduceOp.SUM), once,
+    // before the calls below.
+    m.def("torch_kinds_set", [](py::dict dtypes, py::dict ops, py::object strided, py::object sum) {
+        auto* k = new TorchKinds();
+        for (auto item : dtypes)
+            k->dtypes.emplace_back(py::reinterpret_borrow<py::object>(item.first),
+                                   static_cast<nexar_datatype_t>(item.second.cast<int>()));
+        for (int& o : k->ops) o = -1;
+        for (auto item : ops) {
+            int v = item.first.cast<int>();
+            if (v < 0 || v >= 16) throw std::invalid_argument("torch_kinds_set: reduce op value out of range");
+            k->ops[v] = item.second.cast<int>();
+        }
+        k->strided = std::move(strided);
+        k->sum = std::move(sum);
+        for (auto [field, name] : {std::pair{&k->is_cpu, "is_cpu"}, {&k->layout, "layout"}, {&k->dtype, "dtype"},
+                                   {&k->is_contiguous, "is_contiguous"}, {&k->is_conj, "is_conj"},
+                                   {&k->is_neg, "is_neg"}, {&k->data_ptr, "data_ptr"}, {&k->numel, "numel"},
+                                   {&k->element_size, "element_size"}, {&k->reduce_op, "reduceOp"}, {&k->op, "op"},
+                                   {&k->async_op, "asyncOp"}, {&k->root_rank, "rootRank"}})
+            *field = py::reinterpret_steal<py::object>(PyUnicode_InternFromString(name));
+        k->ready = true;
+        delete g_torch;  // only ever replaced under the GIL, by a second import
+        g_torch = k;
+    });
+    // torch_allreduce(t, opts, c) and torch_broadcast(t, opts, c): the
+    // collective of one plain CPU tensor in place. None: not for this path
+    // (nothing was done); True: done (opts.asyncOp false; the GIL released
+    // meanwhile); an int: the request of the operation started in the
+    // library (opts.asyncOp true). A failure raises the nexar error.
+    m.def("torch_allreduce", [](py::handle t, py::handle opts, handle_t c) -> py::object {
+        if (g_torch == nullptr) return py::none();
+        TorchOpts o;
+        PlainTensor p;
+        if (!o.get(opts, true, false) || !p.get(t, false) || p.dt < 0) return py::none();
+        const bool fl = float_dtype(static_cast<nexar_datatype_t>(p.dt));
+        if ((o.op == NEXAR_AVG && !fl) || ((o.op == NEXAR_BAND || o.op == NEXAR_BOR || o.op == NEXAR_BXOR) && fl))
+            return py::none();
+        if (!o.async) {
+            NX_CALL(nexar_allreduce(p.addr, p.addr, p.count, D(p.dt), O(o.op), C(c)));
+            return py::bool_(true);
+        }
+        nexar_request_t q = NEXAR_REQUEST_NULL;
+        NX_CALL(nexar_iallreduce(p.addr, p.addr, p.count, D(p.dt), O(o.op), C(c), &q));
+        return py::int_(reinterpret_cast<handle_t>(q));
+    });
+    m.def("torch_broadcast", [](py::handle t, py::handle opts, handle_t c) -> py::object {
+        if (g_torch == nullptr) return py::none();
+        TorchOpts o;
+        PlainTensor p;
+        if (!o.get(opts, false, true) || !p.get(t, true)) return py::none();
+        const size_t n = p.count * p.elem;
+        if (!o.async) {
+            NX_CALL(nexar_broadcast(p.addr, n, NEXAR_UINT8, o.root, C(c)));
+            return py::bool_(true);
+        }
+        nexar_request_t q = NEXAR_REQUEST_NULL;
+        NX_CALL(nexar_ibroadcast(p.addr, n, NEXAR_UINT8, o.root, C(c), &q));
+        return py::int_(reinterpret_cast<handle_t>(q));
+    });
 
     m.def("wait", [](handle_t q) { NX_CALL(nexar_wait(R(q))); });
     m.def("testany", [](std::vector<handle_t> qs) {

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from .. import _comm, _errors
 from .._types import AVG, BAND, BOR, BXOR, SUM, Datatype
 from ._rendezvous import rendezvous
-from ._staging import (BYTE, Reduction, Staged, bytes_cat, copy_blocks, flat_cat, nbytes, offsets,
+from ._staging import (_OPS, BYTE, Reduction, Staged, bytes_cat, copy_blocks, flat_cat, nbytes, offsets,
                        op_of, tag64)
 from ._cuda import CudaOps, CudaP2PWork, CudaWork, check_cuda, is_cuda
 from ._work import Completer, DoneWork, NexarWork, StartedWork, WorkQueue, complete_in_thread
@@ -66,6 +66,11 @@ _FAST_DT = {
     torch.int32: int(Datatype.INT32), torch.int64: int(Datatype.INT64),
 }
 _FLOAT_DT = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
+
+
+# What RawComm.allreduce_tensor and broadcast_tensor take as they are
+# (PREMUL_SUM is not among the ops: it is staged).
+_comm.set_tensor_kinds(_FAST_DT, _OPS, torch.strided, dist.ReduceOp.SUM)
 
 
 def _plain(t) -> bool:
@@ -409,16 +414,37 @@ class ProcessGroupNexar(dist.ProcessGroup):
         coalesced."""
         return not self._closed and self._coalescing is None and self._queue.idle()
 
-    def _now(self, name: str, result, call) -> NexarWork:
-        """A synchronous call (opts.asyncOp false: torch waits at once) run
-        here, in the caller's thread, with the GIL released in C: no thread
-        hand-off and no request."""
+    # A synchronous call (opts.asyncOp false: torch waits at once) runs in
+    # the caller's thread, with the GIL released in C: no thread hand-off
+    # and no request. Done, it returns no Work at all: torch's collectives
+    # (those that pass asyncOp, torch >= 2.7) then skip the wait ("the
+    # backend has sync'ed"), which saves making a Work and calling back
+    # into Python for its wait(). A failure returns a failed Work, whose
+    # wait() raises it.
+
+    def _now(self, name: str, result, call) -> Optional[NexarWork]:
+        """Run call() here (a synchronous call): None when it succeeded."""
         self._comm.check()
         try:
             call()
         except _errors.Error as e:
             return DoneWork(result, name, e)
-        return DoneWork(result, name, None)
+        return None
+
+    def _made(self, name: str, tensors, r) -> Optional[NexarWork]:
+        """The Work of a fast path's call (RawComm.allreduce_tensor): r is
+        True when it ran here (synchronous, done: None), else its started
+        request."""
+        if r is True:
+            return None
+        return StartedWork(tensors, name, self._raw, r, tensors[0], self._completer)
+
+    def _failed(self, name: str, tensors, e: BaseException) -> NexarWork:
+        """The Work of a fast path's call that failed with e; a forked
+        child or a closed group raises at once instead, as the other paths
+        do."""
+        self._comm.check()
+        return DoneWork(tensors, name, e)
 
     def _started(self, name: str, result, start, keep, finish=None) -> NexarWork:
         """A Work for an operation start() begins in the library (it returns
@@ -489,6 +515,15 @@ class ProcessGroupNexar(dist.ProcessGroup):
 
     # ---- allreduce -------------------------------------------------------
     def allreduce(self, tensors, opts=None):
+        if len(tensors) == 1 and self._fast():
+            # One plain CPU tensor of a dtype and op libnexar takes as they
+            # are: decided and made in one C call (RawComm.allreduce_tensor).
+            try:
+                r = self._raw.allreduce_tensor(tensors[0], opts)
+            except _errors.Error as e:
+                return self._failed("allreduce", tensors, e)
+            if r is not None:
+                return self._made("allreduce", tensors, r)
         op, factor = op_of(opts)
         raw = self._raw
         if is_cuda(tensors):
@@ -500,15 +535,6 @@ class ProcessGroupNexar(dist.ProcessGroup):
                 for a, n, dt in args:
                     raw.allreduce_stream(a, a, n, dt, int(op), stream)
             return self._on_cuda("allreduce", tensors, run)
-        if len(tensors) == 1 and factor is None and self._fast():
-            t = tensors[0]
-            dt = _FAST_DT.get(t.dtype)
-            if (dt is not None and _plain(t) and (op != AVG or t.dtype in _FLOAT_DT)
-                    and (op not in (BAND, BOR, BXOR) or t.dtype not in _FLOAT_DT)):
-                a, n, o = t.data_ptr(), t.numel(), int(op)
-                if not getattr(opts, "asyncOp", True):
-                    return self._now("allreduce", tensors, lambda: raw.allreduce(a, a, n, dt, o))
-                return self._started("allreduce", tensors, lambda: raw.iallreduce_raw(a, a, n, dt, o), t)
 
         def fn():
             for t in tensors:
@@ -601,6 +627,13 @@ class ProcessGroupNexar(dist.ProcessGroup):
 
     # ---- broadcast / reduce ---------------------------------------------------
     def broadcast(self, tensors, opts=None):
+        if len(tensors) == 1 and self._fast():
+            try:
+                r = self._raw.broadcast_tensor(tensors[0], opts)
+            except _errors.Error as e:
+                return self._failed("broadcast", tensors, e)
+            if r is not None:
+                return self._made("broadcast", tensors, r)
         root = self._root(opts)
         raw = self._raw
         me = self._rank_
@@ -613,12 +646,6 @@ class ProcessGroupNexar(dist.ProcessGroup):
                 for a, n in args:
                     raw.broadcast_stream(a, n, BYTE, root, stream)
             return self._on_cuda("broadcast", tensors, run)
-        if len(tensors) == 1 and self._fast() and _plain(tensors[0]):
-            t = tensors[0]
-            a, n = t.data_ptr(), t.numel() * t.element_size()
-            if not getattr(opts, "asyncOp", True):
-                return self._now("broadcast", tensors, lambda: raw.broadcast(a, n, BYTE, root))
-            return self._started("broadcast", tensors, lambda: raw.ibroadcast_raw(a, n, BYTE, root), t)
 
         def fn():
             for t in tensors:

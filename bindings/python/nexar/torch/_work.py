@@ -123,12 +123,22 @@ def _run(fn: Callable[[], None], work: NexarWork):
 
 class StartedWork(NexarWork):
     """A collective started in the library (a raw request handle) from the
-    caller's thread. wait() waits in C with the GIL released; keep holds
+    caller's thread. wait() waits in C with the GIL released (and, when
+    nothing ran the operation yet, runs it there: libnexar defers a
+    started collective to its first waiter for a short while); keep holds
     the memory the operation uses until it completes; on success finish()
     runs (a write-back), then the Work completes. The torch Future is made
     only when get_future() asks for it, and completed by the group's
     Completer if the operation is still running. Safe from any thread.
     """
+
+    # Defaults of what most works never change (fewer stores per call).
+    _source = -1
+    _exc: Optional[BaseException] = None
+    _done = False  # settled: _exc is the outcome
+    _src = None
+    _fut = None
+    _finish: Optional[Callable[[], None]] = None
 
     def __init__(self, result, op_name: str, raw, handle: int, keep, completer: "Completer",
                  finish: Optional[Callable[[], None]] = None):
@@ -138,15 +148,14 @@ class StartedWork(NexarWork):
         self._raw = raw
         self._h = handle
         self._keep = keep
-        self._finish = finish
+        if finish is not None:
+            self._finish = finish
         self._completer = completer
-        self._event = threading.Event()
-        self._exc: Optional[BaseException] = None
-        self._source = -1
-        self._src = None
-        self._fut = None
-        self._wlock = threading.Lock()  # one thread in C (wait or test) on the request
-        self._lock = threading.Lock()  # completion state and the future
+        # One thread in C (wait or test) on the request at a time; it
+        # settles the work before it lets go, so whoever takes it next
+        # finds the outcome.
+        self._wlock = threading.Lock()
+        self._lock = threading.Lock()  # _done and the future
 
     def _settle(self, exc: Optional[BaseException]):
         # Once, with self._wlock held (the request is no one else's now):
@@ -164,7 +173,7 @@ class StartedWork(NexarWork):
         self._keep = self._finish = None
         with self._lock:
             self._exc = exc
-            self._event.set()
+            self._done = True
             src = self._src
         if src is not None:
             self._resolve(src)
@@ -177,9 +186,10 @@ class StartedWork(NexarWork):
 
     def _wait_c(self):
         """Wait in C until the operation completes (the communicator's
-        timeout bounds it), then settle."""
+        timeout bounds it), then settle; if another thread is waiting,
+        wait for it to settle."""
         with self._wlock:
-            if self._event.is_set():
+            if self._done:
                 return
             try:
                 self._raw.wait_raw(self._h)
@@ -190,12 +200,12 @@ class StartedWork(NexarWork):
 
     def _poll(self) -> bool:
         """Complete the work if the operation has; True once it has."""
-        if self._event.is_set():
+        if self._done:
             return True
         if not self._wlock.acquire(blocking=False):
             return False  # another thread is waiting on it in C
         try:
-            if self._event.is_set():
+            if self._done:
                 return True
             try:
                 done = self._raw.test_raw(self._h)
@@ -209,20 +219,19 @@ class StartedWork(NexarWork):
             self._wlock.release()
 
     def wait(self, timeout=None):
-        secs = _seconds(timeout)
-        if secs is None:
-            self._wait_c()
-            self._event.wait()  # another thread may be settling it
-        else:
-            deadline = time.monotonic() + secs
-            pause = 20e-6
-            while not self._poll():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RuntimeError(f"nexar: {self._op_name} did not complete within {timeout}")
-                time.sleep(min(pause, left))
-                pause = min(pause * 2, 5e-3)
-            self._event.wait()
+        if not self._done:
+            secs = _seconds(timeout)
+            if secs is None:
+                self._wait_c()
+            else:
+                deadline = time.monotonic() + secs
+                pause = 20e-6
+                while not self._poll():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise RuntimeError(f"nexar: {self._op_name} did not complete within {timeout}")
+                    time.sleep(min(pause, left))
+                    pause = min(pause * 2, 5e-3)
         if self._exc is not None:
             raise self._exc
         return True
@@ -243,7 +252,7 @@ class StartedWork(NexarWork):
                 fresh = True
             else:
                 fresh = False
-            done, fut, src = self._event.is_set(), self._fut, self._src
+            done, fut, src = self._done, self._fut, self._src
         if fresh and done:
             self._resolve(src)
         elif fresh:
@@ -256,19 +265,25 @@ class DoneWork(NexarWork):
     synchronous call: torch waits on it at once): exc is its error, or
     None. The future is made only if asked for. Safe from any thread."""
 
+    _source = -1
+    _fut = None
+
     def __init__(self, result, op_name: str, exc: Optional[BaseException]):
         dist.Work.__init__(self)
         self._result = result
         self._op_name = op_name
         self._exc = exc
-        self._source = -1
-        self._fut = None
-        self._event = _SET
 
     def wait(self, timeout=None):
         if self._exc is not None:
             raise self._exc
         return True
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return self._exc is None
 
     def get_future(self):
         if self._fut is None:
@@ -277,10 +292,6 @@ class DoneWork(NexarWork):
             src.set_result((self._exc, self._result))
             self._fut = fut
         return self._fut
-
-
-_SET = threading.Event()
-_SET.set()
 
 
 class Completer:

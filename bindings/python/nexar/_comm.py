@@ -1082,18 +1082,20 @@ class RawComm:
                              bucket_bytes: int = 0) -> int:
         return _lib.iallreduce_multi(addrs, counts, dtype, op, bucket_bytes, self._comm._check())
 
-    # One plain torch tensor (a dense, contiguous CPU tensor), its
-    # collective decided and made in one C call from the tensor and torch's
-    # options object (nexar.torch's common case; set_tensor_kinds first).
-    # None: not for this path, nothing done (the caller takes its general
-    # path); True: done (opts.asyncOp false; GIL released meanwhile); an
-    # int: the raw request of the operation started (opts.asyncOp true).
-
-    def allreduce_tensor(self, t, opts):
-        return _lib.torch_allreduce(t, opts, self._comm._check())
-
-    def broadcast_tensor(self, t, opts):
-        return _lib.torch_broadcast(t, opts, self._comm._check())
+    def tensor_method(self, kind: str, group, gate: "TensorGate", slow: str):
+        """A torch ProcessGroup's collective method in C, to set as an
+        attribute of group (torch's trampoline finds it before the class's
+        method): called as method(tensors, opts=None). One plain torch
+        tensor (dense, contiguous, on the CPU; for "allreduce" of a dtype
+        and op set_tensor_kinds lists) while gate.blocked is 0 is reduced
+        ("allreduce") or broadcast ("broadcast") in place on this Comm in
+        one C call, reading torch's options object: done synchronously
+        (opts.asyncOp false), it returns None; started, it returns
+        group._started_work(kind, tensors, raw request); failed,
+        group._failed(kind, tensors, error). Everything else goes to
+        getattr(group, slow)(tensors, opts). group is held weakly. For
+        nexar.torch."""
+        return _lib.torch_method(kind, self._comm._check(), gate, group, slow)
 
     @staticmethod
     def wait_raw(h: int) -> None:
@@ -1111,8 +1113,13 @@ class RawComm:
         _lib.request_free(h)
 
 
+# TensorGate: blocked > 0 sends a group's RawComm.tensor_method calls to
+# its general method (the group counts what forbids the fast path).
+TensorGate = _lib.TorchGate
+
+
 def set_tensor_kinds(dtypes: dict, ops: dict, strided, sum_op) -> None:
-    """What RawComm.allreduce_tensor and broadcast_tensor take as they are:
+    """What RawComm.tensor_method's calls take as they are:
     dtypes {torch.dtype: Datatype}, ops {torch ReduceOp.RedOpType: Op} (an
     op not listed is staged by the caller; sum_op is the one for Op.SUM),
     and torch.strided. Call once, before them (nexar.torch does, on

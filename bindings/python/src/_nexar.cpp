@@ -55,6 +55,13 @@ struct ForkError : std::exception {
 
 py::object g_error_factory;  // set by nexar._errors: (code, message) -> exception instance
 
+// make_error is the Python exception object for a nexar result (and -2:
+// a forked child), as the exception translator below raises it.
+py::object make_error(int code, const std::string& msg) {
+    if (g_error_factory && !g_error_factory.is_none()) return g_error_factory(code, msg);
+    return py::reinterpret_steal<py::object>(PyObject_CallFunction(PyExc_RuntimeError, "s", msg.c_str()));
+}
+
 void check_fork() {
     if (g_forked.load()) throw ForkError();
 }
@@ -368,23 +375,28 @@ struct PlainTensor {
     int dt = -1;            // nexar dtype, -1: not one libnexar reduces as it is
     size_t elem = 0;        // element size, when asked for
 
-    bool get(py::handle t, bool want_elem) {
+    // reduced: for a reduction, whose element type must be one libnexar
+    // reduces as it is (real types only: no conjugate bit to look at);
+    // otherwise any element type, and its size is read.
+    bool get(py::handle t, bool reduced) {
         const TorchKinds& k = *g_torch;
         if (!attr_true(t, k.is_cpu)) return false;
-        PyObject* lay = PyObject_GetAttr(t.ptr(), k.layout.ptr());
-        if (lay == nullptr) return clear();
-        bool strided = lay == k.strided.ptr();
-        Py_DECREF(lay);
-        if (!strided || !flag(t, k.is_contiguous, true) || !flag(t, k.is_conj, false) || !flag(t, k.is_neg, false))
-            return clear();
         PyObject* d = PyObject_GetAttr(t.ptr(), k.dtype.ptr());
         if (d == nullptr) return clear();
         for (const auto& e : k.dtypes)
             if (e.first.ptr() == d) dt = e.second;
         Py_DECREF(d);
+        if (reduced && dt < 0) return false;
+        PyObject* lay = PyObject_GetAttr(t.ptr(), k.layout.ptr());
+        if (lay == nullptr) return clear();
+        bool strided = lay == k.strided.ptr();
+        Py_DECREF(lay);
+        if (!strided || !flag(t, k.is_contiguous, true) || (!reduced && !flag(t, k.is_conj, false)) ||
+            !flag(t, k.is_neg, false))
+            return clear();
         if (!call_size(t, k.data_ptr, reinterpret_cast<size_t*>(&addr)) || !call_size(t, k.numel, &count))
             return clear();
-        if (want_elem && !call_size(t, k.element_size, &elem)) return clear();
+        if (!reduced && !call_size(t, k.element_size, &elem)) return clear();
         return true;
     }
 
@@ -479,6 +491,157 @@ struct TorchOpts {
         return false;
     }
 };
+
+// The collectives with a C fast path (TorchCall's kind).
+enum TorchKind { kTorchAllreduce = 0, kTorchBroadcast = 1 };
+const char* const kTorchKindNames[] = {"allreduce", "broadcast"};
+
+// torch_run makes collective kind of one plain CPU tensor t in place with
+// torch's options opts on communicator c: 0 when t or opts need the
+// general path (nothing done), 1 when done (opts.asyncOp false; the GIL
+// released meanwhile), 2 when started (*q: its request). A failure throws
+// NexarError (ForkError in a forked child).
+int torch_run(int kind, py::handle t, py::handle opts, handle_t c, nexar_request_t* q) {
+    if (g_torch == nullptr) return 0;
+    TorchOpts o;
+    PlainTensor p;
+    if (kind == kTorchAllreduce) {
+        if (!o.get(opts, true, false) || !p.get(t, true)) return 0;
+        const bool fl = float_dtype(static_cast<nexar_datatype_t>(p.dt));
+        if ((o.op == NEXAR_AVG && !fl) || ((o.op == NEXAR_BAND || o.op == NEXAR_BOR || o.op == NEXAR_BXOR) && fl))
+            return 0;
+        if (!o.async) {
+            NX_CALL(nexar_allreduce(p.addr, p.addr, p.count, D(p.dt), O(o.op), C(c)));
+            return 1;
+        }
+        NX_CALL(nexar_iallreduce(p.addr, p.addr, p.count, D(p.dt), O(o.op), C(c), q));
+        return 2;
+    }
+    if (!o.get(opts, false, true) || !p.get(t, false)) return 0;
+    const size_t n = p.count * p.elem;
+    if (!o.async) {
+        NX_CALL(nexar_broadcast(p.addr, n, NEXAR_UINT8, o.root, C(c)));
+        return 1;
+    }
+    NX_CALL(nexar_ibroadcast(p.addr, n, NEXAR_UINT8, o.root, C(c), q));
+    return 2;
+}
+
+// TorchGate says whether a group's fast calls may run in the caller's
+// thread: blocked counts what forbids it (operations queued on the group's
+// worker, a batch being coalesced, the group shut down). Read and changed
+// under the GIL only.
+struct TorchGate {
+    int blocked = 0;
+};
+
+// TorchCall is a ProcessGroup's collective method implemented in C, set
+// as an attribute of the group (which torch's ProcessGroup trampoline
+// finds before the class's method): called as method(tensors, opts=None).
+// One plain CPU tensor with the gate open is decided and made here
+// (torch_run): done, it returns None (torch's collectives then skip the
+// wait); started, the group's _started_work(name, tensors, handle) makes
+// its Work; failed, its _failed(name, tensors, error). Anything else goes
+// to the group's general method (slow). It holds the group weakly: no
+// cycle through the group's own attribute. No Python frame runs on the
+// fast path, so Dynamo's frame hook never sees one. Called with the GIL.
+struct TorchCall {
+    PyObject_HEAD
+    int kind;
+    handle_t comm;
+    TorchGate* gate;
+    PyObject* gate_obj;  // owns gate
+    PyObject* group;     // weakref to the ProcessGroup
+    PyObject* slow;      // name of the group's general method
+};
+
+PyObject* torch_call_group(TorchCall* self) {
+    PyObject* g = PyWeakref_GetObject(self->group);  // borrowed
+    if (g == nullptr) return nullptr;
+    if (g == Py_None) {
+        PyErr_SetString(PyExc_RuntimeError, "nexar: the process group of this method is gone");
+        return nullptr;
+    }
+    Py_INCREF(g);
+    return g;
+}
+
+PyObject* torch_call_slow(TorchCall* self, PyObject* args, PyObject* kwargs) {
+    PyObject* g = torch_call_group(self);
+    if (g == nullptr) return nullptr;
+    PyObject* fn = PyObject_GetAttr(g, self->slow);
+    Py_DECREF(g);
+    if (fn == nullptr) return nullptr;
+    PyObject* out = PyObject_Call(fn, args, kwargs);
+    Py_DECREF(fn);
+    return out;
+}
+
+PyObject* torch_call(PyObject* o, PyObject* args, PyObject* kwargs) {
+    auto* self = reinterpret_cast<TorchCall*>(o);
+    const Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+    if (self->gate->blocked != 0 || (kwargs != nullptr && PyDict_GET_SIZE(kwargs) != 0) || nargs < 1 ||
+        nargs > 2)
+        return torch_call_slow(self, args, kwargs);
+    PyObject* tensors = PyTuple_GET_ITEM(args, 0);
+    PyObject* opts = nargs == 2 ? PyTuple_GET_ITEM(args, 1) : Py_None;
+    PyObject* t = nullptr;
+    if (PyList_CheckExact(tensors) && PyList_GET_SIZE(tensors) == 1)
+        t = PyList_GET_ITEM(tensors, 0);
+    else if (PyTuple_CheckExact(tensors) && PyTuple_GET_SIZE(tensors) == 1)
+        t = PyTuple_GET_ITEM(tensors, 0);
+    if (t == nullptr) return torch_call_slow(self, args, kwargs);
+    nexar_request_t q = NEXAR_REQUEST_NULL;
+    int r = 0;
+    py::object err;
+    try {
+        try {
+            r = torch_run(self->kind, t, opts, self->comm, &q);
+        } catch (const NexarError& e) {
+            err = make_error(e.code, e.msg);
+        } catch (const ForkError& e) {
+            err = make_error(-2, e.what());
+        }
+    } catch (py::error_already_set& e) {
+        e.restore();
+        return nullptr;
+    } catch (const std::exception& e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        return nullptr;
+    }
+    if (r == 1) Py_RETURN_NONE;
+    if (r == 0 && !err) return torch_call_slow(self, args, kwargs);
+    PyObject* g = torch_call_group(self);
+    if (g == nullptr) {
+        if (r == 2) nexar_request_free(q);
+        return nullptr;
+    }
+    const char* name = kTorchKindNames[self->kind];
+    PyObject* out = err ? PyObject_CallMethod(g, "_failed", "sOO", name, tensors, err.ptr())
+                        : PyObject_CallMethod(g, "_started_work", "sOK", name, tensors,
+                                              static_cast<unsigned long long>(reinterpret_cast<handle_t>(q)));
+    Py_DECREF(g);
+    return out;
+}
+
+void torch_call_dealloc(PyObject* o) {
+    auto* self = reinterpret_cast<TorchCall*>(o);
+    Py_XDECREF(self->gate_obj);
+    Py_XDECREF(self->group);
+    Py_XDECREF(self->slow);
+    Py_TYPE(o)->tp_free(o);
+}
+
+PyTypeObject TorchCallType = [] {
+    PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
+    t.tp_name = "nexar._nexar.TorchCall";
+    t.tp_basicsize = sizeof(TorchCall);
+    t.tp_dealloc = torch_call_dealloc;
+    t.tp_call = torch_call;
+    t.tp_flags = Py_TPFLAGS_DEFAULT;
+    t.tp_doc = "A ProcessGroup collective method implemented in C (nexar.torch's fast path).";
+    return t;
+}();
 
 }  // namespace
 
@@ -1032,40 +1195,35 @@ PYBIND11_MODULE(_nexar, m) {
         delete g_torch;  // only ever replaced under the GIL, by a second import
         g_torch = k;
     });
-    // torch_allreduce(t, opts, c) and torch_broadcast(t, opts, c): the
-    // collective of one plain CPU tensor in place. None: not for this path
-    // (nothing was done); True: done (opts.asyncOp false; the GIL released
-    // meanwhile); an int: the request of the operation started in the
-    // library (opts.asyncOp true). A failure raises the nexar error.
-    m.def("torch_allreduce", [](py::handle t, py::handle opts, handle_t c) -> py::object {
-        if (g_torch == nullptr) return py::none();
-        TorchOpts o;
-        PlainTensor p;
-        if (!o.get(opts, true, false) || !p.get(t, false) || p.dt < 0) return py::none();
-        const bool fl = float_dtype(static_cast<nexar_datatype_t>(p.dt));
-        if ((o.op == NEXAR_AVG && !fl) || ((o.op == NEXAR_BAND || o.op == NEXAR_BOR || o.op == NEXAR_BXOR) && fl))
-            return py::none();
-        if (!o.async) {
-            NX_CALL(nexar_allreduce(p.addr, p.addr, p.count, D(p.dt), O(o.op), C(c)));
-            return py::bool_(true);
+    // TorchGate and torch_method(kind, comm, gate, group, slow): a
+    // group's collective method in C (TorchCall); kind "allreduce" or
+    // "broadcast", group the ProcessGroup (held weakly), slow the name of
+    // its general method.
+    py::class_<TorchGate>(m, "TorchGate")
+        .def(py::init<>())
+        .def_readwrite("blocked", &TorchGate::blocked);
+    if (PyType_Ready(&TorchCallType) < 0) throw py::error_already_set();
+    m.def("torch_method", [](const std::string& kind, handle_t c, py::object gate, py::object group,
+                             const std::string& slow) {
+        int k = -1;
+        for (int i = 0; i < 2; i++)
+            if (kind == kTorchKindNames[i]) k = i;
+        if (k < 0) throw std::invalid_argument("torch_method: kind must be allreduce or broadcast, not " + kind);
+        TorchGate* g = gate.cast<TorchGate*>();
+        PyObject* ref = PyWeakref_NewRef(group.ptr(), nullptr);
+        if (ref == nullptr) throw py::error_already_set();
+        auto* self = PyObject_New(TorchCall, &TorchCallType);
+        if (self == nullptr) {
+            Py_DECREF(ref);
+            throw py::error_already_set();
         }
-        nexar_request_t q = NEXAR_REQUEST_NULL;
-        NX_CALL(nexar_iallreduce(p.addr, p.addr, p.count, D(p.dt), O(o.op), C(c), &q));
-        return py::int_(reinterpret_cast<handle_t>(q));
-    });
-    m.def("torch_broadcast", [](py::handle t, py::handle opts, handle_t c) -> py::object {
-        if (g_torch == nullptr) return py::none();
-        TorchOpts o;
-        PlainTensor p;
-        if (!o.get(opts, false, true) || !p.get(t, true)) return py::none();
-        const size_t n = p.count * p.elem;
-        if (!o.async) {
-            NX_CALL(nexar_broadcast(p.addr, n, NEXAR_UINT8, o.root, C(c)));
-            return py::bool_(true);
-        }
-        nexar_request_t q = NEXAR_REQUEST_NULL;
-        NX_CALL(nexar_ibroadcast(p.addr, n, NEXAR_UINT8, o.root, C(c), &q));
-        return py::int_(reinterpret_cast<handle_t>(q));
+        self->kind = k;
+        self->comm = c;
+        self->gate = g;
+        self->gate_obj = gate.release().ptr();
+        self->group = ref;
+        self->slow = PyUnicode_InternFromString(slow.c_str());
+        return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(self));
     });
 
     m.def("wait", [](handle_t q) { NX_CALL(nexar_wait(R(q))); });

@@ -232,3 +232,90 @@ def test_fast_paths(n):
     outs = run_ranks(n, ["workers/fastpath_worker.py"], timeout=300, torchrun_env=True)
     for r, o in enumerate(outs):
         assert f"rank {r}: fastpath ok" in o, o
+
+
+def test_c_method_and_fallbacks():
+    """One rank: all_reduce and broadcast of one plain CPU tensor run in the
+    group's C methods (no Work for a synchronous call done); everything
+    they do not take reaches the general methods, with right results."""
+    import nexar
+    import torch.distributed as dist
+    from nexar.torch._pg import ProcessGroupNexar
+    from nexar.torch._work import StartedWork
+
+    pg = ProcessGroupNexar(dist.HashStore(), 0, 1)
+    general = []
+    for name in ("_allreduce_general", "_broadcast_general"):
+        orig = getattr(ProcessGroupNexar, name)
+        setattr(pg, name, lambda ts, opts=None, orig=orig, name=name: (general.append(name), orig(pg, ts, opts))[1])
+    try:
+        assert type(pg.allreduce).__name__ == "TorchCall", type(pg.allreduce)
+        sync = dist.AllreduceOptions()
+        sync.asyncOp = False
+        t = torch.arange(6, dtype=torch.float32)
+        assert pg.allreduce([t], sync) is None and torch.equal(t, torch.arange(6, dtype=torch.float32))
+        b = torch.arange(3, dtype=torch.float32).to(torch.complex64)
+        bo = dist.BroadcastOptions()
+        bo.asyncOp = False
+        assert pg.broadcast([b], bo) is None  # any dtype is bytes to a broadcast
+        w = pg.allreduce([t])  # no options: asynchronous, started in the library
+        assert isinstance(w, StartedWork) and w.wait() and torch.equal(t, torch.arange(6, dtype=torch.float32))
+        assert general == []
+
+        def general_gets(call, name):
+            general.clear()
+            w = call()
+            if w is not None:
+                w.wait()
+            assert general == [name], (general, name)
+
+        x = torch.arange(8, dtype=torch.float32)
+        general_gets(lambda: pg.allreduce([x[::2]], sync), "_allreduce_general")  # not contiguous
+        assert torch.equal(x, torch.arange(8, dtype=torch.float32))
+        general_gets(lambda: pg.allreduce([torch.tensor([True, False])], sync), "_allreduce_general")  # staged
+        general_gets(lambda: pg.allreduce([torch.ones(3, dtype=torch.int16)], sync), "_allreduce_general")
+        avg = dist.AllreduceOptions()
+        avg.reduceOp, avg.asyncOp = dist.ReduceOp.AVG, False
+        with pytest.raises(ValueError, match="AVG needs a floating-point tensor"):  # the general method's error
+            general_gets(lambda: pg.allreduce([torch.ones(3, dtype=torch.int32)], avg), "_allreduce_general")
+        assert general == ["_allreduce_general"]
+        general_gets(lambda: pg.allreduce([torch.ones(2), torch.ones(3)], sync), "_allreduce_general")
+        general_gets(lambda: pg.allreduce([torch.ones(2)], opts=sync), "_allreduce_general")  # keyword
+        general_gets(lambda: pg.broadcast([x[1::2]], bo), "_broadcast_general")
+        mx = dist.AllreduceOptions()
+        mx.reduceOp, mx.asyncOp = dist.ReduceOp.MAX, False
+        general.clear()
+        y = torch.tensor([3.0, -1.0])
+        assert pg.allreduce([y], mx) is None and general == [] and torch.equal(y, torch.tensor([3.0, -1.0]))
+        # The gate: while a batch is coalesced, the general method queues it.
+        pg._start_coalescing()
+        general.clear()
+        w = pg.allreduce([torch.ones(2)], sync)
+        assert general == ["_allreduce_general"] and w is not None
+        pg._end_coalescing().wait()
+        general.clear()
+        assert pg.allreduce([torch.ones(2)], sync) is None and general == []
+    finally:
+        pg.shutdown()
+    with pytest.raises(nexar.ClosedError):
+        pg.allreduce([torch.ones(2)], sync)  # shut down: the general method refuses
+
+
+def test_c_method_holds_its_group_weakly():
+    """The group's C methods (group attributes) do not keep it alive; one
+    kept after its group is gone raises a clear error."""
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+    from nexar.torch._pg import ProcessGroupNexar
+
+    pg = ProcessGroupNexar(dist.HashStore(), 0, 1)
+    method = pg.allreduce
+    pg.shutdown()
+    ref = weakref.ref(pg)
+    del pg
+    gc.collect()
+    assert ref() is None, "the group's C method keeps its group alive"
+    with pytest.raises(RuntimeError, match="process group of this method is gone"):
+        method([torch.ones(2)], None)

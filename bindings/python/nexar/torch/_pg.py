@@ -68,7 +68,7 @@ _FAST_DT = {
 _FLOAT_DT = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
 
 
-# What RawComm.allreduce_tensor and broadcast_tensor take as they are
+# What RawComm.tensor_method's calls take as they are
 # (PREMUL_SUM is not among the ops: it is staged).
 _comm.set_tensor_kinds(_FAST_DT, _OPS, torch.strided, dist.ReduceOp.SUM)
 
@@ -129,13 +129,29 @@ class ProcessGroupNexar(dist.ProcessGroup):
         self._cuda = CudaOps()
         self._closed = False
         self._coalescing: Optional[list] = None
-        self._queue = WorkQueue(f"nexar-pg-{group_id or 'x'}-r{rank}")
+        # Open (0) while a collective may start in the caller's thread: no
+        # queued one still to run (issue order), no batch being coalesced,
+        # not shut down. The C fast paths read it (_install_fast).
+        self._gate = _comm.TensorGate()
+        self._queue = WorkQueue(f"nexar-pg-{group_id or 'x'}-r{rank}", self._gate)
         self._completer = Completer(f"nexar-pg-{group_id or 'x'}-r{rank}-futures")
         # A group the program never destroyed is closed at interpreter exit,
         # before torch tears down: its peers see a goodbye at once instead
         # of waiting out the heartbeat, and no worker thread of ours is
         # still inside the library while the interpreter finalizes.
         self._at_exit = weakref.finalize(self, _close_at_exit, self._comm, self._queue, self._completer, self._seed)
+        self._install_fast()
+
+    def _install_fast(self):
+        """all_reduce and broadcast of one plain CPU tensor, decided and
+        made in C (RawComm.tensor_method) as this group's attributes, which
+        torch's ProcessGroup trampoline calls instead of the class's
+        methods: no Python frame between torch and libnexar, no Work for a
+        synchronous call done (docs/performance.md, "The torch path").
+        What they do not take goes to _allreduce_general and
+        _broadcast_general, the class's methods."""
+        self.allreduce = self._raw.tensor_method("allreduce", self, self._gate, "_allreduce_general")
+        self.broadcast = self._raw.tensor_method("broadcast", self, self._gate, "_broadcast_general")
 
     @classmethod
     def from_comm(cls, comm: _comm.Comm, group_id: str = "") -> "ProcessGroupNexar":
@@ -197,6 +213,7 @@ class ProcessGroupNexar(dist.ProcessGroup):
             time.sleep(0.001)
         old, old_seed = self._comm, self._seed
         self._comm, self._raw, self._seed = comm, comm.raw, seed
+        self._install_fast()
         self._rank_, self._size_ = comm.rank, comm.size
         if token is not None:
             self._token = token
@@ -370,6 +387,7 @@ class ProcessGroupNexar(dist.ProcessGroup):
         if self._closed:
             return
         self._closed = True
+        self._gate.blocked += 1
         self._at_exit.detach()
         self._queue.close(timeout=60)
         try:
@@ -431,13 +449,10 @@ class ProcessGroupNexar(dist.ProcessGroup):
             return DoneWork(result, name, e)
         return None
 
-    def _made(self, name: str, tensors, r) -> Optional[NexarWork]:
-        """The Work of a fast path's call (RawComm.allreduce_tensor): r is
-        True when it ran here (synchronous, done: None), else its started
-        request."""
-        if r is True:
-            return None
-        return StartedWork(tensors, name, self._raw, r, tensors[0], self._completer)
+    def _started_work(self, name: str, tensors, h: int) -> NexarWork:
+        """The Work of a C fast path's operation started in the library
+        (raw request h) on tensors[0]."""
+        return StartedWork(tensors, name, self._raw, h, tensors[0], self._completer)
 
     def _failed(self, name: str, tensors, e: BaseException) -> NexarWork:
         """The Work of a fast path's call that failed with e; a forked
@@ -514,16 +529,9 @@ class ProcessGroupNexar(dist.ProcessGroup):
         return w
 
     # ---- allreduce -------------------------------------------------------
+    # all_reduce and broadcast of one plain CPU tensor go through C first
+    # (_install_fast); these methods are what the C paths do not take.
     def allreduce(self, tensors, opts=None):
-        if len(tensors) == 1 and self._fast():
-            # One plain CPU tensor of a dtype and op libnexar takes as they
-            # are: decided and made in one C call (RawComm.allreduce_tensor).
-            try:
-                r = self._raw.allreduce_tensor(tensors[0], opts)
-            except _errors.Error as e:
-                return self._failed("allreduce", tensors, e)
-            if r is not None:
-                return self._made("allreduce", tensors, r)
         op, factor = op_of(opts)
         raw = self._raw
         if is_cuda(tensors):
@@ -627,13 +635,6 @@ class ProcessGroupNexar(dist.ProcessGroup):
 
     # ---- broadcast / reduce ---------------------------------------------------
     def broadcast(self, tensors, opts=None):
-        if len(tensors) == 1 and self._fast():
-            try:
-                r = self._raw.broadcast_tensor(tensors[0], opts)
-            except _errors.Error as e:
-                return self._failed("broadcast", tensors, e)
-            if r is not None:
-                return self._made("broadcast", tensors, r)
         root = self._root(opts)
         raw = self._raw
         me = self._rank_
@@ -964,10 +965,16 @@ class ProcessGroupNexar(dist.ProcessGroup):
 
     # ---- coalescing (batch_isend_irecv, _coalescing_manager) ------------------------
     def _start_coalescing(self, device=None):
+        if self._coalescing is None:
+            self._gate.blocked += 1
         self._coalescing = []
 
     def _end_coalescing(self, device=None):
-        works, self._coalescing = self._coalescing or [], None
+        works, self._coalescing = self._coalescing, None
+        if works is None:
+            works = []
+        else:
+            self._gate.blocked -= 1
         agg = NexarWork([], "coalesced")
 
         def fn():
@@ -1006,10 +1013,16 @@ def _untraced(cls) -> None:
         return
     for name, fn in list(vars(cls).items()):
         if name.startswith("_") and name not in ("_start_coalescing", "_end_coalescing", "_get_backend",
-                                                 "_set_group_name", "_set_group_desc"):
+                                                 "_set_group_name", "_set_group_desc",
+                                                 "_started_work", "_failed"):  # called from C
             continue
         if inspect.isfunction(fn):
             setattr(cls, name, disable(fn, recursive=True))
 
 
 _untraced(ProcessGroupNexar)
+# The general methods the C fast paths fall back to (_install_fast), under
+# their own names: the group's attributes allreduce and broadcast are the C
+# paths themselves.
+ProcessGroupNexar._allreduce_general = ProcessGroupNexar.allreduce
+ProcessGroupNexar._broadcast_general = ProcessGroupNexar.broadcast

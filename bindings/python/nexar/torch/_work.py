@@ -332,18 +332,22 @@ class WorkQueue:
     """One thread running submitted (fn, work) pairs in submission order;
     each work is completed with fn's outcome. submit() and close() are safe
     from any thread; idle() says whether nothing submitted is still to
-    run."""
+    run, and so does gate.blocked (counted in it, under the queue's lock)
+    when a gate (a nexar TensorGate) is given."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, gate=None):
         self._q: "queue.SimpleQueue" = queue.SimpleQueue()
         self._mu = threading.Lock()
         self._pending = 0
+        self._gate = gate  # its blocked count holds what is submitted and not yet run
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, fn: Callable[[], None], work: NexarWork):
         with self._mu:
             self._pending += 1
+            if self._gate is not None:
+                self._gate.blocked += 1
         self._q.put((fn, work))
 
     def idle(self) -> bool:
@@ -371,6 +375,8 @@ class WorkQueue:
             finally:
                 with self._mu:
                     self._pending -= 1
+                    if self._gate is not None:
+                        self._gate.blocked -= 1
 
 
 def complete_in_thread(name: str, fn: Callable[[], None], work: NexarWork):

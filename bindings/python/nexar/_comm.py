@@ -1118,14 +1118,16 @@ class RawComm:
 TensorGate = _lib.TorchGate
 
 
-def set_tensor_kinds(dtypes: dict, ops: dict, strided, sum_op) -> None:
+def set_tensor_kinds(dtypes: dict, ops: dict, strided, sum_op, hugepage_min: int = 4 << 20) -> None:
     """What RawComm.tensor_method's calls take as they are:
     dtypes {torch.dtype: Datatype}, ops {torch ReduceOp.RedOpType: Op} (an
     op not listed is staged by the caller; sum_op is the one for Op.SUM),
-    and torch.strided. Call once, before them (nexar.torch does, on
-    import)."""
+    and torch.strided. A tensor of hugepage_min bytes or more that those
+    calls see a second time is moved onto transparent huge pages, once
+    (0: never; docs/torch-compat.md). Call once, before them (nexar.torch
+    does, on import)."""
     _lib.torch_kinds_set({k: int(v) for k, v in dtypes.items()}, {int(k): int(v) for k, v in ops.items()}, strided,
-                         sum_op)
+                         sum_op, int(hugepage_min))
 
 
 def _finish(bufs: Sequence[Buffer], out):

@@ -14,7 +14,11 @@
 #include <pybind11/stl.h>
 
 #include <pthread.h>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 
+#include <array>
 #include <atomic>
 #include <climits>
 #include <cstdint>
@@ -492,6 +496,86 @@ struct TorchOpts {
     }
 };
 
+size_t dtype_size(int dt) {
+    switch (dt) {
+        case NEXAR_INT8: case NEXAR_UINT8: return 1;
+        case NEXAR_FLOAT16: case NEXAR_BFLOAT16: return 2;
+        case NEXAR_INT32: case NEXAR_UINT32: case NEXAR_FLOAT32: return 4;
+        default: return 8;
+    }
+}
+
+// Large tensors on huge pages. torch's CPU allocator leaves a tensor on
+// 4 KiB pages (numpy's arrays from 4 MiB and nexar's own buffers are on
+// transparent huge pages); on those, the cross-memory copy that moves
+// large payloads between ranks pins every 4 KiB page of the sender's
+// buffer, and every copy and reduction over the tensor misses the TLB once
+// per 4 KiB (in a VM, a two-level page walk): a 16 MiB all_reduce took
+// 1.3-1.4x as long as over the same tensor on huge pages
+// (docs/performance.md, "The torch path"). A buffer this process reduces
+// or broadcasts a second time (a DDP bucket, a gradient, a reused tensor)
+// is therefore moved onto huge pages in place, once: MADV_COLLAPSE on its
+// 2 MiB-aligned interior (Linux 6.1+; contents unchanged, the kernel
+// copies them into huge pages). A one-off tensor is left alone: collapsing
+// costs about 0.3 ms per MiB, repaid after a few calls. Failures (an older
+// kernel, pinned or shared pages, no free huge page) leave the buffer as
+// it was. min_bytes 0 turns it off (NEXAR_TORCH_HUGEPAGE_MIN).
+struct HugeRanges {
+    struct Range {
+        uintptr_t addr = 0;
+        size_t len = 0;
+        uint64_t used = 0;  // clock of the last use, 0: free slot
+        bool collapsed = false;
+    };
+    std::array<Range, 32> r{};
+    uint64_t clock = 0;
+    size_t min_bytes = 0;
+
+    // second_use records a use of [addr, addr+len) and reports whether it is
+    // the range's second: the caller collapses it then. Under the GIL.
+    bool second_use(uintptr_t addr, size_t len) {
+        if (min_bytes == 0 || len < min_bytes) return false;
+        ++clock;
+        Range* lru = &r[0];
+        for (auto& e : r) {
+            if (e.used != 0 && e.addr == addr && e.len == len) {
+                e.used = clock;
+                if (e.collapsed) return false;
+                e.collapsed = true;
+                return true;
+            }
+            if (e.used < lru->used) lru = &e;
+        }
+        *lru = Range{addr, len, clock, false};
+        return false;
+    }
+};
+HugeRanges g_huge;
+
+// collapse_huge moves the 2 MiB-aligned interior of [addr, addr+len) onto
+// huge pages; called without the GIL.
+void collapse_huge(uintptr_t addr, size_t len) {
+#ifdef __linux__
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25
+#endif
+    constexpr uintptr_t huge = uintptr_t(2) << 20;
+    const uintptr_t lo = (addr + huge - 1) & ~(huge - 1), hi = (addr + len) & ~(huge - 1);
+    if (hi > lo) (void)madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_COLLAPSE);
+#else
+    (void)addr;
+    (void)len;
+#endif
+}
+
+// huge_pages_for: the tensor memory of a call, collapsed on its second use.
+void huge_pages_for(void* addr, size_t len) {
+    if (g_huge.second_use(reinterpret_cast<uintptr_t>(addr), len)) {
+        py::gil_scoped_release release;
+        collapse_huge(reinterpret_cast<uintptr_t>(addr), len);
+    }
+}
+
 // The collectives with a C fast path (TorchCall's kind).
 enum TorchKind { kTorchAllreduce = 0, kTorchBroadcast = 1 };
 const char* const kTorchKindNames[] = {"allreduce", "broadcast"};
@@ -510,6 +594,7 @@ int torch_run(int kind, py::handle t, py::handle opts, handle_t c, nexar_request
         const bool fl = float_dtype(static_cast<nexar_datatype_t>(p.dt));
         if ((o.op == NEXAR_AVG && !fl) || ((o.op == NEXAR_BAND || o.op == NEXAR_BOR || o.op == NEXAR_BXOR) && fl))
             return 0;
+        huge_pages_for(p.addr, p.count * dtype_size(p.dt));
         if (!o.async) {
             NX_CALL(nexar_allreduce(p.addr, p.addr, p.count, D(p.dt), O(o.op), C(c)));
             return 1;
@@ -519,6 +604,7 @@ int torch_run(int kind, py::handle t, py::handle opts, handle_t c, nexar_request
     }
     if (!o.get(opts, false, true) || !p.get(t, false)) return 0;
     const size_t n = p.count * p.elem;
+    huge_pages_for(p.addr, n);
     if (!o.async) {
         NX_CALL(nexar_broadcast(p.addr, n, NEXAR_UINT8, o.root, C(c)));
         return 1;
@@ -1170,9 +1256,11 @@ PYBIND11_MODULE(_nexar, m) {
 
     // ---- torch tensors (nexar.torch's fast paths; see TorchKinds) ------------
     // torch_kinds_set(dtypes: {torch.dtype: nexar dtype}, ops: {RedOpType
-    // value: nexar op}, strided: torch.strided, sum: ReduceOp.SUM), once,
-    // before the calls below.
-    m.def("torch_kinds_set", [](py::dict dtypes, py::dict ops, py::object strided, py::object sum) {
+    // value: nexar op}, strided: torch.strided, sum: ReduceOp.SUM,
+    // hugepage_min: HugeRanges' smallest buffer, 0: off), once, before the
+    // calls below.
+    m.def("torch_kinds_set", [](py::dict dtypes, py::dict ops, py::object strided, py::object sum,
+                                size_t hugepage_min) {
         auto* k = new TorchKinds();
         for (auto item : dtypes)
             k->dtypes.emplace_back(py::reinterpret_borrow<py::object>(item.first),
@@ -1192,6 +1280,7 @@ PYBIND11_MODULE(_nexar, m) {
                                    {&k->async_op, "asyncOp"}, {&k->root_rank, "rootRank"}})
             *field = py::reinterpret_steal<py::object>(PyUnicode_InternFromString(name));
         k->ready = true;
+        g_huge.min_bytes = hugepage_min;
         delete g_torch;  // only ever replaced under the GIL, by a second import
         g_torch = k;
     });

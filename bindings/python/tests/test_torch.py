@@ -319,3 +319,83 @@ def test_c_method_holds_its_group_weakly():
     assert ref() is None, "the group's C method keeps its group alive"
     with pytest.raises(RuntimeError, match="process group of this method is gone"):
         method([torch.ones(2)], None)
+
+
+def _anon_huge_kib(addr: int, size: int) -> int:
+    """AnonHugePages (KiB) of this process's mappings over [addr, addr+size)."""
+    import re
+
+    total = 0
+    with open("/proc/self/smaps") as f:
+        text = f.read()
+    for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", text):
+        lo, hi = (int(x, 16) for x in block.split()[0].split("-"))
+        if lo < addr + size and hi > addr:
+            total += sum(int(line.split()[1]) for line in block.splitlines() if line.startswith("AnonHugePages:"))
+    return total
+
+
+def _collapse_works() -> bool:
+    """Whether this kernel moves anonymous memory onto huge pages on
+    MADV_COLLAPSE (Linux 6.1+, THP not disabled, a huge page free)."""
+    import ctypes
+    import mmap
+
+    size = 4 << 20
+    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        for i in range(0, size, 4096):
+            m[i] = 1
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        lo = (addr + (2 << 20) - 1) & ~((2 << 20) - 1)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(2 << 20), 25)  # MADV_COLLAPSE
+        return _anon_huge_kib(lo, 2 << 20) >= 2048
+    except (OSError, ValueError):
+        return False
+    finally:
+        try:
+            m.close()
+        except BufferError:
+            pass
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="transparent huge pages are Linux's")
+@pytest.mark.parametrize("off", [False, True])
+def test_reused_large_tensor_moves_to_huge_pages(off):
+    """A tensor of 4 MiB or more that a group all_reduces a second time is
+    moved onto transparent huge pages (its contents unchanged); a tensor
+    used once is not; NEXAR_TORCH_HUGEPAGE_MIN=0 turns it off. One rank,
+    in a child process (the setting is read on import)."""
+    if not _collapse_works():
+        pytest.skip("MADV_COLLAPSE does not move memory onto huge pages here (kernel < 6.1, THP off, or none free)")
+    code = r"""
+import sys, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+from test_torch import _anon_huge_kib
+from nexar.torch._pg import ProcessGroupNexar
+pg = ProcessGroupNexar(dist.HashStore(), 0, 1)
+o = dist.AllreduceOptions()
+o.asyncOp = False
+n = (16 << 20) // 4
+t = torch.arange(n, dtype=torch.float32)
+once = torch.arange(n, dtype=torch.float32)
+assert _anon_huge_kib(t.data_ptr(), 16 << 20) == 0
+pg.allreduce([t], o)
+pg.allreduce([once], o)
+assert _anon_huge_kib(t.data_ptr(), 16 << 20) == 0, "collapsed on the first use"
+pg.allreduce([t], o)
+print("huge", _anon_huge_kib(t.data_ptr(), 16 << 20), _anon_huge_kib(once.data_ptr(), 16 << 20))
+assert torch.equal(t, torch.arange(n, dtype=torch.float32))
+pg.shutdown()
+"""
+    env = dict(os.environ, NEXAR_TORCH_HUGEPAGE_MIN="0" if off else "4M")
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, "-c", code, here], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    huge, once = map(int, r.stdout.split("huge", 1)[1].split())
+    assert once == 0, r.stdout
+    if off:
+        assert huge == 0, r.stdout
+    else:
+        assert huge >= 14 << 10, r.stdout  # the 2 MiB-aligned interior: at least 7 of the 8 huge pages

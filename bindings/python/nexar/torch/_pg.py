@@ -27,6 +27,7 @@ Design (see reference/torch-backend.md):
 from __future__ import annotations
 
 import inspect
+import os
 import time
 import weakref
 from datetime import timedelta
@@ -68,9 +69,27 @@ _FAST_DT = {
 _FLOAT_DT = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
 
 
+def _hugepage_min(v: str) -> int:
+    """NEXAR_TORCH_HUGEPAGE_MIN: the smallest tensor (bytes, suffixes K, M,
+    G) moved onto huge pages on its second all_reduce or broadcast; 0 turns
+    it off; unset: 4 MiB."""
+    v = v.strip().upper()
+    if not v:
+        return 4 << 20
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(v[-1:], 1)
+    try:
+        n = int(v[:-1] if mult > 1 else v) * mult
+    except ValueError:
+        raise ValueError(f"nexar: NEXAR_TORCH_HUGEPAGE_MIN={v!r}: want a byte count such as 4M, or 0") from None
+    if n < 0:
+        raise ValueError(f"nexar: NEXAR_TORCH_HUGEPAGE_MIN={v!r}: want a byte count such as 4M, or 0")
+    return n
+
+
 # What RawComm.tensor_method's calls take as they are
 # (PREMUL_SUM is not among the ops: it is staged).
-_comm.set_tensor_kinds(_FAST_DT, _OPS, torch.strided, dist.ReduceOp.SUM)
+_comm.set_tensor_kinds(_FAST_DT, _OPS, torch.strided, dist.ReduceOp.SUM,
+                       _hugepage_min(os.environ.get("NEXAR_TORCH_HUGEPAGE_MIN", "")))
 
 
 def _plain(t) -> bool:

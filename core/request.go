@@ -10,7 +10,9 @@ import (
 
 // Request is a pending non-blocking operation. Wait, Test and Status are
 // safe for concurrent use. The buffers given to the operation must stay
-// untouched until it completes.
+// untouched until it completes. A non-blocking collective runs in the
+// goroutine that first waits for it if nothing has begun it by then, else
+// in a goroutine of its own (call.go, deferCall).
 type Request struct {
 	c      *Comm
 	op     string

@@ -80,12 +80,7 @@ def main():
     # An error in a started operation reaches wait() and the future.
     bad = dist.all_reduce(torch.ones(2) if r == 0 else torch.ones(3), async_op=True)
     fut = bad.get_future()
-    try:
-        bad.wait()
-    except Exception as e:  # noqa: BLE001
-        assert "MISMATCH" in str(e) or "called" in str(e), e
-    else:
-        raise AssertionError("a mismatched all_reduce succeeded")
+    mismatched(bad.wait, "a mismatched all_reduce")
     try:
         fut.wait()
     except RuntimeError:
@@ -96,20 +91,20 @@ def main():
     # failed Work whose wait() raises, and dist.all_reduce raises.
     w = be.allreduce([torch.ones(2)], opts)
     assert isinstance(w, DoneWork), type(w)
-    try:
-        w.wait()
-    except Exception as e:  # noqa: BLE001
-        assert "MISMATCH" in str(e) or "called" in str(e), e
-    else:
-        raise AssertionError("a synchronous all_reduce on a failed group succeeded")
-    try:
-        dist.all_reduce(torch.ones(2))
-    except Exception as e:  # noqa: BLE001
-        assert "MISMATCH" in str(e) or "called" in str(e), e
-    else:
-        raise AssertionError("dist.all_reduce on a failed group succeeded")
+    mismatched(w.wait, "a synchronous all_reduce on a failed group")
+    mismatched(lambda: dist.all_reduce(torch.ones(2)), "dist.all_reduce on a failed group")
     print(f"rank {r}: fastpath ok", flush=True)
     sys.stdout.flush()
+
+
+def mismatched(call, what):
+    """call() must raise the group's mismatch error."""
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001
+        assert "MISMATCH" in str(e) or "called" in str(e), e
+    else:
+        raise AssertionError(f"{what} succeeded")
 
 
 if __name__ == "__main__":

@@ -159,24 +159,30 @@ func (cc *collCall) run() {
 	req.finish(Status{}, err)
 }
 
-// A non-blocking collective (Request.start) is deferred rather than handed
-// to a goroutine at once: a new goroutine waits for an idle thread to be
-// woken, and the caller, who often waits at once (torch's async_op, then
-// wait(); MPI_Iallreduce, then MPI_Wait), would then find it running
+// A small non-blocking collective (Request.start) is deferred rather than
+// handed to a goroutine at once: a new goroutine waits for an idle thread
+// to be woken, and the caller, who often waits at once (torch's async_op,
+// then wait(); MPI_Iallreduce, then MPI_Wait), would then find it running
 // elsewhere and wait for that thread's result; on a loaded host both cost
 // tens of microseconds where the call takes a few. A deferred call runs in
 // the first of: its waiter's goroutine (Wait: no hand-off at all); a
 // goroutine when the request is tested, when any other collective starts
 // on the communicator (so at most one is deferred, the last), when the
 // communicator closes, or when deferWindow has passed (c.later, a timer:
-// the call progresses with nobody waiting, as MPI requires, and overlaps
-// the caller's computation). runOnce lets exactly one of them run it.
+// the call progresses with nobody waiting, as MPI requires). runOnce lets
+// exactly one of them run it. A collective of deferMax bytes or more
+// starts in a goroutine at once: the hand-off is small beside it, and it
+// overlaps the caller's computation from the start.
 
 // deferWindow is how long a started collective may wait for its waiter
-// before a goroutine runs it. An idle Go runtime fires timers at its
-// poller's millisecond granularity, so the call may start up to about a
-// millisecond later than this while nothing else happens.
-const deferWindow = 50 * time.Microsecond
+// before a goroutine runs it. The timer is armed once per window, not once
+// per call (each arming may wake the runtime's poller thread), and an idle
+// Go runtime fires timers at its poller's millisecond granularity anyway.
+const deferWindow = time.Millisecond
+
+// deferMax is the size (count times element size) from which a started
+// collective is not deferred.
+const deferMax = 256 << 10
 
 // deferCall defers cc (Request.start): the collective deferred before it
 // runs now, in a goroutine, and the timer is armed for cc if it is not

@@ -114,3 +114,22 @@ func TestCloseWithDeferredCollective(t *testing.T) {
 		t.Fatalf("the deferred allreduce after Close: %v, want closed", err)
 	}
 }
+
+// A started collective of deferMax bytes or more is not deferred: it starts
+// in a goroutine at once and overlaps the caller's computation.
+func TestLargeStartedCollectiveNotDeferred(t *testing.T) {
+	comms := newLocal(t, 2)
+	var reqs [2]*Request
+	bufs := [2][]byte{make([]byte, deferMax), make([]byte, deferMax)}
+	for r := range comms {
+		reqs[r] = comms[r].IAllreduce(nil, bufs[r], collective.Float32, collective.Sum)
+		if comms[r].deferred.Load() != nil {
+			t.Fatalf("rank %d: a %d-byte allreduce was deferred", r, deferMax)
+		}
+	}
+	for r, q := range reqs {
+		if err := q.Wait(context.Background()); err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+}

@@ -10,9 +10,9 @@ import (
 
 // Request is a pending non-blocking operation. Wait, Test and Status are
 // safe for concurrent use. The buffers given to the operation must stay
-// untouched until it completes. A non-blocking collective runs in the
-// goroutine that first waits for it if nothing has begun it by then, else
-// in a goroutine of its own (call.go, deferCall).
+// untouched until it completes. A small non-blocking collective runs in
+// the goroutine that first waits for it if nothing has begun it by then,
+// else in a goroutine of its own (call.go, deferCall).
 type Request struct {
 	c      *Comm
 	op     string
@@ -136,9 +136,10 @@ func (r *Request) Wait(ctx context.Context) error {
 }
 
 // start begins a non-blocking call: an operation with its own run function
-// in a goroutine of its own; a collective is deferred (call.go, deferCall):
-// run by its waiter, or in a goroutine once anything else happens on the
-// communicator or a short while has passed.
+// in a goroutine of its own; a small collective is deferred (call.go,
+// deferCall): run by its waiter, or in a goroutine once anything else
+// happens on the communicator or a short while has passed; a large one in
+// a goroutine of its own.
 func (r *Request) start() *Request {
 	if f := r.run; f != nil {
 		r.run = nil
@@ -147,7 +148,11 @@ func (r *Request) start() *Request {
 	if cc := r.coll; cc != nil {
 		r.coll = nil
 		r.started = cc
-		r.c.deferCall(cc)
+		if sig := &cc.l.sig; sig.count*uint64(sig.dt.Size()) < deferMax {
+			r.c.deferCall(cc)
+		} else {
+			go cc.runOnce()
+		}
 	}
 	return r
 }

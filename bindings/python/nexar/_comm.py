@@ -1104,6 +1104,11 @@ class RawComm:
         _lib.wait(h)
 
     @staticmethod
+    def wait_free_raw(h: int) -> None:
+        """wait_raw, then free_raw (also when the wait raises)."""
+        _lib.wait_free(h)
+
+    @staticmethod
     def test_raw(h: int) -> bool:
         """True once the raw request completed (raises its error then)."""
         return _lib.test(h)

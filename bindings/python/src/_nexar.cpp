@@ -1316,6 +1316,23 @@ PYBIND11_MODULE(_nexar, m) {
     });
 
     m.def("wait", [](handle_t q) { NX_CALL(nexar_wait(R(q))); });
+    // wait_free: nexar_wait, then nexar_request_free whatever the wait
+    // returned (one call for a waiter that is done with the request).
+    m.def("wait_free", [](handle_t q) {
+        check_fork();
+        nexar_result_t rc;
+        std::string detail;
+        {
+            py::gil_scoped_release release_;
+            rc = nexar_wait(R(q));
+            if (rc != NEXAR_SUCCESS) {
+                const char* d = nexar_last_error();  // this thread's, before the free
+                detail = (d && *d) ? d : nexar_result_string(rc);
+            }
+            (void)nexar_request_free(R(q));
+        }
+        if (rc != NEXAR_SUCCESS) throw NexarError(static_cast<int>(rc), detail);
+    });
     m.def("testany", [](std::vector<handle_t> qs) {
         std::vector<nexar_request_t> hs;
         hs.reserve(qs.size());

@@ -23,6 +23,8 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from .. import _errors
+
 __all__ = ["NexarWork", "DoneWork", "StartedWork", "Completer", "WorkQueue", "complete_in_thread"]
 
 
@@ -157,14 +159,16 @@ class StartedWork(NexarWork):
         self._wlock = threading.Lock()
         self._lock = threading.Lock()  # _done and the future
 
-    def _settle(self, exc: Optional[BaseException]):
+    def _settle(self, exc: Optional[BaseException], freed: bool = False):
         # Once, with self._wlock held (the request is no one else's now):
-        # free the request, write back, then complete under self._lock.
+        # free the request (unless the wait did), write back, then complete
+        # under self._lock.
         h, self._h = self._h, 0
-        try:
-            self._raw.free_raw(h)
-        except Exception:  # noqa: BLE001 - a freed or forked handle: nothing to release
-            pass
+        if not freed:
+            try:
+                self._raw.free_raw(h)
+            except Exception:  # noqa: BLE001 - a freed or forked handle: nothing to release
+                pass
         if exc is None and self._finish is not None:
             try:
                 self._finish()
@@ -192,11 +196,13 @@ class StartedWork(NexarWork):
             if self._done:
                 return
             try:
-                self._raw.wait_raw(self._h)
+                self._raw.wait_free_raw(self._h)
+            except _errors.Error as e:  # the request is freed
+                self._settle(e, freed=True)
             except BaseException as e:  # noqa: BLE001 - delivered to whoever waits
                 self._settle(e)
             else:
-                self._settle(None)
+                self._settle(None, freed=True)
 
     def _poll(self) -> bool:
         """Complete the work if the operation has; True once it has."""
@@ -220,7 +226,7 @@ class StartedWork(NexarWork):
 
     def wait(self, timeout=None):
         if not self._done:
-            secs = _seconds(timeout)
+            secs = None if timeout is None else _seconds(timeout)
             if secs is None:
                 self._wait_c()
             else:

@@ -1058,17 +1058,6 @@ class RawComm:
         q = _lib.irecv(buf, count, int(dtype), source, tag, self._comm._check())
         return Request(self._comm, q, [keep], recv_buf=keep)
 
-    # Collectives started in the library, returning the raw request handle:
-    # the caller keeps the memory valid until the request completes, then
-    # frees the handle (wait_raw/test_raw, free_raw). For callers that
-    # manage their own completion objects (the torch backend's Work).
-
-    def iallreduce_raw(self, send: int, recv: int, count: int, dtype: int, op: int) -> int:
-        return _lib.iallreduce(send, recv, count, dtype, op, self._comm._check())
-
-    def ibroadcast_raw(self, buf: int, count: int, dtype: int, root: int) -> int:
-        return _lib.ibroadcast(buf, count, dtype, root, self._comm._check())
-
     def allreduce_multi(self, addrs: Sequence[int], counts: Sequence[int], dtype, op, bucket_bytes: int = 0):
         """In place over each (addrs[i], counts[i]), all of dtype: nexar_allreduce_multi."""
         _lib.allreduce_multi(addrs, counts, int(dtype), int(op), bucket_bytes, self._comm._check())
@@ -1077,6 +1066,12 @@ class RawComm:
                              seed: int):
         """In place on (buf, count) float32; residual 0 for none: nexar_allreduce_compressed."""
         _lib.allreduce_compressed(buf, residual, count, int(dtype), method, ratio, seed, self._comm._check())
+
+    # Collectives started in the library, returning the raw request handle (also
+    # tensor_method's started calls):
+    # the caller keeps the memory valid until the request completes, then
+    # frees the handle (wait_raw/test_raw, free_raw). For callers that
+    # manage their own completion objects (the torch backend's Work).
 
     def iallreduce_multi_raw(self, addrs: Sequence[int], counts: Sequence[int], dtype: int, op: int,
                              bucket_bytes: int = 0) -> int:

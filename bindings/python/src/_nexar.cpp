@@ -353,14 +353,13 @@ nexar_result_t call_rpc(nexar_comm_t, int from, uint32_t, const void* req, size_
 // (torch_kinds_set). Anything this code does not recognise (a CUDA or
 // sparse tensor, a view that is not contiguous, a conjugate or negative
 // bit, an element type or op that needs staging, an attribute missing in
-// this torch) is answered None, and the caller takes its general path,
-// which also produces the error messages.
+// this torch) is left to the group's general method (torch_run answers
+// 0), which also produces the error messages.
 struct TorchKinds {
     std::vector<std::pair<py::object, nexar_datatype_t>> dtypes;  // torch.dtype -> nexar dtype
     int ops[16];                                                    // RedOpType value -> nexar op, -1: not taken
     py::object strided;
     py::object sum;  // ReduceOp.SUM (a RedOpType), which a ReduceOp compares equal to
-    bool ready = false;
     // interned attribute names
     py::object is_cpu, layout, dtype, is_contiguous, is_conj, is_neg, data_ptr, numel, element_size,
         reduce_op, op, async_op, root_rank;
@@ -641,14 +640,19 @@ struct TorchCall {
     PyObject* slow;      // name of the group's general method
 };
 
+// torch_call_group is the method's group (a new reference), or nullptr
+// with a Python error set.
 PyObject* torch_call_group(TorchCall* self) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject* g = nullptr;
+    if (PyWeakref_GetRef(self->group, &g) < 0) return nullptr;
+#else
     PyObject* g = PyWeakref_GetObject(self->group);  // borrowed
     if (g == nullptr) return nullptr;
-    if (g == Py_None) {
-        PyErr_SetString(PyExc_RuntimeError, "nexar: the process group of this method is gone");
-        return nullptr;
-    }
-    Py_INCREF(g);
+    if (g == Py_None) g = nullptr;
+    Py_XINCREF(g);
+#endif
+    if (g == nullptr) PyErr_SetString(PyExc_RuntimeError, "nexar: the process group of this method is gone");
     return g;
 }
 
@@ -712,22 +716,26 @@ PyObject* torch_call(PyObject* o, PyObject* args, PyObject* kwargs) {
 
 void torch_call_dealloc(PyObject* o) {
     auto* self = reinterpret_cast<TorchCall*>(o);
+    PyTypeObject* type = Py_TYPE(o);
     Py_XDECREF(self->gate_obj);
     Py_XDECREF(self->group);
     Py_XDECREF(self->slow);
-    Py_TYPE(o)->tp_free(o);
+    type->tp_free(o);
+    Py_DECREF(type);  // a heap type: each instance holds its type
 }
 
-PyTypeObject TorchCallType = [] {
-    PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
-    t.tp_name = "nexar._nexar.TorchCall";
-    t.tp_basicsize = sizeof(TorchCall);
-    t.tp_dealloc = torch_call_dealloc;
-    t.tp_call = torch_call;
-    t.tp_flags = Py_TPFLAGS_DEFAULT;
-    t.tp_doc = "A ProcessGroup collective method implemented in C (nexar.torch's fast path).";
-    return t;
-}();
+PyTypeObject* g_torch_call_type = nullptr;  // made at module import (PyType_FromSpec)
+
+PyTypeObject* make_torch_call_type() {
+    static PyType_Slot slots[] = {
+        {Py_tp_dealloc, reinterpret_cast<void*>(torch_call_dealloc)},
+        {Py_tp_call, reinterpret_cast<void*>(torch_call)},
+        {Py_tp_doc, const_cast<char*>("A ProcessGroup collective method implemented in C (nexar.torch's fast path).")},
+        {0, nullptr},
+    };
+    static PyType_Spec spec = {"nexar._nexar.TorchCall", sizeof(TorchCall), 0, Py_TPFLAGS_DEFAULT, slots};
+    return reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&spec));
+}
 
 }  // namespace
 
@@ -1279,7 +1287,6 @@ PYBIND11_MODULE(_nexar, m) {
                                    {&k->element_size, "element_size"}, {&k->reduce_op, "reduceOp"}, {&k->op, "op"},
                                    {&k->async_op, "asyncOp"}, {&k->root_rank, "rootRank"}})
             *field = py::reinterpret_steal<py::object>(PyUnicode_InternFromString(name));
-        k->ready = true;
         g_huge.min_bytes = hugepage_min;
         delete g_torch;  // only ever replaced under the GIL, by a second import
         g_torch = k;
@@ -1291,7 +1298,8 @@ PYBIND11_MODULE(_nexar, m) {
     py::class_<TorchGate>(m, "TorchGate")
         .def(py::init<>())
         .def_readwrite("blocked", &TorchGate::blocked);
-    if (PyType_Ready(&TorchCallType) < 0) throw py::error_already_set();
+    g_torch_call_type = make_torch_call_type();
+    if (g_torch_call_type == nullptr) throw py::error_already_set();
     m.def("torch_method", [](const std::string& kind, handle_t c, py::object gate, py::object group,
                              const std::string& slow) {
         int k = -1;
@@ -1301,7 +1309,7 @@ PYBIND11_MODULE(_nexar, m) {
         TorchGate* g = gate.cast<TorchGate*>();
         PyObject* ref = PyWeakref_NewRef(group.ptr(), nullptr);
         if (ref == nullptr) throw py::error_already_set();
-        auto* self = PyObject_New(TorchCall, &TorchCallType);
+        auto* self = PyObject_New(TorchCall, g_torch_call_type);
         if (self == nullptr) {
             Py_DECREF(ref);
             throw py::error_already_set();

@@ -206,7 +206,7 @@ func (m *multiCall) drive() error {
 	}
 	var first error
 	m.pack(0)
-	m.reqs[0].start()
+	m.reqs[0].launch()
 	for k := range m.reqs {
 		next := k+1 < len(m.reqs)
 		if next && first == nil {
@@ -218,7 +218,7 @@ func (m *multiCall) drive() error {
 		}
 		if next {
 			if first == nil {
-				m.reqs[k+1].start()
+				m.reqs[k+1].launch()
 			} else {
 				m.reqs[k+1].wait() // fails at once: cancelled
 			}

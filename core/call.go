@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nexar-go/nexar/collective"
 )
@@ -17,6 +18,9 @@ import (
 // caller's goroutine by wait (blocking calls), or in a goroutine of its own
 // by start (non-blocking calls).
 func (c *Comm) startColl(ctx context.Context, sig signature, body func(ctx context.Context, l *link) error) *Request {
+	if c.deferred.Load() != nil {
+		c.launchDeferred() // a later call: the earlier one runs now
+	}
 	op := sig.kind.String()
 	sig.tuning = c.tuningDigest
 	cc, _ := c.calls.Get().(*collCall)
@@ -157,6 +161,91 @@ func (cc *collCall) run() {
 	}
 	c.mu.Unlock()
 	req.finish(Status{}, err)
+}
+
+// A small non-blocking collective (Request.start) is deferred rather than
+// handed to a goroutine at once: a new goroutine waits for an idle thread
+// to be woken, and the caller, who often waits at once (torch's async_op,
+// then wait(); MPI_Iallreduce, then MPI_Wait), would then find it running
+// elsewhere and wait for that thread's result; on a loaded host both cost
+// tens of microseconds where the call takes a few. A deferred call runs in
+// the first of: its waiter's goroutine (Wait: no hand-off at all); a
+// goroutine when the request is tested, when any other collective starts
+// on the communicator (so at most one is deferred, the last), when the
+// communicator closes, or when deferWindow has passed (c.later, a timer:
+// the call progresses with nobody waiting, as MPI requires). runOnce lets
+// exactly one of them run it. A collective of deferMax bytes or more
+// starts in a goroutine at once: the hand-off is small beside it, and it
+// overlaps the caller's computation from the start.
+
+// deferWindow is how long a started collective may wait for its waiter
+// before a goroutine runs it. The timer is armed once per window, not once
+// per call (each arming may wake the runtime's poller thread), and an idle
+// Go runtime fires timers at its poller's millisecond granularity anyway.
+const deferWindow = time.Millisecond
+
+// deferMax is the size (count times element size) from which a started
+// collective is not deferred.
+const deferMax = 256 << 10
+
+// deferCall defers cc (Request.start): the collective deferred before it
+// runs now, in a goroutine, and the timer is armed for cc if it is not
+// armed.
+func (c *Comm) deferCall(cc *collCall) {
+	if prev := c.deferred.Swap(cc); prev != nil {
+		go prev.runOnce()
+	}
+	if c.laterArmed.CompareAndSwap(false, true) {
+		c.armedFor.Store(cc)
+		c.later.Reset(deferWindow)
+	}
+}
+
+// deferredDue is the timer's goroutine: it runs the collective it was armed
+// for if that is still deferred. A call deferred since (the armed one was
+// waited on, and another started) gets a window of its own: the timer is
+// armed again for it, so that no call is taken from a waiter about to run
+// it before deferWindow has passed.
+func (c *Comm) deferredDue() {
+	cur := c.deferred.Load()
+	if cur != nil && cur != c.armedFor.Load() {
+		c.armedFor.Store(cur)
+		c.later.Reset(deferWindow)
+		return
+	}
+	c.armedFor.Store(nil)
+	c.laterArmed.Store(false)
+	mine := cur != nil && c.deferred.CompareAndSwap(cur, nil)
+	// One deferred after the Load found the timer armed and left it.
+	if next := c.deferred.Load(); next != nil && c.laterArmed.CompareAndSwap(false, true) {
+		c.armedFor.Store(next)
+		c.later.Reset(deferWindow)
+	}
+	if mine {
+		cur.runOnce()
+	}
+}
+
+// launchDeferred hands the deferred collective, if any, to a goroutine.
+func (c *Comm) launchDeferred() {
+	if cc := c.deferred.Swap(nil); cc != nil {
+		go cc.runOnce()
+	}
+}
+
+// runHere runs the started collective cc in the calling goroutine if no
+// goroutine has begun it and inline is true; with inline false it hands
+// it to a goroutine if it is still deferred. It reports whether cc ran
+// here.
+func (c *Comm) runHere(cc *collCall, inline bool) bool {
+	mine := c.deferred.CompareAndSwap(cc, nil)
+	if !inline {
+		if mine {
+			go cc.runOnce()
+		}
+		return false
+	}
+	return cc.runOnce()
 }
 
 // exchangeSignatures is the body of collectives that move no bytes: an

@@ -53,6 +53,13 @@ type Comm struct {
 	ops    sync.WaitGroup // running operation goroutines
 	bg     sync.WaitGroup // abort broadcasts started on failure
 
+	// The started collective not run yet, and the timer that runs it
+	// (call.go, deferCall); atomics, taken without mu.
+	deferred   atomic.Pointer[collCall]
+	laterArmed atomic.Bool
+	armedFor   atomic.Pointer[collCall] // the call the armed timer is for
+	later      *time.Timer              // stopped until a call is deferred
+
 	closeOnce sync.Once
 
 	// mu guards the following fields.
@@ -123,6 +130,8 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 	}
 	c.filled = sync.NewCond(&c.mu)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.later = time.AfterFunc(time.Hour, c.deferredDue)
+	c.later.Stop()
 	return c
 }
 
@@ -260,6 +269,8 @@ func (c *Comm) Close() error {
 		close(c.rec.stop)
 		c.mu.Unlock()
 		c.fail(newError(CodeClosed, "close", c.rank, "communicator is closed"))
+		c.later.Stop()
+		c.launchDeferred() // it fails at once: closed
 		c.ops.Wait()
 		c.rpc.running.Wait() // handlers see their context end
 		c.bg.Wait()

@@ -10,7 +10,9 @@ import (
 
 // Request is a pending non-blocking operation. Wait, Test and Status are
 // safe for concurrent use. The buffers given to the operation must stay
-// untouched until it completes.
+// untouched until it completes. A small non-blocking collective runs in
+// the goroutine that first waits for it if nothing has begun it by then,
+// else in a goroutine of its own (call.go, deferCall).
 type Request struct {
 	c      *Comm
 	op     string
@@ -27,8 +29,8 @@ type Request struct {
 	// wait, and runs exactly once.
 	run  func()
 	coll *collCall // a collective not yet started: run by start or wait like run
-	// started is the collective that start handed to a goroutine: Wait
-	// runs it itself if that goroutine has not begun (runOnce), as a
+	// started is the collective that start deferred (call.go, deferCall):
+	// Wait runs it itself if no goroutine has begun it (runOnce), as a
 	// blocking call would. Set before the request is shared.
 	started *collCall
 	src     int    // a receive's source (AnySource allowed), else noSource
@@ -92,6 +94,11 @@ func (r *Request) Wait(ctx context.Context) error {
 	// run the operation itself (which the same timeout bounds): a caller's
 	// deadline or cancellation must end the wait, not the operation.
 	mayRun := ctx.Done() == nil
+	if cc := r.started; cc != nil && mayRun && r.c.runHere(cc, true) {
+		// A started collective that no goroutine had begun, run here as a
+		// blocking call would be (deferCall): it finished r.
+		return r.err
+	}
 	if _, ok := ctx.Deadline(); !ok && r.c != nil {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, r.c.cfg.Timeout)
@@ -103,14 +110,14 @@ func (r *Request) Wait(ctx context.Context) error {
 			defer r.c.blocking(r.src)()
 		}
 	} else if r.worker && r.c != nil {
-		// A collective whose goroutine has not begun it is run here: a
-		// new goroutine waits for a thread to be woken for it, which
-		// costs more than a small collective. One running elsewhere
-		// often ends within a short spin, and waking this goroutine (an
-		// OS thread that called in from C) after it blocked costs more.
-		if cc := r.started; cc == nil || !mayRun || !cc.runOnce() {
-			r.c.spinDone(r)
+		// One running elsewhere often ends within a short spin, and waking
+		// this goroutine (an OS thread that called in from C) after it
+		// blocked costs more. Under a caller's deadline a deferred
+		// collective is handed to a goroutine first.
+		if cc := r.started; cc != nil {
+			r.c.runHere(cc, false)
 		}
+		r.c.spinDone(r)
 	}
 	select {
 	case <-r.doneCh():
@@ -128,7 +135,11 @@ func (r *Request) Wait(ctx context.Context) error {
 	}
 }
 
-// start runs the operation in a goroutine of its own (non-blocking calls).
+// start begins a non-blocking call: an operation with its own run function
+// in a goroutine of its own; a small collective is deferred (call.go,
+// deferCall): run by its waiter, or in a goroutine once anything else
+// happens on the communicator or a short while has passed; a large one in
+// a goroutine of its own.
 func (r *Request) start() *Request {
 	if f := r.run; f != nil {
 		r.run = nil
@@ -137,9 +148,24 @@ func (r *Request) start() *Request {
 	if cc := r.coll; cc != nil {
 		r.coll = nil
 		r.started = cc
-		go cc.runOnce()
+		if sig := &cc.l.sig; sig.count*uint64(sig.dt.Size()) < deferMax {
+			r.c.deferCall(cc)
+		} else {
+			go cc.runOnce()
+		}
 	}
 	return r
+}
+
+// launch is start with a collective handed to a goroutine at once (an
+// internal pipeline whose caller overlaps work with it: bucket.go).
+func (r *Request) launch() *Request {
+	if cc := r.coll; cc != nil {
+		r.coll = nil
+		r.started = cc
+		go cc.runOnce()
+	}
+	return r.start()
 }
 
 // wait runs the operation in the calling goroutine if it has not started
@@ -181,6 +207,9 @@ func (r *Request) failedErr() error {
 func (r *Request) Test() (done bool, err error) {
 	if r.src >= 0 && r.c != nil {
 		r.c.pollOnce(r.src)
+	}
+	if cc := r.started; cc != nil {
+		r.c.runHere(cc, false) // testing starts a deferred collective
 	}
 	select {
 	case <-r.doneCh():

@@ -943,6 +943,13 @@ nexar_result_t nexar_recv_stream(void* buf, size_t count, nexar_datatype_t dt, i
  * Each takes the arguments of its blocking form, then req (out, non-NULL),
  * and returns once the operation is started; errors in the arguments are
  * reported at once, errors of the operation by nexar_wait/nexar_test.
+ * A started collective of 256 KiB or more runs in the library's threads
+ * at once. A smaller one runs in the thread that waits for it first if
+ * nobody has begun it by then (nexar_wait's thread, as the blocking form
+ * would: no hand-off to another thread); it is begun in the library's
+ * threads when it is tested, when another collective starts on the
+ * communicator, or after about a millisecond, so it progresses while the
+ * caller computes.
  * Several operations may be in flight on one communicator and complete in
  * any order; collectives are ordered by the order of the calls that start
  * them. Buffers must stay valid and untouched until the request completes;

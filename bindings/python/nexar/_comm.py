@@ -1058,17 +1058,6 @@ class RawComm:
         q = _lib.irecv(buf, count, int(dtype), source, tag, self._comm._check())
         return Request(self._comm, q, [keep], recv_buf=keep)
 
-    # Collectives started in the library, returning the raw request handle:
-    # the caller keeps the memory valid until the request completes, then
-    # frees the handle (wait_raw/test_raw, free_raw). For callers that
-    # manage their own completion objects (the torch backend's Work).
-
-    def iallreduce_raw(self, send: int, recv: int, count: int, dtype: int, op: int) -> int:
-        return _lib.iallreduce(send, recv, count, dtype, op, self._comm._check())
-
-    def ibroadcast_raw(self, buf: int, count: int, dtype: int, root: int) -> int:
-        return _lib.ibroadcast(buf, count, dtype, root, self._comm._check())
-
     def allreduce_multi(self, addrs: Sequence[int], counts: Sequence[int], dtype, op, bucket_bytes: int = 0):
         """In place over each (addrs[i], counts[i]), all of dtype: nexar_allreduce_multi."""
         _lib.allreduce_multi(addrs, counts, int(dtype), int(op), bucket_bytes, self._comm._check())
@@ -1078,15 +1067,41 @@ class RawComm:
         """In place on (buf, count) float32; residual 0 for none: nexar_allreduce_compressed."""
         _lib.allreduce_compressed(buf, residual, count, int(dtype), method, ratio, seed, self._comm._check())
 
+    # Collectives started in the library, returning the raw request handle (also
+    # tensor_method's started calls):
+    # the caller keeps the memory valid until the request completes, then
+    # frees the handle (wait_raw/test_raw, free_raw). For callers that
+    # manage their own completion objects (the torch backend's Work).
+
     def iallreduce_multi_raw(self, addrs: Sequence[int], counts: Sequence[int], dtype: int, op: int,
                              bucket_bytes: int = 0) -> int:
         return _lib.iallreduce_multi(addrs, counts, dtype, op, bucket_bytes, self._comm._check())
+
+    def tensor_method(self, kind: str, group, gate: "TensorGate", slow: str):
+        """A torch ProcessGroup's collective method in C, to set as an
+        attribute of group (torch's trampoline finds it before the class's
+        method): called as method(tensors, opts=None). One plain torch
+        tensor (dense, contiguous, on the CPU; for "allreduce" of a dtype
+        and op set_tensor_kinds lists) while gate.blocked is 0 is reduced
+        ("allreduce") or broadcast ("broadcast") in place on this Comm in
+        one C call, reading torch's options object: done synchronously
+        (opts.asyncOp false), it returns None; started, it returns
+        group._started_work(kind, tensors, raw request); failed,
+        group._failed(kind, tensors, error). Everything else goes to
+        getattr(group, slow)(tensors, opts). group is held weakly. For
+        nexar.torch."""
+        return _lib.torch_method(kind, self._comm._check(), gate, group, slow)
 
     @staticmethod
     def wait_raw(h: int) -> None:
         """Wait (GIL released, the communicator's timeout applies) for a raw
         request; raises its nexar.Error."""
         _lib.wait(h)
+
+    @staticmethod
+    def wait_free_raw(h: int) -> None:
+        """wait_raw, then free_raw (also when the wait raises)."""
+        _lib.wait_free(h)
 
     @staticmethod
     def test_raw(h: int) -> bool:
@@ -1096,6 +1111,23 @@ class RawComm:
     @staticmethod
     def free_raw(h: int) -> None:
         _lib.request_free(h)
+
+
+# TensorGate: blocked > 0 sends a group's RawComm.tensor_method calls to
+# its general method (the group counts what forbids the fast path).
+TensorGate = _lib.TorchGate
+
+
+def set_tensor_kinds(dtypes: dict, ops: dict, strided, sum_op, hugepage_min: int = 4 << 20) -> None:
+    """What RawComm.tensor_method's calls take as they are:
+    dtypes {torch.dtype: Datatype}, ops {torch ReduceOp.RedOpType: Op} (an
+    op not listed is staged by the caller; sum_op is the one for Op.SUM),
+    and torch.strided. A tensor of hugepage_min bytes or more that those
+    calls see a second time is moved onto transparent huge pages, once
+    (0: never; docs/torch-compat.md). Call once, before them (nexar.torch
+    does, on import)."""
+    _lib.torch_kinds_set({k: int(v) for k, v in dtypes.items()}, {int(k): int(v) for k, v in ops.items()}, strided,
+                         sum_op, int(hugepage_min))
 
 
 def _finish(bufs: Sequence[Buffer], out):

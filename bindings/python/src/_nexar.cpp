@@ -14,8 +14,13 @@
 #include <pybind11/stl.h>
 
 #include <pthread.h>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 
+#include <array>
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -53,6 +58,13 @@ struct ForkError : std::exception {
 };
 
 py::object g_error_factory;  // set by nexar._errors: (code, message) -> exception instance
+
+// make_error is the Python exception object for a nexar result (and -2:
+// a forked child), as the exception translator below raises it.
+py::object make_error(int code, const std::string& msg) {
+    if (g_error_factory && !g_error_factory.is_none()) return g_error_factory(code, msg);
+    return py::reinterpret_steal<py::object>(PyObject_CallFunction(PyExc_RuntimeError, "s", msg.c_str()));
+}
 
 void check_fork() {
     if (g_forked.load()) throw ForkError();
@@ -329,6 +341,400 @@ nexar_result_t call_rpc(nexar_comm_t, int from, uint32_t, const void* req, size_
         reply->owner = m;
         return NEXAR_ERR_INTERNAL;
     }
+}
+
+// ---- torch tensors, without libtorch ------------------------------------
+// The torch backend's synchronous and started collectives of one plain
+// tensor are decided and made here in one call: reading a tensor's and an
+// options object's attributes from Python costs several microseconds per
+// call, from C a fraction of one. Only the Python C API is used (no
+// libtorch: one build serves every torch version); the dtype objects, the
+// reduce ops and torch.strided come from nexar.torch once
+// (torch_kinds_set). Anything this code does not recognise (a CUDA or
+// sparse tensor, a view that is not contiguous, a conjugate or negative
+// bit, an element type or op that needs staging, an attribute missing in
+// this torch) is left to the group's general method (torch_run answers
+// 0), which also produces the error messages.
+struct TorchKinds {
+    std::vector<std::pair<py::object, nexar_datatype_t>> dtypes;  // torch.dtype -> nexar dtype
+    int ops[16];                                                    // RedOpType value -> nexar op, -1: not taken
+    py::object strided;
+    py::object sum;  // ReduceOp.SUM (a RedOpType), which a ReduceOp compares equal to
+    // interned attribute names
+    py::object is_cpu, layout, dtype, is_contiguous, is_conj, is_neg, data_ptr, numel, element_size,
+        reduce_op, op, async_op, root_rank;
+};
+TorchKinds* g_torch = nullptr;  // made once, under the GIL; never freed (module lifetime)
+
+bool float_dtype(nexar_datatype_t d) {
+    return d == NEXAR_FLOAT16 || d == NEXAR_BFLOAT16 || d == NEXAR_FLOAT32 || d == NEXAR_FLOAT64;
+}
+
+// PlainTensor is one dense, contiguous CPU tensor's memory: get answers
+// false (no Python error set) for anything else.
+struct PlainTensor {
+    void* addr = nullptr;
+    size_t count = 0;       // elements
+    int dt = -1;            // nexar dtype, -1: not one libnexar reduces as it is
+    size_t elem = 0;        // element size, when asked for
+
+    // reduced: for a reduction, whose element type must be one libnexar
+    // reduces as it is (real types only: no conjugate bit to look at);
+    // otherwise any element type, and its size is read.
+    bool get(py::handle t, bool reduced) {
+        const TorchKinds& k = *g_torch;
+        if (!attr_true(t, k.is_cpu)) return false;
+        PyObject* d = PyObject_GetAttr(t.ptr(), k.dtype.ptr());
+        if (d == nullptr) return clear();
+        for (const auto& e : k.dtypes)
+            if (e.first.ptr() == d) dt = e.second;
+        Py_DECREF(d);
+        if (reduced && dt < 0) return false;
+        PyObject* lay = PyObject_GetAttr(t.ptr(), k.layout.ptr());
+        if (lay == nullptr) return clear();
+        bool strided = lay == k.strided.ptr();
+        Py_DECREF(lay);
+        if (!strided || !flag(t, k.is_contiguous, true) || (!reduced && !flag(t, k.is_conj, false)) ||
+            !flag(t, k.is_neg, false))
+            return clear();
+        if (!call_size(t, k.data_ptr, reinterpret_cast<size_t*>(&addr)) || !call_size(t, k.numel, &count))
+            return clear();
+        if (!reduced && !call_size(t, k.element_size, &elem)) return clear();
+        return true;
+    }
+
+   private:
+    static bool clear() {
+        PyErr_Clear();
+        return false;
+    }
+    static bool attr_true(py::handle o, const py::object& name) {
+        PyObject* v = PyObject_GetAttr(o.ptr(), name.ptr());
+        if (v == nullptr) return clear();
+        bool yes = v == Py_True;
+        Py_DECREF(v);
+        return yes;
+    }
+    // flag: whether method name() of o answers want (false on an error).
+    static bool flag(py::handle o, const py::object& name, bool want) {
+        PyObject* v = PyObject_CallMethodNoArgs(o.ptr(), name.ptr());
+        if (v == nullptr) return false;
+        bool yes = v == (want ? Py_True : Py_False);
+        Py_DECREF(v);
+        return yes;
+    }
+    static bool call_size(py::handle o, const py::object& name, size_t* out) {
+        PyObject* v = PyObject_CallMethodNoArgs(o.ptr(), name.ptr());
+        if (v == nullptr) return false;
+        size_t x = PyLong_AsSize_t(v);
+        Py_DECREF(v);
+        if (x == static_cast<size_t>(-1) && PyErr_Occurred()) return false;
+        *out = x;
+        return true;
+    }
+};
+
+// TorchOpts is what a collective's options object says: asyncOp (true
+// without opts or where this torch has no such field, as the backend
+// always read it), the reduce op, the root.
+struct TorchOpts {
+    bool async = true;
+    int op = NEXAR_SUM;
+    int root = 0;
+
+    // get answers false (no Python error set) for a reduce op libnexar
+    // does not take as it is (PREMUL_SUM) or options it cannot read.
+    bool get(py::handle opts, bool reduces, bool rooted) {
+        if (opts.is_none()) return true;
+        const TorchKinds& k = *g_torch;
+        PyObject* a = PyObject_GetAttr(opts.ptr(), k.async_op.ptr());
+        if (a == nullptr) {
+            PyErr_Clear();  // a torch without asyncOp: asynchronous, as before
+        } else {
+            async = a == Py_True;
+            Py_DECREF(a);
+        }
+        if (reduces) {
+            PyObject* r = PyObject_GetAttr(opts.ptr(), k.reduce_op.ptr());
+            if (r == nullptr) return clear();
+            // SUM, the common case, by one comparison: reading .op makes
+            // two Python objects.
+            int sum = PyObject_RichCompareBool(r, k.sum.ptr(), Py_EQ);
+            if (sum == 1) {
+                Py_DECREF(r);
+                op = NEXAR_SUM;
+                return rooted ? root_of(opts) : true;
+            }
+            if (sum < 0) PyErr_Clear();
+            PyObject* kind = PyObject_GetAttr(r, k.op.ptr());
+            Py_DECREF(r);
+            if (kind == nullptr) return clear();
+            Py_ssize_t v = PyNumber_AsSsize_t(kind, nullptr);
+            Py_DECREF(kind);
+            if (v == -1 && PyErr_Occurred()) return clear();
+            if (v < 0 || v >= 16 || k.ops[v] < 0) return false;
+            op = k.ops[v];
+        }
+        return rooted ? root_of(opts) : true;
+    }
+
+   private:
+    bool root_of(py::handle opts) {
+        PyObject* r = PyObject_GetAttr(opts.ptr(), g_torch->root_rank.ptr());
+        if (r == nullptr) return clear();
+        long v = PyLong_AsLong(r);
+        Py_DECREF(r);
+        if (v == -1 && PyErr_Occurred()) return clear();
+        if (v < INT_MIN || v > INT_MAX) return false;
+        root = static_cast<int>(v);
+        return true;
+    }
+    static bool clear() {
+        PyErr_Clear();
+        return false;
+    }
+};
+
+size_t dtype_size(int dt) {
+    switch (dt) {
+        case NEXAR_INT8: case NEXAR_UINT8: return 1;
+        case NEXAR_FLOAT16: case NEXAR_BFLOAT16: return 2;
+        case NEXAR_INT32: case NEXAR_UINT32: case NEXAR_FLOAT32: return 4;
+        default: return 8;
+    }
+}
+
+// Large tensors on huge pages. torch's CPU allocator leaves a tensor on
+// 4 KiB pages (numpy's arrays from 4 MiB and nexar's own buffers are on
+// transparent huge pages); on those, the cross-memory copy that moves
+// large payloads between ranks pins every 4 KiB page of the sender's
+// buffer, and every copy and reduction over the tensor misses the TLB once
+// per 4 KiB (in a VM, a two-level page walk): a 16 MiB all_reduce took
+// 1.3-1.4x as long as over the same tensor on huge pages
+// (docs/performance.md, "The torch path"). A buffer this process reduces
+// or broadcasts a second time (a DDP bucket, a gradient, a reused tensor)
+// is therefore moved onto huge pages in place, once: MADV_COLLAPSE on its
+// 2 MiB-aligned interior (Linux 6.1+; contents unchanged, the kernel
+// copies them into huge pages). A one-off tensor is left alone: collapsing
+// costs about 0.3 ms per MiB, repaid after a few calls. Failures (an older
+// kernel, pinned or shared pages, no free huge page) leave the buffer as
+// it was. min_bytes 0 turns it off (NEXAR_TORCH_HUGEPAGE_MIN).
+struct HugeRanges {
+    struct Range {
+        uintptr_t addr = 0;
+        size_t len = 0;
+        uint64_t used = 0;  // clock of the last use, 0: free slot
+        bool collapsed = false;
+    };
+    std::array<Range, 32> r{};
+    uint64_t clock = 0;
+    size_t min_bytes = 0;
+
+    // second_use records a use of [addr, addr+len) and reports whether it is
+    // the range's second: the caller collapses it then. Under the GIL.
+    bool second_use(uintptr_t addr, size_t len) {
+        if (min_bytes == 0 || len < min_bytes) return false;
+        ++clock;
+        Range* lru = &r[0];
+        for (auto& e : r) {
+            if (e.used != 0 && e.addr == addr && e.len == len) {
+                e.used = clock;
+                if (e.collapsed) return false;
+                e.collapsed = true;
+                return true;
+            }
+            if (e.used < lru->used) lru = &e;
+        }
+        *lru = Range{addr, len, clock, false};
+        return false;
+    }
+};
+HugeRanges g_huge;
+
+// collapse_huge moves the 2 MiB-aligned interior of [addr, addr+len) onto
+// huge pages; called without the GIL.
+void collapse_huge(uintptr_t addr, size_t len) {
+#ifdef __linux__
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25
+#endif
+    constexpr uintptr_t huge = uintptr_t(2) << 20;
+    const uintptr_t lo = (addr + huge - 1) & ~(huge - 1), hi = (addr + len) & ~(huge - 1);
+    if (hi > lo) (void)madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_COLLAPSE);
+#else
+    (void)addr;
+    (void)len;
+#endif
+}
+
+// huge_pages_for: the tensor memory of a call, collapsed on its second use.
+void huge_pages_for(void* addr, size_t len) {
+    if (g_huge.second_use(reinterpret_cast<uintptr_t>(addr), len)) {
+        py::gil_scoped_release release;
+        collapse_huge(reinterpret_cast<uintptr_t>(addr), len);
+    }
+}
+
+// The collectives with a C fast path (TorchCall's kind).
+enum TorchKind { kTorchAllreduce = 0, kTorchBroadcast = 1 };
+const char* const kTorchKindNames[] = {"allreduce", "broadcast"};
+
+// torch_run makes collective kind of one plain CPU tensor t in place with
+// torch's options opts on communicator c: 0 when t or opts need the
+// general path (nothing done), 1 when done (opts.asyncOp false; the GIL
+// released meanwhile), 2 when started (*q: its request). A failure throws
+// NexarError (ForkError in a forked child).
+int torch_run(int kind, py::handle t, py::handle opts, handle_t c, nexar_request_t* q) {
+    if (g_torch == nullptr) return 0;
+    TorchOpts o;
+    PlainTensor p;
+    if (kind == kTorchAllreduce) {
+        if (!o.get(opts, true, false) || !p.get(t, true)) return 0;
+        const bool fl = float_dtype(static_cast<nexar_datatype_t>(p.dt));
+        if ((o.op == NEXAR_AVG && !fl) || ((o.op == NEXAR_BAND || o.op == NEXAR_BOR || o.op == NEXAR_BXOR) && fl))
+            return 0;
+        huge_pages_for(p.addr, p.count * dtype_size(p.dt));
+        if (!o.async) {
+            NX_CALL(nexar_allreduce(p.addr, p.addr, p.count, D(p.dt), O(o.op), C(c)));
+            return 1;
+        }
+        NX_CALL(nexar_iallreduce(p.addr, p.addr, p.count, D(p.dt), O(o.op), C(c), q));
+        return 2;
+    }
+    if (!o.get(opts, false, true) || !p.get(t, false)) return 0;
+    const size_t n = p.count * p.elem;
+    huge_pages_for(p.addr, n);
+    if (!o.async) {
+        NX_CALL(nexar_broadcast(p.addr, n, NEXAR_UINT8, o.root, C(c)));
+        return 1;
+    }
+    NX_CALL(nexar_ibroadcast(p.addr, n, NEXAR_UINT8, o.root, C(c), q));
+    return 2;
+}
+
+// TorchGate says whether a group's fast calls may run in the caller's
+// thread: blocked counts what forbids it (operations queued on the group's
+// worker, a batch being coalesced, the group shut down). Read and changed
+// under the GIL only.
+struct TorchGate {
+    int blocked = 0;
+};
+
+// TorchCall is a ProcessGroup's collective method implemented in C, set
+// as an attribute of the group (which torch's ProcessGroup trampoline
+// finds before the class's method): called as method(tensors, opts=None).
+// One plain CPU tensor with the gate open is decided and made here
+// (torch_run): done, it returns None (torch's collectives then skip the
+// wait); started, the group's _started_work(name, tensors, handle) makes
+// its Work; failed, its _failed(name, tensors, error). Anything else goes
+// to the group's general method (slow). It holds the group weakly: no
+// cycle through the group's own attribute. No Python frame runs on the
+// fast path, so Dynamo's frame hook never sees one. Called with the GIL.
+struct TorchCall {
+    PyObject_HEAD
+    int kind;
+    handle_t comm;
+    TorchGate* gate;
+    PyObject* gate_obj;  // owns gate
+    PyObject* group;     // weakref to the ProcessGroup
+    PyObject* slow;      // name of the group's general method
+};
+
+// torch_call_group is the method's group (a new reference), or nullptr
+// with a Python error set.
+PyObject* torch_call_group(TorchCall* self) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject* g = nullptr;
+    if (PyWeakref_GetRef(self->group, &g) < 0) return nullptr;
+#else
+    PyObject* g = PyWeakref_GetObject(self->group);  // borrowed
+    if (g == nullptr) return nullptr;
+    if (g == Py_None) g = nullptr;
+    Py_XINCREF(g);
+#endif
+    if (g == nullptr) PyErr_SetString(PyExc_RuntimeError, "nexar: the process group of this method is gone");
+    return g;
+}
+
+PyObject* torch_call_slow(TorchCall* self, PyObject* args, PyObject* kwargs) {
+    PyObject* g = torch_call_group(self);
+    if (g == nullptr) return nullptr;
+    PyObject* fn = PyObject_GetAttr(g, self->slow);
+    Py_DECREF(g);
+    if (fn == nullptr) return nullptr;
+    PyObject* out = PyObject_Call(fn, args, kwargs);
+    Py_DECREF(fn);
+    return out;
+}
+
+PyObject* torch_call(PyObject* o, PyObject* args, PyObject* kwargs) {
+    auto* self = reinterpret_cast<TorchCall*>(o);
+    const Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+    if (self->gate->blocked != 0 || (kwargs != nullptr && PyDict_GET_SIZE(kwargs) != 0) || nargs < 1 ||
+        nargs > 2)
+        return torch_call_slow(self, args, kwargs);
+    PyObject* tensors = PyTuple_GET_ITEM(args, 0);
+    PyObject* opts = nargs == 2 ? PyTuple_GET_ITEM(args, 1) : Py_None;
+    PyObject* t = nullptr;
+    if (PyList_CheckExact(tensors) && PyList_GET_SIZE(tensors) == 1)
+        t = PyList_GET_ITEM(tensors, 0);
+    else if (PyTuple_CheckExact(tensors) && PyTuple_GET_SIZE(tensors) == 1)
+        t = PyTuple_GET_ITEM(tensors, 0);
+    if (t == nullptr) return torch_call_slow(self, args, kwargs);
+    nexar_request_t q = NEXAR_REQUEST_NULL;
+    int r = 0;
+    py::object err;
+    try {
+        try {
+            r = torch_run(self->kind, t, opts, self->comm, &q);
+        } catch (const NexarError& e) {
+            err = make_error(e.code, e.msg);
+        } catch (const ForkError& e) {
+            err = make_error(-2, e.what());
+        }
+    } catch (py::error_already_set& e) {
+        e.restore();
+        return nullptr;
+    } catch (const std::exception& e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        return nullptr;
+    }
+    if (r == 1) Py_RETURN_NONE;
+    if (r == 0 && !err) return torch_call_slow(self, args, kwargs);
+    PyObject* g = torch_call_group(self);
+    if (g == nullptr) {
+        if (r == 2) nexar_request_free(q);
+        return nullptr;
+    }
+    const char* name = kTorchKindNames[self->kind];
+    PyObject* out = err ? PyObject_CallMethod(g, "_failed", "sOO", name, tensors, err.ptr())
+                        : PyObject_CallMethod(g, "_started_work", "sOK", name, tensors,
+                                              static_cast<unsigned long long>(reinterpret_cast<handle_t>(q)));
+    Py_DECREF(g);
+    return out;
+}
+
+void torch_call_dealloc(PyObject* o) {
+    auto* self = reinterpret_cast<TorchCall*>(o);
+    PyTypeObject* type = Py_TYPE(o);
+    Py_XDECREF(self->gate_obj);
+    Py_XDECREF(self->group);
+    Py_XDECREF(self->slow);
+    type->tp_free(o);
+    Py_DECREF(type);  // a heap type: each instance holds its type
+}
+
+PyTypeObject* g_torch_call_type = nullptr;  // made at module import (PyType_FromSpec)
+
+PyTypeObject* make_torch_call_type() {
+    static PyType_Slot slots[] = {
+        {Py_tp_dealloc, reinterpret_cast<void*>(torch_call_dealloc)},
+        {Py_tp_call, reinterpret_cast<void*>(torch_call)},
+        {Py_tp_doc, const_cast<char*>("A ProcessGroup collective method implemented in C (nexar.torch's fast path).")},
+        {0, nullptr},
+    };
+    static PyType_Spec spec = {"nexar._nexar.TorchCall", sizeof(TorchCall), 0, Py_TPFLAGS_DEFAULT, slots};
+    return reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&spec));
 }
 
 }  // namespace
@@ -856,7 +1262,85 @@ PYBIND11_MODULE(_nexar, m) {
     });
 #undef NX_START
 
+    // ---- torch tensors (nexar.torch's fast paths; see TorchKinds) ------------
+    // torch_kinds_set(dtypes: {torch.dtype: nexar dtype}, ops: {RedOpType
+    // value: nexar op}, strided: torch.strided, sum: ReduceOp.SUM,
+    // hugepage_min: HugeRanges' smallest buffer, 0: off), once, before the
+    // calls below.
+    m.def("torch_kinds_set", [](py::dict dtypes, py::dict ops, py::object strided, py::object sum,
+                                size_t hugepage_min) {
+        auto* k = new TorchKinds();
+        for (auto item : dtypes)
+            k->dtypes.emplace_back(py::reinterpret_borrow<py::object>(item.first),
+                                   static_cast<nexar_datatype_t>(item.second.cast<int>()));
+        for (int& o : k->ops) o = -1;
+        for (auto item : ops) {
+            int v = item.first.cast<int>();
+            if (v < 0 || v >= 16) throw std::invalid_argument("torch_kinds_set: reduce op value out of range");
+            k->ops[v] = item.second.cast<int>();
+        }
+        k->strided = std::move(strided);
+        k->sum = std::move(sum);
+        for (auto [field, name] : {std::pair{&k->is_cpu, "is_cpu"}, {&k->layout, "layout"}, {&k->dtype, "dtype"},
+                                   {&k->is_contiguous, "is_contiguous"}, {&k->is_conj, "is_conj"},
+                                   {&k->is_neg, "is_neg"}, {&k->data_ptr, "data_ptr"}, {&k->numel, "numel"},
+                                   {&k->element_size, "element_size"}, {&k->reduce_op, "reduceOp"}, {&k->op, "op"},
+                                   {&k->async_op, "asyncOp"}, {&k->root_rank, "rootRank"}})
+            *field = py::reinterpret_steal<py::object>(PyUnicode_InternFromString(name));
+        g_huge.min_bytes = hugepage_min;
+        delete g_torch;  // only ever replaced under the GIL, by a second import
+        g_torch = k;
+    });
+    // TorchGate and torch_method(kind, comm, gate, group, slow): a
+    // group's collective method in C (TorchCall); kind "allreduce" or
+    // "broadcast", group the ProcessGroup (held weakly), slow the name of
+    // its general method.
+    py::class_<TorchGate>(m, "TorchGate")
+        .def(py::init<>())
+        .def_readwrite("blocked", &TorchGate::blocked);
+    g_torch_call_type = make_torch_call_type();
+    if (g_torch_call_type == nullptr) throw py::error_already_set();
+    m.def("torch_method", [](const std::string& kind, handle_t c, py::object gate, py::object group,
+                             const std::string& slow) {
+        int k = -1;
+        for (int i = 0; i < 2; i++)
+            if (kind == kTorchKindNames[i]) k = i;
+        if (k < 0) throw std::invalid_argument("torch_method: kind must be allreduce or broadcast, not " + kind);
+        TorchGate* g = gate.cast<TorchGate*>();
+        PyObject* ref = PyWeakref_NewRef(group.ptr(), nullptr);
+        if (ref == nullptr) throw py::error_already_set();
+        auto* self = PyObject_New(TorchCall, g_torch_call_type);
+        if (self == nullptr) {
+            Py_DECREF(ref);
+            throw py::error_already_set();
+        }
+        self->kind = k;
+        self->comm = c;
+        self->gate = g;
+        self->gate_obj = gate.release().ptr();
+        self->group = ref;
+        self->slow = PyUnicode_InternFromString(slow.c_str());
+        return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(self));
+    });
+
     m.def("wait", [](handle_t q) { NX_CALL(nexar_wait(R(q))); });
+    // wait_free: nexar_wait, then nexar_request_free whatever the wait
+    // returned (one call for a waiter that is done with the request).
+    m.def("wait_free", [](handle_t q) {
+        check_fork();
+        nexar_result_t rc;
+        std::string detail;
+        {
+            py::gil_scoped_release release_;
+            rc = nexar_wait(R(q));
+            if (rc != NEXAR_SUCCESS) {
+                const char* d = nexar_last_error();  // this thread's, before the free
+                detail = (d && *d) ? d : nexar_result_string(rc);
+            }
+            (void)nexar_request_free(R(q));
+        }
+        if (rc != NEXAR_SUCCESS) throw NexarError(static_cast<int>(rc), detail);
+    });
     m.def("testany", [](std::vector<handle_t> qs) {
         std::vector<nexar_request_t> hs;
         hs.reserve(qs.size());

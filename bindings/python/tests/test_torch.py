@@ -232,3 +232,170 @@ def test_fast_paths(n):
     outs = run_ranks(n, ["workers/fastpath_worker.py"], timeout=300, torchrun_env=True)
     for r, o in enumerate(outs):
         assert f"rank {r}: fastpath ok" in o, o
+
+
+def test_c_method_and_fallbacks():
+    """One rank: all_reduce and broadcast of one plain CPU tensor run in the
+    group's C methods (no Work for a synchronous call done); everything
+    they do not take reaches the general methods, with right results."""
+    import nexar
+    import torch.distributed as dist
+    from nexar.torch._pg import ProcessGroupNexar
+    from nexar.torch._work import StartedWork
+
+    pg = ProcessGroupNexar(dist.HashStore(), 0, 1)
+    general = []
+    for name in ("_allreduce_general", "_broadcast_general"):
+        orig = getattr(ProcessGroupNexar, name)
+        setattr(pg, name, lambda ts, opts=None, orig=orig, name=name: (general.append(name), orig(pg, ts, opts))[1])
+    try:
+        assert type(pg.allreduce).__name__ == "TorchCall", type(pg.allreduce)
+        sync = dist.AllreduceOptions()
+        sync.asyncOp = False
+        t = torch.arange(6, dtype=torch.float32)
+        assert pg.allreduce([t], sync) is None and torch.equal(t, torch.arange(6, dtype=torch.float32))
+        b = torch.arange(3, dtype=torch.float32).to(torch.complex64)
+        bo = dist.BroadcastOptions()
+        bo.asyncOp = False
+        assert pg.broadcast([b], bo) is None  # any dtype is bytes to a broadcast
+        w = pg.allreduce([t])  # no options: asynchronous, started in the library
+        assert isinstance(w, StartedWork) and w.wait() and torch.equal(t, torch.arange(6, dtype=torch.float32))
+        assert general == []
+
+        def general_gets(call, name):
+            general.clear()
+            w = call()
+            if w is not None:
+                w.wait()
+            assert general == [name], (general, name)
+
+        x = torch.arange(8, dtype=torch.float32)
+        general_gets(lambda: pg.allreduce([x[::2]], sync), "_allreduce_general")  # not contiguous
+        assert torch.equal(x, torch.arange(8, dtype=torch.float32))
+        general_gets(lambda: pg.allreduce([torch.tensor([True, False])], sync), "_allreduce_general")  # staged
+        general_gets(lambda: pg.allreduce([torch.ones(3, dtype=torch.int16)], sync), "_allreduce_general")
+        avg = dist.AllreduceOptions()
+        avg.reduceOp, avg.asyncOp = dist.ReduceOp.AVG, False
+        with pytest.raises(ValueError, match="AVG needs a floating-point tensor"):  # the general method's error
+            general_gets(lambda: pg.allreduce([torch.ones(3, dtype=torch.int32)], avg), "_allreduce_general")
+        assert general == ["_allreduce_general"]
+        general_gets(lambda: pg.allreduce([torch.ones(2), torch.ones(3)], sync), "_allreduce_general")
+        general_gets(lambda: pg.allreduce([torch.ones(2)], opts=sync), "_allreduce_general")  # keyword
+        general_gets(lambda: pg.broadcast([x[1::2]], bo), "_broadcast_general")
+        mx = dist.AllreduceOptions()
+        mx.reduceOp, mx.asyncOp = dist.ReduceOp.MAX, False
+        general.clear()
+        y = torch.tensor([3.0, -1.0])
+        assert pg.allreduce([y], mx) is None and general == [] and torch.equal(y, torch.tensor([3.0, -1.0]))
+        # The gate: while a batch is coalesced, the general method queues it.
+        pg._start_coalescing()
+        general.clear()
+        w = pg.allreduce([torch.ones(2)], sync)
+        assert general == ["_allreduce_general"] and w is not None
+        pg._end_coalescing().wait()
+        general.clear()
+        assert pg.allreduce([torch.ones(2)], sync) is None and general == []
+    finally:
+        pg.shutdown()
+    with pytest.raises(nexar.ClosedError):
+        pg.allreduce([torch.ones(2)], sync)  # shut down: the general method refuses
+
+
+def test_c_method_holds_its_group_weakly():
+    """The group's C methods (group attributes) do not keep it alive; one
+    kept after its group is gone raises a clear error."""
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+    from nexar.torch._pg import ProcessGroupNexar
+
+    pg = ProcessGroupNexar(dist.HashStore(), 0, 1)
+    method = pg.allreduce
+    pg.shutdown()
+    ref = weakref.ref(pg)
+    del pg
+    gc.collect()
+    assert ref() is None, "the group's C method keeps its group alive"
+    with pytest.raises(RuntimeError, match="process group of this method is gone"):
+        method([torch.ones(2)], None)
+
+
+def _anon_huge_kib(addr: int, size: int) -> int:
+    """AnonHugePages (KiB) of this process's mappings over [addr, addr+size)."""
+    import re
+
+    total = 0
+    with open("/proc/self/smaps") as f:
+        text = f.read()
+    for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", text):
+        lo, hi = (int(x, 16) for x in block.split()[0].split("-"))
+        if lo < addr + size and hi > addr:
+            total += sum(int(line.split()[1]) for line in block.splitlines() if line.startswith("AnonHugePages:"))
+    return total
+
+
+def _collapse_works() -> bool:
+    """Whether this kernel moves anonymous memory onto huge pages on
+    MADV_COLLAPSE (Linux 6.1+, THP not disabled, a huge page free)."""
+    import ctypes
+    import mmap
+
+    size = 4 << 20
+    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        for i in range(0, size, 4096):
+            m[i] = 1
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        lo = (addr + (2 << 20) - 1) & ~((2 << 20) - 1)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(2 << 20), 25)  # MADV_COLLAPSE
+        return _anon_huge_kib(lo, 2 << 20) >= 2048
+    except (OSError, ValueError):
+        return False
+    finally:
+        try:
+            m.close()
+        except BufferError:
+            pass
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="transparent huge pages are Linux's")
+@pytest.mark.parametrize("off", [False, True])
+def test_reused_large_tensor_moves_to_huge_pages(off):
+    """A tensor of 4 MiB or more that a group all_reduces a second time is
+    moved onto transparent huge pages (its contents unchanged); a tensor
+    used once is not; NEXAR_TORCH_HUGEPAGE_MIN=0 turns it off. One rank,
+    in a child process (the setting is read on import)."""
+    if not _collapse_works():
+        pytest.skip("MADV_COLLAPSE does not move memory onto huge pages here (kernel < 6.1, THP off, or none free)")
+    code = r"""
+import sys, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+from test_torch import _anon_huge_kib
+from nexar.torch._pg import ProcessGroupNexar
+pg = ProcessGroupNexar(dist.HashStore(), 0, 1)
+o = dist.AllreduceOptions()
+o.asyncOp = False
+n = (16 << 20) // 4
+t = torch.arange(n, dtype=torch.float32)
+once = torch.arange(n, dtype=torch.float32)
+assert _anon_huge_kib(t.data_ptr(), 16 << 20) == 0
+pg.allreduce([t], o)
+pg.allreduce([once], o)
+assert _anon_huge_kib(t.data_ptr(), 16 << 20) == 0, "collapsed on the first use"
+pg.allreduce([t], o)
+print("huge", _anon_huge_kib(t.data_ptr(), 16 << 20), _anon_huge_kib(once.data_ptr(), 16 << 20))
+assert torch.equal(t, torch.arange(n, dtype=torch.float32))
+pg.shutdown()
+"""
+    env = dict(os.environ, NEXAR_TORCH_HUGEPAGE_MIN="0" if off else "4M")
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, "-c", code, here], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    huge, once = map(int, r.stdout.split("huge", 1)[1].split())
+    assert once == 0, r.stdout
+    if off:
+        assert huge == 0, r.stdout
+    else:
+        assert huge >= 14 << 10, r.stdout  # the 2 MiB-aligned interior: at least 7 of the 8 huge pages

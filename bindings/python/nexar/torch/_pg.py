@@ -27,6 +27,7 @@ Design (see reference/torch-backend.md):
 from __future__ import annotations
 
 import inspect
+import os
 import time
 import weakref
 from datetime import timedelta
@@ -38,7 +39,7 @@ import torch.distributed as dist
 from .. import _comm, _errors
 from .._types import AVG, BAND, BOR, BXOR, SUM, Datatype
 from ._rendezvous import rendezvous
-from ._staging import (BYTE, Reduction, Staged, bytes_cat, copy_blocks, flat_cat, nbytes, offsets,
+from ._staging import (_OPS, BYTE, Reduction, Staged, bytes_cat, copy_blocks, flat_cat, nbytes, offsets,
                        op_of, tag64)
 from ._cuda import CudaOps, CudaP2PWork, CudaWork, check_cuda, is_cuda
 from ._work import Completer, DoneWork, NexarWork, StartedWork, WorkQueue, complete_in_thread
@@ -66,6 +67,29 @@ _FAST_DT = {
     torch.int32: int(Datatype.INT32), torch.int64: int(Datatype.INT64),
 }
 _FLOAT_DT = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
+
+
+def _hugepage_min(v: str) -> int:
+    """NEXAR_TORCH_HUGEPAGE_MIN: the smallest tensor (bytes, suffixes K, M,
+    G) moved onto huge pages on its second all_reduce or broadcast; 0 turns
+    it off; unset: 4 MiB."""
+    v = v.strip().upper()
+    if not v:
+        return 4 << 20
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(v[-1:], 1)
+    try:
+        n = int(v[:-1] if mult > 1 else v) * mult
+    except ValueError:
+        raise ValueError(f"nexar: NEXAR_TORCH_HUGEPAGE_MIN={v!r}: want a byte count such as 4M, or 0") from None
+    if n < 0:
+        raise ValueError(f"nexar: NEXAR_TORCH_HUGEPAGE_MIN={v!r}: want a byte count such as 4M, or 0")
+    return n
+
+
+# What RawComm.tensor_method's calls take as they are
+# (PREMUL_SUM is not among the ops: it is staged).
+_comm.set_tensor_kinds(_FAST_DT, _OPS, torch.strided, dist.ReduceOp.SUM,
+                       _hugepage_min(os.environ.get("NEXAR_TORCH_HUGEPAGE_MIN", "")))
 
 
 def _plain(t) -> bool:
@@ -124,13 +148,29 @@ class ProcessGroupNexar(dist.ProcessGroup):
         self._cuda = CudaOps()
         self._closed = False
         self._coalescing: Optional[list] = None
-        self._queue = WorkQueue(f"nexar-pg-{group_id or 'x'}-r{rank}")
+        # Open (0) while a collective may start in the caller's thread: no
+        # queued one still to run (issue order), no batch being coalesced,
+        # not shut down. The C fast paths read it (_install_fast).
+        self._gate = _comm.TensorGate()
+        self._queue = WorkQueue(f"nexar-pg-{group_id or 'x'}-r{rank}", self._gate)
         self._completer = Completer(f"nexar-pg-{group_id or 'x'}-r{rank}-futures")
         # A group the program never destroyed is closed at interpreter exit,
         # before torch tears down: its peers see a goodbye at once instead
         # of waiting out the heartbeat, and no worker thread of ours is
         # still inside the library while the interpreter finalizes.
         self._at_exit = weakref.finalize(self, _close_at_exit, self._comm, self._queue, self._completer, self._seed)
+        self._install_fast()
+
+    def _install_fast(self):
+        """all_reduce and broadcast of one plain CPU tensor, decided and
+        made in C (RawComm.tensor_method) as this group's attributes, which
+        torch's ProcessGroup trampoline calls instead of the class's
+        methods: no Python frame between torch and libnexar, no Work for a
+        synchronous call done (docs/performance.md, "The torch path").
+        What they do not take goes to _allreduce_general and
+        _broadcast_general, the class's methods."""
+        self.allreduce = self._raw.tensor_method("allreduce", self, self._gate, "_allreduce_general")
+        self.broadcast = self._raw.tensor_method("broadcast", self, self._gate, "_broadcast_general")
 
     @classmethod
     def from_comm(cls, comm: _comm.Comm, group_id: str = "") -> "ProcessGroupNexar":
@@ -192,6 +232,7 @@ class ProcessGroupNexar(dist.ProcessGroup):
             time.sleep(0.001)
         old, old_seed = self._comm, self._seed
         self._comm, self._raw, self._seed = comm, comm.raw, seed
+        self._install_fast()
         self._rank_, self._size_ = comm.rank, comm.size
         if token is not None:
             self._token = token
@@ -365,6 +406,7 @@ class ProcessGroupNexar(dist.ProcessGroup):
         if self._closed:
             return
         self._closed = True
+        self._gate.blocked += 1
         self._at_exit.detach()
         self._queue.close(timeout=60)
         try:
@@ -409,16 +451,34 @@ class ProcessGroupNexar(dist.ProcessGroup):
         coalesced."""
         return not self._closed and self._coalescing is None and self._queue.idle()
 
-    def _now(self, name: str, result, call) -> NexarWork:
-        """A synchronous call (opts.asyncOp false: torch waits at once) run
-        here, in the caller's thread, with the GIL released in C: no thread
-        hand-off and no request."""
+    # A synchronous call (opts.asyncOp false: torch waits at once) runs in
+    # the caller's thread, with the GIL released in C: no thread hand-off
+    # and no request. Done, it returns no Work at all: torch's collectives
+    # (those that pass asyncOp, torch >= 2.7) then skip the wait ("the
+    # backend has sync'ed"), which saves making a Work and calling back
+    # into Python for its wait(). A failure returns a failed Work, whose
+    # wait() raises it.
+
+    def _now(self, name: str, result, call) -> Optional[NexarWork]:
+        """Run call() here (a synchronous call): None when it succeeded."""
         self._comm.check()
         try:
             call()
         except _errors.Error as e:
             return DoneWork(result, name, e)
-        return DoneWork(result, name, None)
+        return None
+
+    def _started_work(self, name: str, tensors, h: int) -> NexarWork:
+        """The Work of a C fast path's operation started in the library
+        (raw request h) on tensors[0]."""
+        return StartedWork(tensors, name, self._raw, h, tensors[0], self._completer)
+
+    def _failed(self, name: str, tensors, e: BaseException) -> NexarWork:
+        """The Work of a fast path's call that failed with e; a forked
+        child or a closed group raises at once instead, as the other paths
+        do."""
+        self._comm.check()
+        return DoneWork(tensors, name, e)
 
     def _started(self, name: str, result, start, keep, finish=None) -> NexarWork:
         """A Work for an operation start() begins in the library (it returns
@@ -488,6 +548,8 @@ class ProcessGroupNexar(dist.ProcessGroup):
         return w
 
     # ---- allreduce -------------------------------------------------------
+    # all_reduce and broadcast of one plain CPU tensor go through C first
+    # (_install_fast); these methods are what the C paths do not take.
     def allreduce(self, tensors, opts=None):
         op, factor = op_of(opts)
         raw = self._raw
@@ -500,15 +562,6 @@ class ProcessGroupNexar(dist.ProcessGroup):
                 for a, n, dt in args:
                     raw.allreduce_stream(a, a, n, dt, int(op), stream)
             return self._on_cuda("allreduce", tensors, run)
-        if len(tensors) == 1 and factor is None and self._fast():
-            t = tensors[0]
-            dt = _FAST_DT.get(t.dtype)
-            if (dt is not None and _plain(t) and (op != AVG or t.dtype in _FLOAT_DT)
-                    and (op not in (BAND, BOR, BXOR) or t.dtype not in _FLOAT_DT)):
-                a, n, o = t.data_ptr(), t.numel(), int(op)
-                if not getattr(opts, "asyncOp", True):
-                    return self._now("allreduce", tensors, lambda: raw.allreduce(a, a, n, dt, o))
-                return self._started("allreduce", tensors, lambda: raw.iallreduce_raw(a, a, n, dt, o), t)
 
         def fn():
             for t in tensors:
@@ -613,12 +666,6 @@ class ProcessGroupNexar(dist.ProcessGroup):
                 for a, n in args:
                     raw.broadcast_stream(a, n, BYTE, root, stream)
             return self._on_cuda("broadcast", tensors, run)
-        if len(tensors) == 1 and self._fast() and _plain(tensors[0]):
-            t = tensors[0]
-            a, n = t.data_ptr(), t.numel() * t.element_size()
-            if not getattr(opts, "asyncOp", True):
-                return self._now("broadcast", tensors, lambda: raw.broadcast(a, n, BYTE, root))
-            return self._started("broadcast", tensors, lambda: raw.ibroadcast_raw(a, n, BYTE, root), t)
 
         def fn():
             for t in tensors:
@@ -937,10 +984,16 @@ class ProcessGroupNexar(dist.ProcessGroup):
 
     # ---- coalescing (batch_isend_irecv, _coalescing_manager) ------------------------
     def _start_coalescing(self, device=None):
+        if self._coalescing is None:
+            self._gate.blocked += 1
         self._coalescing = []
 
     def _end_coalescing(self, device=None):
-        works, self._coalescing = self._coalescing or [], None
+        works, self._coalescing = self._coalescing, None
+        if works is None:
+            works = []
+        else:
+            self._gate.blocked -= 1
         agg = NexarWork([], "coalesced")
 
         def fn():
@@ -979,10 +1032,16 @@ def _untraced(cls) -> None:
         return
     for name, fn in list(vars(cls).items()):
         if name.startswith("_") and name not in ("_start_coalescing", "_end_coalescing", "_get_backend",
-                                                 "_set_group_name", "_set_group_desc"):
+                                                 "_set_group_name", "_set_group_desc",
+                                                 "_started_work", "_failed"):  # called from C
             continue
         if inspect.isfunction(fn):
             setattr(cls, name, disable(fn, recursive=True))
 
 
 _untraced(ProcessGroupNexar)
+# The general methods the C fast paths fall back to (_install_fast), under
+# their own names: the group's attributes allreduce and broadcast are the C
+# paths themselves.
+ProcessGroupNexar._allreduce_general = ProcessGroupNexar.allreduce
+ProcessGroupNexar._broadcast_general = ProcessGroupNexar.broadcast

@@ -23,6 +23,8 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from .. import _errors
+
 __all__ = ["NexarWork", "DoneWork", "StartedWork", "Completer", "WorkQueue", "complete_in_thread"]
 
 
@@ -123,12 +125,22 @@ def _run(fn: Callable[[], None], work: NexarWork):
 
 class StartedWork(NexarWork):
     """A collective started in the library (a raw request handle) from the
-    caller's thread. wait() waits in C with the GIL released; keep holds
+    caller's thread. wait() waits in C with the GIL released (and, when
+    nothing ran the operation yet, runs it there: libnexar defers a
+    started collective to its first waiter for a short while); keep holds
     the memory the operation uses until it completes; on success finish()
     runs (a write-back), then the Work completes. The torch Future is made
     only when get_future() asks for it, and completed by the group's
     Completer if the operation is still running. Safe from any thread.
     """
+
+    # Defaults of what most works never change (fewer stores per call).
+    _source = -1
+    _exc: Optional[BaseException] = None
+    _done = False  # settled: _exc is the outcome
+    _src = None
+    _fut = None
+    _finish: Optional[Callable[[], None]] = None
 
     def __init__(self, result, op_name: str, raw, handle: int, keep, completer: "Completer",
                  finish: Optional[Callable[[], None]] = None):
@@ -138,24 +150,25 @@ class StartedWork(NexarWork):
         self._raw = raw
         self._h = handle
         self._keep = keep
-        self._finish = finish
+        if finish is not None:
+            self._finish = finish
         self._completer = completer
-        self._event = threading.Event()
-        self._exc: Optional[BaseException] = None
-        self._source = -1
-        self._src = None
-        self._fut = None
-        self._wlock = threading.Lock()  # one thread in C (wait or test) on the request
-        self._lock = threading.Lock()  # completion state and the future
+        # One thread in C (wait or test) on the request at a time; it
+        # settles the work before it lets go, so whoever takes it next
+        # finds the outcome.
+        self._wlock = threading.Lock()
+        self._lock = threading.Lock()  # _done and the future
 
-    def _settle(self, exc: Optional[BaseException]):
+    def _settle(self, exc: Optional[BaseException], freed: bool = False):
         # Once, with self._wlock held (the request is no one else's now):
-        # free the request, write back, then complete under self._lock.
+        # free the request (unless the wait did), write back, then complete
+        # under self._lock.
         h, self._h = self._h, 0
-        try:
-            self._raw.free_raw(h)
-        except Exception:  # noqa: BLE001 - a freed or forked handle: nothing to release
-            pass
+        if not freed:
+            try:
+                self._raw.free_raw(h)
+            except Exception:  # noqa: BLE001 - a freed or forked handle: nothing to release
+                pass
         if exc is None and self._finish is not None:
             try:
                 self._finish()
@@ -164,7 +177,7 @@ class StartedWork(NexarWork):
         self._keep = self._finish = None
         with self._lock:
             self._exc = exc
-            self._event.set()
+            self._done = True
             src = self._src
         if src is not None:
             self._resolve(src)
@@ -177,25 +190,28 @@ class StartedWork(NexarWork):
 
     def _wait_c(self):
         """Wait in C until the operation completes (the communicator's
-        timeout bounds it), then settle."""
+        timeout bounds it), then settle; if another thread is waiting,
+        wait for it to settle."""
         with self._wlock:
-            if self._event.is_set():
+            if self._done:
                 return
             try:
-                self._raw.wait_raw(self._h)
+                self._raw.wait_free_raw(self._h)
+            except _errors.Error as e:  # the request is freed
+                self._settle(e, freed=True)
             except BaseException as e:  # noqa: BLE001 - delivered to whoever waits
                 self._settle(e)
             else:
-                self._settle(None)
+                self._settle(None, freed=True)
 
     def _poll(self) -> bool:
         """Complete the work if the operation has; True once it has."""
-        if self._event.is_set():
+        if self._done:
             return True
         if not self._wlock.acquire(blocking=False):
             return False  # another thread is waiting on it in C
         try:
-            if self._event.is_set():
+            if self._done:
                 return True
             try:
                 done = self._raw.test_raw(self._h)
@@ -209,20 +225,19 @@ class StartedWork(NexarWork):
             self._wlock.release()
 
     def wait(self, timeout=None):
-        secs = _seconds(timeout)
-        if secs is None:
-            self._wait_c()
-            self._event.wait()  # another thread may be settling it
-        else:
-            deadline = time.monotonic() + secs
-            pause = 20e-6
-            while not self._poll():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RuntimeError(f"nexar: {self._op_name} did not complete within {timeout}")
-                time.sleep(min(pause, left))
-                pause = min(pause * 2, 5e-3)
-            self._event.wait()
+        if not self._done:
+            secs = None if timeout is None else _seconds(timeout)
+            if secs is None:
+                self._wait_c()
+            else:
+                deadline = time.monotonic() + secs
+                pause = 20e-6
+                while not self._poll():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise RuntimeError(f"nexar: {self._op_name} did not complete within {timeout}")
+                    time.sleep(min(pause, left))
+                    pause = min(pause * 2, 5e-3)
         if self._exc is not None:
             raise self._exc
         return True
@@ -243,7 +258,7 @@ class StartedWork(NexarWork):
                 fresh = True
             else:
                 fresh = False
-            done, fut, src = self._event.is_set(), self._fut, self._src
+            done, fut, src = self._done, self._fut, self._src
         if fresh and done:
             self._resolve(src)
         elif fresh:
@@ -256,19 +271,25 @@ class DoneWork(NexarWork):
     synchronous call: torch waits on it at once): exc is its error, or
     None. The future is made only if asked for. Safe from any thread."""
 
+    _source = -1
+    _fut = None
+
     def __init__(self, result, op_name: str, exc: Optional[BaseException]):
         dist.Work.__init__(self)
         self._result = result
         self._op_name = op_name
         self._exc = exc
-        self._source = -1
-        self._fut = None
-        self._event = _SET
 
     def wait(self, timeout=None):
         if self._exc is not None:
             raise self._exc
         return True
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return self._exc is None
 
     def get_future(self):
         if self._fut is None:
@@ -277,10 +298,6 @@ class DoneWork(NexarWork):
             src.set_result((self._exc, self._result))
             self._fut = fut
         return self._fut
-
-
-_SET = threading.Event()
-_SET.set()
 
 
 class Completer:
@@ -321,18 +338,22 @@ class WorkQueue:
     """One thread running submitted (fn, work) pairs in submission order;
     each work is completed with fn's outcome. submit() and close() are safe
     from any thread; idle() says whether nothing submitted is still to
-    run."""
+    run, and so does gate.blocked (counted in it, under the queue's lock)
+    when a gate (a nexar TensorGate) is given."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, gate=None):
         self._q: "queue.SimpleQueue" = queue.SimpleQueue()
         self._mu = threading.Lock()
         self._pending = 0
+        self._gate = gate  # its blocked count holds what is submitted and not yet run
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, fn: Callable[[], None], work: NexarWork):
         with self._mu:
             self._pending += 1
+            if self._gate is not None:
+                self._gate.blocked += 1
         self._q.put((fn, work))
 
     def idle(self) -> bool:
@@ -360,6 +381,8 @@ class WorkQueue:
             finally:
                 with self._mu:
                     self._pending -= 1
+                    if self._gate is not None:
+                        self._gate.blocked -= 1
 
 
 def complete_in_thread(name: str, fn: Callable[[], None], work: NexarWork):

@@ -74,8 +74,9 @@ def torch_part():
     # The bucketed path must serve coalesced calls: no per-tensor allreduce.
     def no_allreduce(*a, **k):
         raise AssertionError("per-tensor allreduce used for a coalesced call")
-    saved = RawComm.allreduce, RawComm.iallreduce_raw
-    RawComm.allreduce, RawComm.iallreduce_raw = no_allreduce, no_allreduce
+    # (the group's own all_reduce, a C method set on it, and the raw call)
+    saved = RawComm.allreduce
+    RawComm.allreduce = pg.allreduce = no_allreduce
 
     sizes = [1, 300, 0, 2000, 7, 513]
     tri = n * (n - 1) / 2
@@ -122,7 +123,9 @@ def torch_part():
     for k, t in zip(sizes, ts):
         assert torch.equal(t, torch.arange(k).float() + n - 1), t[:4]
 
-    RawComm.allreduce, RawComm.iallreduce_raw = saved
+    RawComm.allreduce = saved
+    del pg.allreduce
+    pg._install_fast()
     # batch_isend_irecv now goes through _start/_end_coalescing.
     if n > 1:
         send = torch.full((4,), float(r))

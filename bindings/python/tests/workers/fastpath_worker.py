@@ -21,16 +21,26 @@ def main():
     be = pg._get_backend(torch.device("cpu"))
     tri = n * (n - 1) // 2
 
-    # Synchronous: run in place, in this thread.
+    # Synchronous: run in place, in this thread; done, no Work is returned
+    # (torch's collectives then skip the wait).
     t = torch.full((5,), float(r))
     dist.all_reduce(t)
     assert torch.equal(t, torch.full((5,), float(tri))), t
     opts = dist.AllreduceOptions()
     opts.asyncOp = False
-    w = be.allreduce([torch.ones(3)], opts)
-    assert isinstance(w, DoneWork), type(w)
-    assert w.is_completed() and w.wait()
-    assert torch.equal(w.get_future().wait()[0], torch.full((3,), float(n)))
+    t = torch.ones(3)
+    w = be.allreduce([t], opts)
+    assert w is None, type(w)
+    assert torch.equal(t, torch.full((3,), float(n))), t
+    b = torch.full((4,), float(r), dtype=torch.float64)
+    bo = dist.BroadcastOptions()
+    bo.rootRank, bo.asyncOp = n - 1, False
+    assert be.broadcast([b], bo) is None
+    assert torch.equal(b, torch.full((4,), float(n - 1), dtype=torch.float64)), b
+    be.barrier(dist.BarrierOptions()).wait()  # asyncOp true by default: a Work
+    bo = dist.BarrierOptions()
+    bo.asyncOp = False
+    assert be.barrier(bo) is None
 
     # Asynchronous: started in the library; wait() in C; a future on demand.
     ws = [dist.all_reduce(torch.full((1000,), float(r + k)), async_op=True) for k in range(4)]
@@ -70,20 +80,31 @@ def main():
     # An error in a started operation reaches wait() and the future.
     bad = dist.all_reduce(torch.ones(2) if r == 0 else torch.ones(3), async_op=True)
     fut = bad.get_future()
-    try:
-        bad.wait()
-    except Exception as e:  # noqa: BLE001
-        assert "MISMATCH" in str(e) or "called" in str(e), e
-    else:
-        raise AssertionError("a mismatched all_reduce succeeded")
+    mismatched(bad.wait, "a mismatched all_reduce")
     try:
         fut.wait()
     except RuntimeError:
         pass
     else:
         raise AssertionError("the future of a failed all_reduce succeeded")
+    # A synchronous call that fails (the group failed above) returns a
+    # failed Work whose wait() raises, and dist.all_reduce raises.
+    w = be.allreduce([torch.ones(2)], opts)
+    assert isinstance(w, DoneWork), type(w)
+    mismatched(w.wait, "a synchronous all_reduce on a failed group")
+    mismatched(lambda: dist.all_reduce(torch.ones(2)), "dist.all_reduce on a failed group")
     print(f"rank {r}: fastpath ok", flush=True)
     sys.stdout.flush()
+
+
+def mismatched(call, what):
+    """call() must raise the group's mismatch error."""
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001
+        assert "MISMATCH" in str(e) or "called" in str(e), e
+    else:
+        raise AssertionError(f"{what} succeeded")
 
 
 if __name__ == "__main__":

@@ -523,8 +523,13 @@ func (c *Comm) sayBye(done uint64, cause *Error) {
 	ctx, cancel := context.WithTimeout(context.Background(), min(byeTimeout, c.cfg.HeartbeatTimeout))
 	defer cancel()
 	var wg sync.WaitGroup
+	var cast []int // world ranks told in one broadcast (core/topo.go)
 	for p := 0; p < c.size; p++ {
 		if p == c.rank || c.peerIsDown(p) {
+			continue
+		}
+		if c.n.byeByCast(c.world[p]) {
+			cast = append(cast, c.world[p])
 			continue
 		}
 		// Behind every data message of c to p; where none ever went (a
@@ -535,6 +540,9 @@ func (c *Comm) sayBye(done uint64, cause *Error) {
 			lane = transport.LaneControl
 		}
 		wg.Go(func() { _ = c.n.ep.Send(ctx, c.world[p], lane, &th, payload) })
+	}
+	if len(cast) > 0 {
+		wg.Go(func() { _ = c.n.relay.Broadcast(ctx, transport.LaneControl, &th, payload, cast) })
 	}
 	wg.Wait()
 }

@@ -67,7 +67,7 @@ func localMesh(nodes []*node, g *topology.Graph) []transport.DataPath {
 		rs[i] = nd.newRelay(g, nd.onDown)
 		hs[i], ds[i] = rs[i].Handler(), rs[i].DownHandler()
 	}
-	inner := mem.NewMesh(n, hs, ds)
+	inner := mem.NewMeshLinked(n, hs, ds, g.IsNeighbor)
 	out := make([]transport.DataPath, n)
 	for i, r := range rs {
 		r.Start(inner[i])
@@ -229,6 +229,16 @@ func (n *node) noteRegisteredLocked(c *Comm) {
 		n.topo.born = map[uint64]uint64{}
 	}
 	n.topo.born[c.id] = n.topo.failures
+}
+
+// byeByCast reports whether a goodbye to world rank w goes in the relay's
+// broadcast (transport/relay/cast.go): w is no neighbour and this node
+// relayed nothing to it, so no message of this rank is on a route to w for
+// the goodbye to stay behind. One broadcast costs N-1 one-hop sends where
+// relaying to every member costs the sum of their distances: with every
+// rank closing at once, O(N^2) relayed hops in all.
+func (n *node) byeByCast(w int) bool {
+	return n.relay != nil && !n.graph.IsNeighbor(n.rank, w) && !n.relay.Talked(w)
 }
 
 // relayedBytes is the payload this node forwarded for other ranks.

@@ -53,7 +53,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nexar-go/nexar/internal/chanctx"
 	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport"
 )
@@ -67,6 +66,7 @@ const (
 	flagFirst             // first fragment of a message
 	flagBye               // the source closed; byte 2 holds the lanes it says goodbye on
 	flagCheck             // out of band: the sender handed frames up to seq to a relay that failed
+	flagCast              // a broadcast of the source (cast.go): the payload starts with a bit per recipient
 )
 
 // Relay frame layout in the inner header.
@@ -122,6 +122,11 @@ type Endpoint struct {
 	start chan struct{}      // closed by Start
 	done  chan struct{}      // closed by Close
 	kill  chan struct{}      // closed by Close once forwards had their drain time
+	// doneCtx and killCtx end with done and kill: real contexts, so that
+	// a send derives from them without a goroutine per frame (a context
+	// over a bare channel costs one in context.AfterFunc).
+	doneCtx, killCtx       context.Context
+	doneCancel, killCancel context.CancelFunc
 
 	failed  []atomic.Bool // per rank: failed or gone, never a relay again
 	nFailed atomic.Int32  // how many are set: the routing generation
@@ -201,6 +206,8 @@ func New(g *topology.Graph, rank int, h transport.Handler, down transport.DownHa
 		tx: map[int]*txState{}, rx: map[int]*rxState{}, byes: map[int]uint8{},
 		flows: map[flowKey]flowState{}, queues: map[int]*fwdQueue{},
 	}
+	e.doneCtx, e.doneCancel = context.WithCancel(context.Background())
+	e.killCtx, e.killCancel = context.WithCancel(context.Background())
 	e.frag = fragMax
 	if opts.FragmentSize > 0 && opts.FragmentSize < fragMax {
 		e.frag = opts.FragmentSize
@@ -303,7 +310,7 @@ func (e *Endpoint) sendRelayed(ctx context.Context, dst int, lane transport.Lane
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if !bye {
-		stop := context.AfterFunc(chanctx.Of(e.done), cancel)
+		stop := context.AfterFunc(e.doneCtx, cancel)
 		defer stop()
 	}
 	e.mu.Lock()
@@ -399,7 +406,7 @@ func (e *Endpoint) route(ctx context.Context, dst int, lane transport.Lane, fh *
 // flow's last hop failed with that hop, so that the destination can name
 // the failed relay should frames be missing.
 func (e *Endpoint) stampReroute(fh *transport.Header, lane transport.Lane, hop int) {
-	if fh[offFlags]&flagCheck != 0 || binary.LittleEndian.Uint32(fh[offVia:]) != 0 {
+	if fh[offFlags]&(flagCheck|flagCast) != 0 || binary.LittleEndian.Uint32(fh[offVia:]) != 0 {
 		return
 	}
 	k := flowKey{int32(binary.LittleEndian.Uint32(fh[offSrc:])), int32(binary.LittleEndian.Uint32(fh[offDst:])), lane}
@@ -442,8 +449,14 @@ func (e *Endpoint) handle(from int, lane transport.Lane, h *transport.Header, p 
 	}
 	src := int(binary.LittleEndian.Uint32(h[offSrc:]))
 	dst := int(binary.LittleEndian.Uint32(h[offDst:]))
-	if src < 0 || src >= e.g.Size() || dst < 0 || dst >= e.g.Size() || src == e.rank {
+	// A broadcast's detour (cast.go) may pass its source.
+	detour := h[offFlags]&flagCast != 0 && dst != src && dst != e.rank
+	if src < 0 || src >= e.g.Size() || dst < 0 || dst >= e.g.Size() || (src == e.rank && !detour) {
 		e.dropped.Add(1)
+		return
+	}
+	if h[offFlags]&flagCast != 0 && !detour {
+		e.castArrive(src, lane, h, p) // on the tree, or where a detour ends
 		return
 	}
 	if dst != e.rank {
@@ -476,6 +489,11 @@ func (e *Endpoint) enqueue(lane transport.Lane, f frame) {
 		e.dropped.Add(1)
 		return
 	}
+	e.enqueueTo(hop, lane, f)
+}
+
+// enqueueTo queues a frame for the neighbour hop.
+func (e *Endpoint) enqueueTo(hop int, lane transport.Lane, f frame) {
 	k := hop*int(transport.NumLanes) + int(lane)
 	e.mu.Lock()
 	q := e.queues[k]
@@ -517,27 +535,33 @@ func (e *Endpoint) drain(q *fwdQueue) {
 		q.frames = q.frames[1:]
 		e.mu.Unlock()
 		lane := transport.Lane(q.lane)
+		// A broadcast frame on the tree (its destination: the source)
+		// goes around a failed child; one on a detour is routed again.
+		cast := f.h[offFlags]&flagCast != 0 && binary.LittleEndian.Uint32(f.h[offDst:]) == binary.LittleEndian.Uint32(f.h[offSrc:])
+		if e.isFailed(q.hop) && cast {
+			e.castAround(q.hop, lane, f)
+			continue
+		}
 		if e.isFailed(q.hop) {
 			binary.LittleEndian.PutUint32(f.h[offVia:], uint32(q.hop+1))
 			e.enqueue(lane, f)
 			continue
 		}
 		e.stampReroute(&f.h, lane, q.hop)
-		ctx, cancel := context.WithCancel(context.Background())
-		stop := context.AfterFunc(chanctx.Of(e.kill), cancel)
-		err := e.inner.Send(ctx, q.hop, lane, &f.h, f.p)
-		stop()
-		cancel()
+		err := e.inner.Send(e.killCtx, q.hop, lane, &f.h, f.p)
 		var pd *transport.PeerDownError
 		switch {
 		case err == nil:
-			if f.h[offFlags]&flagCheck == 0 {
+			if f.h[offFlags]&(flagCheck|flagCast) == 0 {
 				src := int32(binary.LittleEndian.Uint32(f.h[offSrc:]))
 				dst := int32(binary.LittleEndian.Uint32(f.h[offDst:]))
 				e.mu.Lock()
 				e.flows[flowKey{src, dst, lane}] = flowState{last: binary.LittleEndian.Uint64(f.h[offSeq:]), hop: int32(q.hop)}
 				e.mu.Unlock()
 			}
+		case errors.As(err, &pd) && pd.Peer == q.hop && cast:
+			e.markFailed(q.hop)
+			e.castAround(q.hop, lane, f)
 		case errors.As(err, &pd) && pd.Peer == q.hop && int(binary.LittleEndian.Uint32(f.h[offDst:])) != q.hop:
 			e.markFailed(q.hop)
 			binary.LittleEndian.PutUint32(f.h[offVia:], uint32(q.hop+1))
@@ -696,9 +720,11 @@ func (e *Endpoint) notifyUp(peer int, err error) {
 	}()
 }
 
-// Close says goodbye to every non-neighbour (behind this rank's messages,
-// on every lane it used), lets queued forwards drain for a bounded time,
-// then closes the inner path. Idempotent.
+// Close says goodbye to every non-neighbour that was not told it is down:
+// relayed behind this rank's messages, on every lane it used, to those it
+// relayed messages to (Talked), and in one broadcast on the control lane to
+// the others (cast.go), then lets queued forwards drain for a bounded time
+// and closes the inner path. Idempotent.
 func (e *Endpoint) Close() error {
 	e.mu.Lock()
 	if e.closed {
@@ -708,34 +734,48 @@ func (e *Endpoint) Close() error {
 	}
 	e.closed = true
 	close(e.done)
+	e.doneCancel()
 	e.mu.Unlock()
 	select {
 	case <-e.start:
 	default:
 		close(e.kill)
+		e.killCancel()
 		e.wg.Wait()
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), closeDrain)
 	defer cancel()
+	var masks []uint8 // per rank: the lanes of a relayed goodbye, 0: none
+	var cast []int    // the rest
+	e.mu.Lock()
 	for p := 0; p < e.g.Size(); p++ {
-		if e.direct(p) || ctx.Err() != nil {
+		if e.direct(p) || e.told[p] {
 			continue
 		}
-		e.mu.Lock()
-		gone := e.told[p]
-		mask := uint8(1 << transport.LaneControl)
+		mask := uint8(0)
 		for l := range transport.NumLanes {
 			if tx := e.tx[p*int(transport.NumLanes)+int(l)]; tx != nil && tx.used {
-				mask |= 1 << l
+				mask |= 1<<l | 1<<transport.LaneControl
 			}
 		}
-		e.mu.Unlock()
-		if gone {
+		if mask == 0 {
+			cast = append(cast, p)
 			continue
 		}
+		if masks == nil {
+			masks = make([]uint8, e.g.Size())
+		}
+		masks[p] = mask
+	}
+	e.mu.Unlock()
+	if len(cast) > 0 {
+		ctl := uint8(1 << transport.LaneControl)
+		_ = e.cast(ctx, transport.LaneControl, flagBye, ctl, cast, func(p []byte) []byte { return p }, 0)
+	}
+	for p, mask := range masks {
 		for l := range transport.NumLanes {
-			if mask&(1<<l) != 0 {
+			if mask&(1<<l) != 0 && ctx.Err() == nil {
 				_ = e.sendRelayed(ctx, p, l, nil, nil, mask, true)
 			}
 		}
@@ -755,6 +795,7 @@ func (e *Endpoint) Close() error {
 		time.Sleep(time.Millisecond)
 	}
 	close(e.kill)
+	e.killCancel()
 	err := e.inner.Close()
 	e.wg.Wait()
 	return err

@@ -270,3 +270,74 @@ func TestRelayKilled(t *testing.T) {
 	}
 	t.Logf("relay %d killed: %d of %d delivered, losses reported %v", relayRank, len(s.msgs[4]), k, lost)
 }
+
+// A broadcast reaches each recipient once, from its source, with its
+// payload, in the order its source sent; non-recipients forward it and get
+// nothing; with ranks killed on the tree, the frames go around them.
+func TestBroadcast(t *testing.T) {
+	for _, spec := range []topology.Spec{{Kind: topology.KRegular, N: 2}, {Kind: topology.KRegular, N: 4}, {Kind: topology.Hypercube}} {
+		for _, n := range []int{5, 16, 29} {
+			for _, kill := range []bool{false, true} {
+				s := newSink(n)
+				rs, inner := mesh(t, spec, n, s.handlers(), nil, relay.Options{})
+				g := rs[0].Graph()
+				dead := -1
+				if kill {
+					// A rank in the middle of trees: every rank knows it
+					// died (core's failure gossip tells them), and routes
+					// and trees go around it.
+					dead = g.Neighbors(0)[len(g.Neighbors(0))-1]
+					mem.Kill(inner[dead])
+					for p := range rs {
+						rs[p].Abandon(dead, nil)
+					}
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				want := make([]int, n) // messages each rank should get
+				const k = 3
+				for src := range n {
+					if src == dead {
+						continue
+					}
+					var to []int
+					for r := range n {
+						// Every other non-neighbour, so that some ranks only forward.
+						if r != src && r != dead && !g.IsNeighbor(src, r) && (r+src)%2 == 0 {
+							to = append(to, r)
+							want[r] += k
+						}
+					}
+					for seq := range k {
+						if err := rs[src].Broadcast(ctx, transport.LaneControl, hdr(src, seq), body(src, 0, seq, 10+seq), to); err != nil {
+							t.Fatalf("%s n=%d: broadcast from %d: %v", spec, n, src, err)
+						}
+					}
+				}
+				for r := range n {
+					for s.count(r) < want[r] && ctx.Err() == nil {
+						time.Sleep(5 * time.Millisecond)
+					}
+				}
+				time.Sleep(20 * time.Millisecond) // nothing more may come
+				s.mu.Lock()
+				for r := range n {
+					next := map[int]uint64{}
+					for _, m := range s.msgs[r] {
+						if m.seq != next[m.from] || !bytes.Equal(m.p, body(m.from, 0, int(m.seq), 10+int(m.seq))) || m.lane != transport.LaneControl {
+							t.Fatalf("%s n=%d kill=%v: rank %d from %d: seq %d (want %d) or payload or lane wrong", spec, n, kill, r, m.from, m.seq, next[m.from])
+						}
+						next[m.from]++
+					}
+					if len(s.msgs[r]) != want[r] {
+						t.Fatalf("%s n=%d kill=%v: rank %d got %d broadcast messages, want %d", spec, n, kill, r, len(s.msgs[r]), want[r])
+					}
+				}
+				s.mu.Unlock()
+				for _, r := range rs {
+					r.Close()
+				}
+				cancel()
+			}
+		}
+	}
+}

@@ -113,6 +113,10 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 	for r, w := range world {
 		c.of[w] = r
 	}
+	if lay := n.layout(world); lay != nil { // core/topo.go
+		c.cfg.Tuning.Layout = lay
+		c.tuningDigest = c.cfg.Tuning.Digest()
+	}
 	c.filled = sync.NewCond(&c.mu)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c
@@ -142,9 +146,14 @@ func newLocalWrapped(n int, cfg Config, wrap func(int, transport.DataPath) trans
 	if err != nil {
 		return nil, err
 	}
+	sched, err := scheduleGraph(cfg, g, n)
+	if err != nil {
+		return nil, err
+	}
 	nodes := make([]*node, n)
 	for i := range nodes {
 		nodes[i] = newNode(cfg, i, n)
+		nodes[i].sched = sched
 	}
 	eps := localMesh(nodes, g)
 	comms := make([]*Comm, n)

@@ -63,6 +63,10 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 	if err != nil {
 		return nil, err
 	}
+	sched, err := scheduleGraph(cfg, graph, cfg.WorldSize)
+	if err != nil {
+		return nil, err
+	}
 	if graph != nil {
 		// The bulk path negotiates with every peer at formation; under a
 		// sparse topology the data stays on the neighbours' QUIC
@@ -157,6 +161,7 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 	formedOK := false
 	defer func() { sl.Finish(formedOK) }()
 	nd := newNode(cfg, rank, cfg.WorldSize)
+	nd.sched = sched
 	if opts.gen != 0 {
 		nd.view.Gen = opts.gen
 	}

@@ -62,6 +62,9 @@ type node struct {
 	graph *topology.Graph
 	relay *relay.Endpoint
 	topo  topoState // under mu
+	// sched is the graph the collective schedules fit (Config.Schedules;
+	// nil: rank order), set before start.
+	sched *topology.Graph
 
 	done    chan struct{} // closed by close
 	wg      sync.WaitGroup

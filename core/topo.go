@@ -4,8 +4,14 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"hash/fnv"
+	"strings"
+	"sync"
 	"time"
 
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+
+	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/internal/chanctx"
 	"github.com/nexar-go/nexar/membership"
 	"github.com/nexar-go/nexar/topology"
@@ -258,4 +264,155 @@ func joinOptions(cfg Config) membership.JoinOptions {
 		o.Topology = cfg.Topology.String()
 	}
 	return o
+}
+
+// parseSchedules reads Config.Schedules: nil for "fit" (or "": the
+// topology's graph), a zero Spec for "rank", else the topology named.
+func parseSchedules(v string) (*topology.Spec, error) {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "", "fit":
+		return nil, nil
+	case "rank":
+		return &topology.Spec{}, nil
+	}
+	s, err := topology.Parse(v)
+	if err != nil {
+		return nil, fmt.Errorf("%q: want fit, rank or a topology: %v", v, err)
+	}
+	return &s, nil
+}
+
+// scheduleGraph resolves cfg.Schedules over size ranks whose connection
+// graph is topo (nil: full mesh): the graph the schedules fit, nil for
+// rank order.
+func scheduleGraph(cfg Config, topo *topology.Graph, size int) (*topology.Graph, error) {
+	s, err := parseSchedules(cfg.Schedules)
+	if err != nil {
+		return nil, invalidArg("new", "Config.Schedules: %v", err)
+	}
+	if s == nil {
+		return topo, nil
+	}
+	if !s.Sparse(size) {
+		return nil, nil
+	}
+	g, err := topology.New(*s, size)
+	if err != nil {
+		return nil, invalidArg("new", "Config.Schedules: %v", err)
+	}
+	return g, nil
+}
+
+// layout is the collective.Layout of a communicator of the world ranks
+// world over n.sched, nil for rank order.
+func (n *node) layout(world []int) collective.Layout {
+	if n.sched == nil || len(world) < 3 {
+		return nil
+	}
+	return newCommLayout(n.sched, world)
+}
+
+// commLayout fits a communicator's schedules to the graph its members sit
+// on (collective.Layout; comm ranks throughout): the graph's ring with the
+// non-members left out, breadth-first trees over the edges between members
+// (a member the others do not reach hangs from the root: that edge is
+// relayed), and whether the members form a cube. Safe for concurrent use.
+type commLayout struct {
+	g      *topology.Graph
+	world  []int       // comm rank -> world rank
+	of     map[int]int // world rank -> comm rank
+	ring   []int
+	cube   bool
+	digest uint64
+
+	mu    sync.Mutex
+	trees *simplelru.LRU[int, *layoutTree] // by root: collectives mostly reuse a few
+}
+
+type layoutTree struct {
+	parent   []int
+	children [][]int
+}
+
+// layoutTrees is how many trees (by root) a communicator keeps: each is
+// two slices of its size.
+const layoutTrees = 8
+
+func newCommLayout(g *topology.Graph, world []int) *commLayout {
+	l := &commLayout{g: g, world: world, of: make(map[int]int, len(world))}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s/%d:", g.Spec(), g.Size())
+	for r, w := range world {
+		l.of[w] = r
+		binary.Write(h, binary.LittleEndian, int32(w))
+	}
+	l.digest = h.Sum64()
+	for _, w := range g.Ring() {
+		if r, ok := l.of[w]; ok {
+			l.ring = append(l.ring, r)
+		}
+	}
+	n := len(world)
+	l.cube = n&(n-1) == 0
+	for r := 0; r < n && l.cube; r++ {
+		for b := 1; b < n; b <<= 1 {
+			if !g.IsNeighbor(world[r], world[r^b]) {
+				l.cube = false
+				break
+			}
+		}
+	}
+	l.trees, _ = simplelru.NewLRU[int, *layoutTree](layoutTrees, nil)
+	return l
+}
+
+func (l *commLayout) Ring() []int    { return l.ring }
+func (l *commLayout) Cube() bool     { return l.cube }
+func (l *commLayout) Digest() uint64 { return l.digest }
+
+func (l *commLayout) Tree(root, rank int) (int, []int) {
+	l.mu.Lock()
+	t, ok := l.trees.Get(root)
+	if !ok {
+		t = l.tree(root)
+		l.trees.Add(root, t)
+	}
+	l.mu.Unlock()
+	return t.parent[rank], t.children[rank]
+}
+
+// tree is the breadth-first tree from root over the edges between members.
+func (l *commLayout) tree(root int) *layoutTree {
+	n := len(l.world)
+	t := &layoutTree{parent: make([]int, n), children: make([][]int, n)}
+	for i := range t.parent {
+		t.parent[i] = -2
+	}
+	t.parent[root] = -1
+	queue := make([]int, 0, n)
+	visit := func(at, r int) {
+		t.parent[r] = at
+		t.children[at] = append(t.children[at], r)
+		queue = append(queue, r)
+	}
+	queue = append(queue, root)
+	for start := 0; ; {
+		for ; start < len(queue); start++ {
+			at := queue[start]
+			for _, w := range l.g.Neighbors(l.world[at]) {
+				if r, ok := l.of[w]; ok && t.parent[r] == -2 {
+					visit(at, r)
+				}
+			}
+		}
+		if len(queue) == n {
+			return t
+		}
+		for r := range n { // a member the edges between members do not reach
+			if t.parent[r] == -2 {
+				visit(root, r)
+				break
+			}
+		}
+	}
 }

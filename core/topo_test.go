@@ -33,11 +33,8 @@ func topoWorlds() []int {
 
 func newLocalTopo(t testing.TB, n int, spec topology.Spec) []*Comm {
 	t.Helper()
-	cfg := testConfig()
+	cfg := topoTestConfig()
 	cfg.Topology = spec
-	// 64 ranks under -race on a loaded machine can starve a heartbeat
-	// loop for seconds; these tests are not about failure detection.
-	cfg.HeartbeatTimeout = time.Minute
 	comms, err := NewLocal(n, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -175,28 +172,114 @@ func runEveryCollective(t *testing.T, comms []*Comm) [][]byte {
 }
 
 // Every collective over every sparse topology, world 2-64 in memory, gives
-// bit for bit what the full mesh gives.
+// bit for bit what the full mesh gives with the same schedules: the
+// topology's graph-fitted ones (Config.Schedules "fit", the default, against
+// a full mesh told to fit that graph), and rank order ("rank", against the
+// full mesh's default, for one topology per world size).
 func TestTopologyCollectivesMatchFullMesh(t *testing.T) {
+	run := func(n int, spec topology.Spec, schedules string) ([][]byte, int64) {
+		cfg := topoTestConfig()
+		cfg.Topology, cfg.Schedules = spec, schedules
+		comms, err := NewLocal(n, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := runEveryCollective(t, comms)
+		var relayed int64
+		for _, c := range comms {
+			relayed += c.Stats().RelayedBytes
+		}
+		closeAll(t, comms)
+		return got, relayed
+	}
+	same := func(what string, got, want [][]byte) {
+		t.Helper()
+		for r := range want {
+			if !bytes.Equal(got[r], want[r]) {
+				t.Fatalf("%s: rank %d's results differ", what, r)
+			}
+		}
+	}
 	for _, n := range topoWorlds() {
-		full := newLocalTopo(t, n, topology.Spec{})
-		want := runEveryCollective(t, full)
-		closeAll(t, full)
-		for _, spec := range sparseSpecs {
-			comms := newLocalTopo(t, n, spec)
-			got := runEveryCollective(t, comms)
-			var relayed int64
-			for _, c := range comms {
-				relayed += c.Stats().RelayedBytes
+		rankOrder, _ := run(n, topology.Spec{}, "")
+		for i, spec := range sparseSpecs {
+			got, relayed := run(n, spec, "")
+			want := rankOrder
+			if spec.Sparse(n) {
+				want, _ = run(n, topology.Spec{}, spec.String())
 			}
-			closeAll(t, comms)
-			for r := range want {
-				if !bytes.Equal(got[r], want[r]) {
-					t.Fatalf("world %d, %s: rank %d's results differ from the full mesh's", n, spec, r)
-				}
-			}
+			same(fmt.Sprintf("world %d, %s, fitted schedules against the full mesh with the same", n, spec), got, want)
 			if spec.Sparse(n) && n > 4 && relayed == 0 {
 				t.Fatalf("world %d, %s: nothing was relayed", n, spec)
 			}
+			if i == n%len(sparseSpecs) {
+				got, _ = run(n, spec, "rank")
+				same(fmt.Sprintf("world %d, %s, rank-order schedules against the full mesh's", n, spec), got, rankOrder)
+			}
+		}
+	}
+}
+
+// topoTestConfig is newLocalTopo's configuration.
+func topoTestConfig() Config {
+	cfg := testConfig()
+	// 64 ranks under -race on a loaded machine can starve a heartbeat
+	// loop for seconds; these tests are not about failure detection.
+	cfg.HeartbeatTimeout = time.Minute
+	return cfg
+}
+
+// The graph-fitted schedules relay nothing where the graph allows: allreduce
+// (small and large), broadcast, reduce, reduce-scatter and the ring
+// allgather on a hypercube of 2^k ranks (recursive doubling, the Gray code
+// ring, trees) and on a ring lattice (its own ring, trees). In rank order
+// ("rank") the same calls relay. (The barrier, an allgather of signatures
+// by Bruck's algorithm, relays its few bytes.)
+func TestTopologySchedulesRelayNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, tc := range []struct {
+		spec topology.Spec
+		n    int
+	}{{topology.Spec{Kind: topology.Hypercube}, 16}, {topology.Spec{Kind: topology.KRegular, N: 4}, 13}, {topology.Spec{Kind: topology.KRegular, N: 2}, 16}} {
+		relayed := map[string]int64{}
+		for _, schedules := range []string{"fit", "rank"} {
+			cfg := topoTestConfig()
+			cfg.Topology, cfg.Schedules = tc.spec, schedules
+			comms, err := NewLocal(tc.n, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := tc.n
+			mustAll(t, each(comms, func(c *Comm) error {
+				f32 := collective.Float32
+				for _, count := range []int{2, 1 << 18} { // 8 B and 1 MiB
+					if err := c.Allreduce(ctx, make([]byte, 4*count), make([]byte, 4*count), f32, collective.Sum); err != nil {
+						return err
+					}
+					if err := c.Broadcast(ctx, make([]byte, 4*count), f32, n/2); err != nil {
+						return err
+					}
+				}
+				if err := c.Reduce(ctx, make([]byte, 64), make([]byte, 64), f32, collective.Sum, n-1); err != nil {
+					return err
+				}
+				if err := c.ReduceScatter(ctx, make([]byte, 4*n*4096), make([]byte, 4*4096), f32, collective.Sum); err != nil {
+					return err
+				}
+				return c.Allgather(ctx, make([]byte, 64<<10), make([]byte, n*64<<10), f32)
+			}))
+			for _, c := range comms {
+				relayed[schedules] += c.Stats().RelayedBytes
+			}
+			closeAll(t, comms)
+		}
+		t.Logf("%s, %d ranks: relayed %d bytes with fitted schedules, %d in rank order", tc.spec, tc.n, relayed["fit"], relayed["rank"])
+		if relayed["fit"] != 0 {
+			t.Errorf("%s, %d ranks: graph-fitted schedules relayed %d bytes, want 0", tc.spec, tc.n, relayed["fit"])
+		}
+		if relayed["rank"] == 0 && tc.spec.Kind == topology.Hypercube {
+			t.Errorf("%s, %d ranks: rank-order schedules relayed nothing: the check cannot fail", tc.spec, tc.n)
 		}
 	}
 }

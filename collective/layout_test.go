@@ -235,7 +235,9 @@ func TestLayoutTalksToNeighbours(t *testing.T) {
 				func(ctx context.Context, l Link) error {
 					return ReduceScatter(ctx, l, make([]byte, 4*n*1000), make([]byte, 4*1000), Int32, Sum)
 				},
-				func(ctx context.Context, l Link) error { return Allgather(ctx, l, make([]byte, 1<<17), make([]byte, n<<17)) })
+				func(ctx context.Context, l Link) error {
+					return Allgather(ctx, l, make([]byte, 1<<17), make([]byte, n<<17))
+				})
 			every := func() error {
 				for i, f := range calls {
 					if err := run(f); err != nil {

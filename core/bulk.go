@@ -2,11 +2,15 @@ package core
 
 import (
 	"net"
+	"time"
 
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/bulk"
 	nquic "github.com/nexar-go/nexar/transport/quic"
 )
+
+// quicIdleTimeout is transport/quic's default Options.IdleTimeout.
+const quicIdleTimeout = 5 * time.Second
 
 // quicOptions configures the QUIC mesh. Where the bulk path may use TCP
 // between hosts, QUIC carries LaneData across hosts only if that fails to
@@ -14,6 +18,13 @@ import (
 // (several data connections to a peer on another host) applies.
 func quicOptions(cfg Config) nquic.Options {
 	o := nquic.Options{BindAddr: cfg.BindAddr}
+	// A connection's idle timeout never undercuts the heartbeat timeout:
+	// silence that the configuration tolerates is not a loss (a larger
+	// HeartbeatTimeout, as in a world of many ranks on few cores, keeps
+	// connections that wait long to be scheduled).
+	if cfg.HeartbeatTimeout > quicIdleTimeout {
+		o.IdleTimeout = cfg.HeartbeatTimeout
+	}
 	if mode, err := bulk.ParseMode(cfg.Bulk); err == nil && (mode == bulk.ModeAuto || mode == bulk.ModeTCP) {
 		o.DataConns = 1
 	}

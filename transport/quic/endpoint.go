@@ -30,8 +30,16 @@ const (
 	codeStripe    quic.ApplicationErrorCode = 5  // one of the pair's data connections was lost
 	codeAbandon   quic.ApplicationErrorCode = 6  // the layer above declared the peer down (Abandon)
 	loopbackDepth                           = 16 // messages per loopback lane
-	inlineMax                               = 16 << 10
-	readBuffer                              = 64 << 10
+	// dialsAtOnce bounds the handshakes one rank starts at once when it
+	// forms its mesh. Each costs a few ms of CPU (TLS with ML-KEM and
+	// P-256 on both sides); a rank of a 64-rank full mesh that started its
+	// 63 at once, with every other rank of one process doing the same on
+	// two cores, left thousands of goroutines runnable, and connections
+	// already made (and the rendezvous link) then missed their idle
+	// timeout waiting to be scheduled (docs/scale.md).
+	dialsAtOnce = 4
+	inlineMax   = 16 << 10
+	readBuffer  = 64 << 10
 	// tailProbes datagrams of tailProbeSize bytes follow a striped part on
 	// a connection that has lost more than 1 packet in lossyRatio (see
 	// writePart). Two, each too large to share a packet with the other, so
@@ -127,12 +135,21 @@ func (e *endpoint) connect(ctx context.Context) error {
 	if e.self > 0 {
 		e.wg.Go(e.acceptLoop)
 	}
+	sem := make(chan struct{}, dialsAtOnce)
 	for r := e.self + 1; r < len(e.peers); r++ {
 		if !e.linked(r) {
 			continue
 		}
 		e.wg.Go(func() {
-			if err := e.dial(ctx, r); err != nil {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				errc <- ctx.Err()
+				return
+			}
+			err := e.dial(ctx, r)
+			<-sem
+			if err != nil {
 				errc <- err
 			}
 		})

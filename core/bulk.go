@@ -50,11 +50,15 @@ func newBulk(cfg Config, rank int, adv string, id *nquic.Identity, peers []nquic
 	if bindHost == "" {
 		bindHost = "0.0.0.0" // ":port" asked for every interface
 	}
+	var peersOf func(int) bool // under a sparse topology: the neighbours (the relay carries the rest)
+	if nd.graph != nil {
+		peersOf = func(r int) bool { return nd.graph.IsNeighbor(rank, r) }
+	}
 	bk, err := bulk.New(rank, cfg.WorldSize, bulk.Options{
 		Mode: mode, Conns: cfg.BulkConns, Plaintext: cfg.BulkPlaintext,
 		BindHost: bindHost, AdvertiseHost: advHost,
 		Identity: id, Fingerprints: fps, Logger: cfg.Logger.With("subsys", SubsysNet), Place: nd.place, RemoteMin: cfg.BulkRemoteMin,
-		RingSize: cfg.RingSize, RingBudget: cfg.RingBudget,
+		RingSize: cfg.RingSize, RingBudget: cfg.RingBudget, Peers: peersOf, Forwards: peersOf != nil,
 	}, nd.bulkHandler(), down)
 	if err != nil {
 		return nil, &Error{Code: CodeInternal, Op: "new", Rank: -1, Msg: err.Error(), Cause: err}

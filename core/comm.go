@@ -142,6 +142,9 @@ func newLocalWrapped(n int, cfg Config, wrap func(int, transport.DataPath) trans
 	if err := cfg.validateMemory(); err != nil {
 		return nil, err
 	}
+	if err := onDemand(cfg, n, true); err != nil {
+		return nil, err
+	}
 	g, err := topologyGraph(cfg.Topology, n)
 	if err != nil {
 		return nil, err
@@ -535,6 +538,9 @@ func (c *Comm) sayBye(done uint64, cause *Error) {
 	var cast []int // world ranks told in one broadcast (core/topo.go)
 	for p := 0; p < c.size; p++ {
 		if p == c.rank || c.peerIsDown(p) {
+			continue
+		}
+		if c.n.byeSkipped(c.world[p]) {
 			continue
 		}
 		if c.n.byeByCast(c.world[p]) {

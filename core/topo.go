@@ -12,7 +12,6 @@ import (
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 
 	"github.com/nexar-go/nexar/collective"
-	"github.com/nexar-go/nexar/internal/chanctx"
 	"github.com/nexar-go/nexar/membership"
 	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport"
@@ -41,11 +40,7 @@ func topologyGraph(spec topology.Spec, size int) (*topology.Graph, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, invalidArg("new", "Config.Topology: %v", err)
 	}
-	if spec.Kind == topology.OnDemand {
-		// Refused rather than run as the full mesh it would silently be.
-		return nil, invalidArg("new", "Config.Topology %s: connections on demand (opened at first use, at most M kept) are not built yet; use kregular:K or hypercube (docs/scale.md)", spec)
-	}
-	if !spec.Sparse(size) {
+	if !spec.Sparse(size) { // the full mesh, or on demand (routes are the full mesh's)
 		return nil, nil
 	}
 	g, err := topology.New(spec, size)
@@ -87,7 +82,11 @@ func localMesh(nodes []*node, g *topology.Graph) []transport.DataPath {
 // DownHandler).
 func (n *node) newRelay(g *topology.Graph, down transport.DownHandler) *relay.Endpoint {
 	n.graph = g
-	n.relay = relay.New(g, n.rank, n.handle, down, relay.Options{Lost: n.relayLost})
+	// A closing rank relays for the others for a while (relay.Options.Linger):
+	// less than the heartbeat timeout, within which its neighbours,
+	// which no longer get its heartbeats, would declare it down.
+	linger := min(max(n.cfg.HeartbeatTimeout/2, time.Second), 10*time.Second)
+	n.relay = relay.New(g, n.rank, n.handle, down, relay.Options{Lost: n.relayLost, Linger: linger})
 	return n.relay
 }
 
@@ -110,8 +109,13 @@ func (n *node) bulkDown(down transport.DownHandler) transport.DownHandler {
 }
 
 // watched returns the ranks this node heartbeats and watches: its
-// neighbours under a sparse topology, else every other rank.
+// neighbours under a sparse topology, none on demand (a connection's
+// keep-alives and idle timeout watch a peer while it is open, a dial that
+// fails finds one that died meanwhile), else every other rank.
 func (n *node) watched() []int {
+	if n.lazy != nil {
+		return nil
+	}
 	if n.graph != nil {
 		return n.graph.Neighbors(n.rank)
 	}
@@ -126,7 +130,24 @@ func (n *node) watched() []int {
 
 // watches reports whether the monitor checks world rank p's silence.
 func (n *node) watches(p int) bool {
-	return p != n.rank && (n.graph == nil || n.graph.IsNeighbor(n.rank, p))
+	return p != n.rank && n.lazy == nil && (n.graph == nil || n.graph.IsNeighbor(n.rank, p))
+}
+
+// onDemand checks Config.Topology's "ondemand:M" where connections are
+// made: over QUIC, whose connections open and close; the in-memory mesh of
+// NewLocal has none to bound.
+func onDemand(cfg Config, size int, local bool) error {
+	if cfg.Topology.Kind != topology.OnDemand || size == 1 || !local {
+		return nil
+	}
+	return invalidArg("new", "Config.Topology %s: connections on demand need QUIC (New, NewLocalQUIC); NewLocal's in-memory mesh has no connections to bound", cfg.Topology)
+}
+
+// connectedOnDemand reports whether a message to world rank p goes on a
+// connection open now; false when p's connection is closed on demand (a
+// goodbye or notice that is not needed then would open one).
+func (n *node) connectedOnDemand(p int) bool {
+	return n.lazy == nil || n.lazy.Connected(p)
 }
 
 // gossipFailedLocked tells the neighbours, in the background, that world
@@ -156,10 +177,8 @@ func (n *node) gossipFailedLocked(p, by int, why string) {
 	go func() {
 		defer n.wg.Done()
 		for _, q := range to {
-			ctx, cancel := context.WithTimeout(context.Background(), n.cfg.HeartbeatTimeout)
-			stop := context.AfterFunc(chanctx.Of(n.done), cancel)
+			ctx, cancel := context.WithTimeout(n.life, n.cfg.HeartbeatTimeout)
 			_ = n.ep.Send(ctx, q, transport.LaneControl, &th, payload)
-			stop()
 			cancel()
 		}
 	}()
@@ -245,6 +264,25 @@ func (n *node) noteRegisteredLocked(c *Comm) {
 // rank closing at once, O(N^2) relayed hops in all.
 func (n *node) byeByCast(w int) bool {
 	return n.relay != nil && !n.graph.IsNeighbor(n.rank, w) && !n.relay.Talked(w)
+}
+
+// byeSkipped reports whether a goodbye to world rank w is left out: on
+// demand, where this rank has no connection to w. What it sent w went on a
+// connection that was closed, so it was delivered; w learns of the
+// departure when it next dials this rank (which fails: the rank is gone).
+func (n *node) byeSkipped(w int) bool { return !n.connectedOnDemand(w) }
+
+// connections is how many other ranks this node talks to directly now
+// (Stats.Connections).
+func (n *node) connections() int {
+	switch {
+	case n.lazy != nil:
+		open, _ := n.lazy.OpenConns()
+		return open
+	case n.graph != nil:
+		return len(n.graph.Neighbors(n.rank))
+	}
+	return n.size - 1
 }
 
 // relayedBytes is the payload this node forwarded for other ranks.

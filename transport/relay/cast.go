@@ -43,7 +43,7 @@ func (e *Endpoint) Talked(p int) bool {
 }
 
 // Broadcast delivers (h, payload) on lane to every rank in to (world ranks,
-// none of them this rank or a neighbour) as if sent to each directly; it
+// not this one) as if sent to each directly; it
 // returns once the frames went to this rank's children. Order: see the
 // file comment.
 func (e *Endpoint) Broadcast(ctx context.Context, lane transport.Lane, h *transport.Header, payload []byte, to []int) error {
@@ -60,6 +60,12 @@ func (e *Endpoint) Broadcast(ctx context.Context, lane transport.Lane, h *transp
 	}, transport.HeaderSize+len(payload))
 }
 
+// castAll sends this rank's goodbye broadcast to the ranks in to, with the
+// bitmap of the ones also told in order (see Close).
+func (e *Endpoint) castAll(ctx context.Context, flags, mask uint8, to []int, ordered []byte) error {
+	return e.cast(ctx, transport.LaneControl, flags, mask, to, func(p []byte) []byte { return append(p, ordered...) }, len(ordered))
+}
+
 // cast sends this rank's broadcast frame (flags and mask: a goodbye's)
 // carrying body to the ranks in to.
 func (e *Endpoint) cast(ctx context.Context, lane transport.Lane, flags, mask uint8, to []int, body func([]byte) []byte, bodyLen int) error {
@@ -70,8 +76,8 @@ func (e *Endpoint) cast(ctx context.Context, lane transport.Lane, flags, mask ui
 	}
 	p := make([]byte, bm, bm+bodyLen)
 	for _, r := range to {
-		if r < 0 || r >= n || e.direct(r) {
-			return fmt.Errorf("relay: broadcast to rank %d: not a non-neighbour of rank %d", r, e.rank)
+		if r < 0 || r >= n || r == e.rank {
+			return fmt.Errorf("relay: broadcast from rank %d to rank %d: out of range or itself", e.rank, r)
 		}
 		p[r/8] |= 1 << (r % 8)
 	}
@@ -121,6 +127,7 @@ func (e *Endpoint) castChildren(at, src int) []int {
 
 // castArrive takes a broadcast frame of src: forward it to this rank's
 // children, and deliver it here if this rank is a recipient.
+
 func (e *Endpoint) castArrive(src int, lane transport.Lane, h *transport.Header, p []byte) {
 	n := e.g.Size()
 	bm := (n + 7) / 8
@@ -152,6 +159,15 @@ func (e *Endpoint) castArrive(src int, lane transport.Lane, h *transport.Header,
 		return
 	}
 	if h[offFlags]&flagBye != 0 {
+		// The body's bitmap names the recipients told of the departure
+		// otherwise, in order (a relayed goodbye, or the inner path's):
+		// for them this goodbye only ends their linger.
+		if b := p[bm:]; len(b) >= bm && b[e.rank/8]&(1<<(e.rank%8)) != 0 {
+			e.mu.Lock()
+			e.goneLocked(src, e.heard)
+			e.mu.Unlock()
+			return
+		}
 		e.bye(src, lane, h[offMask])
 		return
 	}

@@ -17,6 +17,9 @@ import (
 
 // mesh builds n relaying endpoints over an in-memory mesh laid out as spec.
 func mesh(t testing.TB, spec topology.Spec, n int, h []transport.Handler, down []transport.DownHandler, opts relay.Options) ([]*relay.Endpoint, []transport.DataPath) {
+	if opts.Linger == 0 {
+		opts.Linger = 100 * time.Millisecond // the suite closes ranks one by one
+	}
 	g, err := topology.New(spec, n)
 	if err != nil {
 		t.Fatal(err)
@@ -58,6 +61,16 @@ func (n *neighboursOnly) Send(ctx context.Context, peer int, lane transport.Lane
 		n.t.Errorf("rank %d sent to non-neighbour %d on the inner path", n.Rank(), peer)
 	}
 	return n.DataPath.Send(ctx, peer, lane, h, p)
+}
+
+// closeAll closes the endpoints at once, as the ranks of a job do: one
+// that closes alone lingers (Options.Linger) relaying for the others.
+func closeAll(rs []*relay.Endpoint) {
+	var wg sync.WaitGroup
+	for _, r := range rs {
+		wg.Go(func() { r.Close() })
+	}
+	wg.Wait()
 }
 
 var sparse = []topology.Spec{{Kind: topology.Hypercube}, {Kind: topology.KRegular, N: 2}}
@@ -193,9 +206,7 @@ func TestAllPairsOrderAndFragments(t *testing.T) {
 			if fwd == 0 {
 				t.Fatalf("%s n=%d: nothing was relayed", spec, n)
 			}
-			for _, r := range rs {
-				r.Close()
-			}
+			closeAll(rs)
 			cancel()
 		}
 	}
@@ -216,11 +227,7 @@ func TestRelayKilled(t *testing.T) {
 		lmu.Unlock()
 	}}
 	rs, inner := mesh(t, spec, n, s.handlers(), nil, opts)
-	defer func() {
-		for _, r := range rs {
-			r.Close()
-		}
-	}()
+	defer closeAll(rs)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	via := rs[0].Graph()
@@ -333,11 +340,60 @@ func TestBroadcast(t *testing.T) {
 					}
 				}
 				s.mu.Unlock()
-				for _, r := range rs {
-					r.Close()
-				}
+				closeAll(rs)
 				cancel()
 			}
 		}
+	}
+}
+
+// A rank that closes while others still talk through it keeps relaying
+// (Options.Linger) until every other rank said goodbye, then leaves at
+// once: messages sent through it after its Close began all arrive.
+func TestCloseLingers(t *testing.T) {
+	const n = 6
+	spec := topology.Spec{Kind: topology.KRegular, N: 2} // 2 reaches 4 through 3
+	s := newSink(n)
+	rs, _ := mesh(t, spec, n, s.handlers(), nil, relay.Options{Linger: time.Minute})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if h, _ := rs[2].Graph().NextHop(2, 4, nil); h != 3 {
+		t.Fatalf("2's route to 4 goes through %d, want 3", h)
+	}
+	closed := make(chan time.Duration, 1)
+	start := time.Now()
+	go func() { rs[3].Close(); closed <- time.Since(start) }()
+	time.Sleep(100 * time.Millisecond) // rank 3 is closing
+	const k = 50
+	for seq := range k {
+		if err := rs[2].Send(ctx, 4, transport.LaneData, hdr(2, seq), body(2, 4, seq, 100)); err != nil {
+			t.Fatalf("seq %d: %v", seq, err)
+		}
+	}
+	for s.count(4) < k && ctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := s.count(4); got != k {
+		t.Fatalf("rank 4 got %d of %d messages relayed by the closing rank 3", got, k)
+	}
+	select {
+	case d := <-closed:
+		t.Fatalf("rank 3's Close returned after %v, before the others said goodbye", d)
+	default:
+	}
+	var wg sync.WaitGroup
+	for r, e := range rs {
+		if r != 3 {
+			wg.Go(func() { e.Close() })
+		}
+	}
+	wg.Wait()
+	select {
+	case d := <-closed:
+		if d > 20*time.Second {
+			t.Fatalf("rank 3's Close took %v: it waited for its linger, not for the goodbyes", d)
+		}
+	case <-ctx.Done():
+		t.Fatal("rank 3's Close did not return once every rank had said goodbye")
 	}
 }

@@ -116,10 +116,7 @@ func (n *Node) Connected(peer int) bool {
 	if e == nil || peer < 0 || peer >= len(e.peers) {
 		return false
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	pc := e.conns[peer]
-	return pc != nil && (pc.od == nil || !pc.od.shut)
+	return e.usable(peer)
 }
 
 // releaseLocked gives back one unit of room.
@@ -149,7 +146,7 @@ func (e *endpoint) odConn(ctx context.Context, peer int) (*peerConn, error) {
 		var wait <-chan struct{}
 		pc := e.conns[peer]
 		switch {
-		case pc != nil && !pc.od.shut && pc.conn.Context().Err() == nil:
+		case e.usableLocked(peer):
 			od.lru.Get(peer)
 			e.mu.Unlock()
 			return pc, nil
@@ -210,7 +207,7 @@ func (e *endpoint) odDial(ctx context.Context, peer int) error {
 	var dctx context.Context
 	backoff := 10 * time.Millisecond
 	for {
-		if e.odUsable(peer) {
+		if e.usable(peer) {
 			return nil // the peer dialled this rank meanwhile
 		}
 		e.mu.Lock()
@@ -242,7 +239,7 @@ func (e *endpoint) odDial(ctx context.Context, peer int) error {
 			return nil
 		}
 		switch {
-		case e.odUsable(peer):
+		case e.usable(peer):
 			return nil // the peer's connection won a crossed dial
 		case ctx.Err() != nil:
 			return fmt.Errorf("quic: send to rank %d: %w", peer, ctx.Err())
@@ -275,12 +272,16 @@ func (e *endpoint) odUnreachable(peer int, err error) error {
 	return &transport.PeerDownError{Peer: peer, Cause: cause}
 }
 
-// odUsable reports whether the pair with peer has a connection to send on.
-func (e *endpoint) odUsable(peer int) bool {
+// usable reports whether the pair with peer has a connection to send on.
+func (e *endpoint) usable(peer int) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	return e.usableLocked(peer)
+}
+
+func (e *endpoint) usableLocked(peer int) bool {
 	pc := e.conns[peer]
-	return pc != nil && !pc.od.shut && pc.conn.Context().Err() == nil
+	return pc != nil && (pc.od == nil || !pc.od.shut) && pc.conn.Context().Err() == nil
 }
 
 // Open makes the connection to peer now rather than at the first Send (on
@@ -371,7 +372,7 @@ func (e *endpoint) odRegisterLocked(r int, conn *quic.Conn, dialer int) error {
 	// rank's dial (decided here, by the lower rank, from the moment it
 	// chose to dial).
 	cur := e.conns[r]
-	if cur != nil && !cur.od.shut && cur.conn.Context().Err() == nil && cur.od.dialer != dialer {
+	if e.usableLocked(r) && cur.od.dialer != dialer {
 		return fmt.Errorf("rank %d and rank %d are connected already", e.self, r)
 	}
 	if incoming && od.dialing[r] != nil && e.self < r {

@@ -82,13 +82,17 @@ type Tuning struct {
 	// Force overrides the size-based choice per collective where a field
 	// is not AlgoAuto (tests, benchmarks, tuning experiments).
 	Force Forced
+
+	// Layout, when set, fits the schedules to a sparse graph of who talks
+	// directly (layout.go); nil: rank order. Part of Digest.
+	Layout Layout
 }
 
 // Forced names an algorithm per collective; AlgoAuto lets the size decide.
 // A value that a collective does not implement makes its calls fail with an
 // error naming both.
 type Forced struct {
-	Allreduce Algorithm // AlgoRecursiveDoubling, AlgoRing
+	Allreduce Algorithm // AlgoRecursiveDoubling, AlgoRing, AlgoTree
 	Reduce    Algorithm // AlgoBinomial, AlgoRing
 	Broadcast Algorithm // AlgoBinomial, AlgoPipeline
 	Allgather Algorithm // AlgoBruck, AlgoRing
@@ -176,6 +180,9 @@ func (t Tuning) Digest() uint16 {
 	for _, a := range t.Force.all() {
 		mix(uint64(a))
 	}
+	if t.Layout != nil {
+		mix(t.Layout.Digest())
+	}
 	return uint16(h ^ h>>16)
 }
 
@@ -192,9 +199,10 @@ const (
 	AlgoBruck
 	AlgoLinear
 	AlgoPairwise
+	AlgoTree // a reduction up a spanning tree and a broadcast down it (Layout.Tree, else binomial)
 )
 
-var algoNames = [...]string{"auto", "recursive-doubling", "ring", "binomial", "pipeline", "bruck", "linear", "pairwise"}
+var algoNames = [...]string{"auto", "recursive-doubling", "ring", "binomial", "pipeline", "bruck", "linear", "pairwise", "tree"}
 
 func (a Algorithm) String() string {
 	if int(a) < len(algoNames) {

@@ -30,10 +30,14 @@ func Allreduce(ctx context.Context, l Link, send, recv []byte, dt DType, op Op) 
 	if size > 2 {
 		threshold = l.Tuning().AllreduceRingThresholdMany
 	}
-	if len(recv) >= threshold && count >= size {
+	lay := l.Tuning().Layout
+	switch {
+	case len(recv) >= threshold && count >= size:
 		auto = AlgoRing
+	case lay != nil && !lay.Cube():
+		auto = AlgoTree // recursive doubling's partners would be relayed
 	}
-	algo, err := choose("allreduce", l.Tuning().Force.Allreduce, auto, AlgoRecursiveDoubling, AlgoRing)
+	algo, err := choose("allreduce", l.Tuning().Force.Allreduce, auto, AlgoRecursiveDoubling, AlgoRing, AlgoTree)
 	if err != nil {
 		return err
 	}
@@ -61,6 +65,16 @@ func Allreduce(ctx context.Context, l Link, send, recv []byte, dt DType, op Op) 
 	}
 	if send != nil {
 		copy(recv, send)
+	}
+	if algo == AlgoTree {
+		t := treeLayout(l)
+		if err := st.treeReduce(ctx, l, t, 0, recv, dt, redOp(op)); err != nil {
+			return err
+		}
+		if op == Avg && rank == 0 {
+			FinishAvg(recv, dt, size)
+		}
+		return st.treeBroadcast(ctx, l, t, 0, recv)
 	}
 	if err := st.recursiveDoubling(ctx, l, rank, size, recv, dt, redOp(op)); err != nil {
 		return err
@@ -140,6 +154,10 @@ func (st *steps) ringReduceScatter(ctx context.Context, l Link, in [][]byte, out
 		copy(out, in[0])
 		return nil
 	}
+	// Positions on the ring (Layout.Ring, else rank order) play the part
+	// of ranks: block at(q) is reduced along the ring to position q.
+	rp := ringOf(l)
+	pos, at := rp.pos, rp.at
 	maxb := 0
 	for _, b := range in {
 		maxb = max(maxb, len(b))
@@ -147,10 +165,10 @@ func (st *steps) ringReduceScatter(ctx context.Context, l Link, in [][]byte, out
 	bufs := [2][]byte{scratchOf(l).Get(maxb), scratchOf(l).Get(maxb)}
 	defer scratchOf(l).Put(bufs[0])
 	defer scratchOf(l).Put(bufs[1])
-	next, prev := mod(rank+1, size), mod(rank-1, size)
-	cur := in[mod(rank-1, size)] // what we send at step 0: our own block
+	next, prev := at(pos+1), at(pos-1)
+	cur := in[at(pos-1)] // what we send at step 0: our own block
 	for s := 0; s < size-2; s++ {
-		rb := mod(rank-s-2, size)
+		rb := at(pos - s - 2)
 		tmp := bufs[s%2][:len(in[rb])]
 		if err := st.exchange(ctx, l, next, cur, prev, tmp); err != nil {
 			return err
@@ -184,13 +202,16 @@ func (st *steps) ringReduceScatter(ctx context.Context, l Link, in [][]byte, out
 }
 
 // ringAllgather completes blocks on every rank, given that blocks[rank] is
-// filled: at step s rank r forwards block (r-s) mod size to r+1 and receives
-// block (r-s-1) mod size from r-1.
+// filled: at step s the rank at ring position p (Layout.Ring, else rank
+// order) forwards the block of position p-s to position p+1 and receives
+// that of position p-s-1 from position p-1.
 func (st *steps) ringAllgather(ctx context.Context, l Link, blocks [][]byte) error {
-	rank, size := l.Rank(), l.Size()
-	next, prev := mod(rank+1, size), mod(rank-1, size)
+	size := l.Size()
+	rp := ringOf(l)
+	pos, at := rp.pos, rp.at
+	next, prev := at(pos+1), at(pos-1)
 	for s := 0; s < size-1; s++ {
-		if err := st.exchange(ctx, l, next, blocks[mod(rank-s, size)], prev, blocks[mod(rank-s-1, size)]); err != nil {
+		if err := st.exchange(ctx, l, next, blocks[at(pos-s)], prev, blocks[at(pos-s-1)]); err != nil {
 			return err
 		}
 	}

@@ -53,7 +53,20 @@ func Broadcast(ctx context.Context, l Link, buf []byte, root int) error {
 	st.init(l)
 	vr := mod(rank-root, size)
 	abs := func(v int) int { return (v + root) % size }
+	lay := l.Tuning().Layout
 	if algo == AlgoPipeline {
+		if lay != nil {
+			// The chain goes down the Layout's ring from the root.
+			rp := ringOf(l)
+			var rootPos int
+			for p := range size {
+				if rp.at(p) == root {
+					rootPos = p
+				}
+			}
+			vr = mod(rp.pos-rootPos, size)
+			abs = func(v int) int { return rp.at(rootPos + v) }
+		}
 		prev, next := -1, -1
 		if vr > 0 {
 			prev = abs(vr - 1)
@@ -62,6 +75,9 @@ func Broadcast(ctx context.Context, l Link, buf []byte, root int) error {
 			next = abs(vr + 1)
 		}
 		return st.pipeline(ctx, l, prev, buf, next, buf, nil)
+	}
+	if lay != nil {
+		return st.treeBroadcast(ctx, l, lay, root, buf)
 	}
 	mask := topMask(size)
 	if vr != 0 {
@@ -156,6 +172,15 @@ func Reduce(ctx context.Context, l Link, send, recv []byte, dt DType, op Op, roo
 	}
 	if send != nil || rank != root {
 		copy(acc, in)
+	}
+	if lay := l.Tuning().Layout; lay != nil {
+		if err := st.treeReduce(ctx, l, lay, root, acc, dt, redOp(op)); err != nil {
+			return err
+		}
+		if op == Avg && rank == root {
+			FinishAvg(acc, dt, size)
+		}
+		return nil
 	}
 	tmp := scratchOf(l).Get(len(in))
 	defer scratchOf(l).Put(tmp)

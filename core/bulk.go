@@ -3,6 +3,7 @@ package core
 import (
 	"net"
 	"os"
+	"time"
 
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/bulk"
@@ -10,12 +11,22 @@ import (
 	trdma "github.com/nexar-go/nexar/transport/rdma"
 )
 
+// quicIdleTimeout is transport/quic's default Options.IdleTimeout.
+const quicIdleTimeout = 5 * time.Second
+
 // quicOptions configures the QUIC mesh. Where the bulk path may use TCP
 // between hosts, QUIC carries LaneData across hosts only if that fails to
 // set up, so one connection per pair is enough; otherwise QUIC's default
 // (several data connections to a peer on another host) applies.
 func quicOptions(cfg Config) nquic.Options {
 	o := nquic.Options{BindAddr: cfg.BindAddr}
+	// A connection's idle timeout never undercuts the heartbeat timeout:
+	// silence that the configuration tolerates is not a loss (a larger
+	// HeartbeatTimeout, as in a world of many ranks on few cores, keeps
+	// connections that wait long to be scheduled).
+	if cfg.HeartbeatTimeout > quicIdleTimeout {
+		o.IdleTimeout = cfg.HeartbeatTimeout
+	}
 	if mode, err := bulk.ParseMode(cfg.Bulk); err == nil && (mode == bulk.ModeAuto || mode == bulk.ModeTCP) {
 		o.DataConns = 1
 	}
@@ -45,11 +56,15 @@ func newBulk(cfg Config, rank int, adv string, id *nquic.Identity, peers []nquic
 	if err != nil {
 		return nil, err
 	}
+	var peersOf func(int) bool // under a sparse topology: the neighbours (the relay carries the rest)
+	if nd.graph != nil {
+		peersOf = func(r int) bool { return nd.graph.IsNeighbor(rank, r) }
+	}
 	bk, err := bulk.New(rank, cfg.WorldSize, bulk.Options{
 		Mode: mode, Conns: cfg.BulkConns, Plaintext: cfg.BulkPlaintext,
 		BindHost: bindHost, AdvertiseHost: advHost,
 		Identity: id, Fingerprints: fps, Logger: cfg.Logger.With("subsys", SubsysNet), Place: nd.place, RemoteMin: cfg.BulkRemoteMin,
-		RingSize: cfg.RingSize, RingBudget: cfg.RingBudget, RDMA: rd,
+		RingSize: cfg.RingSize, RingBudget: cfg.RingBudget, RDMA: rd, Peers: peersOf, Forwards: peersOf != nil,
 	}, nd.bulkHandler(), down)
 	if err != nil {
 		if rd != nil {

@@ -128,6 +128,10 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 			c.rankOf[w] = int32(r)
 		}
 	}
+	if lay := n.layout(world); lay != nil { // core/topo.go
+		c.cfg.Tuning.Layout = lay
+		c.tuningDigest = c.cfg.Tuning.Digest()
+	}
 	c.filled = sync.NewCond(&c.mu)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.later = time.AfterFunc(time.Hour, c.deferredDue)
@@ -166,13 +170,21 @@ func newLocalWrapped(n int, cfg Config, wrap func(int, transport.DataPath) trans
 	if err := cfg.validateMemory(); err != nil {
 		return nil, err
 	}
+	if err := onDemand(cfg, n, true); err != nil {
+		return nil, err
+	}
 	g, err := topologyGraph(cfg.Topology, n)
+	if err != nil {
+		return nil, err
+	}
+	sched, err := scheduleGraph(cfg, g, n)
 	if err != nil {
 		return nil, err
 	}
 	nodes := make([]*node, n)
 	for i := range nodes {
 		nodes[i] = newNode(cfg, i, n)
+		nodes[i].sched = sched
 	}
 	eps := localMesh(nodes, g)
 	comms := make([]*Comm, n)
@@ -559,8 +571,16 @@ func (c *Comm) sayBye(done uint64, cause *Error) {
 	ctx, cancel := context.WithTimeout(context.Background(), min(byeTimeout, c.cfg.HeartbeatTimeout))
 	defer cancel()
 	var wg sync.WaitGroup
+	var cast []int // world ranks told in one broadcast (core/topo.go)
 	for p := 0; p < c.size; p++ {
 		if p == c.rank || c.peerIsDown(p) {
+			continue
+		}
+		if c.n.byeSkipped(c.world[p]) {
+			continue
+		}
+		if c.n.byeByCast(c.world[p]) {
+			cast = append(cast, c.world[p])
 			continue
 		}
 		// Behind every data message of c to p; where none ever went (a
@@ -571,6 +591,9 @@ func (c *Comm) sayBye(done uint64, cause *Error) {
 			lane = transport.LaneControl
 		}
 		wg.Go(func() { _ = c.n.ep.Send(ctx, c.world[p], lane, &th, payload) })
+	}
+	if len(cast) > 0 {
+		wg.Go(func() { _ = c.n.relay.Broadcast(ctx, transport.LaneControl, &th, payload, cast) })
 	}
 	wg.Wait()
 }

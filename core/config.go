@@ -137,6 +137,16 @@ type Config struct {
 	// relayed (transport/relay). Every rank must use the same: the seed
 	// refuses a join that differs. Zero value: the full mesh.
 	Topology topology.Spec
+	// Schedules is the graph the collective schedules fit
+	// (NEXAR_SCHEDULES; collective.Layout, docs/scale.md): "fit" (or "",
+	// the default) fits them to Topology when it is sparse, so that a
+	// ring goes round ranks that talk directly and trees follow the
+	// neighbour graph; "rank" keeps rank order (bit for bit the full
+	// mesh's results, more relaying); a topology ("hypercube",
+	// "kregular:8") fits that graph whatever Topology is, so that a full
+	// mesh reproduces a sparse job's bits. Part of the signature ranks
+	// compare.
+	Schedules string
 
 	// Diagnostics (docs/diagnostics.md). Zero fields take the environment's
 	// NEXAR_FLIGHT_RECORDER_* values, also for a Config not read by
@@ -364,7 +374,8 @@ func (cfg Config) withDefaults() Config {
 //     job, Config.Join; NEXAR_SEED may then list several addresses),
 //     NEXAR_MEMORY_PROFILE
 //     (default|training|inference), NEXAR_RING_SIZE, NEXAR_RING_BUDGET,
-//     NEXAR_SCRATCH_IDLE_BYTES, NEXAR_TOPOLOGY (full|kregular:K|hypercube|ondemand:M);
+//     NEXAR_SCRATCH_IDLE_BYTES, NEXAR_TOPOLOGY (full|kregular:K|hypercube|ondemand:M),
+//     NEXAR_SCHEDULES (fit|rank|a topology);
 //   - torchrun: RANK, WORLD_SIZE, MASTER_ADDR + MASTER_PORT;
 //   - Slurm: SLURM_PROCID, SLURM_NTASKS (the seed must come from NEXAR_SEED
 //     or MASTER_ADDR/MASTER_PORT);
@@ -561,6 +572,12 @@ func configFromLookup(lookup func(string) (string, bool), readFile func(string) 
 			return cfg, fmt.Errorf("core: NEXAR_TOPOLOGY: %v", err)
 		}
 		cfg.Topology = t
+	}
+	if v, name := get("NEXAR_SCHEDULES"); name != "" {
+		if _, err := parseSchedules(v); err != nil {
+			return cfg, fmt.Errorf("core: NEXAR_SCHEDULES: %v", err)
+		}
+		cfg.Schedules = v
 	}
 	if err := cfg.memoryFromLookup(get); err != nil {
 		return cfg, err

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nexar-go/nexar/membership"
+	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport"
 	nquic "github.com/nexar-go/nexar/transport/quic"
 )
@@ -66,10 +67,15 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 	if err != nil {
 		return nil, err
 	}
-	if graph != nil {
-		// The bulk path negotiates with every peer at formation; under a
-		// sparse topology the data stays on the neighbours' QUIC
-		// connections (docs/scale.md).
+	sched, err := scheduleGraph(cfg, graph, cfg.WorldSize)
+	if err != nil {
+		return nil, err
+	}
+	lazy := cfg.Topology.Kind == topology.OnDemand
+	if lazy {
+		// The bulk path negotiates with every peer it talks to when the
+		// job forms, which on demand would open every connection: the
+		// data goes on the QUIC connection of the moment (docs/scale.md).
 		cfg.Bulk = "off"
 	}
 	if cfg.WorldSize == 1 {
@@ -129,6 +135,11 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 	if graph != nil {
 		qo.Neighbors = graph.IsNeighbor
 	}
+	if lazy {
+		// A peer not reached within the heartbeat timeout (or the
+		// handshake's 10 s, if longer) is down.
+		qo.OnDemand, qo.DialTimeout = cfg.Topology.N, max(cfg.HeartbeatTimeout, 10*time.Second)
+	}
 	qn, err := nquic.Listen(id, qo)
 	if err != nil {
 		cleanup()
@@ -161,6 +172,10 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 	formedOK := false
 	defer func() { sl.Finish(formedOK) }()
 	nd := newNode(cfg, rank, cfg.WorldSize)
+	nd.sched = sched
+	if lazy {
+		nd.lazy = qn
+	}
 	if opts.gen != 0 {
 		nd.view.Gen = opts.gen
 	}

@@ -10,10 +10,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nexar-go/nexar/internal/chanctx"
 	"github.com/nexar-go/nexar/membership"
 	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport"
+	nquic "github.com/nexar-go/nexar/transport/quic"
 	"github.com/nexar-go/nexar/transport/relay"
 )
 
@@ -44,6 +44,7 @@ type node struct {
 	lastSeen       []atomic.Int64 // unix nanos of the last message from each world rank
 	downSig        []downSignal   // per world rank: declared down (ends sends to it)
 	buffered       atomic.Int64   // payload bytes held for unmatched messages
+	heartbeats     atomic.Int64   // heartbeats sent (Stats.HeartbeatsSent)
 	ringBytes      func() int64   // the bulk endpoint's RingBytes; nil without one (set before start)
 	// headers recycles the transport headers of outbound messages: one
 	// passed to the endpoint (an interface) escapes, and the hot path
@@ -62,8 +63,18 @@ type node struct {
 	graph *topology.Graph
 	relay *relay.Endpoint
 	topo  topoState // under mu
+	// sched is the graph the collective schedules fit (Config.Schedules;
+	// nil: rank order), set before start.
+	sched *topology.Graph
+	// lazy is the QUIC node whose connections are made on demand
+	// ("ondemand:M"; nil otherwise), set before start.
+	lazy *nquic.Node
 
-	done    chan struct{} // closed by close
+	done chan struct{} // closed by close
+	// life ends with done: the node's own sends derive from it (a
+	// context over done itself costs a goroutine per send).
+	life    context.Context
+	endLife context.CancelFunc
 	wg      sync.WaitGroup
 	closers []func() error // run by close after the endpoint (quic node, seed)
 
@@ -130,6 +141,7 @@ func newNode(cfg Config, rank, size int) *node {
 	if n.maxWorld <= 0 {
 		n.maxWorld = size
 	}
+	n.life, n.endLife = context.WithCancel(context.Background())
 	for i := range n.downSig {
 		n.downSig[i].ctx, n.downSig[i].cancel = context.WithCancel(context.Background())
 	}
@@ -174,11 +186,10 @@ func (n *node) heartbeatTo(peer int) {
 		gone := n.left[peer] != nil || n.down[peer] != nil
 		n.mu.Unlock()
 		if !gone && n.hold.Load() == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), n.cfg.HeartbeatInterval)
-			stop := context.AfterFunc(chanctx.Of(n.done), cancel)
+			ctx, cancel := context.WithTimeout(n.life, n.cfg.HeartbeatInterval)
 			_ = n.ep.Send(ctx, peer, transport.LaneHeartbeat, &th, nil)
-			stop()
 			cancel()
+			n.heartbeats.Add(1)
 		}
 		select {
 		case <-n.done:
@@ -323,13 +334,14 @@ func (n *node) peerDownBy(p, by int, why string, cause error) {
 // peers that stopped talking to it.
 func (n *node) tellDeclaredDown(p int, why string) {
 	defer n.wg.Done()
+	if !n.connectedOnDemand(p) {
+		return // no connection to tell it on (and dialling a dead rank only waits)
+	}
 	payload := []byte(truncate(why, 1024))
 	var th transport.Header
 	(&header{kind: kindControl, sub: ctlDeclaredDown, total: uint64(len(payload))}).encode(&th, n.view.Gen)
-	ctx, cancel := context.WithTimeout(context.Background(), min(byeTimeout, n.cfg.HeartbeatTimeout))
+	ctx, cancel := context.WithTimeout(n.life, min(byeTimeout, n.cfg.HeartbeatTimeout))
 	defer cancel()
-	stop := context.AfterFunc(chanctx.Of(n.done), cancel)
-	defer stop()
 	_ = n.ep.Send(ctx, p, transport.LaneControl, &th, payload)
 }
 
@@ -586,6 +598,7 @@ func (n *node) close() {
 	}
 	n.closed = true
 	close(n.done)
+	n.endLife()
 	var held int64
 	for _, ms := range n.pending {
 		for _, m := range ms {

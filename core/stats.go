@@ -21,6 +21,14 @@ type Stats struct {
 	// RelayedBytes is the payload this process forwarded for other ranks
 	// under a sparse Config.Topology (0 under the full mesh). Per process.
 	RelayedBytes int64
+	// Connections is how many other ranks this process talks to directly
+	// now (docs/scale.md): every other rank in the full mesh, the
+	// neighbours under a sparse Config.Topology, the connections open at
+	// this moment on demand. Per process.
+	Connections int
+	// HeartbeatsSent counts the heartbeats this process sent (one per
+	// watched peer and Config.HeartbeatInterval). Per process.
+	HeartbeatsSent int64
 	// MessagesSent, BytesSent and BytesReceived count the data messages
 	// (collective steps and point-to-point sends, not control or RPC
 	// traffic) this communicator sent, and their payload bytes sent and
@@ -52,6 +60,8 @@ func (c *Comm) Stats() Stats {
 		BytesReceived: c.traffic.bytesRecv.Load(),
 	}
 	s.RelayedBytes = c.n.relayedBytes()
+	s.Connections = c.n.connections()
+	s.HeartbeatsSent = c.n.heartbeats.Load()
 	if f := c.n.ringBytes; f != nil {
 		s.RingBytes = f()
 	}

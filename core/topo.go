@@ -4,9 +4,14 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"hash/fnv"
+	"strings"
+	"sync"
 	"time"
 
-	"github.com/nexar-go/nexar/internal/chanctx"
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+
+	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/membership"
 	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport"
@@ -35,11 +40,7 @@ func topologyGraph(spec topology.Spec, size int) (*topology.Graph, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, invalidArg("new", "Config.Topology: %v", err)
 	}
-	if spec.Kind == topology.OnDemand {
-		// Refused rather than run as the full mesh it would silently be.
-		return nil, invalidArg("new", "Config.Topology %s: connections on demand (opened at first use, at most M kept) are not built yet; use kregular:K or hypercube (docs/scale.md)", spec)
-	}
-	if !spec.Sparse(size) {
+	if !spec.Sparse(size) { // the full mesh, or on demand (routes are the full mesh's)
 		return nil, nil
 	}
 	g, err := topology.New(spec, size)
@@ -67,7 +68,7 @@ func localMesh(nodes []*node, g *topology.Graph) []transport.DataPath {
 		rs[i] = nd.newRelay(g, nd.onDown)
 		hs[i], ds[i] = rs[i].Handler(), rs[i].DownHandler()
 	}
-	inner := mem.NewMesh(n, hs, ds)
+	inner := mem.NewMeshLinked(n, hs, ds, g.IsNeighbor)
 	out := make([]transport.DataPath, n)
 	for i, r := range rs {
 		r.Start(inner[i])
@@ -81,7 +82,11 @@ func localMesh(nodes []*node, g *topology.Graph) []transport.DataPath {
 // DownHandler).
 func (n *node) newRelay(g *topology.Graph, down transport.DownHandler) *relay.Endpoint {
 	n.graph = g
-	n.relay = relay.New(g, n.rank, n.handle, down, relay.Options{Lost: n.relayLost})
+	// A closing rank relays for the others for a while (relay.Options.Linger):
+	// less than the heartbeat timeout, within which its neighbours,
+	// which no longer get its heartbeats, would declare it down.
+	linger := min(max(n.cfg.HeartbeatTimeout/2, time.Second), 10*time.Second)
+	n.relay = relay.New(g, n.rank, n.handle, down, relay.Options{Lost: n.relayLost, Linger: linger})
 	return n.relay
 }
 
@@ -104,8 +109,13 @@ func (n *node) bulkDown(down transport.DownHandler) transport.DownHandler {
 }
 
 // watched returns the ranks this node heartbeats and watches: its
-// neighbours under a sparse topology, else every other rank.
+// neighbours under a sparse topology, none on demand (a connection's
+// keep-alives and idle timeout watch a peer while it is open, a dial that
+// fails finds one that died meanwhile), else every other rank.
 func (n *node) watched() []int {
+	if n.lazy != nil {
+		return nil
+	}
 	if n.graph != nil {
 		return n.graph.Neighbors(n.rank)
 	}
@@ -120,7 +130,24 @@ func (n *node) watched() []int {
 
 // watches reports whether the monitor checks world rank p's silence.
 func (n *node) watches(p int) bool {
-	return p != n.rank && (n.graph == nil || n.graph.IsNeighbor(n.rank, p))
+	return p != n.rank && n.lazy == nil && (n.graph == nil || n.graph.IsNeighbor(n.rank, p))
+}
+
+// onDemand checks Config.Topology's "ondemand:M" where connections are
+// made: over QUIC, whose connections open and close; the in-memory mesh of
+// NewLocal has none to bound.
+func onDemand(cfg Config, size int, local bool) error {
+	if cfg.Topology.Kind != topology.OnDemand || size == 1 || !local {
+		return nil
+	}
+	return invalidArg("new", "Config.Topology %s: connections on demand need QUIC (New, NewLocalQUIC); NewLocal's in-memory mesh has no connections to bound", cfg.Topology)
+}
+
+// connectedOnDemand reports whether a message to world rank p goes on a
+// connection open now; false when p's connection is closed on demand (a
+// goodbye or notice that is not needed then would open one).
+func (n *node) connectedOnDemand(p int) bool {
+	return n.lazy == nil || n.lazy.Connected(p)
 }
 
 // gossipFailedLocked tells the neighbours, in the background, that world
@@ -150,10 +177,8 @@ func (n *node) gossipFailedLocked(p, by int, why string) {
 	go func() {
 		defer n.wg.Done()
 		for _, q := range to {
-			ctx, cancel := context.WithTimeout(context.Background(), n.cfg.HeartbeatTimeout)
-			stop := context.AfterFunc(chanctx.Of(n.done), cancel)
+			ctx, cancel := context.WithTimeout(n.life, n.cfg.HeartbeatTimeout)
 			_ = n.ep.Send(ctx, q, transport.LaneControl, &th, payload)
-			stop()
 			cancel()
 		}
 	}()
@@ -231,6 +256,35 @@ func (n *node) noteRegisteredLocked(c *Comm) {
 	n.topo.born[c.id] = n.topo.failures
 }
 
+// byeByCast reports whether a goodbye to world rank w goes in the relay's
+// broadcast (transport/relay/cast.go): w is no neighbour and this node
+// relayed nothing to it, so no message of this rank is on a route to w for
+// the goodbye to stay behind. One broadcast costs N-1 one-hop sends where
+// relaying to every member costs the sum of their distances: with every
+// rank closing at once, O(N^2) relayed hops in all.
+func (n *node) byeByCast(w int) bool {
+	return n.relay != nil && !n.graph.IsNeighbor(n.rank, w) && !n.relay.Talked(w)
+}
+
+// byeSkipped reports whether a goodbye to world rank w is left out: on
+// demand, where this rank has no connection to w. What it sent w went on a
+// connection that was closed, so it was delivered; w learns of the
+// departure when it next dials this rank (which fails: the rank is gone).
+func (n *node) byeSkipped(w int) bool { return !n.connectedOnDemand(w) }
+
+// connections is how many other ranks this node talks to directly now
+// (Stats.Connections).
+func (n *node) connections() int {
+	switch {
+	case n.lazy != nil:
+		open, _ := n.lazy.OpenConns()
+		return open
+	case n.graph != nil:
+		return len(n.graph.Neighbors(n.rank))
+	}
+	return n.size - 1
+}
+
 // relayedBytes is the payload this node forwarded for other ranks.
 func (n *node) relayedBytes() int64 {
 	if n.relay == nil {
@@ -248,4 +302,155 @@ func joinOptions(cfg Config) membership.JoinOptions {
 		o.Topology = cfg.Topology.String()
 	}
 	return o
+}
+
+// parseSchedules reads Config.Schedules: nil for "fit" (or "": the
+// topology's graph), a zero Spec for "rank", else the topology named.
+func parseSchedules(v string) (*topology.Spec, error) {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "", "fit":
+		return nil, nil
+	case "rank":
+		return &topology.Spec{}, nil
+	}
+	s, err := topology.Parse(v)
+	if err != nil {
+		return nil, fmt.Errorf("%q: want fit, rank or a topology: %v", v, err)
+	}
+	return &s, nil
+}
+
+// scheduleGraph resolves cfg.Schedules over size ranks whose connection
+// graph is topo (nil: full mesh): the graph the schedules fit, nil for
+// rank order.
+func scheduleGraph(cfg Config, topo *topology.Graph, size int) (*topology.Graph, error) {
+	s, err := parseSchedules(cfg.Schedules)
+	if err != nil {
+		return nil, invalidArg("new", "Config.Schedules: %v", err)
+	}
+	if s == nil {
+		return topo, nil
+	}
+	if !s.Sparse(size) {
+		return nil, nil
+	}
+	g, err := topology.New(*s, size)
+	if err != nil {
+		return nil, invalidArg("new", "Config.Schedules: %v", err)
+	}
+	return g, nil
+}
+
+// layout is the collective.Layout of a communicator of the world ranks
+// world over n.sched, nil for rank order.
+func (n *node) layout(world []int) collective.Layout {
+	if n.sched == nil || len(world) < 3 {
+		return nil
+	}
+	return newCommLayout(n.sched, world)
+}
+
+// commLayout fits a communicator's schedules to the graph its members sit
+// on (collective.Layout; comm ranks throughout): the graph's ring with the
+// non-members left out, breadth-first trees over the edges between members
+// (a member the others do not reach hangs from the root: that edge is
+// relayed), and whether the members form a cube. Safe for concurrent use.
+type commLayout struct {
+	g      *topology.Graph
+	world  []int       // comm rank -> world rank
+	of     map[int]int // world rank -> comm rank
+	ring   []int
+	cube   bool
+	digest uint64
+
+	mu    sync.Mutex
+	trees *simplelru.LRU[int, *layoutTree] // by root: collectives mostly reuse a few
+}
+
+type layoutTree struct {
+	parent   []int
+	children [][]int
+}
+
+// layoutTrees is how many trees (by root) a communicator keeps: each is
+// two slices of its size.
+const layoutTrees = 8
+
+func newCommLayout(g *topology.Graph, world []int) *commLayout {
+	l := &commLayout{g: g, world: world, of: make(map[int]int, len(world))}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s/%d:", g.Spec(), g.Size())
+	for r, w := range world {
+		l.of[w] = r
+		binary.Write(h, binary.LittleEndian, int32(w))
+	}
+	l.digest = h.Sum64()
+	for _, w := range g.Ring() {
+		if r, ok := l.of[w]; ok {
+			l.ring = append(l.ring, r)
+		}
+	}
+	n := len(world)
+	l.cube = n&(n-1) == 0
+	for r := 0; r < n && l.cube; r++ {
+		for b := 1; b < n; b <<= 1 {
+			if !g.IsNeighbor(world[r], world[r^b]) {
+				l.cube = false
+				break
+			}
+		}
+	}
+	l.trees, _ = simplelru.NewLRU[int, *layoutTree](layoutTrees, nil)
+	return l
+}
+
+func (l *commLayout) Ring() []int    { return l.ring }
+func (l *commLayout) Cube() bool     { return l.cube }
+func (l *commLayout) Digest() uint64 { return l.digest }
+
+func (l *commLayout) Tree(root, rank int) (int, []int) {
+	l.mu.Lock()
+	t, ok := l.trees.Get(root)
+	if !ok {
+		t = l.tree(root)
+		l.trees.Add(root, t)
+	}
+	l.mu.Unlock()
+	return t.parent[rank], t.children[rank]
+}
+
+// tree is the breadth-first tree from root over the edges between members.
+func (l *commLayout) tree(root int) *layoutTree {
+	n := len(l.world)
+	t := &layoutTree{parent: make([]int, n), children: make([][]int, n)}
+	for i := range t.parent {
+		t.parent[i] = -2
+	}
+	t.parent[root] = -1
+	queue := make([]int, 0, n)
+	visit := func(at, r int) {
+		t.parent[r] = at
+		t.children[at] = append(t.children[at], r)
+		queue = append(queue, r)
+	}
+	queue = append(queue, root)
+	for start := 0; ; {
+		for ; start < len(queue); start++ {
+			at := queue[start]
+			for _, w := range l.g.Neighbors(l.world[at]) {
+				if r, ok := l.of[w]; ok && t.parent[r] == -2 {
+					visit(at, r)
+				}
+			}
+		}
+		if len(queue) == n {
+			return t
+		}
+		for r := range n { // a member the edges between members do not reach
+			if t.parent[r] == -2 {
+				visit(root, r)
+				break
+			}
+		}
+	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/topology"
+	"github.com/nexar-go/nexar/transport/bulk"
 	"github.com/nexar-go/nexar/transport/mem"
 )
 
@@ -33,11 +34,8 @@ func topoWorlds() []int {
 
 func newLocalTopo(t testing.TB, n int, spec topology.Spec) []*Comm {
 	t.Helper()
-	cfg := testConfig()
+	cfg := topoTestConfig()
 	cfg.Topology = spec
-	// 64 ranks under -race on a loaded machine can starve a heartbeat
-	// loop for seconds; these tests are not about failure detection.
-	cfg.HeartbeatTimeout = time.Minute
 	comms, err := NewLocal(n, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -175,28 +173,114 @@ func runEveryCollective(t *testing.T, comms []*Comm) [][]byte {
 }
 
 // Every collective over every sparse topology, world 2-64 in memory, gives
-// bit for bit what the full mesh gives.
+// bit for bit what the full mesh gives with the same schedules: the
+// topology's graph-fitted ones (Config.Schedules "fit", the default, against
+// a full mesh told to fit that graph), and rank order ("rank", against the
+// full mesh's default, for one topology per world size).
 func TestTopologyCollectivesMatchFullMesh(t *testing.T) {
+	run := func(n int, spec topology.Spec, schedules string) ([][]byte, int64) {
+		cfg := topoTestConfig()
+		cfg.Topology, cfg.Schedules = spec, schedules
+		comms, err := NewLocal(n, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := runEveryCollective(t, comms)
+		var relayed int64
+		for _, c := range comms {
+			relayed += c.Stats().RelayedBytes
+		}
+		closeAll(t, comms)
+		return got, relayed
+	}
+	same := func(what string, got, want [][]byte) {
+		t.Helper()
+		for r := range want {
+			if !bytes.Equal(got[r], want[r]) {
+				t.Fatalf("%s: rank %d's results differ", what, r)
+			}
+		}
+	}
 	for _, n := range topoWorlds() {
-		full := newLocalTopo(t, n, topology.Spec{})
-		want := runEveryCollective(t, full)
-		closeAll(t, full)
-		for _, spec := range sparseSpecs {
-			comms := newLocalTopo(t, n, spec)
-			got := runEveryCollective(t, comms)
-			var relayed int64
-			for _, c := range comms {
-				relayed += c.Stats().RelayedBytes
+		rankOrder, _ := run(n, topology.Spec{}, "")
+		for i, spec := range sparseSpecs {
+			got, relayed := run(n, spec, "")
+			want := rankOrder
+			if spec.Sparse(n) {
+				want, _ = run(n, topology.Spec{}, spec.String())
 			}
-			closeAll(t, comms)
-			for r := range want {
-				if !bytes.Equal(got[r], want[r]) {
-					t.Fatalf("world %d, %s: rank %d's results differ from the full mesh's", n, spec, r)
-				}
-			}
+			same(fmt.Sprintf("world %d, %s, fitted schedules against the full mesh with the same", n, spec), got, want)
 			if spec.Sparse(n) && n > 4 && relayed == 0 {
 				t.Fatalf("world %d, %s: nothing was relayed", n, spec)
 			}
+			if i == n%len(sparseSpecs) {
+				got, _ = run(n, spec, "rank")
+				same(fmt.Sprintf("world %d, %s, rank-order schedules against the full mesh's", n, spec), got, rankOrder)
+			}
+		}
+	}
+}
+
+// topoTestConfig is newLocalTopo's configuration.
+func topoTestConfig() Config {
+	cfg := testConfig()
+	// 64 ranks under -race on a loaded machine can starve a heartbeat
+	// loop for seconds; these tests are not about failure detection.
+	cfg.HeartbeatTimeout = time.Minute
+	return cfg
+}
+
+// The graph-fitted schedules relay nothing where the graph allows: allreduce
+// (small and large), broadcast, reduce, reduce-scatter and the ring
+// allgather on a hypercube of 2^k ranks (recursive doubling, the Gray code
+// ring, trees) and on a ring lattice (its own ring, trees). In rank order
+// ("rank") the same calls relay. (The barrier, an allgather of signatures
+// by Bruck's algorithm, relays its few bytes.)
+func TestTopologySchedulesRelayNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, tc := range []struct {
+		spec topology.Spec
+		n    int
+	}{{topology.Spec{Kind: topology.Hypercube}, 16}, {topology.Spec{Kind: topology.KRegular, N: 4}, 13}, {topology.Spec{Kind: topology.KRegular, N: 2}, 16}} {
+		relayed := map[string]int64{}
+		for _, schedules := range []string{"fit", "rank"} {
+			cfg := topoTestConfig()
+			cfg.Topology, cfg.Schedules = tc.spec, schedules
+			comms, err := NewLocal(tc.n, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := tc.n
+			mustAll(t, each(comms, func(c *Comm) error {
+				f32 := collective.Float32
+				for _, count := range []int{2, 1 << 18} { // 8 B and 1 MiB
+					if err := c.Allreduce(ctx, make([]byte, 4*count), make([]byte, 4*count), f32, collective.Sum); err != nil {
+						return err
+					}
+					if err := c.Broadcast(ctx, make([]byte, 4*count), f32, n/2); err != nil {
+						return err
+					}
+				}
+				if err := c.Reduce(ctx, make([]byte, 64), make([]byte, 64), f32, collective.Sum, n-1); err != nil {
+					return err
+				}
+				if err := c.ReduceScatter(ctx, make([]byte, 4*n*4096), make([]byte, 4*4096), f32, collective.Sum); err != nil {
+					return err
+				}
+				return c.Allgather(ctx, make([]byte, 64<<10), make([]byte, n*64<<10), f32)
+			}))
+			for _, c := range comms {
+				relayed[schedules] += c.Stats().RelayedBytes
+			}
+			closeAll(t, comms)
+		}
+		t.Logf("%s, %d ranks: relayed %d bytes with fitted schedules, %d in rank order", tc.spec, tc.n, relayed["fit"], relayed["rank"])
+		if relayed["fit"] != 0 {
+			t.Errorf("%s, %d ranks: graph-fitted schedules relayed %d bytes, want 0", tc.spec, tc.n, relayed["fit"])
+		}
+		if relayed["rank"] == 0 && tc.spec.Kind == topology.Hypercube {
+			t.Errorf("%s, %d ranks: rank-order schedules relayed nothing: the check cannot fail", tc.spec, tc.n)
 		}
 	}
 }
@@ -328,13 +412,16 @@ func TestTopologyQUIC(t *testing.T) {
 	if testing.Short() || raceEnabled {
 		n = 4 // QUIC's handshakes under -race starve the rendezvous links of larger worlds here
 	}
-	full, err := NewLocalQUIC(n, testConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := runEveryCollective(t, full)
-	closeAll(t, full)
 	for _, spec := range []topology.Spec{{Kind: topology.KRegular, N: 2}, {Kind: topology.Hypercube}} {
+		// The same schedules on the in-memory full mesh give the bits.
+		fcfg := topoTestConfig()
+		fcfg.Schedules = spec.String()
+		full, err := NewLocal(n, fcfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := runEveryCollective(t, full)
+		closeAll(t, full)
 		cfg := testConfig()
 		cfg.Topology = spec
 		comms, err := NewLocalQUIC(n, cfg)
@@ -342,23 +429,26 @@ func TestTopologyQUIC(t *testing.T) {
 			t.Fatalf("%s: %v", spec, err)
 		}
 		g, _ := topology.New(spec, n)
+		got := runEveryCollective(t, comms)
+		shmHere, _, _ := bulk.Available()
 		for r, c := range comms {
 			paths := c.Paths()
 			for p := 0; p < n; p++ {
 				if p == r {
 					continue
 				}
-				relayed := strings.HasPrefix(paths[p], "relay")
-				if relayed == g.IsNeighbor(r, p) {
+				// Neighbours on this host talk over shared memory, the
+				// others through relays.
+				relayed, shm := strings.HasPrefix(paths[p], "relay"), strings.HasPrefix(paths[p], "shm")
+				if relayed == g.IsNeighbor(r, p) || (strings.HasPrefix(shmHere, "yes") && shm != g.IsNeighbor(r, p)) {
 					t.Fatalf("%s: rank %d's path to %d is %q (neighbour: %v)", spec, r, p, paths[p], g.IsNeighbor(r, p))
 				}
 			}
 		}
-		got := runEveryCollective(t, comms)
 		closeAll(t, comms)
 		for r := range want {
 			if !bytes.Equal(got[r], want[r]) {
-				t.Fatalf("%s over QUIC: rank %d's results differ from the full mesh's", spec, r)
+				t.Fatalf("%s over QUIC: rank %d's results differ from the full mesh's with the same schedules", spec, r)
 			}
 		}
 	}
@@ -415,11 +505,7 @@ func TestTopologyRelayKilledShrink(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		for _, c := range comms {
-			_ = c.CloseChain()
-		}
-	}()
+	defer each(comms, func(c *Comm) error { return c.CloseChain() }) // at once: see closeAll
 	ctx := context.Background()
 	live := slices.Delete(slices.Clone(comms), dead, dead+1)
 	errs := each(comms, func(c *Comm) error {
@@ -480,4 +566,110 @@ func TestTopologySplit(t *testing.T) {
 	}
 	sumCheck(t, even)
 	sumCheck(t, odd)
+}
+
+// On demand over real QUIC with room for 3 connections among 8 ranks:
+// every collective gives the full mesh's bits, every pair exchanges
+// point-to-point messages (tags out of order, any source), and no rank
+// ever holds more than 3 connections.
+func TestTopologyOnDemand(t *testing.T) {
+	const n, m = 8, 3
+	full, err := NewLocal(n, topoTestConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := runEveryCollective(t, full)
+	closeAll(t, full)
+	cfg := topoTestConfig()
+	cfg.Topology = topology.Spec{Kind: topology.OnDemand, N: m}
+	comms, err := NewLocalQUIC(n, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll(t, comms)
+	got := runEveryCollective(t, comms)
+	for r := range want {
+		if !bytes.Equal(got[r], want[r]) {
+			t.Fatalf("rank %d's results differ from the full mesh's", r)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	mustAll(t, each(comms, func(c *Comm) error {
+		r := c.Rank()
+		for d := 1; d < n; d++ {
+			peer := (r + d) % n
+			for tag := uint64(0); tag < 3; tag++ {
+				c.ISend(fill(r*10+int(tag), 50), peer, tag)
+			}
+		}
+		for d := 1; d < n; d++ {
+			from := (r - d + n) % n
+			for _, tag := range []uint64{2, 0, 1} {
+				buf := make([]byte, 200)
+				if _, err := c.Recv(ctx, buf, from, tag); err != nil {
+					return err
+				}
+				if !bytes.Equal(buf, fill(from*10+int(tag), 50)) {
+					return fmt.Errorf("tag %d from %d: wrong data", tag, from)
+				}
+			}
+		}
+		return c.Barrier(ctx)
+	}))
+	for _, c := range comms {
+		open, most := c.n.lazy.OpenConns()
+		t.Logf("rank %d: %d connections open, at most %d", c.Rank(), open, most)
+		if most > m || most == 0 {
+			t.Errorf("rank %d held %d connections at once, room for %d", c.Rank(), most, m)
+		}
+	}
+}
+
+// On demand, a rank that dies while no connection to it is open is found
+// when a rank next talks to it: that rank's communicator fails naming it.
+func TestTopologyOnDemandDeadFoundAtNextUse(t *testing.T) {
+	cfg := topoTestConfig()
+	cfg.Topology = topology.Spec{Kind: topology.OnDemand, N: 1}
+	cfg.HeartbeatTimeout = 2 * time.Second // dials give up after 10 s (the handshake's)
+	comms, err := NewLocalQUIC(3, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll(t, comms)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	talk := func(a, b int) {
+		t.Helper()
+		mustAll(t, each(comms[:], func(c *Comm) error {
+			switch c.Rank() {
+			case a:
+				return c.Send(ctx, []byte("x"), b, 0)
+			case b:
+				_, err := c.Recv(ctx, make([]byte, 1), a, 0)
+				return err
+			}
+			return nil
+		}))
+	}
+	talk(0, 1)
+	talk(0, 2) // rank 0's one connection moves from 1 to 2
+	for comms[0].n.lazy.Connected(1) && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	comms[1].n.lazy.Kill()
+	start := time.Now()
+	err = comms[0].Send(ctx, []byte("x"), 1, 0)
+	var e *Error
+	if err == nil {
+		select {
+		case <-comms[0].failed:
+			err = comms[0].Err()
+		case <-ctx.Done():
+		}
+	}
+	if !errors.As(err, &e) || e.Code != CodePeerDown || e.Rank != 1 {
+		t.Fatalf("send to the dead rank 1: %v, want CodePeerDown naming rank 1", err)
+	}
+	t.Logf("found after %v: %v", time.Since(start), err)
 }

@@ -643,6 +643,12 @@ func JoinWatchedLobby(ctx context.Context, addr string, token []byte, rank int, 
 		}
 		conn.CloseWithError(0, "")
 		sock.close()
+		if seedBusy(err) {
+			if !wait() {
+				return 0, nil, nil, nil, err
+			}
+			continue
+		}
 		if !formed {
 			return r, peers, nil, nil, err
 		}
@@ -651,6 +657,15 @@ func JoinWatchedLobby(ctx context.Context, addr string, token []byte, rank int, 
 				"(an earlier job on this address still runs, or this process is one rank too many): %v", addr, err)
 		}
 	}
+}
+
+// seedBusy reports whether err is the seed's refusal of a connection it
+// had no room for: quic-go refuses a handshake that completes while its
+// listener's accept queue is full (hundreds of ranks joining at once).
+// Worth another try, as a failed dial is.
+func seedBusy(err error) bool {
+	var te *quic.TransportError
+	return errors.As(err, &te) && te.Remote && te.ErrorCode == quic.ConnectionRefused
 }
 
 // joinOnce is one attempt of Join on conn; formed reports that the seed
@@ -662,7 +677,7 @@ func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, r
 	}
 	st, err := conn.OpenStreamSync(ctx)
 	if err != nil {
-		return fail(abi.ErrInternal, "seed %s: %v", addr, err)
+		return 0, nil, nil, nil, false, errorf(abi.ErrInternal, "rendezvous", err, "seed %s: %v", addr, err)
 	}
 	tls := conn.ConnectionState().TLS
 	p, err := proof(token, tls.ExportKeyingMaterial, labelJoin)
@@ -680,7 +695,7 @@ func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, r
 		if errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil || isTimeout(err) {
 			return fail(abi.ErrTimeout, "seed %s: not every rank joined in time: %v", addr, err)
 		}
-		return fail(abi.ErrInternal, "seed %s: reading the peer table: %v", addr, err)
+		return 0, nil, nil, nil, false, errorf(abi.ErrInternal, "rendezvous", err, "seed %s: reading the peer table: %v", addr, err)
 	}
 	if w.V != rdvVersion {
 		return fail(abi.ErrInvalidArgument, "seed %s speaks rendezvous version %d, want %d", addr, w.V, rdvVersion)

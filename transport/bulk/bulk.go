@@ -146,6 +146,19 @@ type Options struct {
 	// Place, when set, receives LaneData payloads straight into their
 	// destination (see transport.PlaceFunc).
 	Place transport.PlaceFunc
+	// Forwards says that the layer above forwards some of what it reads to
+	// other ranks (a relay, transport/relay): every shared-memory ring then
+	// wakes its reader on each write, as while a caller waits for that
+	// peer, where a ring left to the callers that poll it sleeps up to
+	// 200 ms between reads on a host with more ranks than cores, which a
+	// frame to forward would wait at every hop.
+	Forwards bool
+	// Peers, when set, names the ranks this endpoint talks to (a sparse
+	// topology's neighbours; the layer above relays to the others): only
+	// those are offered a channel at Start, and another rank's LaneData,
+	// which never comes, would stay on the inner endpoint. nil: every
+	// rank.
+	Peers func(rank int) bool
 	// RemoteMin is the smallest payload that a shared-memory ring carries
 	// as a remote frame, copied by the receiver straight out of the
 	// sender's memory (one copy instead of two) when the two processes may
@@ -296,6 +309,12 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 	for r := range e.settled {
 		e.settled[r] = make(chan struct{})
 	}
+	for r := range size {
+		if r != self && !e.talks(r) {
+			e.decided[r] = true // no channel: nothing to negotiate
+			e.left--
+		}
+	}
 	if opt.Mode != ModeOff && procWatchSupported && size > 1 {
 		e.me, _ = selfProcID()
 	}
@@ -387,7 +406,7 @@ func (e *Endpoint) Start(ctx context.Context, inner transport.Endpoint) error {
 	hello := e.withProc(&ctlMsg{V: 1, T: "hello", Host: e.opt.HostID, SHM: e.opt.Mode.shm() && shmSupported(), TCP: e.opt.Mode.tcp(),
 		RDMA: e.opt.RDMA != nil && e.opt.Mode.rdma()})
 	for r := range e.size {
-		if r != e.self {
+		if r != e.self && e.talks(r) {
 			if err := e.sendCtl(ctx, r, hello); err != nil {
 				return err
 			}
@@ -420,6 +439,10 @@ func (e *Endpoint) Start(ctx context.Context, inner transport.Endpoint) error {
 	}
 	return nil
 }
+
+// talks reports whether this endpoint makes channels with rank r
+// (Options.Peers).
+func (e *Endpoint) talks(r int) bool { return e.opt.Peers == nil || e.opt.Peers(r) }
 
 // addRing records a mapped ring (released at Close).
 func (e *Endpoint) addRing(r *ring) {
@@ -837,6 +860,9 @@ func (e *Endpoint) startReader(from int, ch *channel) {
 		}
 	}, place)
 	if ch.ring != nil {
+		if e.opt.Forwards {
+			ch.ring.setWaiting(1)
+		}
 		e.polled[from].Store(ch)
 	}
 	if e.deviceChannel(ch) {
@@ -1060,6 +1086,10 @@ func (e *Endpoint) afterStart(f func()) {
 }
 
 func (e *Endpoint) control(from int, m *ctlMsg) {
+	if !e.talks(from) {
+		e.log.Warn("nexar: bulk: negotiation from a rank this one does not talk to; ignored", "rank", e.self, "peer", from, "kind", m.T)
+		return
+	}
 	ctx := e.ctx
 	switch m.T {
 	case "hello":

@@ -25,8 +25,12 @@ const QueueDepth = 16
 var errKilled = errors.New("mem: rank killed")
 
 type mesh struct {
-	eps []*Endpoint
+	eps    []*Endpoint
+	linked func(a, b int) bool // nil: every pair
 }
+
+// links reports whether ranks a and b of the mesh talk.
+func (m *mesh) links(a, b int) bool { return a != b && (m.linked == nil || m.linked(a, b)) }
 
 // Endpoint is one rank of an in-memory mesh. All methods are safe for
 // concurrent use. Handler and DownHandler calls run on goroutines owned by
@@ -59,7 +63,16 @@ var _ transport.DataPath = (*Endpoint)(nil)
 // NewMesh connects n endpoints; h[i] and down[i] serve rank i (either may be
 // nil or shorter than n).
 func NewMesh(n int, h []transport.Handler, down []transport.DownHandler) []transport.DataPath {
-	m := &mesh{eps: make([]*Endpoint, n)}
+	return NewMeshLinked(n, h, down, nil)
+}
+
+// NewMeshLinked is NewMesh for a sparse topology: only the pairs for which
+// linked reports true (nil: every pair) talk, as a QUIC mesh with
+// Options.Neighbors connects only those. A Send to another rank fails with
+// a *transport.PeerDownError, and a rank's Close or Kill is told to its
+// linked peers only (where a full mesh of N ranks tells N-1 each).
+func NewMeshLinked(n int, h []transport.Handler, down []transport.DownHandler, linked func(a, b int) bool) []transport.DataPath {
+	m := &mesh{eps: make([]*Endpoint, n), linked: linked}
 	for i := range m.eps {
 		e := &Endpoint{m: m, rank: i, done: make(chan struct{}), peerDown: make([]bool, n), lanesOut: make([]int, n)}
 		e.idle.L = &e.mu
@@ -113,6 +126,9 @@ func (e *Endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 		}
 		e.mu.Unlock()
 	}()
+	if peer != e.rank && !e.m.links(e.rank, peer) {
+		return &transport.PeerDownError{Peer: peer, Cause: errors.New("mem: not linked")}
+	}
 	dst := e.m.eps[peer]
 	if err := e.sendErr(dst); err != nil || dst.stopped() != nil {
 		return err
@@ -209,7 +225,7 @@ func (e *Endpoint) stop(cause error, graceful bool) {
 	}
 	e.mu.Unlock()
 	for _, o := range e.m.eps {
-		if o == e {
+		if !e.m.links(e.rank, o.rank) {
 			continue
 		}
 		if !graceful {
@@ -299,11 +315,11 @@ func (e *Endpoint) SendDevice(context.Context, int, *transport.Header, []byte) e
 	return fmt.Errorf("mem: %w", transport.ErrNoDevicePath)
 }
 
-// Paths names every other rank's path "mem".
+// Paths names the path to every linked rank "mem".
 func (e *Endpoint) Paths() map[int]string {
 	m := make(map[int]string, len(e.m.eps))
 	for r := range e.m.eps {
-		if r != e.rank {
+		if e.m.links(e.rank, r) {
 			m[r] = "mem"
 		}
 	}

@@ -31,8 +31,16 @@ const (
 	codeStripe    quic.ApplicationErrorCode = 5  // one of the pair's data connections was lost
 	codeAbandon   quic.ApplicationErrorCode = 6  // the layer above declared the peer down (Abandon)
 	loopbackDepth                           = 16 // messages per loopback lane
-	inlineMax                               = 16 << 10
-	readBuffer                              = 64 << 10
+	// dialsAtOnce bounds the handshakes one rank starts at once when it
+	// forms its mesh. Each costs a few ms of CPU (TLS with ML-KEM and
+	// P-256 on both sides); a rank of a 64-rank full mesh that started its
+	// 63 at once, with every other rank of one process doing the same on
+	// two cores, left thousands of goroutines runnable, and connections
+	// already made (and the rendezvous link) then missed their idle
+	// timeout waiting to be scheduled (docs/scale.md).
+	dialsAtOnce = 4
+	inlineMax   = 16 << 10
+	readBuffer  = 64 << 10
 	// tailProbes datagrams of tailProbeSize bytes follow the frame of a
 	// striped message on a pair that has lost more than 1 packet in
 	// lossyRatio (see writeMarker). Two, each too large to share a packet
@@ -69,7 +77,8 @@ type endpoint struct {
 
 	mu      sync.Mutex
 	conns   []*peerConn
-	pending int // connections still missing
+	pending int       // connections still missing
+	od      *onDemand // connections on demand (ondemand.go); nil: the mesh of Connect
 	closing atomic.Bool
 	once    sync.Once
 }
@@ -93,6 +102,7 @@ type peerConn struct {
 	// peer's coded messages, doneOutIn signals a rise to sendDone.
 	sentSeq, doneSeq, doneOut atomic.Uint64
 	doneIn, doneOutIn         chan struct{}
+	od                        *odConn // on demand (ondemand.go); nil in the mesh of Connect
 }
 
 // stripe is one further data connection of a pair. out, the stream that
@@ -114,6 +124,9 @@ type sendLane struct {
 func newEndpoint(n *Node, self int, peers []Peer, h transport.Handler, down transport.DownHandler) *endpoint {
 	e := &endpoint{node: n, self: self, peers: peers, h: h, down: down,
 		conns: make([]*peerConn, len(peers)), ready: make(chan struct{})}
+	if n.opt.OnDemand > 0 {
+		e.od = newOnDemand(n.opt.OnDemand)
+	}
 	for r := range peers {
 		if e.linked(r) {
 			e.pending++
@@ -131,23 +144,36 @@ func newEndpoint(n *Node, self int, peers []Peer, h transport.Handler, down tran
 
 // linked reports whether this rank connects to rank r (Options.Neighbors).
 func (e *endpoint) linked(r int) bool {
-	return r != e.self && (e.node.opt.Neighbors == nil || e.node.opt.Neighbors(e.self, r))
+	return r != e.self && e.od == nil && (e.node.opt.Neighbors == nil || e.node.opt.Neighbors(e.self, r))
 }
 
 func (e *endpoint) Rank() int { return e.self }
 func (e *endpoint) Size() int { return len(e.peers) }
 
 func (e *endpoint) connect(ctx context.Context) error {
+	if e.od != nil {
+		e.wg.Go(e.acceptLoop) // and dial on demand
+		return nil
+	}
 	errc := make(chan error, len(e.peers))
 	if e.self > 0 {
 		e.wg.Go(e.acceptLoop)
 	}
+	sem := make(chan struct{}, dialsAtOnce)
 	for r := e.self + 1; r < len(e.peers); r++ {
 		if !e.linked(r) {
 			continue
 		}
 		e.wg.Go(func() {
-			if err := e.dial(ctx, r); err != nil {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				errc <- ctx.Err()
+				return
+			}
+			err := e.dial(ctx, r)
+			<-sem
+			if err != nil {
 				errc <- err
 			}
 		})
@@ -176,16 +202,10 @@ func (e *endpoint) connect(ctx context.Context) error {
 // have called Connect yet and then refuses our certificate.
 func (e *endpoint) dial(ctx context.Context, r int) error {
 	p := e.peers[r]
-	addr, err := net.ResolveUDPAddr("udp", p.Addr)
+	addr, tlsConf, err := e.target(r)
 	if err != nil {
-		return fmt.Errorf("quic: rank %d address %q: %w", r, p.Addr, err)
+		return err
 	}
-	tlsConf := ClientTLSConfig(e.node.id, func(fp [32]byte) error {
-		if !Equal(fp, p.Fingerprint) {
-			return fmt.Errorf("quic: rank %d at %s presented certificate %x, not the pinned one", r, p.Addr, fp[:8])
-		}
-		return nil
-	})
 	stripes := e.node.opt.stripesTo(addr, len(e.peers))
 	dialStripe := func(k int) error {
 		backoff := 20 * time.Millisecond
@@ -216,6 +236,23 @@ func (e *endpoint) dial(ctx context.Context, r int) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// target is where rank r listens, and the TLS configuration that pins its
+// certificate.
+func (e *endpoint) target(r int) (*net.UDPAddr, *tls.Config, error) {
+	p := e.peers[r]
+	addr, err := net.ResolveUDPAddr("udp", p.Addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("quic: rank %d address %q: %w", r, p.Addr, err)
+	}
+	tlsConf := ClientTLSConfig(e.node.id, func(fp [32]byte) error {
+		if !Equal(fp, p.Fingerprint) {
+			return fmt.Errorf("quic: rank %d at %s presented certificate %x, not the pinned one", r, p.Addr, fp[:8])
+		}
+		return nil
+	})
+	return addr, tlsConf, nil
 }
 
 func (e *endpoint) dialOnce(ctx context.Context, r int, addr *net.UDPAddr, tlsConf *tls.Config, stripe, stripes int) error {
@@ -251,7 +288,7 @@ func (e *endpoint) dialOnce(ctx context.Context, r int, addr *net.UDPAddr, tlsCo
 		return fail(fmt.Errorf("hello reply: status %d rank %d size %d, want 0, %d, %d", rep.status, rep.rank, rep.size, r, len(e.peers)))
 	}
 	s.Close()
-	if err := e.register(r, conn, stripe, stripes); err != nil {
+	if err := e.register(r, conn, stripe, stripes, e.self); err != nil {
 		return fail(err)
 	}
 	return nil
@@ -299,11 +336,15 @@ func (e *endpoint) accept(conn *quic.Conn) {
 		return
 	}
 	r := int(hi.rank)
-	if hi.rank >= uint32(e.self) || hi.size != uint32(len(e.peers)) || !Equal(fp, e.peers[r].Fingerprint) || !e.linked(r) {
+	dials := hi.rank < uint32(e.self) && e.linked(r) // the lower rank of a linked pair
+	if e.od != nil {
+		dials = hi.rank != uint32(e.self) && hi.rank < uint32(len(e.peers)) // either rank
+	}
+	if !dials || hi.size != uint32(len(e.peers)) || !Equal(fp, e.peers[r].Fingerprint) {
 		refuse(fmt.Errorf("hello names rank %d of %d, which does not match the certificate", hi.rank, hi.size))
 		return
 	}
-	if err := e.register(r, conn, int(hi.stripe), int(hi.stripes)); err != nil {
+	if err := e.register(r, conn, int(hi.stripe), int(hi.stripes), r); err != nil {
 		refuse(err)
 		return
 	}
@@ -314,15 +355,22 @@ func (e *endpoint) accept(conn *quic.Conn) {
 	s.Close()
 }
 
-// register installs a verified connection, number k of the pair's stripes, and starts its goroutines. The first (stripe 0) carries
-// every lane and fixes the number of stripes; the dialer opens the others
-// only after it. It fails if the connection is a duplicate, out of order or
-// the endpoint is closing.
-func (e *endpoint) register(r int, conn *quic.Conn, k, stripes int) error {
+// register installs a verified connection, number k of the pair's
+// stripes, that dialer dialled, and starts its goroutines. The first
+// (stripe 0) carries every lane and fixes the number of stripes; the dialer
+// opens the others only after it. It fails if the connection is a
+// duplicate, out of order or the endpoint is closing.
+func (e *endpoint) register(r int, conn *quic.Conn, k, stripes, dialer int) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closing.Load() {
 		return transport.ErrClosed
+	}
+	if e.od != nil {
+		if k != 0 || stripes != 1 {
+			return fmt.Errorf("rank %d asks for %d data connections; on demand, a pair has one", r, stripes)
+		}
+		return e.odRegisterLocked(r, conn, dialer)
 	}
 	pc := e.conns[r]
 	if k == 0 {
@@ -332,19 +380,8 @@ func (e *endpoint) register(r int, conn *quic.Conn, k, stripes int) error {
 		if stripes < 1 || stripes > maxStripes {
 			return fmt.Errorf("rank %d asks for %d data connections, want 1 to %d", r, stripes, maxStripes)
 		}
-		pc = &peerConn{rank: r, conn: conn, stripes: make([]stripe, stripes-1), asm: newAssembler(&e.codecs),
-			doneIn: make(chan struct{}, 1), doneOutIn: make(chan struct{}, 1)}
-		for l := range pc.lanes {
-			pc.lanes[l].sem = make(chan struct{}, 1)
-		}
-		e.conns[r] = pc
+		e.addConnLocked(r, conn, stripes, nil)
 		e.pending += stripes - 1
-		e.wg.Go(func() { e.monitor(pc) })
-		e.wg.Go(func() { e.acceptStreams(pc) })
-		e.wg.Go(func() { e.readDatagrams(pc, conn) })
-		if stripes > 1 {
-			e.wg.Go(func() { e.sendDone(pc) })
-		}
 	} else {
 		if pc == nil || stripes != len(pc.stripes)+1 || k >= stripes || pc.stripes[k-1].conn != nil {
 			return fmt.Errorf("rank %d: unexpected data connection %d of %d", r, k, stripes)
@@ -359,6 +396,25 @@ func (e *endpoint) register(r int, conn *quic.Conn, k, stripes int) error {
 		close(e.ready)
 	}
 	return nil
+}
+
+// addConnLocked makes the pair's first connection with r (od: its
+// on-demand state, nil in the mesh of Connect) the current one and starts
+// its goroutines.
+func (e *endpoint) addConnLocked(r int, conn *quic.Conn, stripes int, od *odConn) *peerConn {
+	pc := &peerConn{rank: r, conn: conn, stripes: make([]stripe, stripes-1), asm: newAssembler(&e.codecs),
+		doneIn: make(chan struct{}, 1), doneOutIn: make(chan struct{}, 1), od: od}
+	for l := range pc.lanes {
+		pc.lanes[l].sem = make(chan struct{}, 1)
+	}
+	e.conns[r] = pc
+	e.wg.Go(func() { e.monitor(pc) })
+	e.wg.Go(func() { e.acceptStreams(pc) })
+	e.wg.Go(func() { e.readDatagrams(pc, conn) })
+	if stripes > 1 {
+		e.wg.Go(func() { e.sendDone(pc) })
+	}
+	return pc
 }
 
 // readDatagrams reads the peer's datagrams on conn, one of pc's, until it
@@ -482,6 +538,9 @@ func (e *endpoint) monitor(pc *peerConn) {
 	case <-e.ctx.Done():
 		return
 	}
+	if e.od != nil && e.odEnded(pc) {
+		return // closed to make room, or after a crossed dial: nothing lost
+	}
 	if e.closing.Load() {
 		return
 	}
@@ -498,6 +557,13 @@ func (e *endpoint) monitor(pc *peerConn) {
 	already := pc.downed
 	pc.downed = true
 	pc.mu.Unlock()
+	if e.od != nil {
+		e.mu.Lock()
+		if e.od.down[pc.rank] == nil {
+			e.od.down[pc.rank] = cause // lost: dialled no more
+		}
+		e.mu.Unlock()
+	}
 	if !already && e.down != nil {
 		e.down(pc.rank, &transport.PeerDownError{Peer: pc.rank, Cause: cause})
 	}
@@ -623,6 +689,13 @@ func (e *endpoint) readStream(pc *peerConn, s *quic.ReceiveStream) {
 			e.goodbye(pc)
 			return
 		}
+		if pc.od != nil {
+			if h[0] == ownerOnDemand {
+				e.odControl(pc, h)
+				continue
+			}
+			e.odTouch(pc)
+		}
 		if e.h != nil {
 			e.h(pc.rank, l, h, p)
 		}
@@ -694,6 +767,21 @@ func (e *endpoint) goodbye(pc *peerConn) {
 	if !drained {
 		return
 	}
+	if pc.od != nil {
+		pc.mu.Lock()
+		departing := pc.od.departing
+		pc.mu.Unlock()
+		if !departing {
+			pc.mu.Lock()
+			pc.left, pc.downed = false, already // not a departure: the pair may talk again
+			pc.mu.Unlock()
+			e.odDrained(pc)
+			return
+		}
+		e.mu.Lock()
+		e.od.down[pc.rank] = fmt.Errorf("quic: rank %d closed its endpoint: %w", pc.rank, transport.ErrPeerClosed)
+		e.mu.Unlock()
+	}
 	if !already && !e.closing.Load() && e.down != nil {
 		e.down(pc.rank, &transport.PeerDownError{Peer: pc.rank,
 			Cause: fmt.Errorf("quic: rank %d closed its endpoint: %w", pc.rank, transport.ErrPeerClosed)})
@@ -724,9 +812,17 @@ func (e *endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 	if peer == e.self {
 		return e.loop[lane].Put(ctx, lane, h, payload, nil, func() error { return transport.ErrClosed })
 	}
-	e.mu.Lock()
-	pc := e.conns[peer]
-	e.mu.Unlock()
+	var pc *peerConn
+	if e.od != nil {
+		var err error
+		if pc, err = e.odConn(ctx, peer); err != nil {
+			return err
+		}
+	} else {
+		e.mu.Lock()
+		pc = e.conns[peer]
+		e.mu.Unlock()
+	}
 	if pc == nil {
 		return &transport.PeerDownError{Peer: peer, Cause: errors.New("quic: not connected")}
 	}
@@ -736,6 +832,8 @@ func (e *endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 	sl := &pc.lanes[lane]
 	select {
 	case sl.sem <- struct{}{}:
+	case <-odClosing(pc):
+		return e.Send(ctx, peer, lane, h, payload) // on the pair's next connection
 	case <-ctx.Done():
 		return fmt.Errorf("quic: send to rank %d on %v: %w", peer, lane, ctx.Err())
 	case <-pc.conn.Context().Done():
@@ -1008,6 +1106,9 @@ func (e *endpoint) Abandon(peer int, cause error) {
 	}
 	e.mu.Lock()
 	pc := e.conns[peer]
+	if e.od != nil && e.od.down[peer] == nil {
+		e.od.down[peer] = fmt.Errorf("quic: rank %d declared rank %d down: %w", e.self, peer, cause)
+	}
 	e.mu.Unlock()
 	if pc != nil {
 		pc.conn.CloseWithError(codeAbandon, fmt.Sprintf("rank %d declared rank %d down: %v", e.self, peer, cause))
@@ -1019,6 +1120,12 @@ func (e *endpoint) Close() error {
 		e.mu.Lock()
 		e.closing.Store(true)
 		conns := append([]*peerConn(nil), e.conns...)
+		if e.od != nil { // every connection still open, current or closing
+			conns = conns[:0]
+			for pc := range e.od.all {
+				conns = append(conns, pc)
+			}
+		}
 		e.mu.Unlock()
 		deadline := time.Now().Add(e.node.opt.CloseTimeout)
 		var wg sync.WaitGroup
@@ -1042,10 +1149,43 @@ func (e *endpoint) Close() error {
 
 // sayGoodbye ends every lane to pc with a goodbye frame and a FIN, then
 // waits until pc acknowledges by closing the connection, or until deadline.
-// It keeps each lane's semaphore, so no Send can follow the goodbye.
+// On demand, a connection whose goodbyes went already (being closed) is
+// only waited for.
 func (e *endpoint) sayGoodbye(pc *peerConn, deadline time.Time) {
 	ctx, cancel := context.WithDeadline(pc.conn.Context(), deadline)
 	defer cancel()
+	if pc.od == nil || !e.goodbyesWritten(pc) {
+		e.writeGoodbyes(pc, deadline, pc.od != nil)
+	}
+	<-ctx.Done()
+}
+
+// goodbyesWritten reports whether this side began ending pc's lanes.
+func (e *endpoint) goodbyesWritten(pc *peerConn) bool {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	return pc.od.wroteBye
+}
+
+// writeGoodbyes ends every lane to pc with a goodbye frame and a FIN (by
+// deadline when set), after a departure frame when depart. It keeps each
+// lane's semaphore, so no Send can follow the goodbye.
+func (e *endpoint) writeGoodbyes(pc *peerConn, deadline time.Time, depart bool) {
+	if pc.od != nil {
+		pc.mu.Lock()
+		was := pc.od.wroteBye
+		pc.od.wroteBye = true
+		pc.mu.Unlock()
+		if was {
+			return
+		}
+	}
+	ctx := pc.conn.Context()
+	if !deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
 	var buf []byte
 	for l := range pc.lanes {
 		sl := &pc.lanes[l]
@@ -1062,11 +1202,16 @@ func (e *endpoint) sayGoodbye(pc *peerConn, deadline time.Time) {
 			sl.s = s
 		}
 		sl.s.SetWriteDeadline(deadline)
-		buf = frame.AppendGoodbye(buf[:0], transport.Lane(l))
+		buf = buf[:0]
+		if depart && transport.Lane(l) == transport.LaneControl {
+			var h transport.Header
+			h[0], h[1] = ownerOnDemand, odDepart
+			buf = frame.AppendPrefix(buf, transport.LaneControl, &h, 0)
+		}
+		buf = frame.AppendGoodbye(buf, transport.Lane(l))
 		if _, err := sl.s.Write(buf); err != nil {
 			return
 		}
 		sl.s.Close()
 	}
-	<-ctx.Done()
 }

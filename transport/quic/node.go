@@ -103,6 +103,17 @@ type Options struct {
 	// rank fails with a *transport.PeerDownError. nil: every pair.
 	Neighbors func(a, b int) bool
 
+	// OnDemand, when above 0, makes connections on demand (ondemand.go):
+	// Connect dials nobody, a Send dials its peer when there is no
+	// connection, and at most OnDemand connections are held at once, the
+	// least recently used closed (gracefully) to make room. One
+	// connection per pair (DataConns is 1). Neighbors is ignored.
+	OnDemand int
+	// DialTimeout bounds how long a Send keeps dialling a peer it has no
+	// connection to (on demand) before it reports the peer unreachable.
+	// Default 10 s.
+	DialTimeout time.Duration
+
 	// lossyAlways (tests) codes every striped message as on a lossy link.
 	lossyAlways bool
 }
@@ -148,6 +159,12 @@ func (o Options) withDefaults() Options {
 		o.MaxConnWindow = min
 	}
 	o.DataConns = min(o.DataConns, maxStripes)
+	if o.OnDemand > 0 {
+		o.DataConns, o.Neighbors = 1, nil
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = 10 * time.Second
+	}
 	return o
 }
 
@@ -237,7 +254,7 @@ func Listen(id *Identity, opt Options) (*Node, error) {
 func (n *Node) Addr() net.Addr { return n.udp.LocalAddr() }
 
 // verifyClient accepts a client certificate only if it is pinned for a rank
-// below ours (only those dial us).
+// below ours (only those dial us), or any other rank on demand.
 func (n *Node) verifyClient(fp [32]byte) error {
 	n.mu.Lock()
 	e := n.ep
@@ -246,7 +263,14 @@ func (n *Node) verifyClient(fp [32]byte) error {
 		return errors.New("quic: not connecting yet")
 	}
 	found := false
-	for r := 0; r < e.self; r++ {
+	below := e.self // only lower ranks dial, but on demand
+	if e.od != nil {
+		below = len(e.peers)
+	}
+	for r := 0; r < below; r++ {
+		if r == e.self {
+			continue
+		}
 		if Equal(fp, e.peers[r].Fingerprint) {
 			found = true // no early exit: constant time over the table
 		}

@@ -53,7 +53,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nexar-go/nexar/internal/chanctx"
 	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport"
 )
@@ -67,6 +66,7 @@ const (
 	flagFirst             // first fragment of a message
 	flagBye               // the source closed; byte 2 holds the lanes it says goodbye on
 	flagCheck             // out of band: the sender handed frames up to seq to a relay that failed
+	flagCast              // a broadcast of the source (cast.go): the payload starts with a bit per recipient
 )
 
 // Relay frame layout in the inner header.
@@ -97,6 +97,11 @@ type Options struct {
 	// (default and maximum: transport.MaxPayload less one header; tests
 	// set it small to exercise reassembly).
 	FragmentSize int
+	// Linger bounds how long Close keeps relaying for the others after
+	// its goodbyes, until every other rank said goodbye too or is down
+	// (ranks still finishing their last calls may route through this
+	// one). Default 1 s.
+	Linger time.Duration
 }
 
 // Stats counts what an endpoint relayed. Safe to read at any time.
@@ -122,6 +127,11 @@ type Endpoint struct {
 	start chan struct{}      // closed by Start
 	done  chan struct{}      // closed by Close
 	kill  chan struct{}      // closed by Close once forwards had their drain time
+	// doneCtx and killCtx end with done and kill: real contexts, so that
+	// a send derives from them without a goroutine per frame (a context
+	// over a bare channel costs one in context.AfterFunc).
+	doneCtx, killCtx       context.Context
+	doneCancel, killCancel context.CancelFunc
 
 	failed  []atomic.Bool // per rank: failed or gone, never a relay again
 	nFailed atomic.Int32  // how many are set: the routing generation
@@ -134,8 +144,11 @@ type Endpoint struct {
 
 	mu      sync.Mutex
 	closed  bool
-	told    []bool  // per rank: the upper DownHandler was told
-	downErr []error // per non-neighbour: why sends to it fail
+	told    []bool        // per rank: the upper DownHandler was told
+	heard   []bool        // per rank: its goodbye arrived (it closes: it needs this rank's relaying no more)
+	gone    int           // ranks told or heard (Close's linger ends when all others are)
+	goneCh  chan struct{} // closed and replaced when gone grows
+	downErr []error       // per non-neighbour: why sends to it fail
 	tx      map[int]*txState
 	rx      map[int]*rxState
 	byes    map[int]uint8 // per source: lanes whose goodbye arrived
@@ -197,18 +210,26 @@ func New(g *topology.Graph, rank int, h transport.Handler, down transport.DownHa
 		g: g, rank: rank, up: h, upDn: down, opts: opts,
 		start: make(chan struct{}), done: make(chan struct{}), kill: make(chan struct{}),
 		failed: make([]atomic.Bool, n),
-		told:   make([]bool, n), downErr: make([]error, n),
+		told:   make([]bool, n), downErr: make([]error, n), heard: make([]bool, n), goneCh: make(chan struct{}),
 		tx: map[int]*txState{}, rx: map[int]*rxState{}, byes: map[int]uint8{},
 		flows: map[flowKey]flowState{}, queues: map[int]*fwdQueue{},
 	}
+	e.doneCtx, e.doneCancel = context.WithCancel(context.Background())
+	e.killCtx, e.killCancel = context.WithCancel(context.Background())
 	e.frag = fragMax
 	if opts.FragmentSize > 0 && opts.FragmentSize < fragMax {
 		e.frag = opts.FragmentSize
 	}
+	if e.opts.Linger <= 0 {
+		e.opts.Linger = time.Second
+	}
 	return e
 }
 
-// Start attaches the inner path (made with Handler and DownHandler).
+// Start attaches the inner path (made with Handler and DownHandler). Frames
+// to forward arrive while nobody here waits for anything: an inner path
+// that leaves data to the goroutines that poll it must be told to read
+// without them (transport/bulk: Options.Forwards).
 func (e *Endpoint) Start(inner transport.DataPath) {
 	e.inner = inner
 	close(e.start)
@@ -303,7 +324,7 @@ func (e *Endpoint) sendRelayed(ctx context.Context, dst int, lane transport.Lane
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if !bye {
-		stop := context.AfterFunc(chanctx.Of(e.done), cancel)
+		stop := context.AfterFunc(e.doneCtx, cancel)
 		defer stop()
 	}
 	e.mu.Lock()
@@ -399,7 +420,7 @@ func (e *Endpoint) route(ctx context.Context, dst int, lane transport.Lane, fh *
 // flow's last hop failed with that hop, so that the destination can name
 // the failed relay should frames be missing.
 func (e *Endpoint) stampReroute(fh *transport.Header, lane transport.Lane, hop int) {
-	if fh[offFlags]&flagCheck != 0 || binary.LittleEndian.Uint32(fh[offVia:]) != 0 {
+	if fh[offFlags]&(flagCheck|flagCast) != 0 || binary.LittleEndian.Uint32(fh[offVia:]) != 0 {
 		return
 	}
 	k := flowKey{int32(binary.LittleEndian.Uint32(fh[offSrc:])), int32(binary.LittleEndian.Uint32(fh[offDst:])), lane}
@@ -442,8 +463,14 @@ func (e *Endpoint) handle(from int, lane transport.Lane, h *transport.Header, p 
 	}
 	src := int(binary.LittleEndian.Uint32(h[offSrc:]))
 	dst := int(binary.LittleEndian.Uint32(h[offDst:]))
-	if src < 0 || src >= e.g.Size() || dst < 0 || dst >= e.g.Size() || src == e.rank {
+	// A broadcast's detour (cast.go) may pass its source.
+	detour := h[offFlags]&flagCast != 0 && dst != src && dst != e.rank
+	if src < 0 || src >= e.g.Size() || dst < 0 || dst >= e.g.Size() || (src == e.rank && !detour) {
 		e.dropped.Add(1)
+		return
+	}
+	if h[offFlags]&flagCast != 0 && !detour {
+		e.castArrive(src, lane, h, p) // on the tree, or where a detour ends
 		return
 	}
 	if dst != e.rank {
@@ -476,6 +503,11 @@ func (e *Endpoint) enqueue(lane transport.Lane, f frame) {
 		e.dropped.Add(1)
 		return
 	}
+	e.enqueueTo(hop, lane, f)
+}
+
+// enqueueTo queues a frame for the neighbour hop.
+func (e *Endpoint) enqueueTo(hop int, lane transport.Lane, f frame) {
 	k := hop*int(transport.NumLanes) + int(lane)
 	e.mu.Lock()
 	q := e.queues[k]
@@ -517,27 +549,33 @@ func (e *Endpoint) drain(q *fwdQueue) {
 		q.frames = q.frames[1:]
 		e.mu.Unlock()
 		lane := transport.Lane(q.lane)
+		// A broadcast frame on the tree (its destination: the source)
+		// goes around a failed child; one on a detour is routed again.
+		cast := f.h[offFlags]&flagCast != 0 && binary.LittleEndian.Uint32(f.h[offDst:]) == binary.LittleEndian.Uint32(f.h[offSrc:])
+		if e.isFailed(q.hop) && cast {
+			e.castAround(q.hop, lane, f)
+			continue
+		}
 		if e.isFailed(q.hop) {
 			binary.LittleEndian.PutUint32(f.h[offVia:], uint32(q.hop+1))
 			e.enqueue(lane, f)
 			continue
 		}
 		e.stampReroute(&f.h, lane, q.hop)
-		ctx, cancel := context.WithCancel(context.Background())
-		stop := context.AfterFunc(chanctx.Of(e.kill), cancel)
-		err := e.inner.Send(ctx, q.hop, lane, &f.h, f.p)
-		stop()
-		cancel()
+		err := e.inner.Send(e.killCtx, q.hop, lane, &f.h, f.p)
 		var pd *transport.PeerDownError
 		switch {
 		case err == nil:
-			if f.h[offFlags]&flagCheck == 0 {
+			if f.h[offFlags]&(flagCheck|flagCast) == 0 {
 				src := int32(binary.LittleEndian.Uint32(f.h[offSrc:]))
 				dst := int32(binary.LittleEndian.Uint32(f.h[offDst:]))
 				e.mu.Lock()
 				e.flows[flowKey{src, dst, lane}] = flowState{last: binary.LittleEndian.Uint64(f.h[offSeq:]), hop: int32(q.hop)}
 				e.mu.Unlock()
 			}
+		case errors.As(err, &pd) && pd.Peer == q.hop && cast:
+			e.markFailed(q.hop)
+			e.castAround(q.hop, lane, f)
 		case errors.As(err, &pd) && pd.Peer == q.hop && int(binary.LittleEndian.Uint32(f.h[offDst:])) != q.hop:
 			e.markFailed(q.hop)
 			binary.LittleEndian.PutUint32(f.h[offVia:], uint32(q.hop+1))
@@ -624,14 +662,36 @@ func (e *Endpoint) reportLost(src, via int) {
 
 // bye records src's goodbye on lane; with the last lane of mask, src has
 // departed gracefully.
+//
+// src still relays for the others while it lingers (Close), so routes keep
+// it until it leaves: its neighbours see that (innerDown) and route around
+// it. A neighbour's departure is told when its inner path departs.
 func (e *Endpoint) bye(src int, lane transport.Lane, mask uint8) {
 	e.mu.Lock()
 	got := e.byes[src] | 1<<lane
 	e.byes[src] = got
+	done := got&mask == mask
+	if done {
+		e.goneLocked(src, e.heard)
+	}
 	e.mu.Unlock()
-	if got&mask == mask {
-		e.markFailed(src)
+	if done && !e.g.IsNeighbor(e.rank, src) {
 		e.notifyUp(src, &transport.PeerDownError{Peer: src, Cause: fmt.Errorf("relay: rank %d closed its endpoint: %w", src, transport.ErrPeerClosed)})
+	}
+}
+
+// goneLocked sets p's flag in set (e.heard or e.told) and counts p gone
+// the first time either is set. Called with e.mu held.
+func (e *Endpoint) goneLocked(p int, set []bool) {
+	if set[p] {
+		return
+	}
+	before := e.told[p] || e.heard[p]
+	set[p] = true
+	if !before {
+		e.gone++
+		close(e.goneCh)
+		e.goneCh = make(chan struct{})
 	}
 }
 
@@ -680,7 +740,7 @@ func (e *Endpoint) notifyUp(peer int, err error) {
 		e.mu.Unlock()
 		return
 	}
-	e.told[peer] = true
+	e.goneLocked(peer, e.told)
 	if !e.direct(peer) {
 		e.downErr[peer] = err
 	}
@@ -696,9 +756,14 @@ func (e *Endpoint) notifyUp(peer int, err error) {
 	}()
 }
 
-// Close says goodbye to every non-neighbour (behind this rank's messages,
-// on every lane it used), lets queued forwards drain for a bounded time,
-// then closes the inner path. Idempotent.
+// Close says goodbye to every rank that is not down or gone: relayed
+// behind this rank's messages, on every lane it used, to those it relayed
+// messages to (Talked), to each neighbour directly, and in one broadcast on
+// the control lane to the others (cast.go). It then lingers, relaying for
+// the others, until every other rank said goodbye or is down, or for
+// Options.Linger (a rank that returned from a collective may still be on
+// the routes of ranks that have not), lets queued forwards drain for a
+// bounded time, and closes the inner path. Idempotent.
 func (e *Endpoint) Close() error {
 	e.mu.Lock()
 	if e.closed {
@@ -708,40 +773,70 @@ func (e *Endpoint) Close() error {
 	}
 	e.closed = true
 	close(e.done)
+	e.doneCancel()
 	e.mu.Unlock()
 	select {
 	case <-e.start:
 	default:
 		close(e.kill)
+		e.killCancel()
 		e.wg.Wait()
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), closeDrain)
 	defer cancel()
-	for p := 0; p < e.g.Size(); p++ {
-		if e.direct(p) || ctx.Err() != nil {
+	// Every live rank gets the broadcast goodbye, which ends its linger
+	// (a rank that said goodbye still lingers until it heard every
+	// other's); ranks this one relayed messages to get a relayed goodbye
+	// too, behind them, which tells them of the departure in order, and
+	// neighbours learn it from the inner path: for both, the broadcast's
+	// second bitmap says so.
+	n := e.g.Size()
+	bm := (n + 7) / 8
+	var masks []uint8 // per rank: the lanes of a relayed goodbye, 0: none
+	var cast []int
+	ordered := make([]byte, bm)
+	e.mu.Lock()
+	ctl := uint8(1 << transport.LaneControl)
+	for p := 0; p < n; p++ {
+		if p == e.rank || e.isFailed(p) {
 			continue
 		}
-		e.mu.Lock()
-		gone := e.told[p]
-		mask := uint8(1 << transport.LaneControl)
+		cast = append(cast, p)
+		if e.direct(p) {
+			ordered[p/8] |= 1 << (p % 8)
+			continue
+		}
+		mask := uint8(0)
 		for l := range transport.NumLanes {
 			if tx := e.tx[p*int(transport.NumLanes)+int(l)]; tx != nil && tx.used {
-				mask |= 1 << l
+				mask |= 1<<l | 1<<transport.LaneControl
 			}
 		}
-		e.mu.Unlock()
-		if gone {
-			continue
+		if mask != 0 {
+			if masks == nil {
+				masks = make([]uint8, n)
+			}
+			masks[p] = mask
+			ordered[p/8] |= 1 << (p % 8)
 		}
+	}
+	e.mu.Unlock()
+	if len(cast) > 0 {
+		_ = e.castAll(ctx, flagBye, ctl, cast, ordered)
+	}
+	for p, mask := range masks {
 		for l := range transport.NumLanes {
-			if mask&(1<<l) != 0 {
+			if mask&(1<<l) != 0 && ctx.Err() == nil {
 				_ = e.sendRelayed(ctx, p, l, nil, nil, mask, true)
 			}
 		}
 	}
+	e.linger()
 	// Let the forwarding queues drain (each drain goroutine gives up
 	// closeDrain after Close).
+	ctx, cancel = context.WithTimeout(context.Background(), closeDrain)
+	defer cancel()
 	for {
 		e.mu.Lock()
 		busy := false
@@ -755,13 +850,35 @@ func (e *Endpoint) Close() error {
 		time.Sleep(time.Millisecond)
 	}
 	close(e.kill)
+	e.killCancel()
 	err := e.inner.Close()
 	e.wg.Wait()
 	return err
 }
 
+// linger waits until every other rank said goodbye or was told down, or
+// Options.Linger passed.
+func (e *Endpoint) linger() {
+	t := time.NewTimer(e.opts.Linger)
+	defer t.Stop()
+	for {
+		e.mu.Lock()
+		all, ch := e.gone >= e.g.Size()-1, e.goneCh
+		e.mu.Unlock()
+		if all {
+			return
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			return
+		}
+	}
+}
+
 // The rest of transport.DataPath: neighbours are the inner path's;
-// relayed peers are never polled, never on shared memory.
+// relayed peers are never on shared memory, and are polled (and waited
+// for) through every neighbour.
 
 // Caps is the inner path's declaration.
 func (e *Endpoint) Caps() transport.Caps {
@@ -784,22 +901,60 @@ func (e *Endpoint) SendProgress(ctx context.Context, peer int, h *transport.Head
 	return e.Send(ctx, peer, transport.LaneData, h, payload)
 }
 
-// StartPolling is the inner path's for a neighbour; nil for others.
+// StartPolling is the inner path's for a neighbour. For another rank,
+// whose messages come relayed by any neighbour, it polls every
+// neighbour's channel that can be polled (nil, nil where none can).
 func (e *Endpoint) StartPolling(peer int) (poll func() bool, stop func()) {
-	if peer < 0 || peer >= e.g.Size() || !e.direct(peer) {
+	if peer < 0 || peer >= e.g.Size() {
 		return nil, nil
 	}
 	<-e.start
-	return e.inner.StartPolling(peer)
+	if e.direct(peer) {
+		return e.inner.StartPolling(peer)
+	}
+	var polls []func() bool
+	var stops []func()
+	for _, n := range e.g.Neighbors(e.rank) {
+		if p, s := e.inner.StartPolling(n); p != nil {
+			polls, stops = append(polls, p), append(stops, s)
+		}
+	}
+	if len(polls) == 0 {
+		return nil, nil
+	}
+	return func() bool {
+			got := false
+			for _, p := range polls {
+				got = p() || got
+			}
+			return got
+		}, func() {
+			for _, s := range stops {
+				s()
+			}
+		}
 }
 
-// Waiting is the inner path's for a neighbour; a no-op for others.
+// Waiting is the inner path's for a neighbour; for another rank it is
+// every neighbour's (a relayed message may come from any), so that their
+// channels wake their readers for what they write meanwhile.
 func (e *Endpoint) Waiting(peer int) (done func()) {
-	if peer < 0 || peer >= e.g.Size() || !e.direct(peer) {
+	if peer < 0 || peer >= e.g.Size() {
 		return func() {}
 	}
 	<-e.start
-	return e.inner.Waiting(peer)
+	if e.direct(peer) {
+		return e.inner.Waiting(peer)
+	}
+	var dones []func()
+	for _, n := range e.g.Neighbors(e.rank) {
+		dones = append(dones, e.inner.Waiting(n))
+	}
+	return func() {
+		for _, d := range dones {
+			d()
+		}
+	}
 }
 
 // Await is the inner path's for a neighbour; for another peer it returns

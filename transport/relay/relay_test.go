@@ -17,6 +17,9 @@ import (
 
 // mesh builds n relaying endpoints over an in-memory mesh laid out as spec.
 func mesh(t testing.TB, spec topology.Spec, n int, h []transport.Handler, down []transport.DownHandler, opts relay.Options) ([]*relay.Endpoint, []transport.DataPath) {
+	if opts.Linger == 0 {
+		opts.Linger = 100 * time.Millisecond // the suite closes ranks one by one
+	}
 	g, err := topology.New(spec, n)
 	if err != nil {
 		t.Fatal(err)
@@ -58,6 +61,16 @@ func (n *neighboursOnly) Send(ctx context.Context, peer int, lane transport.Lane
 		n.t.Errorf("rank %d sent to non-neighbour %d on the inner path", n.Rank(), peer)
 	}
 	return n.DataPath.Send(ctx, peer, lane, h, p)
+}
+
+// closeAll closes the endpoints at once, as the ranks of a job do: one
+// that closes alone lingers (Options.Linger) relaying for the others.
+func closeAll(rs []*relay.Endpoint) {
+	var wg sync.WaitGroup
+	for _, r := range rs {
+		wg.Go(func() { r.Close() })
+	}
+	wg.Wait()
 }
 
 var sparse = []topology.Spec{{Kind: topology.Hypercube}, {Kind: topology.KRegular, N: 2}}
@@ -193,9 +206,7 @@ func TestAllPairsOrderAndFragments(t *testing.T) {
 			if fwd == 0 {
 				t.Fatalf("%s n=%d: nothing was relayed", spec, n)
 			}
-			for _, r := range rs {
-				r.Close()
-			}
+			closeAll(rs)
 			cancel()
 		}
 	}
@@ -216,11 +227,7 @@ func TestRelayKilled(t *testing.T) {
 		lmu.Unlock()
 	}}
 	rs, inner := mesh(t, spec, n, s.handlers(), nil, opts)
-	defer func() {
-		for _, r := range rs {
-			r.Close()
-		}
-	}()
+	defer closeAll(rs)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	via := rs[0].Graph()
@@ -269,4 +276,124 @@ func TestRelayKilled(t *testing.T) {
 		}
 	}
 	t.Logf("relay %d killed: %d of %d delivered, losses reported %v", relayRank, len(s.msgs[4]), k, lost)
+}
+
+// A broadcast reaches each recipient once, from its source, with its
+// payload, in the order its source sent; non-recipients forward it and get
+// nothing; with ranks killed on the tree, the frames go around them.
+func TestBroadcast(t *testing.T) {
+	for _, spec := range []topology.Spec{{Kind: topology.KRegular, N: 2}, {Kind: topology.KRegular, N: 4}, {Kind: topology.Hypercube}} {
+		for _, n := range []int{5, 16, 29} {
+			for _, kill := range []bool{false, true} {
+				s := newSink(n)
+				rs, inner := mesh(t, spec, n, s.handlers(), nil, relay.Options{})
+				g := rs[0].Graph()
+				dead := -1
+				if kill {
+					// A rank in the middle of trees: every rank knows it
+					// died (core's failure gossip tells them), and routes
+					// and trees go around it.
+					dead = g.Neighbors(0)[len(g.Neighbors(0))-1]
+					mem.Kill(inner[dead])
+					for p := range rs {
+						rs[p].Abandon(dead, nil)
+					}
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				want := make([]int, n) // messages each rank should get
+				const k = 3
+				for src := range n {
+					if src == dead {
+						continue
+					}
+					var to []int
+					for r := range n {
+						// Every other non-neighbour, so that some ranks only forward.
+						if r != src && r != dead && !g.IsNeighbor(src, r) && (r+src)%2 == 0 {
+							to = append(to, r)
+							want[r] += k
+						}
+					}
+					for seq := range k {
+						if err := rs[src].Broadcast(ctx, transport.LaneControl, hdr(src, seq), body(src, 0, seq, 10+seq), to); err != nil {
+							t.Fatalf("%s n=%d: broadcast from %d: %v", spec, n, src, err)
+						}
+					}
+				}
+				for r := range n {
+					for s.count(r) < want[r] && ctx.Err() == nil {
+						time.Sleep(5 * time.Millisecond)
+					}
+				}
+				time.Sleep(20 * time.Millisecond) // nothing more may come
+				s.mu.Lock()
+				for r := range n {
+					next := map[int]uint64{}
+					for _, m := range s.msgs[r] {
+						if m.seq != next[m.from] || !bytes.Equal(m.p, body(m.from, 0, int(m.seq), 10+int(m.seq))) || m.lane != transport.LaneControl {
+							t.Fatalf("%s n=%d kill=%v: rank %d from %d: seq %d (want %d) or payload or lane wrong", spec, n, kill, r, m.from, m.seq, next[m.from])
+						}
+						next[m.from]++
+					}
+					if len(s.msgs[r]) != want[r] {
+						t.Fatalf("%s n=%d kill=%v: rank %d got %d broadcast messages, want %d", spec, n, kill, r, len(s.msgs[r]), want[r])
+					}
+				}
+				s.mu.Unlock()
+				closeAll(rs)
+				cancel()
+			}
+		}
+	}
+}
+
+// A rank that closes while others still talk through it keeps relaying
+// (Options.Linger) until every other rank said goodbye, then leaves at
+// once: messages sent through it after its Close began all arrive.
+func TestCloseLingers(t *testing.T) {
+	const n = 6
+	spec := topology.Spec{Kind: topology.KRegular, N: 2} // 2 reaches 4 through 3
+	s := newSink(n)
+	rs, _ := mesh(t, spec, n, s.handlers(), nil, relay.Options{Linger: time.Minute})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if h, _ := rs[2].Graph().NextHop(2, 4, nil); h != 3 {
+		t.Fatalf("2's route to 4 goes through %d, want 3", h)
+	}
+	closed := make(chan time.Duration, 1)
+	start := time.Now()
+	go func() { rs[3].Close(); closed <- time.Since(start) }()
+	time.Sleep(100 * time.Millisecond) // rank 3 is closing
+	const k = 50
+	for seq := range k {
+		if err := rs[2].Send(ctx, 4, transport.LaneData, hdr(2, seq), body(2, 4, seq, 100)); err != nil {
+			t.Fatalf("seq %d: %v", seq, err)
+		}
+	}
+	for s.count(4) < k && ctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := s.count(4); got != k {
+		t.Fatalf("rank 4 got %d of %d messages relayed by the closing rank 3", got, k)
+	}
+	select {
+	case d := <-closed:
+		t.Fatalf("rank 3's Close returned after %v, before the others said goodbye", d)
+	default:
+	}
+	var wg sync.WaitGroup
+	for r, e := range rs {
+		if r != 3 {
+			wg.Go(func() { e.Close() })
+		}
+	}
+	wg.Wait()
+	select {
+	case d := <-closed:
+		if d > 20*time.Second {
+			t.Fatalf("rank 3's Close took %v: it waited for its linger, not for the goodbyes", d)
+		}
+	case <-ctx.Done():
+		t.Fatal("rank 3's Close did not return once every rank had said goodbye")
+	}
 }

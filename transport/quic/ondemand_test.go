@@ -1,0 +1,227 @@
+package quictransport
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nexar-go/nexar/transport"
+	"github.com/nexar-go/nexar/transport/transporttest"
+)
+
+// onDemandMesh connects n nodes on demand with room for m connections each.
+func onDemandMesh(t testing.TB, n, m int, h []transport.Handler, down []transport.DownHandler) ([]*Node, []transport.Endpoint) {
+	nodes, peers := listenN(t, n, Options{OnDemand: m, DialTimeout: 30 * time.Second, HandshakeTimeout: 10 * time.Second})
+	return nodes, connectAll(t, nodes, peers, h, down)
+}
+
+// The conformance suite on demand, with room for every peer and every
+// connection opened first (a departure is told on the connections open
+// then; the suite checks that every peer hears of it).
+func TestOnDemandConformance(t *testing.T) {
+	transporttest.Run(t, func(t *testing.T, n int, h []transport.Handler, down []transport.DownHandler) []transport.Endpoint {
+		nodes, eps := onDemandMesh(t, n, n-1, h, down)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		var wg sync.WaitGroup
+		errs := make([]error, n)
+		for i, nd := range nodes {
+			wg.Go(func() {
+				for p := range n {
+					if p != i {
+						if err := nd.Open(ctx, p); err != nil {
+							errs[i] = err
+						}
+					}
+				}
+			})
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("rank %d: Open: %v", i, err)
+			}
+		}
+		return eps
+	})
+}
+
+// odMsg is one delivered message: sender, lane and its sequence number
+// per (sender, lane).
+type odMsg struct {
+	from int
+	lane transport.Lane
+	seq  uint64
+	ok   bool // the payload is the one sent with that sequence number
+}
+
+func odPayload(from, to, seq int) []byte {
+	p := make([]byte, 100+seq%300)
+	for i := range p {
+		p[i] = byte(from*31 + to*17 + seq + i)
+	}
+	return p
+}
+
+// With room for M < N-1 connections, every pair of N ranks talks on two
+// lanes, all at once: nothing is lost, duplicated or reordered per (sender,
+// lane) although connections are closed and made again all the time, and
+// no rank ever holds more than M.
+func TestOnDemandEveryPairTalks(t *testing.T) {
+	for _, tc := range []struct{ n, m, k int }{{6, 2, 40}, {9, 3, 25}, {5, 1, 20}} {
+		t.Run(fmt.Sprintf("n=%d,m=%d", tc.n, tc.m), func(t *testing.T) {
+			n, m, k := tc.n, tc.m, tc.k
+			var mu sync.Mutex
+			got := make([][]odMsg, n)
+			hs := make([]transport.Handler, n)
+			for i := range hs {
+				hs[i] = func(from int, lane transport.Lane, h *transport.Header, p []byte) {
+					seq := binary.LittleEndian.Uint64(h[8:])
+					mu.Lock()
+					got[i] = append(got[i], odMsg{from, lane, seq, bytes.Equal(p, odPayload(from, i, int(seq)))})
+					mu.Unlock()
+				}
+			}
+			var dmu sync.Mutex
+			var downs []string
+			ds := make([]transport.DownHandler, n)
+			for i := range ds {
+				ds[i] = func(peer int, err error) {
+					dmu.Lock()
+					downs = append(downs, fmt.Sprintf("rank %d: %d down: %v", i, peer, err))
+					dmu.Unlock()
+				}
+			}
+			nodes, eps := onDemandMesh(t, n, m, hs, ds)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			var wg sync.WaitGroup
+			errs := make(chan error, n*n)
+			for i := range n {
+				for to := range n {
+					if to == i {
+						continue
+					}
+					wg.Go(func() { // one sender per (pair, lane): sequence order is send order
+						for _, lane := range []transport.Lane{transport.LaneData, transport.LaneControl} {
+							for seq := range k {
+								var h transport.Header
+								binary.LittleEndian.PutUint64(h[8:], uint64(seq))
+								if err := eps[i].Send(ctx, to, lane, &h, odPayload(i, to, seq)); err != nil {
+									errs <- fmt.Errorf("%d->%d %v seq %d: %w", i, to, lane, seq, err)
+									return
+								}
+							}
+						}
+					})
+				}
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			want := 2 * k * (n - 1)
+			for to := range n {
+				for {
+					mu.Lock()
+					c := len(got[to])
+					mu.Unlock()
+					if c >= want || ctx.Err() != nil {
+						break
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+			mu.Lock()
+			for to := range n {
+				next := map[[2]int]uint64{}
+				for _, g := range got[to] {
+					key := [2]int{g.from, int(g.lane)}
+					if g.seq != next[key] || !g.ok {
+						t.Fatalf("rank %d from %d on %v: seq %d, want %d (payload ok: %v)", to, g.from, g.lane, g.seq, next[key], g.ok)
+					}
+					next[key]++
+				}
+				if len(got[to]) != want {
+					t.Fatalf("rank %d got %d messages, want %d", to, len(got[to]), want)
+				}
+			}
+			mu.Unlock()
+			for i, nd := range nodes {
+				open, most := nd.OpenConns()
+				if most > m || open > m {
+					t.Fatalf("rank %d held %d connections at once (%d now), room for %d", i, most, open, m)
+				}
+				if most == 0 {
+					t.Fatalf("rank %d never held a connection", i)
+				}
+			}
+			dmu.Lock()
+			if len(downs) > 0 {
+				t.Fatalf("connections closed to make room were reported as losses: %v", downs)
+			}
+			dmu.Unlock()
+			for _, ep := range eps {
+				ep.Close()
+			}
+		})
+	}
+}
+
+// A rank killed while no connection to it is open is found when a rank next
+// sends to it: the send fails naming it, the DownHandler is told, and it is
+// not dialled again.
+func TestOnDemandDeadPeerFoundAtNextUse(t *testing.T) {
+	const n = 3
+	downs := make(chan [2]int, 8)
+	ds := make([]transport.DownHandler, n)
+	for i := range ds {
+		ds[i] = func(peer int, err error) { downs <- [2]int{i, peer} }
+	}
+	nodes, eps := onDemandMesh(t, n, 1, make([]transport.Handler, n), ds)
+	for _, nd := range nodes {
+		nd.opt.DialTimeout = 2 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var h transport.Header
+	if err := eps[0].Send(ctx, 2, transport.LaneData, &h, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	// Rank 0's one connection moves to rank 1: the one to rank 2 closes.
+	if err := eps[0].Send(ctx, 1, transport.LaneData, &h, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	for !func() bool { _, most := nodes[0].OpenConns(); return !nodes[0].Connected(2) && most == 1 }() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Rank 2 dies without a word: its socket goes.
+	nodes[2].closeSocket()
+	start := time.Now()
+	err := eps[0].Send(ctx, 2, transport.LaneData, &h, []byte("x"))
+	var pd *transport.PeerDownError
+	if !errors.As(err, &pd) || pd.Peer != 2 {
+		t.Fatalf("send to the dead rank 2: %v, want a *PeerDownError naming it", err)
+	}
+	select {
+	case d := <-downs:
+		if d != [2]int{0, 2} {
+			t.Fatalf("down %v, want rank 0 told of rank 2", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("rank 0 was not told that rank 2 is down")
+	}
+	t.Logf("found dead after %v: %v", time.Since(start), err)
+	again := time.Now()
+	if err := eps[0].Send(ctx, 2, transport.LaneData, &h, []byte("x")); !errors.As(err, &pd) || time.Since(again) > time.Second {
+		t.Fatalf("second send to the dead rank: %v after %v, want a *PeerDownError at once", err, time.Since(again))
+	}
+	eps[0].Close()
+	eps[1].Close()
+}

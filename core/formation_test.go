@@ -353,16 +353,21 @@ func TestNewBindsNoWildcard(t *testing.T) {
 // TestRankLostBetweenJoinAndMesh: a rank that joined the seed and then died
 // before it connected to anyone (killed, or its process crashed) ends the
 // others' formation once the seed notices (its connection closed, or silent
-// for rdvIdle), with an error naming it; before, they waited for the
-// connect timeout (60 s here, 30 min under torch).
+// for its link's idle timeout), with an error naming it; before, they
+// waited for the connect timeout (60 s here, 30 min under torch). A joiner
+// that asked for a longer idle timeout (as New does when HeartbeatTimeout
+// is longer) is given that long, not the default.
 func TestRankLostBetweenJoinAndMesh(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		die   func(l *membership.SeedLink)
-		bound time.Duration
+		name    string
+		die     func(l *membership.SeedLink)
+		idle    time.Duration // rank 2's JoinOptions.IdleTimeout
+		atLeast time.Duration
+		bound   time.Duration
 	}{
-		{"crashed", (*membership.SeedLink).SimulateCrash, 3 * time.Second},
-		{"silent", (*membership.SeedLink).SimulateSilence, membership.IdleTimeout + 5*time.Second},
+		{"crashed", (*membership.SeedLink).SimulateCrash, 0, 0, 3 * time.Second},
+		{"silent", (*membership.SeedLink).SimulateSilence, 0, 0, membership.IdleTimeout + 5*time.Second},
+		{"silent_longer_idle", (*membership.SeedLink).SimulateSilence, 9 * time.Second, 8 * time.Second, 9*time.Second + 5*time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			token := randomToken(t)
@@ -389,7 +394,7 @@ func TestRankLostBetweenJoinAndMesh(t *testing.T) {
 					out <- res{c, err, time.Now()}
 				}()
 			}
-			_, _, l, err := membership.JoinWatched(ctx, addr, token, 2, "127.0.0.1:1", [32]byte{9})
+			_, _, l, err := membership.JoinWatched(ctx, addr, token, 2, "127.0.0.1:1", [32]byte{9}, membership.JoinOptions{IdleTimeout: tc.idle})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -407,8 +412,11 @@ func TestRankLostBetweenJoinAndMesh(t *testing.T) {
 				if !errors.As(r.err, &e) || e.Code != CodePeerDown || e.Rank != 2 || !strings.Contains(e.Msg, "rank 2") {
 					t.Errorf("got %v, want a CodePeerDown error naming rank 2", r.err)
 				}
-				if took > tc.bound {
-					t.Errorf("formation failed %v after rank 2 died, want < %v", took, tc.bound)
+				if took > tc.bound || took < tc.atLeast {
+					t.Errorf("formation failed %v after rank 2 died, want in [%v, %v]", took, tc.atLeast, tc.bound)
+				}
+				if tc.idle > 0 && !strings.Contains(e.Msg, "silent for "+tc.idle.String()) {
+					t.Errorf("got %q, want it to say rank 2 was silent for %v", e.Msg, tc.idle)
 				}
 			}
 			l.CloseSocket()

@@ -293,11 +293,16 @@ func (n *node) relayedBytes() int64 {
 	return n.relay.Stats().ForwardedBytes
 }
 
-// joinOptions is what the seed checks that every rank agrees on: the
+// joinOptions is what the seed checks that every rank agrees on, the
 // topology ("" for the full mesh, as a joiner that predates topologies
-// sends).
+// sends), and the rendezvous link's idle timeout: like the mesh's
+// connections (quicOptions), the link tolerates the silence the
+// configuration tolerates of a peer.
 func joinOptions(cfg Config) membership.JoinOptions {
 	var o membership.JoinOptions
+	if cfg.HeartbeatTimeout > membership.IdleTimeout {
+		o.IdleTimeout = cfg.HeartbeatTimeout
+	}
 	if cfg.Topology != (topology.Spec{}) {
 		o.Topology = cfg.Topology.String()
 	}

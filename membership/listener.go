@@ -44,7 +44,7 @@ func listen(addr, alpn, op string) (*listener, error) {
 		return nil, errorf(abi.ErrInternal, op, err, "listen on %s: %v", addr, err)
 	}
 	tr := &quic.Transport{Conn: udp}
-	ln, err := tr.Listen(tc, &quic.Config{HandshakeIdleTimeout: 10 * time.Second, MaxIdleTimeout: IdleTimeout, KeepAlivePeriod: rdvKeepAlive})
+	ln, err := tr.Listen(tc, &quic.Config{HandshakeIdleTimeout: 10 * time.Second, MaxIdleTimeout: MaxIdleTimeout, KeepAlivePeriod: rdvKeepAlive})
 	if err != nil {
 		tr.Close()
 		udp.Close()

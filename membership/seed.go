@@ -51,6 +51,9 @@ type joinMsg struct {
 	// Topo is the joiner's topology (topology.Spec.String; "" or absent:
 	// the full mesh). Every joiner must send the same.
 	Topo string `cbor:"topo,omitempty"`
+	// Idle is the idle timeout (ms) of the joiner's connection to the
+	// seed, for the seed's messages; absent: IdleTimeout.
+	Idle int64 `cbor:"idle,omitempty"`
 }
 
 type peerMsg struct {
@@ -87,12 +90,16 @@ type noticeMsg struct {
 	Why  string `cbor:"why"`
 }
 
-// IdleTimeout bounds how long a silent rendezvous connection is kept: it
-// is how long the seed takes to notice a member that died (a process that is
-// killed closes nothing) while the others form the mesh.
+// IdleTimeout bounds how long a silent rendezvous connection is kept
+// unless the joiner asks for longer (JoinOptions.IdleTimeout): it is how
+// long the seed takes to notice a member that died (a process that is
+// killed closes nothing) while the others form the mesh. Listeners accept
+// up to MaxIdleTimeout; QUIC takes the smaller of the two ends' values, so
+// the dialer's choice holds.
 const (
-	IdleTimeout  = 5 * time.Second
-	rdvKeepAlive = time.Second
+	IdleTimeout    = 5 * time.Second
+	MaxIdleTimeout = 5 * time.Minute
+	rdvKeepAlive   = time.Second
 )
 
 var rdvDec = func() cbor.DecMode {
@@ -191,7 +198,8 @@ type member struct {
 	addr  string
 	lobby string
 	fp    []byte
-	topo  string // its topology ("": full mesh)
+	topo  string        // its topology ("": full mesh)
+	idle  time.Duration // its rendezvous connection's idle timeout
 	gone  chan struct{}
 
 	// After the welcome, until it reports: st carries notices to it.
@@ -303,7 +311,10 @@ func (s *Seed) serve(conn *quic.Conn) {
 			return
 		}
 	}
-	m := &member{want: j.Rank, addr: j.Addr, lobby: j.Lobby, fp: j.FP, topo: j.Topo, gone: make(chan struct{})}
+	m := &member{want: j.Rank, addr: j.Addr, lobby: j.Lobby, fp: j.FP, topo: j.Topo, idle: IdleTimeout, gone: make(chan struct{})}
+	if j.Idle > 0 {
+		m.idle = min(time.Duration(j.Idle)*time.Millisecond, MaxIdleTimeout)
+	}
 	if err := s.add(m); errors.Is(err, errFormed) {
 		s.log.Debug("nexar seed: joiner came after formation", "remote", conn.RemoteAddr().String())
 		_ = writeFrame(st, welcomeMsg{V: rdvVersion, Code: abi.ErrInvalidArgument, Err: err.Error(), Formed: true})
@@ -365,7 +376,7 @@ func (s *Seed) watch(conn *quic.Conn, st *quic.Stream, m *member) {
 		}
 		why := "its connection to the seed ended"
 		if isTimeout(err) {
-			why = fmt.Sprintf("it was silent for %v", IdleTimeout)
+			why = fmt.Sprintf("it was silent for %v", m.idle)
 		}
 		s.lost(m, fmt.Sprintf("%s before it reported the mesh formed: %v", why, err))
 		return
@@ -539,6 +550,18 @@ type JoinOptions struct {
 	// address was handed out): a seed that cannot be reached is gone, so
 	// the join fails at once instead of retrying until its deadline.
 	SeedUp bool
+	// IdleTimeout is how long the connection to the seed may stay silent
+	// before either end declares the other lost (0: IdleTimeout; at most
+	// MaxIdleTimeout). Longer suits a world of many ranks on few cores,
+	// where a busy joiner may not be scheduled for seconds.
+	IdleTimeout time.Duration
+}
+
+func (o JoinOptions) idle() time.Duration {
+	if o.IdleTimeout <= 0 {
+		return IdleTimeout
+	}
+	return min(o.IdleTimeout, MaxIdleTimeout)
 }
 
 // SeedLink is a joiner's connection to the seed after the welcome, kept
@@ -621,7 +644,7 @@ func JoinWatchedLobby(ctx context.Context, addr string, token []byte, rank int, 
 			actx, cancel := context.WithTimeout(ctx, 3*time.Second)
 			sock, err = newDialSocket(addr)
 			if err == nil {
-				conn, err = sock.tr.Dial(actx, sock.raddr, tc, &quic.Config{HandshakeIdleTimeout: 3 * time.Second, MaxIdleTimeout: IdleTimeout, KeepAlivePeriod: rdvKeepAlive})
+				conn, err = sock.tr.Dial(actx, sock.raddr, tc, &quic.Config{HandshakeIdleTimeout: 3 * time.Second, MaxIdleTimeout: o.idle(), KeepAlivePeriod: rdvKeepAlive})
 				if err != nil {
 					sock.close()
 				}
@@ -684,7 +707,7 @@ func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, r
 	if err != nil {
 		return fail(abi.ErrInternal, "%v", err)
 	}
-	if err := writeFrame(st, joinMsg{V: rdvVersion, Rank: rank, Addr: advertise, FP: fp[:], Proof: p, Lobby: o.Lobby, Topo: o.Topology}); err != nil {
+	if err := writeFrame(st, joinMsg{V: rdvVersion, Rank: rank, Addr: advertise, FP: fp[:], Proof: p, Lobby: o.Lobby, Topo: o.Topology, Idle: o.idle().Milliseconds()}); err != nil {
 		return fail(abi.ErrInternal, "seed %s: %v", addr, err)
 	}
 	var w welcomeMsg

@@ -65,6 +65,9 @@ func newBulk(cfg Config, rank int, adv string, id *nquic.Identity, peers []nquic
 		BindHost: bindHost, AdvertiseHost: advHost,
 		Identity: id, Fingerprints: fps, Logger: cfg.Logger.With("subsys", SubsysNet), Place: nd.place, RemoteMin: cfg.BulkRemoteMin,
 		RingSize: cfg.RingSize, RingBudget: cfg.RingBudget, RDMA: rd, Peers: peersOf, Forwards: peersOf != nil,
+		// A peer busy for as long as the configuration tolerates is not
+		// late with a ring.
+		RingTimeout: max(30*time.Second, cfg.HeartbeatTimeout),
 	}, nd.bulkHandler(), down)
 	if err != nil {
 		if rd != nil {

@@ -277,11 +277,12 @@ func (n *node) stalledFor(now time.Time) time.Duration {
 // If this process was just stalled long enough for its peers to declare
 // it unreachable, that is the likelier story, and the error says so.
 func (n *node) peerDown(p int, why string, cause error) {
-	n.peerDownBy(p, n.rank, why, cause)
+	n.peerDownBy(p, n.rank, why, why, cause)
 }
 
-// peerDownBy is peerDown for a failure that rank by detected.
-func (n *node) peerDownBy(p, by int, why string, cause error) {
+// peerDownBy is peerDown for a failure that rank by detected for the
+// reason found; why is how this rank tells it.
+func (n *node) peerDownBy(p, by int, found, why string, cause error) {
 	n.mu.Lock()
 	if n.closed || n.down[p] != nil || n.left[p] != nil {
 		n.mu.Unlock()
@@ -293,7 +294,7 @@ func (n *node) peerDownBy(p, by int, why string, cause error) {
 	}
 	err := n.down[p]
 	n.log.Warn("nexar: peer unreachable", "rank", n.rank, "peer", p, "why", why)
-	n.gossipFailedLocked(p, by, why)
+	n.gossipFailedLocked(p, by, found)
 	stalled := n.stalledFor(time.Now())
 	for _, c := range n.comms {
 		if stalled > 0 {

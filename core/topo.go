@@ -151,7 +151,7 @@ func (n *node) connectedOnDemand(p int) bool {
 }
 
 // gossipFailedLocked tells the neighbours, in the background, that world
-// rank p is down (detected by rank by, for why). Called with n.mu held,
+// rank p is down (detected by rank by, for why: by's own reason). Called with n.mu held,
 // once per p (peerDown's guard), so the flood ends.
 func (n *node) gossipFailedLocked(p, by int, why string) {
 	n.noteDownLocked(p)
@@ -195,7 +195,8 @@ func (n *node) failedNotice(from int, payload []byte) {
 	if p < 0 || p >= n.size || p == n.rank {
 		return // about this rank: its detector tells it directly (ctlDeclaredDown)
 	}
-	n.peerDownBy(p, by, fmt.Sprintf("rank %d found it unreachable (%s), rank %d passed it on", by, payload[8:], from), nil)
+	found := string(payload[8:]) // passed on as it came, so that it does not nest per hop
+	n.peerDownBy(p, by, found, fmt.Sprintf("rank %d found it unreachable (%s), rank %d passed it on", by, found, from), nil)
 }
 
 // relayLost is the relay's report that messages from world rank src were

@@ -373,6 +373,11 @@ func TestTopologyRelayFailureNamesDeadRank(t *testing.T) {
 			if r != dead-1 && r != dead+1 && !strings.Contains(c.Err().Error(), "passed it on") {
 				t.Errorf("rank %d (not a neighbour of %d): %v, want it learned by gossip", r, dead, c.Err())
 			}
+			// Each hop passes the detector's reason on, not the
+			// message it made of it (which nested once per hop).
+			if k := strings.Count(c.Err().Error(), "found it unreachable"); k > 1 {
+				t.Errorf("rank %d: the reason nests %d times: %v", r, k, c.Err())
+			}
 		}()
 	}
 	wg.Wait()

@@ -348,7 +348,7 @@ func (s *Seed) serve(conn *quic.Conn) {
 		return
 	}
 	m.wmu.Lock()
-	st.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	st.SetWriteDeadline(time.Now().Add(max(10*time.Second, m.idle))) // the silence the joiner tolerates
 	err = writeFrame(st, w)
 	if err == nil {
 		m.st = st

@@ -96,9 +96,9 @@ const (
 	// DefaultRingSize, each ring is smaller.
 	DefaultRingBudget = 64 << 20
 	minRing           = 64 << 10
-	// connectTimeout bounds how long a send waits for a peer to make the
-	// ring it asked for; past it the send fails (a later one waits again).
-	connectTimeout = 30 * time.Second
+	// defaultRingTimeout is Options.RingTimeout's default; past it the
+	// send fails (a later one waits again).
+	defaultRingTimeout = 30 * time.Second
 	// DefaultRemoteMin: below it the ring's two copies cost less than the
 	// system call and the wait for the receiver's acknowledgement.
 	DefaultRemoteMin = 256 << 10
@@ -142,7 +142,10 @@ type Options struct {
 	// CloseTimeout bounds how long Close waits for a frame in flight
 	// before it says goodbye on a channel. Default 2 s.
 	CloseTimeout time.Duration
-	Logger       *slog.Logger
+	// RingTimeout bounds how long a send waits for a peer to make the
+	// shared-memory ring it asked for. Default 30 s.
+	RingTimeout time.Duration
+	Logger      *slog.Logger
 	// Place, when set, receives LaneData payloads straight into their
 	// destination (see transport.PlaceFunc).
 	Place transport.PlaceFunc
@@ -621,7 +624,11 @@ func (e *Endpoint) connect(ctx context.Context, peer int) error {
 			e.decide(peer, nil) // the inner endpoint says what became of peer
 		}
 	}
-	t := time.NewTimer(connectTimeout)
+	wait := e.opt.RingTimeout
+	if wait <= 0 {
+		wait = defaultRingTimeout
+	}
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case <-w:
@@ -631,7 +638,7 @@ func (e *Endpoint) connect(ctx context.Context, peer int) error {
 	case <-e.ctx.Done():
 		return transport.ErrClosed
 	case <-t.C:
-		return fmt.Errorf("bulk: send to rank %d: no shared-memory ring from it within %v", peer, connectTimeout)
+		return fmt.Errorf("bulk: send to rank %d: no shared-memory ring from it within %v", peer, wait)
 	}
 }
 

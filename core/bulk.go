@@ -3,7 +3,6 @@ package core
 import (
 	"net"
 	"os"
-	"time"
 
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/bulk"
@@ -11,22 +10,13 @@ import (
 	trdma "github.com/nexar-go/nexar/transport/rdma"
 )
 
-// quicIdleTimeout is transport/quic's default Options.IdleTimeout.
-const quicIdleTimeout = 5 * time.Second
-
 // quicOptions configures the QUIC mesh. Where the bulk path may use TCP
 // between hosts, QUIC carries LaneData across hosts only if that fails to
 // set up, so one connection per pair is enough; otherwise QUIC's default
 // (several data connections to a peer on another host) applies.
 func quicOptions(cfg Config) nquic.Options {
 	o := nquic.Options{BindAddr: cfg.BindAddr}
-	// A connection's idle timeout never undercuts the heartbeat timeout:
-	// silence that the configuration tolerates is not a loss (a larger
-	// HeartbeatTimeout, as in a world of many ranks on few cores, keeps
-	// connections that wait long to be scheduled).
-	if cfg.HeartbeatTimeout > quicIdleTimeout {
-		o.IdleTimeout = cfg.HeartbeatTimeout
-	}
+	o.IdleTimeout = cfg.tolerated(nquic.DefaultIdleTimeout)
 	if mode, err := bulk.ParseMode(cfg.Bulk); err == nil && (mode == bulk.ModeAuto || mode == bulk.ModeTCP) {
 		o.DataConns = 1
 	}
@@ -65,9 +55,7 @@ func newBulk(cfg Config, rank int, adv string, id *nquic.Identity, peers []nquic
 		BindHost: bindHost, AdvertiseHost: advHost,
 		Identity: id, Fingerprints: fps, Logger: cfg.Logger.With("subsys", SubsysNet), Place: nd.place, RemoteMin: cfg.BulkRemoteMin,
 		RingSize: cfg.RingSize, RingBudget: cfg.RingBudget, RDMA: rd, Peers: peersOf, Forwards: peersOf != nil,
-		// A peer busy for as long as the configuration tolerates is not
-		// late with a ring.
-		RingTimeout: max(30*time.Second, cfg.HeartbeatTimeout),
+		RingTimeout: cfg.tolerated(bulk.DefaultRingTimeout),
 	}, nd.bulkHandler(), down)
 	if err != nil {
 		if rd != nil {

@@ -314,6 +314,13 @@ func (cfg *Config) memoryFromLookup(get func(...string) (string, string)) error 
 	return nil
 }
 
+// tolerated is d, or HeartbeatTimeout where that is longer: a deadline on
+// a peer's part (a connection's or the rendezvous link's idle timeout, a
+// ring's set-up, a dial) never undercuts the silence the configuration
+// tolerates of a peer. A long HeartbeatTimeout, as in a world of many
+// ranks on few cores, keeps ranks that wait long to be scheduled.
+func (cfg Config) tolerated(d time.Duration) time.Duration { return max(d, cfg.HeartbeatTimeout) }
+
 const (
 	defaultTimeout           = 5 * time.Minute
 	defaultConnectTimeout    = 60 * time.Second

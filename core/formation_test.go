@@ -367,7 +367,7 @@ func TestRankLostBetweenJoinAndMesh(t *testing.T) {
 	}{
 		{"crashed", (*membership.SeedLink).SimulateCrash, 0, 0, 3 * time.Second},
 		{"silent", (*membership.SeedLink).SimulateSilence, 0, 0, membership.IdleTimeout + 5*time.Second},
-		{"silent_longer_idle", (*membership.SeedLink).SimulateSilence, 9 * time.Second, 8 * time.Second, 9*time.Second + 5*time.Second},
+		{"silent_longer_idle", (*membership.SeedLink).SimulateSilence, 9 * time.Second, 7 * time.Second, 9*time.Second + 5*time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			token := randomToken(t)

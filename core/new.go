@@ -138,7 +138,7 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 	if lazy {
 		// A peer not reached within the heartbeat timeout (or the
 		// handshake's 10 s, if longer) is down.
-		qo.OnDemand, qo.DialTimeout = cfg.Topology.N, max(cfg.HeartbeatTimeout, 10*time.Second)
+		qo.OnDemand, qo.DialTimeout = cfg.Topology.N, cfg.tolerated(10*time.Second)
 	}
 	qn, err := nquic.Listen(id, qo)
 	if err != nil {

@@ -296,14 +296,10 @@ func (n *node) relayedBytes() int64 {
 
 // joinOptions is what the seed checks that every rank agrees on, the
 // topology ("" for the full mesh, as a joiner that predates topologies
-// sends), and the rendezvous link's idle timeout: like the mesh's
-// connections (quicOptions), the link tolerates the silence the
-// configuration tolerates of a peer.
+// sends), and the rendezvous link's idle timeout (Config.tolerated).
 func joinOptions(cfg Config) membership.JoinOptions {
 	var o membership.JoinOptions
-	if cfg.HeartbeatTimeout > membership.IdleTimeout {
-		o.IdleTimeout = cfg.HeartbeatTimeout
-	}
+	o.IdleTimeout = cfg.tolerated(membership.IdleTimeout)
 	if cfg.Topology != (topology.Spec{}) {
 		o.Topology = cfg.Topology.String()
 	}

@@ -96,9 +96,9 @@ const (
 	// DefaultRingSize, each ring is smaller.
 	DefaultRingBudget = 64 << 20
 	minRing           = 64 << 10
-	// defaultRingTimeout is Options.RingTimeout's default; past it the
+	// DefaultRingTimeout is Options.RingTimeout's default; past it the
 	// send fails (a later one waits again).
-	defaultRingTimeout = 30 * time.Second
+	DefaultRingTimeout = 30 * time.Second
 	// DefaultRemoteMin: below it the ring's two copies cost less than the
 	// system call and the wait for the receiver's acknowledgement.
 	DefaultRemoteMin = 256 << 10
@@ -626,7 +626,7 @@ func (e *Endpoint) connect(ctx context.Context, peer int) error {
 	}
 	wait := e.opt.RingTimeout
 	if wait <= 0 {
-		wait = defaultRingTimeout
+		wait = DefaultRingTimeout
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()

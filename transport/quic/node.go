@@ -63,6 +63,9 @@ import (
 
 // Options configures a Node. The zero value of every field selects the
 // documented default.
+// DefaultIdleTimeout is Options.IdleTimeout's default.
+const DefaultIdleTimeout = 5 * time.Second
+
 type Options struct {
 	// BindAddr is the UDP address to listen on. Default ":0" (every
 	// interface, a free port).
@@ -144,7 +147,7 @@ func (o Options) withDefaults() Options {
 		o.BindAddr = ":0"
 	}
 	if o.IdleTimeout <= 0 {
-		o.IdleTimeout = 5 * time.Second
+		o.IdleTimeout = DefaultIdleTimeout
 	}
 	if o.HandshakeTimeout <= 0 {
 		o.HandshakeTimeout = 10 * time.Second

@@ -61,16 +61,19 @@ fmt-check:
 # cores instead of 453 to 623 s). Then the collective matrix once more
 # without the race detector, with the large count crossed with every dtype,
 # op and world size (about 6 minutes on 2 cores; under -race it would take
-# over an hour).
+# over an hour). The allocation counts last: the race detector allocates,
+# so under -race those tests skip.
 gotest:
 	NEXAR_TEST_QUICK=1 $(GO) test -race -count=1 -timeout 30m ./...
 	NEXAR_TEST_EXHAUSTIVE=1 $(GO) test -count=1 -timeout 30m ./collective
+	$(GO) test -count=1 -timeout 5m -run 'Allocs' ./...
 
 # gotest with the full collective matrix under -race too: the large count
 # for every dtype (with sum) and every op on world sizes 3 and 8.
 gotest-full:
 	$(GO) test -race -count=1 -timeout 40m ./...
 	NEXAR_TEST_EXHAUSTIVE=1 $(GO) test -count=1 -timeout 30m ./collective
+	$(GO) test -count=1 -timeout 5m -run 'Allocs' ./...
 
 ctest:
 	cmake -S . -B $(BUILD)/cmake -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo

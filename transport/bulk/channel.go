@@ -222,6 +222,7 @@ func (c *channel) send(ctx context.Context, h *transport.Header, p []byte, progr
 	var wg sync.WaitGroup
 	errs := make([]error, parts)
 	for i := 1; i < parts; i++ {
+		per := per // captured here, so that the one-part path above does not move per to the heap
 		wg.Go(func() {
 			n, err := c.links[i].write(ctx, nil, part(p, i, per))
 			wrote.Add(int64(n))
@@ -373,9 +374,15 @@ func (c *channel) readLoop() error {
 		}
 		if pres := c.ring.pres; pres != nil && (pres.pollers.Load() > 0 || pres.beat.Load() != beat) {
 			// This process polls, or did since the last wake-up: the
-			// pollers take what comes, and a timed wake-up of this
-			// thread would take a core from them.
-			idle = min(2*idle, hi)
+			// pollers take what comes, and waiters and a full ring wake
+			// this reader themselves (setWaiting, wakeIdle). Sleep long,
+			// as with more ranks than cores: each sleep holds a P in a
+			// blocking futex, which sysmon retakes; it then polls every
+			// 20 µs for a millisecond and more, and each of its wake-ups
+			// preempts a spinning rank for 10-40 µs. With 20 ms sleeps
+			// that was the 8 B allreduce's p99 (docs/performance.md,
+			// "The tail of a small allreduce").
+			idle = min(2*idle, idleMaxShared)
 			beat = pres.beat.Load()
 		} else {
 			idle = lo
@@ -402,12 +409,14 @@ func (c *channel) readLoop() error {
 	}
 }
 
-// Idle reader sleeps: short while the ring is busy, so that data no poller
-// took is not held long, growing while it stays idle.
+// Idle reader sleeps: short while the ring is busy and nobody in this
+// process polls, so that data no poller took is not held long, growing
+// while it stays idle; long (idleMaxShared) while the process polls.
 const (
 	idleMin = 1 * time.Millisecond
 	idleMax = 20 * time.Millisecond
-	// idleMaxShared is the sleep on a host with more ranks than cores.
+	// idleMaxShared is the sleep on a host with more ranks than cores,
+	// and while this process polls.
 	idleMaxShared = 200 * time.Millisecond
 )
 
@@ -653,6 +662,7 @@ func (c *channel) readFrameLocked() error {
 	var wg sync.WaitGroup
 	errs := make([]error, parts)
 	for i := 1; i < parts; i++ {
+		per := per // captured here, so that the one-part path above does not move per to the heap
 		wg.Go(func() { _, errs[i] = io.ReadFull(c.links[i], part(p, i, per)) })
 	}
 	if _, errs[0] = io.ReadFull(c.r0, part(p, 0, per)); errs[0] != nil && parts > 1 {

@@ -300,6 +300,10 @@ func futex(addr *uint32, op int, val uint32, d time.Duration) {
 		t := syscall.NsecToTimespec(int64(d))
 		ts = &t
 	}
+	if op != futexWait {
+		rawYieldOrWake(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), uintptr(op), uintptr(val), 0)
+		return
+	}
 	syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), uintptr(op), uintptr(val), uintptr(unsafe.Pointer(ts)), 0, 0)
 }
 
@@ -316,7 +320,7 @@ func futexSleep(addr *uint32, val uint32, d time.Duration, bits uint32) {
 
 // futexWakeBits wakes every sleeper on addr that bits name.
 func futexWakeBits(addr *uint32, bits uint32) {
-	syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWakeBitset, 1<<30, 0, 0, uintptr(bits))
+	rawYieldOrWake(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWakeBitset, 1<<30, uintptr(bits))
 }
 
 // wait blocks until ready reports true, spinning briefly and then sleeping
@@ -357,7 +361,7 @@ func (r *ring) waitSpin(ctx context.Context, seq, waiters int, ready func() bool
 			// hand-off). With more ranks than cores, give the core away:
 			// the peer we wait for may need it.
 			if r.yield.Load() {
-				syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+				rawYieldOrWake(syscall.SYS_SCHED_YIELD, 0, 0, 0, 0)
 			}
 			if i == n-1 && spinFor > 0 && time.Since(start) < spinFor {
 				i = 0
@@ -682,4 +686,15 @@ func (r *ring) release() {
 func shmSupported() bool {
 	st, err := os.Stat(shmDir)
 	return err == nil && st.IsDir()
+}
+
+// rawYieldOrWake makes a system call that never blocks (a futex wake,
+// sched_yield) without telling the Go scheduler. Through syscall.Syscall,
+// a call that keeps the thread off its CPU past sysmon's 20 µs (a yield to
+// a peer on this CPU; a wake that lets the woken thread run first) loses
+// the P to another thread, and the goroutine then resumes on a different
+// thread after a wake-up of its own: tens of microseconds, and the
+// goroutine hops between threads.
+func rawYieldOrWake(trap, a1, a2, a3, a6 uintptr) {
+	syscall.RawSyscall6(trap, a1, a2, a3, 0, 0, a6)
 }

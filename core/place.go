@@ -180,7 +180,15 @@ func (c *Comm) spin(src int, done completion) bool {
 				// for three looks, and last ran on this CPU, is queued
 				// behind this thread. (Not a rank of this process: it
 				// waits for a P, which yielding the thread does not give.)
-				yield = oversub || (!p.InProcess && p.Polling && still >= 3 && p.CPU >= 0 && p.CPU == sched.CPU())
+				queued := !p.InProcess && p.Polling && still >= 3 && p.CPU >= 0 && p.CPU == sched.CPU()
+				yield = oversub || queued
+				// With a core per rank, two ranks on one CPU would hand it
+				// back and forth at every message while another CPU idles;
+				// the higher rank moves (one of the two, or both would
+				// land together again).
+				if queued && !oversub && c.rank > src {
+					c.n.moveOff(p.CPU, now)
+				}
 			}
 			if i >= 16 && (now.Sub(inCall) > spinFor || now.Sub(start) > spinMax(spinFor)) {
 				return false
@@ -195,6 +203,22 @@ func (c *Comm) spin(src int, done completion) bool {
 			osYield() // the peer may be waiting for this core
 		}
 	}
+}
+
+// moveOffEvery bounds how often a process moves a spinning thread off its
+// peer's CPU (sched.MoveOff, a few microseconds): where the other CPUs are
+// busy too, the move does not help, and it must not become the cost.
+const moveOffEvery = time.Millisecond
+
+// moveOff moves the calling thread off cpu, at most once per moveOffEvery
+// per process.
+func (n *node) moveOff(cpu int, now time.Time) {
+	t := now.UnixNano()
+	last := n.lastMove.Load()
+	if t-last < int64(moveOffEvery) || !n.lastMove.CompareAndSwap(last, t) {
+		return
+	}
+	sched.MoveOff(cpu)
 }
 
 // staleAfter is how long a peer that polls goes without a presence beat

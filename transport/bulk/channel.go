@@ -368,24 +368,31 @@ func (c *channel) readLoop() error {
 		if c.ring.yield.Load() {
 			lo, hi = idleMaxShared, idleMaxShared
 		}
-		if !ready && waited == nil {
-			idle = min(2*idle, hi) // nothing came: sleep longer
-			continue
+		polling := false // this process polls, or did since the last wake-up
+		if pres := c.ring.pres; pres != nil {
+			b := pres.beat.Load()
+			polling = pres.pollers.Load() > 0 || b != beat
+			beat = b
 		}
-		if pres := c.ring.pres; pres != nil && (pres.pollers.Load() > 0 || pres.beat.Load() != beat) {
-			// This process polls, or did since the last wake-up: the
-			// pollers take what comes, and waiters and a full ring wake
-			// this reader themselves (setWaiting, wakeIdle). Sleep long,
-			// as with more ranks than cores: each sleep holds a P in a
-			// blocking futex, which sysmon retakes; it then polls every
-			// 20 µs for a millisecond and more, and each of its wake-ups
-			// preempts a spinning rank for 10-40 µs. With 20 ms sleeps
-			// that was the 8 B allreduce's p99 (docs/performance.md,
-			// "The tail of a small allreduce").
-			idle = min(2*idle, idleMaxShared)
-			beat = pres.beat.Load()
-		} else {
+		switch {
+		case polling:
+			// The pollers take what comes, and waiters and a full ring
+			// wake this reader themselves (setWaiting, wakeIdle): sleep
+			// long, as with more ranks than cores. Each sleep holds a P
+			// in a blocking futex, which sysmon retakes; sysmon then
+			// wakes every 20 µs for a millisecond and more, and each of
+			// its wake-ups preempts a spinning rank for 10-40 µs: with
+			// sleeps of 1-20 ms here that was most of the 8 B
+			// allreduce's p99 (docs/performance.md, "The tail of a
+			// small allreduce").
+			idle = idleMaxShared
+		case !ready && waited == nil:
+			idle = min(2*idle, hi) // nothing came: sleep longer
+		default:
 			idle = lo
+		}
+		if !ready && waited == nil {
+			continue
 		}
 		c.rmu.Lock()
 		n, err := c.stepRing(0)

@@ -28,6 +28,7 @@ func (c *Comm) startColl(ctx context.Context, sig signature, body func(ctx conte
 		cc = new(collCall)
 	}
 	cc.body, cc.ctx = body, ctx
+	cc.posted = time.Now()
 	req := &cc.req
 	req.init(c, op, true)
 	c.mu.Lock()
@@ -55,7 +56,7 @@ func (c *Comm) startColl(ctx context.Context, sig signature, body func(ctx conte
 	s.hasRemote = false
 	s.mine, s.hasMine = sig, true
 	c.ops.Add(1)
-	req.fr = c.flight.startColl(seq, sig)
+	req.fr = c.flight.startColl(seq, sig, cc.posted)
 	c.mu.Unlock()
 	cc.l = link{c: c, seq: seq, sig: sig, cc: cc}
 	req.coll = cc
@@ -71,6 +72,9 @@ type collCall struct {
 	op   opCtx
 	ctx  context.Context
 	body func(ctx context.Context, l *link) error
+	// posted is when the call was made: its timeout counts from there,
+	// and the flight recorder's entry starts there (one clock read).
+	posted time.Time
 	args collArgs // body's arguments, for bodies that are not closures
 
 	claimed atomic.Bool // run begun, by start's goroutine or by Wait (runOnce)
@@ -135,7 +139,7 @@ func (cc *collCall) run() {
 	req, l := &cc.req, &cc.l
 	c, op, seq := l.c, req.op, l.seq
 	defer c.ops.Done()
-	cc.op.init(c, cc.ctx)
+	cc.op.initAt(c, cc.ctx, cc.posted)
 	defer cc.op.release()
 	ctx := context.Context(&cc.op)
 	defer cc.releaseSends() // transport sends have their own (link.sendCtx)

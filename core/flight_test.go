@@ -369,6 +369,6 @@ func BenchmarkFlightRecord(b *testing.B) {
 	sig := signature{kind: collAllreduce, dt: collective.Float32, op: collective.Sum, root: -1, count: 2}
 	b.ReportAllocs()
 	for i := range b.N {
-		f.end(f.startColl(uint64(i), sig), nil)
+		f.end(f.startColl(uint64(i), sig, time.Now()), nil)
 	}
 }

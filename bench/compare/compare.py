@@ -16,6 +16,9 @@ Systems:
            (shared memory on one host)
   mpi-tcp  the same with --mca btl tcp,self
   nexar    `build/nexar bench --json ...`: Go, one process per rank
+  nexar-inplace  the same with --inplace: allreduce with the result over
+           its input, as torch.distributed's all_reduce does (the other
+           collectives as "nexar")
   nexar-py adapter_nexar.py (the nexar Python package, numpy buffers) under
            `build/nexar run -n N`: the like-for-like of mpi4py and torch
   nexar-rs the Rust nexar from crates.io (bench/compare/nexar-rs, built with
@@ -57,7 +60,7 @@ import common  # noqa: E402
 VENV_PY = os.path.join(ROOT, ".venv", "bin", "python")
 SYS_PY = "/usr/bin/python3"
 NEXAR = os.path.join(ROOT, "build", "nexar")
-SYSTEMS = ("gloo", "mpi", "mpi-tcp", "nexar", "nexar-py", "nexar-torch", "nexar-plain", "nexar-rs")
+SYSTEMS = ("gloo", "mpi", "mpi-tcp", "nexar", "nexar-inplace", "nexar-py", "nexar-torch", "nexar-plain", "nexar-rs")
 NEXAR_RS_DIR = os.path.join(HERE, "nexar-rs")
 NEXAR_RS = os.path.join(NEXAR_RS_DIR, "target", "release", "nexar-rs-bench")
 
@@ -177,12 +180,12 @@ def mpi_procs(n, ops, sizes, name, extra):
     return [(argv, env)]
 
 
-def nexar_procs(n, ops, sizes, timeout):
+def nexar_procs(n, ops, sizes, timeout, inplace=False):
     """`nexar bench --json`, one process per rank; None and a reason when it
     cannot run."""
     if not os.access(NEXAR, os.X_OK):
         return None, f"{NEXAR} not built (make build)"
-    argv = [NEXAR, "bench", "-n", str(n)] + nexar_bench_args(ops, sizes)
+    argv = [NEXAR, "bench", "-n", str(n)] + nexar_bench_args(ops, sizes) + (["--inplace"] if inplace else [])
     return [(argv, dict(os.environ))], None
 
 
@@ -434,7 +437,7 @@ def human(b):
     return f"{b} B"
 
 
-NEXARS = ("nexar", "nexar-py", "nexar-torch", "nexar-plain")
+NEXARS = ("nexar", "nexar-inplace", "nexar-py", "nexar-torch", "nexar-plain")
 OTHERS = ("gloo", "mpi", "mpi-tcp", "nexar-rs")
 P99_RATIOS = ("nexar-rs",)  # others whose p99 ratio gets its own column too
 
@@ -495,7 +498,7 @@ def write_table(results, path, meta):
     lines.append("Times are medians over iterations on rank 0, each iteration started after a barrier, "
                  "with the 99th percentile in parentheses; "
                  "busbw in GB/s as nccl-tests; \"A vs B\" is B's time divided by A's (above 1: A is faster). "
-                 "nexar is the Go `nexar bench`; nexar-py the Python package (numpy), like mpi4py and torch; "
+                 "nexar is the Go `nexar bench` (nexar-inplace with --inplace: allreduce over its input, as torch does); nexar-py the Python package (numpy), like mpi4py and torch; "
                  "nexar-rs the Rust nexar from crates.io (bench/compare/nexar-rs); \"vs nexar-rs p99\" "
                  "compares 99th percentiles. \"—\" marks a run that failed (the note below the table says why).")
     with open(path, "w") as f:
@@ -571,8 +574,8 @@ def main():
                 why = have_mpi()
                 extra = ["--mca", "btl", "tcp,self"] if s == "mpi-tcp" else []
                 procs = None if why else mpi_procs(n, ops, sizes, s, extra)
-            elif s == "nexar":
-                procs, why = nexar_procs(n, ops, sizes, args.timeout)
+            elif s in ("nexar", "nexar-inplace"):
+                procs, why = nexar_procs(n, ops, sizes, args.timeout, inplace=s == "nexar-inplace")
             elif s == "nexar-py":
                 procs, why = nexar_py_procs(n, ops, sizes)
             elif s == "nexar-torch":

@@ -6,6 +6,8 @@
 // iteration's start on CLOCK_MONOTONIC, the clock of
 // `perf record -k CLOCK_MONOTONIC`, so that a trace of the scheduler
 // (sched_switch, sched_wakeup, local_timer_entry) can be matched to them.
+// PROFILE=DIR writes each rank's CPU profile of the timed calls to
+// DIR/rank-R.pprof. The calls are in place (the torch path's kind).
 // One process per rank, under a launcher:
 //
 //	go build -o /tmp/tail ./bench/tail && build/nexar run -n 2 -- /tmp/tail
@@ -15,6 +17,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"time"
@@ -73,6 +76,16 @@ func main() {
 		}
 		time.Sleep(d)
 		run()
+	}
+	if dir := os.Getenv("PROFILE"); dir != "" { // a CPU profile of the timed calls per rank
+		f, err := os.Create(fmt.Sprintf("%s/rank-%d.pprof", dir, c.Rank()))
+		if err != nil {
+			panic(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			panic(err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	starts := make([]time.Duration, n)
 	took := make([]time.Duration, n)

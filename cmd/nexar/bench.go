@@ -24,7 +24,7 @@ import (
 	"github.com/nexar-go/nexar/core"
 )
 
-const benchSynopsis = "bench [-n N] [--ops LIST] [--sizes LIST | --min B --max B] [--iters K] [--dtype T] [--op OP] [--json] [--inproc]"
+const benchSynopsis = "bench [-n N] [--ops LIST] [--sizes LIST | --min B --max B] [--iters K] [--dtype T] [--op OP] [--json] [--inproc] [--inplace]"
 
 // benchOpts is one `nexar bench` invocation.
 type benchOpts struct {
@@ -37,6 +37,7 @@ type benchOpts struct {
 	op      collective.Op
 	json    bool
 	inproc  bool
+	inplace bool // allreduce with recv as its input (torch.distributed's all_reduce)
 	timeout time.Duration
 	force   collective.Forced // --algo: the communicators' Tuning.Force
 }
@@ -103,6 +104,9 @@ var benchOps = []benchOp{
 		factor: func(n int) float64 { return 2 * float64(n-1) / float64(n) },
 		layout: equalLayout,
 		run: func(ctx context.Context, c *core.Comm, b benchBufs, o *benchOpts) error {
+			if o.inplace {
+				return c.Allreduce(ctx, nil, b.recv, o.dt, o.op)
+			}
 			return c.Allreduce(ctx, b.send, b.recv, o.dt, o.op)
 		},
 		want: func(o *benchOpts, rank, n, i, rc int) float64 { return reduceWant(o, n) },
@@ -159,6 +163,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 	opName := fs.String("op", "sum", "reduction: sum, avg, min or max")
 	asJSON := fs.Bool("json", false, "print one JSON object per result instead of the table")
 	inproc := fs.Bool("inproc", false, "run the ranks as goroutines of this process, meshed as separate processes would be (QUIC on loopback, the shared-memory data path)")
+	inplace := fs.Bool("inplace", false, "allreduce in place, the result over the input (as torch.distributed's all_reduce); other collectives are unchanged")
 	timeout := fs.Duration("timeout", 10*time.Minute, "deadline of the whole run")
 	profile := fs.String("cpuprofile", "", "write each rank's CPU profile to `DIR`/rank-R.pprof")
 	algos := fs.String("algo", "", "force algorithms, e.g. allreduce=ring,broadcast=pipeline (see collective.Forced); default: chosen by size")
@@ -168,7 +173,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 		}
 		return &exitError{code: 2}
 	}
-	o := benchOpts{n: *n, iters: *iters, warmup: *warmup, json: *asJSON, inproc: *inproc, timeout: *timeout}
+	o := benchOpts{n: *n, iters: *iters, warmup: *warmup, json: *asJSON, inproc: *inproc, inplace: *inplace, timeout: *timeout}
 	var err error
 	if o.sizes, err = benchSizes(*sizes, *minB, *maxB, *factor); err != nil {
 		return usageError("bench: %v", err)
@@ -287,6 +292,9 @@ func benchSweep(comms []*core.Comm, o *benchOpts, stdout io.Writer) error {
 		where = "goroutine ranks in one process, loopback QUIC"
 	}
 	say("# nexar %s bench: %d ranks (%s), %s, op %s, %s\n", version, n, where, o.dt, o.op, itersDesc(o))
+	if o.inplace {
+		say("# allreduce in place: recv is the input (as torch.distributed's all_reduce)\n")
+	}
 	if lead != nil && !o.json {
 		paths := lead.Paths()
 		for r := 1; r < n; r++ {
@@ -322,7 +330,7 @@ func benchSweep(comms []*core.Comm, o *benchOpts, stdout io.Writer) error {
 					"system": "nexar", "op": op.name, "bytes": r.used, "ranks": n,
 					"dtype": o.dt.String(), "time_us": round2(med * 1e6), "p99_us": round2(r.p99.Seconds() * 1e6), "mean_us": round2(r.mean.Seconds() * 1e6),
 					"algbw_gbs": round4(alg), "busbw_gbs": round4(alg * op.factor(n)),
-					"iters": r.iters, "wrong": r.wrong, "path": lead.Paths()[min(1, n-1)],
+					"iters": r.iters, "wrong": r.wrong, "path": lead.Paths()[min(1, n-1)], "inplace": o.inplace && op.name == "allreduce",
 					"stats": statsJSON(lead.Stats()),
 				})
 				fmt.Fprintln(stdout, string(line))
@@ -412,6 +420,14 @@ func benchOne(ctx context.Context, c *core.Comm, op benchOp, size int, o *benchO
 			return benchResult{}, err
 		}
 		times[i] = time.Since(t)
+	}
+	if o.inplace && op.name == "allreduce" {
+		// The timed calls reduced the result into itself: check one call
+		// on fresh input.
+		fill(b.recv, o.dt, rankValue(rank))
+		if err := op.run(ctx, c, b, o); err != nil {
+			return benchResult{}, err
+		}
 	}
 	wrong := int64(0)
 	tol := map[collective.DType]float64{collective.Float16: 1e-3, collective.BFloat16: 1e-2,

@@ -205,10 +205,15 @@ type Endpoint struct {
 
 	out    []atomic.Pointer[channel] // outbound channel per peer; nil: inner
 	polled []atomic.Pointer[channel] // inbound ring channel per peer, for Poll
-	devIn  []atomic.Pointer[channel] // inbound device channel per peer, for DeviceData
-	downed []atomic.Bool
-	closed atomic.Bool
-	once   sync.Once
+	// blockedOn counts, per peer, the goroutines blocked until its data is
+	// delivered (Waiting), whether or not its data comes over a ring yet:
+	// a ring installed later (shm on first use) takes the count over, or
+	// its reader would not be woken for them.
+	blockedOn []waitCount
+	devIn     []atomic.Pointer[channel] // inbound device channel per peer, for DeviceData
+	downed    []atomic.Bool
+	closed    atomic.Bool
+	once      sync.Once
 
 	mu             sync.Mutex
 	decided        []bool // outbound path fixed
@@ -302,7 +307,7 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 		return nil, errors.New("bulk: TLS on TCP needs the identity and every rank's fingerprint")
 	}
 	e := &Endpoint{self: self, size: size, opt: opt, log: opt.Logger, h: h, down: down,
-		started: make(chan struct{}), out: make([]atomic.Pointer[channel], size), polled: make([]atomic.Pointer[channel], size), devIn: make([]atomic.Pointer[channel], size),
+		started: make(chan struct{}), out: make([]atomic.Pointer[channel], size), polled: make([]atomic.Pointer[channel], size), blockedOn: make([]waitCount, size), devIn: make([]atomic.Pointer[channel], size),
 		downed: make([]atomic.Bool, size), decided: make([]bool, size), left: size - 1,
 		ready: make(chan struct{}), paths: make([]string, size), in: make([]*channel, size),
 		bye: make([]error, size), byeSeen: make([]bool, size), causes: make([]error, size), offers: map[int]*tcpOffer{}, ctlWG: true,
@@ -720,24 +725,66 @@ func (e *Endpoint) StartPolling(peer int) (poll func() bool, stop func()) {
 // the ring's read loop for every write, instead of leaving the data to a
 // goroutine that polls. Call done when the wait ends. Both are no-ops when
 // peer's data does not come over a ring.
+//
+// A wait that begins before peer's ring exists is counted on the ring once
+// startReader installs it (waitCount).
 func (e *Endpoint) Waiting(peer int) (done func()) {
 	if peer < 0 || peer >= e.size {
 		return func() {}
 	}
-	ch := e.polled[peer].Load()
-	if ch == nil {
-		return func() {}
-	}
-	e.using.Add(1)
+	e.using.Add(1) // as StartPolling: Close does not unmap a ring counted on
 	if e.closed.Load() {
 		e.using.Add(-1)
 		return func() {}
 	}
-	ch.ring.setWaiting(1)
+	w := &e.blockedOn[peer]
+	w.add(1, e.polled[peer].Load())
 	return func() {
-		ch.ring.setWaiting(-1)
+		w.add(-1, nil)
 		e.using.Add(-1)
 	}
+}
+
+// waitCount is the number of goroutines blocked until one peer's data is
+// delivered, and the ring channel they are counted on (the producer wakes
+// its reader for every write while the count there is not zero).
+type waitCount struct {
+	mu sync.Mutex
+	n  int
+	on *channel // nil: none (no ring yet, or n is 0)
+}
+
+// add changes the count by delta (+1, -1); ch is the peer's ring channel
+// as the caller sees it, counted on if none is yet.
+func (w *waitCount) add(delta int, ch *channel) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.n += delta
+	switch {
+	case w.on != nil:
+		w.on.ring.setWaiting(delta)
+	case ch != nil && w.n > 0:
+		w.on = ch
+		ch.ring.setWaiting(w.n)
+	}
+	if w.n == 0 {
+		w.on = nil
+	}
+}
+
+// moveTo counts the waiters on ch, the peer's new ring channel, instead of
+// the one they were counted on (if any).
+func (w *waitCount) moveTo(ch *channel) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.on == ch || w.n == 0 {
+		return
+	}
+	if w.on != nil {
+		w.on.ring.setWaiting(-w.n)
+	}
+	w.on = ch
+	ch.ring.setWaiting(w.n)
 }
 
 // Await sleeps until data from peer arrives on its shared-memory ring, d
@@ -871,6 +918,7 @@ func (e *Endpoint) startReader(from int, ch *channel) {
 			ch.ring.setWaiting(1)
 		}
 		e.polled[from].Store(ch)
+		e.blockedOn[from].moveTo(ch)
 	}
 	if e.deviceChannel(ch) {
 		e.devIn[from].Store(ch)

@@ -1,7 +1,9 @@
 package bulk
 
 import (
+	"bytes"
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -90,5 +92,59 @@ func TestPresenceInProcess(t *testing.T) {
 		if !ok || !p.InProcess {
 			t.Fatalf("rank %d: PeerPresence(%d) = %+v, %v; want a presence marked InProcess", i, peer, p, ok)
 		}
+	}
+}
+
+// TestWaitingBeforeRing: a goroutine that blocks on a peer's data before
+// the peer's ring exists (rings are made by the first message) is counted
+// on the ring once it is made, so that the producer wakes the ring's reader
+// for what it writes. Before, such a wait was counted nowhere and the data
+// waited for the reader's next timed wake-up (up to 200 ms).
+func TestWaitingBeforeRing(t *testing.T) {
+	got := make(chan []byte, 4)
+	h := []transport.Handler{nil, func(from int, lane transport.Lane, hd *transport.Header, p []byte) {
+		got <- bytes.Clone(p)
+	}}
+	eps := mesh(t, 2, Options{Mode: ModeSHM, RingSize: 1 << 20}, h, nil)
+	defer func() {
+		for _, e := range eps {
+			e.Close()
+		}
+	}()
+	if eps[1].polled[0].Load() != nil {
+		t.Fatal("a ring from rank 0 before its first message")
+	}
+	done := eps[1].Waiting(0) // no ring yet: counted, not on a ring
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := eps[0].Send(ctx, 1, transport.LaneData, &transport.Header{}, []byte("first")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case p := <-got:
+		if string(p) != "first" {
+			t.Fatalf("got %q", p)
+		}
+	case <-ctx.Done():
+		t.Fatal("first message not delivered")
+	}
+	ch := eps[1].polled[0].Load()
+	if ch == nil {
+		t.Fatal("no ring from rank 0 after its first message")
+	}
+	if n := atomic.LoadUint32(ch.ring.u32(offWaiting)); n != 1 {
+		t.Fatalf("the ring counts %d waiting goroutines, want 1 (the wait began before the ring)", n)
+	}
+	done()
+	if n := atomic.LoadUint32(ch.ring.u32(offWaiting)); n != 0 {
+		t.Fatalf("the ring counts %d waiting goroutines after the wait ended, want 0", n)
+	}
+	done2 := eps[1].Waiting(0) // a ring now: counted on it at once
+	if n := atomic.LoadUint32(ch.ring.u32(offWaiting)); n != 1 {
+		t.Fatalf("the ring counts %d waiting goroutines, want 1", n)
+	}
+	done2()
+	if n := atomic.LoadUint32(ch.ring.u32(offWaiting)); n != 0 {
+		t.Fatalf("the ring counts %d waiting goroutines after the wait ended, want 0", n)
 	}
 }

@@ -507,14 +507,10 @@ func (r *ring) waitData(d time.Duration) (bool, error) {
 // producer wakes the idle reader at once. Data that arrived before the
 // count went up is handed to the idle reader now.
 func (r *ring) setWaiting(delta int) {
-	if delta > 0 {
-		atomic.AddUint32(r.u32(offWaiting), 1)
-		if r.available() > 0 {
-			r.wakeIdle()
-		}
-		return
+	atomic.AddUint32(r.u32(offWaiting), uint32(int32(delta)))
+	if delta > 0 && r.available() > 0 {
+		r.wakeIdle()
 	}
-	atomic.AddUint32(r.u32(offWaiting), ^uint32(0))
 }
 
 // Write copies p into the ring, blocking while it is full. On error some

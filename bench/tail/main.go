@@ -2,7 +2,7 @@
 // (issue 15 item 2; docs/performance.md, "The tail of a small allreduce"):
 // each rank runs N (default 200000) allreduces of SIZE bytes (default 8),
 // each after a barrier, and prints its median, p90, p99, p99.9 and max and
-// how many took over 10 µs. With LIST=1 rank 0 also prints each slow
+// how many took over 10 µs, after WARMUP (default 100) untimed ones. With LIST=1 rank 0 also prints each slow
 // iteration's start on CLOCK_MONOTONIC, the clock of
 // `perf record -k CLOCK_MONOTONIC`, so that a trace of the scheduler
 // (sched_switch, sched_wakeup, local_timer_entry) can be matched to them.
@@ -65,7 +65,7 @@ func main() {
 			panic(err)
 		}
 	}
-	for range 100 {
+	for range envInt("WARMUP", 100) {
 		run()
 	}
 	if v := os.Getenv("SETTLE"); v != "" { // let start-up work end first (a Go duration)

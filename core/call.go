@@ -75,7 +75,7 @@ type collCall struct {
 	// posted is when the call was made: its timeout counts from there,
 	// and the flight recorder's entry starts there (one clock read).
 	posted time.Time
-	args collArgs // body's arguments, for bodies that are not closures
+	args   collArgs // body's arguments, for bodies that are not closures
 
 	claimed atomic.Bool // run begun, by start's goroutine or by Wait (runOnce)
 

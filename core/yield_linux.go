@@ -6,7 +6,9 @@ import "syscall"
 // (sched_yield). Waiters call it between polls when this host runs more
 // ranks than it has cores: the peer they wait for may need this core.
 //
-// RawSyscall, not Syscall: sched_yield never blocks, and through Syscall
-// a yield that lets the peer run past sysmon's 20 µs loses this
-// goroutine's P, which then resumes on another thread after a wake-up.
-func osYield() { syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) }
+// Syscall, not RawSyscall: a yield that keeps this thread off its CPU past
+// sysmon's 20 µs then hands this goroutine's P to another thread, which a
+// rank of this process (a goroutine waiting for a P, not for a CPU) needs
+// to run at all. (As a raw call it kept the P, and the in-process topology
+// tests, 17 and more ranks on two Ps, ran into their deadlines.)
+func osYield() { syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) }

@@ -361,7 +361,7 @@ func (r *ring) waitSpin(ctx context.Context, seq, waiters int, ready func() bool
 			// hand-off). With more ranks than cores, give the core away:
 			// the peer we wait for may need it.
 			if r.yield.Load() {
-				rawYieldOrWake(syscall.SYS_SCHED_YIELD, 0, 0, 0, 0)
+				syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) // not raw: see core's osYield
 			}
 			if i == n-1 && spinFor > 0 && time.Since(start) < spinFor {
 				i = 0
@@ -684,13 +684,11 @@ func shmSupported() bool {
 	return err == nil && st.IsDir()
 }
 
-// rawYieldOrWake makes a system call that never blocks (a futex wake,
-// sched_yield) without telling the Go scheduler. Through syscall.Syscall,
-// a call that keeps the thread off its CPU past sysmon's 20 µs (a yield to
-// a peer on this CPU; a wake that lets the woken thread run first) loses
-// the P to another thread, and the goroutine then resumes on a different
-// thread after a wake-up of its own: tens of microseconds, and the
-// goroutine hops between threads.
+// rawYieldOrWake makes a system call that never blocks (a futex wake)
+// without telling the Go scheduler. Through syscall.Syscall, a wake that
+// lets the woken thread run first and keeps this one off its CPU past
+// sysmon's 20 µs loses the P to another thread, and the goroutine then
+// resumes on a different thread after a wake-up of its own.
 func rawYieldOrWake(trap, a1, a2, a3, a6 uintptr) {
 	syscall.RawSyscall6(trap, a1, a2, a3, 0, 0, a6)
 }

@@ -41,7 +41,7 @@ type node struct {
 
 	spinWait       time.Duration  // resolved Config.SpinWait (resolveSpinWait)
 	oversubscribed bool           // more ranks on this host than cores
-	lastMove       atomic.Int64   // monotonic ns of spin's last sched.MoveOff (moveOffEvery)
+	lastMove       atomic.Int64   // time.Now().UnixNano() of spin's last sched.MoveOff (moveOffEvery)
 	lastSeen       []atomic.Int64 // unix nanos of the last message from each world rank
 	downSig        []downSignal   // per world rank: declared down (ends sends to it)
 	buffered       atomic.Int64   // payload bytes held for unmatched messages

@@ -9,6 +9,5 @@ import "syscall"
 // Syscall, not RawSyscall: a yield that keeps this thread off its CPU past
 // sysmon's 20 µs then hands this goroutine's P to another thread, which a
 // rank of this process (a goroutine waiting for a P, not for a CPU) needs
-// to run at all. (As a raw call it kept the P, and the in-process topology
-// tests, 17 and more ranks on two Ps, ran into their deadlines.)
+// to run at all.
 func osYield() { syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) }

@@ -27,6 +27,7 @@ type deadlineCtx struct {
 	cut  func() bool // stops the watch on down
 
 	looks deadlineLooks
+	fired atomic.Bool // ch closed: Err must say why at every call from then on
 }
 
 func newDeadlineCtx(d time.Time) *deadlineCtx { return &deadlineCtx{d: d} }
@@ -56,6 +57,7 @@ func (c *deadlineCtx) close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.shut {
+		c.fired.Store(true)
 		c.shut = true
 		close(c.ch)
 	}
@@ -65,7 +67,7 @@ func (c *deadlineCtx) Err() error {
 	if c.down != nil && c.down.is.Load() {
 		return c.down.err
 	}
-	if c.looks.passed(c.d) {
+	if c.fired.Load() || c.looks.passed(c.d) {
 		return context.DeadlineExceeded
 	}
 	return nil

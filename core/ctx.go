@@ -23,11 +23,10 @@ type deadlineCtx struct {
 	t    *time.Timer
 	mu   sync.Mutex
 	stop bool
-	shut bool        // ch closed
 	cut  func() bool // stops the watch on down
 
 	looks deadlineLooks
-	fired atomic.Bool // ch closed: Err must say why at every call from then on
+	fired atomic.Bool // ch closed (written under mu): Err says why at every call from then on
 }
 
 func newDeadlineCtx(d time.Time) *deadlineCtx { return &deadlineCtx{d: d} }
@@ -56,9 +55,8 @@ func (c *deadlineCtx) Done() <-chan struct{} {
 func (c *deadlineCtx) close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.shut {
+	if !c.fired.Load() {
 		c.fired.Store(true)
-		c.shut = true
 		close(c.ch)
 	}
 }

@@ -183,14 +183,12 @@ func (f *flightRecorder) startColl(seq uint64, sig signature, now time.Time) uin
 	return id
 }
 
-// since is t (now, when zero) in ns after the epoch, at least 1 (0 marks
-// a time not taken); t must carry a monotonic reading (time.Now's does).
-func (f *flightRecorder) since(t time.Time) int64 {
-	if t.IsZero() {
-		return max(1, int64(time.Since(f.epoch)))
-	}
-	return max(1, int64(t.Sub(f.epoch)))
-}
+// since is t in ns after the epoch, at least 1 (0 marks a time not
+// taken); t must carry a monotonic reading (time.Now's does).
+func (f *flightRecorder) since(t time.Time) int64 { return max(1, int64(t.Sub(f.epoch))) }
+
+// sinceNow is since(time.Now()) with one monotonic clock reading.
+func (f *flightRecorder) sinceNow() int64 { return max(1, int64(time.Since(f.epoch))) }
 
 // at is the wall time of a slot's time, without its monotonic reading.
 func (f *flightRecorder) at(ns int64) time.Time { return f.epoch.Add(time.Duration(ns)).Round(0) }
@@ -200,7 +198,7 @@ func (f *flightRecorder) startP2P(kind uint8, peer int, tag uint64, n int) uint6
 	if f == nil {
 		return 0
 	}
-	at := f.since(time.Time{})
+	at := f.sinceNow()
 	f.mu.Lock()
 	f.recorded++
 	id := f.recorded
@@ -218,7 +216,7 @@ func (f *flightRecorder) end(id uint64, err error) {
 	if f == nil || id == 0 {
 		return
 	}
-	at := f.since(time.Time{})
+	at := f.sinceNow()
 	var done flightSlot
 	f.mu.Lock()
 	if s := &f.slots[id%uint64(len(f.slots))]; s.id == id {

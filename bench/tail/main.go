@@ -1,9 +1,10 @@
 // Command tail shows where a small allreduce's slow iterations come from
 // (issue 15 item 2; docs/performance.md, "The tail of a small allreduce"):
 // each rank runs N (default 200000) allreduces of SIZE bytes (default 8),
-// each after a barrier, and prints its median, p90, p99, p99.9 and max and
-// how many took over 10 µs, after WARMUP (default 100) untimed ones. With LIST=1 rank 0 also prints each slow
-// iteration's start on CLOCK_MONOTONIC, the clock of
+// each after a barrier, after WARMUP (default 100) untimed ones, and
+// prints its median, p90, p99, p99.9 and max and how many took over 10 µs.
+// With LIST=1 rank 0 also prints each slow iteration's start on
+// CLOCK_MONOTONIC, the clock of
 // `perf record -k CLOCK_MONOTONIC`, so that a trace of the scheduler
 // (sched_switch, sched_wakeup, local_timer_entry) can be matched to them.
 // PROFILE=DIR writes each rank's CPU profile of the timed calls to

@@ -295,16 +295,12 @@ func (r *ring) unlink() {
 var errRingClosed = errors.New("bulk: ring closed")
 
 func futex(addr *uint32, op int, val uint32, d time.Duration) {
-	var ts *syscall.Timespec
-	if op == futexWait {
-		t := syscall.NsecToTimespec(int64(d))
-		ts = &t
-	}
 	if op != futexWait {
-		rawYieldOrWake(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), uintptr(op), uintptr(val), 0)
+		rawFutexWake(addr, uintptr(op), 0)
 		return
 	}
-	syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), uintptr(op), uintptr(val), uintptr(unsafe.Pointer(ts)), 0, 0)
+	t := syscall.NsecToTimespec(int64(d))
+	syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), uintptr(op), uintptr(val), uintptr(unsafe.Pointer(&t)), 0, 0)
 }
 
 // futexSleep sleeps on addr while it holds val, for at most d, as one of
@@ -320,7 +316,7 @@ func futexSleep(addr *uint32, val uint32, d time.Duration, bits uint32) {
 
 // futexWakeBits wakes every sleeper on addr that bits name.
 func futexWakeBits(addr *uint32, bits uint32) {
-	rawYieldOrWake(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWakeBitset, 1<<30, uintptr(bits))
+	rawFutexWake(addr, futexWakeBitset, uintptr(bits))
 }
 
 // wait blocks until ready reports true, spinning briefly and then sleeping
@@ -502,8 +498,8 @@ func (r *ring) waitData(d time.Duration) (bool, error) {
 	return r.available() > 0, nil
 }
 
-// setWaiting counts, on the consumer side, a goroutine blocked until data
-// from this ring is delivered (+1) or no longer (-1): while one is, the
+// setWaiting adds delta to the count, on the consumer side, of goroutines
+// blocked until data from this ring is delivered: while any is, the
 // producer wakes the idle reader at once. Data that arrived before the
 // count went up is handed to the idle reader now.
 func (r *ring) setWaiting(delta int) {
@@ -684,11 +680,12 @@ func shmSupported() bool {
 	return err == nil && st.IsDir()
 }
 
-// rawYieldOrWake makes a system call that never blocks (a futex wake)
-// without telling the Go scheduler. Through syscall.Syscall, a wake that
+// rawFutexWake wakes every sleeper on addr (op futexWake, or
+// futexWakeBitset with the sleepers bits names) without telling the Go
+// scheduler: a wake never blocks, and through syscall.Syscall one that
 // lets the woken thread run first and keeps this one off its CPU past
 // sysmon's 20 µs loses the P to another thread, and the goroutine then
 // resumes on a different thread after a wake-up of its own.
-func rawYieldOrWake(trap, a1, a2, a3, a6 uintptr) {
-	syscall.RawSyscall6(trap, a1, a2, a3, 0, 0, a6)
+func rawFutexWake(addr *uint32, op, bits uintptr) {
+	syscall.RawSyscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), op, 1<<30, 0, 0, bits)
 }

@@ -61,11 +61,11 @@ import (
 	"github.com/nexar-go/nexar/transport"
 )
 
-// Options configures a Node. The zero value of every field selects the
-// documented default.
 // DefaultIdleTimeout is Options.IdleTimeout's default.
 const DefaultIdleTimeout = 5 * time.Second
 
+// Options configures a Node. The zero value of every field selects the
+// documented default.
 type Options struct {
 	// BindAddr is the UDP address to listen on. Default ":0" (every
 	// interface, a free port).

@@ -1,6 +1,9 @@
-// Package sched tells which CPU the calling thread runs on, for waiters
-// that choose between spinning and yielding by whether the rank they wait
-// for shares their CPU (transport/bulk publishes it, core compares).
+// Package sched is what the spinning waiters need from the OS scheduler:
+// which CPU the calling thread runs on, for waiters that choose between
+// spinning and yielding by whether the rank they wait for shares their CPU
+// (transport/bulk publishes it, core compares); moving a thread off a CPU
+// (MoveOff); and keeping the Go runtime's monitor thread from preempting
+// them (IdleSysmon).
 package sched
 
 // CPU returns the CPU the calling thread runs on now, or -1 where that

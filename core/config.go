@@ -102,6 +102,15 @@ type Config struct {
 	// it runs, else 200 µs yielding the core (sched_yield) between polls;
 	// negative: never spin.
 	SpinWait time.Duration
+	// NormalSysmon leaves the Go runtime's monitor thread (sysmon) at the
+	// normal scheduling policy (NEXAR_IDLE_SYSMON=0). By default a rank
+	// that polls shared memory, on a host with a core for each of its
+	// ranks, gives it the idle policy
+	// (internal/sched.IdleSysmon), so that its wake-ups, every 20 µs to
+	// 10 ms while a goroutine runs, never preempt a spinning rank: a
+	// process-wide change to a thread of the Go runtime, which serves
+	// only Go code (in a C, C++ or Python program, libnexar's).
+	NormalSysmon bool
 	// OnFailure is what a member's failure does to a communicator made
 	// from this config (NEXAR_ON_FAILURE=abort|manual|shrink; see
 	// FailurePolicy and docs/fault-tolerance.md). Default PolicyAbort.
@@ -528,6 +537,16 @@ func configFromLookup(lookup func(string) (string, bool), readFile func(string) 
 			return cfg, fmt.Errorf("core: NEXAR_SPIN_WAIT=%q is not a duration (e.g. \"50us\", 0 for the default, -1ns to never spin)", v)
 		}
 		cfg.SpinWait = t
+	}
+	if v, _ := get("NEXAR_IDLE_SYSMON"); v != "" {
+		switch v {
+		case "0":
+			cfg.NormalSysmon = true
+		case "1":
+			cfg.NormalSysmon = false
+		default:
+			return cfg, fmt.Errorf("core: NEXAR_IDLE_SYSMON=%q: want 1 (the default) or 0", v)
+		}
 	}
 	if v, _ := get("NEXAR_MAX_BUFFERED_BYTES"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)

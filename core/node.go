@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nexar-go/nexar/internal/sched"
 	"github.com/nexar-go/nexar/membership"
 	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport"
@@ -166,12 +167,33 @@ func (n *node) start() {
 	if n.size == 1 {
 		return
 	}
+	// Only with a core per local rank: ranks that share cores yield them
+	// (no spinner to preempt), and a busy host starves an idle thread.
+	if n.caps.Poll && n.spinWait > 0 && !n.oversubscribed && !n.cfg.NormalSysmon {
+		n.wg.Add(1)
+		go n.idleSysmon()
+	}
 	for _, p := range n.watched() {
 		n.wg.Add(1)
 		go n.heartbeatTo(p)
 	}
 	n.wg.Add(1)
 	go n.monitor()
+}
+
+// idleSysmon gives the Go runtime's monitor thread the idle policy
+// (Config.NormalSysmon), once this process's goroutines run: a spinning
+// rank is then never preempted by its wake-ups.
+func (n *node) idleSysmon() {
+	defer n.wg.Done()
+	tid, err := sched.IdleSysmon(n.life)
+	if err != nil {
+		if n.life.Err() == nil {
+			n.log.Debug("nexar: sysmon keeps its policy", "subsys", SubsysInit, "rank", n.rank, "err", err)
+		}
+		return
+	}
+	n.log.Debug("nexar: sysmon set to SCHED_IDLE", "subsys", SubsysInit, "rank", n.rank, "tid", tid)
 }
 
 // heartbeatTo runs one loop per peer so that a peer whose lane is stuck

@@ -150,6 +150,9 @@ func TestConfigFromEnv(t *testing.T) {
 			Config{Rank: 0, WorldSize: 1, MinWorldSize: 2, MaxWorldSize: 9, JoinAddr: "0.0.0.0:7"}, ""},
 		{"bad max", map[string]string{"WORLD_SIZE": "1", "NEXAR_MAX_WORLD_SIZE": "0"}, Config{}, "NEXAR_MAX_WORLD_SIZE"},
 		{"bad join addr", map[string]string{"WORLD_SIZE": "1", "NEXAR_JOIN_ADDR": "nowhere"}, Config{}, "NEXAR_JOIN_ADDR"},
+		{"sysmon normal", map[string]string{"WORLD_SIZE": "1", "NEXAR_IDLE_SYSMON": "0"}, Config{Rank: 0, WorldSize: 1, NormalSysmon: true}, ""},
+		{"sysmon idle", map[string]string{"WORLD_SIZE": "1", "NEXAR_IDLE_SYSMON": "1"}, Config{Rank: 0, WorldSize: 1}, ""},
+		{"bad sysmon", map[string]string{"WORLD_SIZE": "1", "NEXAR_IDLE_SYSMON": "yes"}, Config{}, "NEXAR_IDLE_SYSMON"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -167,7 +170,8 @@ func TestConfigFromEnv(t *testing.T) {
 			}
 			if got.Rank != tc.want.Rank || got.WorldSize != tc.want.WorldSize || got.Seed != tc.want.Seed ||
 				!bytes.Equal(got.Token, tc.want.Token) || got.Timeout != tc.want.Timeout || got.Join != tc.want.Join ||
-				got.MinWorldSize != tc.want.MinWorldSize || got.MaxWorldSize != tc.want.MaxWorldSize || got.JoinAddr != tc.want.JoinAddr {
+				got.MinWorldSize != tc.want.MinWorldSize || got.MaxWorldSize != tc.want.MaxWorldSize || got.JoinAddr != tc.want.JoinAddr ||
+				got.NormalSysmon != tc.want.NormalSysmon {
 				t.Fatalf("got %+v, want %+v", got, tc.want)
 			}
 		})

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nexar-go/nexar/collective"
+	"github.com/nexar-go/nexar/transport"
 )
 
 // testConfig keeps failure detection fast and every wait short.
@@ -406,5 +407,27 @@ func TestLeak(t *testing.T) {
 	if n := runtime.NumGoroutine(); n > before {
 		buf := make([]byte, 1<<16)
 		t.Fatalf("%d goroutines before, %d after Close:\n%s", before, n, buf[:runtime.Stack(buf, true)])
+	}
+}
+
+// TestWantIdleSysmon: sysmon is made idle only for a rank that spins on
+// shared memory with a core per local rank, unless the config opts out.
+func TestWantIdleSysmon(t *testing.T) {
+	for _, c := range []struct {
+		poll, oversub, normal bool
+		spin                  time.Duration
+		want                  bool
+	}{
+		{poll: true, spin: spinWaitDedicated, want: true},
+		{poll: true, spin: spinWaitDedicated, normal: true},
+		{poll: true, spin: spinWaitShared, oversub: true},
+		{poll: true, spin: -1},
+		{spin: spinWaitDedicated},
+	} {
+		n := &node{caps: transport.Caps{Poll: c.poll}, spinWait: c.spin, oversubscribed: c.oversub,
+			cfg: Config{NormalSysmon: c.normal}}
+		if got := n.wantIdleSysmon(); got != c.want {
+			t.Errorf("%+v: %v, want %v", c, got, c.want)
+		}
 	}
 }

@@ -109,7 +109,8 @@ type Config struct {
 	// (internal/sched.IdleSysmon), so that its wake-ups, every 20 µs to
 	// 10 ms while a goroutine runs, never preempt a spinning rank: a
 	// process-wide change to a thread of the Go runtime, which serves
-	// only Go code (in a C, C++ or Python program, libnexar's).
+	// only Go code (in a C, C++ or Python program, libnexar's), and it is
+	// not undone by Close.
 	NormalSysmon bool
 	// OnFailure is what a member's failure does to a communicator made
 	// from this config (NEXAR_ON_FAILURE=abort|manual|shrink; see

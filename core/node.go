@@ -167,9 +167,7 @@ func (n *node) start() {
 	if n.size == 1 {
 		return
 	}
-	// Only with a core per local rank: ranks that share cores yield them
-	// (no spinner to preempt), and a busy host starves an idle thread.
-	if n.caps.Poll && n.spinWait > 0 && !n.oversubscribed && !n.cfg.NormalSysmon {
+	if n.wantIdleSysmon() {
 		n.wg.Add(1)
 		go n.idleSysmon()
 	}
@@ -179,6 +177,15 @@ func (n *node) start() {
 	}
 	n.wg.Add(1)
 	go n.monitor()
+}
+
+// wantIdleSysmon says whether this rank gives the Go runtime's monitor
+// thread the idle policy (Config.NormalSysmon): when it spins on shared
+// memory with a core per local rank. Ranks that share cores yield them
+// (no spinner to preempt), and a host busier than its cores starves an
+// idle thread.
+func (n *node) wantIdleSysmon() bool {
+	return n.caps.Poll && n.spinWait > 0 && !n.oversubscribed && !n.cfg.NormalSysmon
 }
 
 // idleSysmon gives the Go runtime's monitor thread the idle policy

@@ -9,6 +9,26 @@ import (
 	"time"
 )
 
+// policies returns the scheduling policy of every thread of the process.
+func policies(t *testing.T) map[int]int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int]int{}
+	for _, e := range ents {
+		id, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if p, err := Policy(id); err == nil { // else the thread has exited
+			out[id] = p
+		}
+	}
+	return out
+}
+
 // TestIdleSysmon: the thread found is in the runtime's sleep, called from
 // this binary's text, and has the idle policy afterwards; no other thread
 // of the process had its policy changed.
@@ -24,6 +44,7 @@ func TestIdleSysmon(t *testing.T) {
 			}
 		}
 	}()
+	before := policies(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	tid, err := IdleSysmon(ctx)
@@ -49,18 +70,13 @@ func TestIdleSysmon(t *testing.T) {
 	if !found {
 		t.Fatalf("thread %d was never seen in the runtime's sleep", tid)
 	}
-	ents, err := os.ReadDir("/proc/self/task")
-	if err != nil {
-		t.Fatal(err)
+	after := policies(t)
+	if after[tid] != schedIdle {
+		t.Errorf("thread %d (sysmon): policy %d, want %d", tid, after[tid], schedIdle)
 	}
-	for _, e := range ents {
-		id, _ := strconv.Atoi(e.Name())
-		p, err := Policy(id)
-		if err != nil {
-			continue // the thread has exited
-		}
-		if want := map[bool]int{true: schedIdle, false: 0}[id == tid]; p != want {
-			t.Errorf("thread %d: policy %d, want %d (sysmon is %d)", id, p, want, tid)
+	for id, p := range before {
+		if q, ok := after[id]; ok && id != tid && q != p {
+			t.Errorf("thread %d: policy %d, was %d (sysmon is %d)", id, q, p, tid)
 		}
 	}
 }

@@ -532,11 +532,15 @@ func vblocks(buf []byte, counts, displs []int) [][]byte {
 
 // eqblocks slices buf into size blocks of blk bytes.
 func eqblocks(buf []byte, size, blk int) [][]byte {
-	b := make([][]byte, size)
-	for i := range b {
-		b[i] = buf[i*blk : (i+1)*blk : (i+1)*blk]
+	return appendEqblocks(make([][]byte, 0, size), buf, size, blk)
+}
+
+// appendEqblocks appends eqblocks(buf, size, blk) to dst.
+func appendEqblocks(dst [][]byte, buf []byte, size, blk int) [][]byte {
+	for i := range size {
+		dst = append(dst, buf[i*blk:(i+1)*blk:(i+1)*blk])
 	}
-	return b
+	return dst
 }
 
 // balanced slices buf (count elements of es bytes) into size blocks whose

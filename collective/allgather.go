@@ -25,7 +25,14 @@ func Allgather(ctx context.Context, l Link, send, recv []byte) error {
 	if err != nil {
 		return err
 	}
-	blocks := eqblocks(recv, size, blk)
+	// The blocks' headers on the stack in a small world: a barrier is an
+	// allgather of signatures, often one before every small call.
+	var small [smallWorld][]byte
+	blocks := small[:0]
+	if size > smallWorld {
+		blocks = make([][]byte, 0, size)
+	}
+	blocks = appendEqblocks(blocks, recv, size, blk)
 	if send != nil {
 		copy(blocks[rank], send)
 	}

@@ -56,3 +56,43 @@ func TestAllreduceAllocs(t *testing.T) {
 		t.Errorf("8 B allreduce, 2 ranks: %.0f allocations per call, both ranks; want at most %d", got, allreduceAllocs)
 	}
 }
+
+// TestBarrierAllocs counts the allocations of a barrier between two ranks
+// as TestAllreduceAllocs does: benchmarks and programs put one before
+// every small call, and garbage from it runs the collector in the middle
+// of their calls (docs/performance.md).
+func TestBarrierAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	comms, err := NewLocalQUIC(2, testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll(t, comms)
+	ctx := context.Background()
+	start, done := make(chan struct{}), make(chan error)
+	go func() {
+		for range start {
+			done <- comms[1].Barrier(ctx)
+		}
+	}()
+	defer close(start)
+	call := func() {
+		start <- struct{}{}
+		if err := comms[0].Barrier(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 100 {
+		call()
+	}
+	got := testing.AllocsPerRun(2000, call)
+	t.Logf("barrier, 2 ranks: %.0f allocations per call, both ranks", got)
+	if got > allreduceAllocs {
+		t.Errorf("barrier, 2 ranks: %.0f allocations per call, both ranks; want at most %d", got, allreduceAllocs)
+	}
+}

@@ -259,9 +259,13 @@ func exchangeSignatures(ctx context.Context, l *link) error {
 	if c.size == 1 {
 		return nil
 	}
-	send := make([]byte, sigBytes)
+	// From the scratch pool: a barrier before every small call is common,
+	// and its garbage would run the collector in the middle of such calls.
+	// The allgather writes all of recv, and on return nothing writes it.
+	send, recv := c.scratch.Get(sigBytes), c.scratch.Get(sigBytes*c.size)
+	defer c.scratch.Put(send)
+	defer c.scratch.Put(recv)
 	l.sig.put(send)
-	recv := make([]byte, sigBytes*c.size)
 	if err := collective.Allgather(ctx, l, send, recv); err != nil {
 		return err
 	}

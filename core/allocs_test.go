@@ -12,75 +12,27 @@ import (
 // the waiter spins or sleeps (docs/performance.md, issue 15 item 3).
 const allreduceAllocs = 0
 
-// TestAllreduceAllocs counts the allocations of an 8-byte allreduce
-// between two ranks meshed as two processes on one host (loopback QUIC,
-// shared-memory rings), both ranks' together: the small-message path must
-// not regress. A count is deterministic where a time is not, so this is a
-// test; background work (heartbeats) adds well under one per call.
-func TestAllreduceAllocs(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the race detector allocates")
-	}
+// pairAllocs counts the allocations of call between two ranks meshed as
+// two processes on one host (loopback QUIC, shared-memory rings), both
+// ranks' together, after 100 calls have made the rings and grown the pools
+// and maps.
+func pairAllocs(t *testing.T, call func(c *Comm, r int) error) float64 {
+	t.Helper()
 	comms, err := NewLocalQUIC(2, testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer closeAll(t, comms)
-	ctx := context.Background()
-	var bufs [2][2][]byte
-	for r := range bufs {
-		bufs[r] = [2][]byte{make([]byte, 8), make([]byte, 8)}
-	}
 	start, done := make(chan struct{}), make(chan error)
 	go func() {
 		for range start {
-			done <- comms[1].Allreduce(ctx, bufs[1][0], bufs[1][1], collective.Float32, collective.Sum)
+			done <- call(comms[1], 1)
 		}
 	}()
 	defer close(start)
-	call := func() {
+	both := func() {
 		start <- struct{}{}
-		if err := comms[0].Allreduce(ctx, bufs[0][0], bufs[0][1], collective.Float32, collective.Sum); err != nil {
-			t.Fatal(err)
-		}
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-	}
-	for range 100 { // rings made, pools and maps grown
-		call()
-	}
-	got := testing.AllocsPerRun(2000, call)
-	t.Logf("8 B allreduce, 2 ranks: %.0f allocations per call, both ranks", got)
-	if got > allreduceAllocs {
-		t.Errorf("8 B allreduce, 2 ranks: %.0f allocations per call, both ranks; want at most %d", got, allreduceAllocs)
-	}
-}
-
-// TestBarrierAllocs counts the allocations of a barrier between two ranks
-// as TestAllreduceAllocs does: benchmarks and programs put one before
-// every small call, and garbage from it runs the collector in the middle
-// of their calls (docs/performance.md).
-func TestBarrierAllocs(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the race detector allocates")
-	}
-	comms, err := NewLocalQUIC(2, testConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeAll(t, comms)
-	ctx := context.Background()
-	start, done := make(chan struct{}), make(chan error)
-	go func() {
-		for range start {
-			done <- comms[1].Barrier(ctx)
-		}
-	}()
-	defer close(start)
-	call := func() {
-		start <- struct{}{}
-		if err := comms[0].Barrier(ctx); err != nil {
+		if err := call(comms[0], 0); err != nil {
 			t.Fatal(err)
 		}
 		if err := <-done; err != nil {
@@ -88,9 +40,43 @@ func TestBarrierAllocs(t *testing.T) {
 		}
 	}
 	for range 100 {
-		call()
+		both()
 	}
-	got := testing.AllocsPerRun(2000, call)
+	return testing.AllocsPerRun(2000, both)
+}
+
+// TestAllreduceAllocs counts the allocations of an 8-byte allreduce
+// between two ranks (pairAllocs): the small-message path must not regress.
+// A count is deterministic where a time is not, so this is a test;
+// background work (heartbeats) adds well under one per call.
+func TestAllreduceAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	var bufs [2][2][]byte
+	for r := range bufs {
+		bufs[r] = [2][]byte{make([]byte, 8), make([]byte, 8)}
+	}
+	ctx := context.Background()
+	got := pairAllocs(t, func(c *Comm, r int) error {
+		return c.Allreduce(ctx, bufs[r][0], bufs[r][1], collective.Float32, collective.Sum)
+	})
+	t.Logf("8 B allreduce, 2 ranks: %.0f allocations per call, both ranks", got)
+	if got > allreduceAllocs {
+		t.Errorf("8 B allreduce, 2 ranks: %.0f allocations per call, both ranks; want at most %d", got, allreduceAllocs)
+	}
+}
+
+// TestBarrierAllocs counts the allocations of a barrier between two ranks
+// (pairAllocs): benchmarks and programs put one before every small call,
+// and garbage from it runs the collector in the middle of their calls
+// (docs/performance.md, "A barrier without garbage").
+func TestBarrierAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	ctx := context.Background()
+	got := pairAllocs(t, func(c *Comm, _ int) error { return c.Barrier(ctx) })
 	t.Logf("barrier, 2 ranks: %.0f allocations per call, both ranks", got)
 	if got > allreduceAllocs {
 		t.Errorf("barrier, 2 ranks: %.0f allocations per call, both ranks; want at most %d", got, allreduceAllocs)

@@ -18,10 +18,15 @@ import (
 	"github.com/nexar-go/nexar/transport"
 )
 
-// testConfig keeps failure detection fast and every wait short.
+// testConfig keeps failure detection fast and every wait short. It leaves
+// sysmon alone (NormalSysmon): the policy is process-wide, and in a test
+// binary that runs dozens of ranks under -race beside another package's
+// tests, an idle sysmon set by one 2-rank test starves the preemption and
+// network polling of every later test (internal/sched tests IdleSysmon;
+// the multi-process tests run it as users do).
 func testConfig() Config {
 	return Config{Timeout: 20 * time.Second, HeartbeatInterval: 200 * time.Millisecond, HeartbeatTimeout: 5 * time.Second,
-		Logger: slog.New(slog.DiscardHandler)}
+		Logger: slog.New(slog.DiscardHandler), NormalSysmon: true}
 }
 
 // each runs f on every rank concurrently and returns the errors by rank.

@@ -194,7 +194,7 @@ func TestStandaloneSeedOnRankZerosHost(t *testing.T) {
 	for r := range comms {
 		go func() {
 			c, err := New(ctx, Config{Rank: r, WorldSize: 2, Seed: seed.Addr().String(), Token: token,
-				BindAddr: "127.0.0.1:0", Logger: testConfig().Logger})
+				BindAddr: "127.0.0.1:0", Logger: testConfig().Logger, NormalSysmon: true})
 			comms[r] = c
 			errs <- err
 		}()

@@ -100,9 +100,11 @@ func (l *link) Exchange(ctx context.Context, to int, sbase uint32, data []byte, 
 	}
 	var progress func() bool
 	stop := func() {}
+	var pre polling // the send's poll of from, handed to the first wait
 	if len(ps) > 0 && l.sharedMemory(to) {
 		if poll, end := c.n.ep.StartPolling(c.world[from]); poll != nil {
 			progress, stop = poll, end
+			pre = polling{poll, end}
 		}
 	}
 	for i, off := uint32(0), 0; ; i++ {
@@ -116,9 +118,12 @@ func (l *link) Exchange(ctx context.Context, to int, sbase uint32, data []byte, 
 			break
 		}
 	}
-	stop() // waitColl polls for a while, then must let the ring's reader work
 	for i, p := range ps {
-		if err := c.waitColl(ctx, p.key, p.m); err != nil {
+		// The first wait takes the send's poll over and ends it before it
+		// blocks (a blocked wait must let the ring's reader work).
+		err := c.waitCollPolled(ctx, p.key, p.m, pre)
+		pre = polling{}
+		if err != nil {
 			ps = ps[i+1:]
 			unpost()
 			return err

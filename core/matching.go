@@ -140,7 +140,13 @@ func (c *Comm) postColl(key match.Key, buf []byte) (*match.Msg, error) {
 //
 // m is released to the engine when it returns: the caller must not use it.
 func (c *Comm) waitColl(ctx context.Context, key match.Key, m *match.Msg) error {
-	if c.spin(key.Src, postedDone{m}) || c.await(ctx, key.Src, postedDone{m}) {
+	return c.waitCollPolled(ctx, key, m, polling{})
+}
+
+// waitCollPolled is waitColl, whose spin takes over pre, a poll of
+// key.Src's ring already begun (zero: none); pre ends before it blocks.
+func (c *Comm) waitCollPolled(ctx context.Context, key match.Key, m *match.Msg, pre polling) error {
+	if c.spinPolled(key.Src, postedDone{m}, pre) || c.await(ctx, key.Src, postedDone{m}) {
 		err := m.Err
 		c.releaseColl(m)
 		return err

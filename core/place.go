@@ -131,16 +131,38 @@ func (c *Comm) pollOnce(src int) {
 // core between polls, and gives up as soon as the peer is out of a call or
 // asleep, or has not moved for staleAfter.
 func (c *Comm) spin(src int, done completion) bool {
+	return c.spinPolled(src, done, polling{})
+}
+
+// polling is a poll of one peer's ring already begun (StartPolling), which
+// a wait takes over and ends (stop): an exchange that polled while it sent
+// goes on polling while it waits, rather than leaving and entering the
+// poller count between the two, which publishes this rank's presence on a
+// line the peer reads, twice per message (docs/performance.md).
+type polling struct {
+	poll func() bool
+	stop func()
+}
+
+// spinPolled is spin, which takes over pre (not begun: zero) when it polls
+// src's ring; pre is ended when it returns.
+func (c *Comm) spinPolled(src int, done completion, pre polling) bool {
+	if pre.stop != nil {
+		defer pre.stop()
+	}
 	spinFor := c.n.spinWait
 	if spinFor <= 0 || src < 0 || !c.n.caps.Poll {
 		return false
 	}
 	peer := c.world[src]
-	poll, stop := c.n.ep.StartPolling(peer)
+	poll := pre.poll
 	if poll == nil {
-		return false
+		var stop func()
+		if poll, stop = c.n.ep.StartPolling(peer); poll == nil {
+			return false
+		}
+		defer stop()
 	}
-	defer stop()
 	// No runtime.Gosched in the loop: on a thread that called in from C
 	// (libnexar) the goroutine is locked to its thread, and every yield
 	// is a thread hand-off through the kernel, tens of microseconds.

@@ -95,7 +95,7 @@ type channel struct {
 	peer  int
 	desc  string
 	links []link
-	sem   chan struct{} // serialises frames
+	sem   *sendLock // serialises frames
 	buf   []byte
 	bufs  [2][]byte // sendOne's argument list: a variadic slice would escape
 
@@ -144,7 +144,7 @@ type rxFrame struct {
 }
 
 func newChannel(peer int, desc string, links []link) *channel {
-	c := &channel{peer: peer, desc: desc, links: links, sem: make(chan struct{}, 1), dead: make(chan struct{})}
+	c := &channel{peer: peer, desc: desc, links: links, sem: newSendLock(), dead: make(chan struct{})}
 	if rl, ok := links[0].(ringLink); ok && len(links) == 1 {
 		c.ring = rl.r
 	}
@@ -185,18 +185,10 @@ var errBroken = errors.New("bulk: channel broken by an earlier failure")
 // device memory, which host code must not read: it goes to the link as a
 // buffer of its own (a device channel has one link and no remote frames).
 func (c *channel) send(ctx context.Context, h *transport.Header, p []byte, progress func() bool, dev bool) (broken bool, err error) {
-	select {
-	case c.sem <- struct{}{}: // uncontended: no need for ctx.Done
-	default:
-		select {
-		case c.sem <- struct{}{}:
-		case <-ctx.Done():
-			return false, ctx.Err()
-		case <-c.dead:
-			return true, errBroken
-		}
+	if err := c.sem.lockCtx(ctx, c.dead); err != nil {
+		return err == errBroken, err
 	}
-	defer func() { <-c.sem }()
+	defer c.sem.unlock()
 	if c.broken.Load() {
 		return true, errBroken
 	}
@@ -315,14 +307,11 @@ func (c *channel) sendRemote(ctx context.Context, h *transport.Header, p []byte,
 // so the receiver reads everything sent before it. Past the deadline the
 // links are closed at once. It keeps the semaphore: nothing can follow.
 func (c *channel) goodbye(deadline time.Time) {
-	t := time.NewTimer(time.Until(deadline))
-	defer t.Stop()
-	select {
-	case c.sem <- struct{}{}:
-	case <-t.C:
+	switch c.sem.lockUntil(deadline, c.dead) {
+	case cancelled:
 		c.close()
 		return
-	case <-c.dead:
+	case ended:
 		return
 	}
 	if !c.broken.Load() {

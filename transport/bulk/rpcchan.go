@@ -64,7 +64,7 @@ type rpcChan struct {
 	l     link  // TCP; nil for a ring
 	r     *ring // ring, with its doorbell b
 	b     *bell
-	sem   chan struct{} // serialises frames
+	sem   *sendLock // serialises frames
 	buf   []byte
 	dead  chan struct{}
 	once  sync.Once
@@ -78,7 +78,7 @@ type rpcChan struct {
 }
 
 func newRPCChan(peer int, desc string, l link) *rpcChan {
-	return &rpcChan{peer: peer, desc: desc, l: l, sem: make(chan struct{}, 1), dead: make(chan struct{})}
+	return &rpcChan{peer: peer, desc: desc, l: l, sem: newSendLock(), dead: make(chan struct{})}
 }
 
 func newRPCRing(peer, size int, r *ring, b *bell) *rpcChan {
@@ -181,18 +181,10 @@ func (c *rpcChan) readFull(p []byte) error {
 // send writes one frame; broken reports that the channel is unusable
 // (some bytes of the frame left).
 func (c *rpcChan) send(ctx context.Context, h *transport.Header, p []byte) (broken bool, err error) {
-	select {
-	case c.sem <- struct{}{}:
-	default:
-		select {
-		case c.sem <- struct{}{}:
-		case <-ctx.Done():
-			return false, ctx.Err()
-		case <-c.dead:
-			return true, errBroken
-		}
+	if err := c.sem.lockCtx(ctx, c.dead); err != nil {
+		return err == errBroken, err
 	}
-	defer func() { <-c.sem }()
+	defer c.sem.unlock()
 	if c.bad.Load() {
 		return true, errBroken
 	}
@@ -248,14 +240,11 @@ func (c *rpcChan) sendRemote(ctx context.Context, h *transport.Header, p []byte)
 // goodbye writes the goodbye frame (waiting until deadline for a frame in
 // flight) and closes the channel.
 func (c *rpcChan) goodbye(deadline time.Time) {
-	t := time.NewTimer(time.Until(deadline))
-	defer t.Stop()
-	select {
-	case c.sem <- struct{}{}:
-	case <-t.C:
+	switch c.sem.lockUntil(deadline, c.dead) {
+	case cancelled:
 		c.close()
 		return
-	case <-c.dead:
+	case ended:
 		return
 	}
 	if !c.bad.Load() {

@@ -28,7 +28,7 @@ func (c *Comm) startColl(ctx context.Context, sig signature, body func(ctx conte
 		cc = new(collCall)
 	}
 	cc.body, cc.ctx = body, ctx
-	cc.posted = time.Now()
+	cc.posted = c.n.now()
 	req := &cc.req
 	req.init(c, op, true)
 	c.mu.Lock()

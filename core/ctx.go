@@ -27,6 +27,11 @@ type deadlineCtx struct {
 
 	looks deadlineLooks
 	fired atomic.Bool // ch closed (written under mu): Err says why at every call from then on
+	// watched is set by Done before it arms anything, released by
+	// release: a release that finds Done never called is two atomics,
+	// not a lock (sequentially consistent: either release sees watched,
+	// or Done sees released and arms nothing).
+	watched, released atomic.Bool
 }
 
 func newDeadlineCtx(d time.Time) *deadlineCtx { return &deadlineCtx{d: d} }
@@ -37,9 +42,10 @@ func (c *deadlineCtx) Value(any) any               { return nil }
 func (c *deadlineCtx) Done() <-chan struct{} {
 	c.once.Do(func() {
 		c.ch = make(chan struct{})
+		c.watched.Store(true)
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		if c.stop {
+		if c.stop || c.released.Load() {
 			return // released: never fires
 		}
 		c.t = time.AfterFunc(time.Until(c.d), c.close)
@@ -82,12 +88,18 @@ type deadlineLooks struct{ n atomic.Uint32 }
 
 // passed reports whether d has passed, as far as this look tells.
 func (l *deadlineLooks) passed(d time.Time) bool {
-	return l.n.Add(1)&7 == 1 && !time.Now().Before(d)
+	// time.Until reads only the monotonic clock when d carries a
+	// monotonic reading (the deadlines here do), time.Now both clocks.
+	return l.n.Add(1)&7 == 1 && time.Until(d) <= 0
 }
 
 // release stops the timer and the watch, if any; the context must not be
 // used after.
 func (c *deadlineCtx) release() {
+	c.released.Store(true)
+	if !c.watched.Load() {
+		return // nothing armed, and Done arms nothing from now on
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.stop = true
@@ -133,6 +145,10 @@ type opCtx struct {
 	done  bool // released
 
 	looks deadlineLooks
+	// canceled is set once err is (under mu): Err takes mu only then.
+	// watched and released are deadlineCtx's: a release with Done never
+	// called takes no lock.
+	canceled, watched, released atomic.Bool
 }
 
 func (c *Comm) newOpCtx(parent context.Context) *opCtx {
@@ -161,10 +177,10 @@ func (o *opCtx) Deadline() (time.Time, bool) { return o.d, true }
 func (o *opCtx) Value(k any) any             { return o.parent.Value(k) }
 
 func (o *opCtx) Err() error {
-	o.mu.Lock()
-	err := o.err
-	o.mu.Unlock()
-	if err != nil {
+	if o.canceled.Load() {
+		o.mu.Lock()
+		err := o.err
+		o.mu.Unlock()
 		return err
 	}
 	if err := o.parent.Err(); err != nil {
@@ -182,9 +198,10 @@ func (o *opCtx) Err() error {
 func (o *opCtx) Done() <-chan struct{} {
 	o.once.Do(func() {
 		o.ch = make(chan struct{})
+		o.watched.Store(true)
 		o.mu.Lock()
 		defer o.mu.Unlock()
-		if o.done {
+		if o.done || o.released.Load() {
 			return
 		}
 		t := time.AfterFunc(time.Until(o.d), func() { o.cancel(context.DeadlineExceeded) })
@@ -200,12 +217,17 @@ func (o *opCtx) cancel(err error) {
 	defer o.mu.Unlock()
 	if o.err == nil {
 		o.err = err
+		o.canceled.Store(true)
 		close(o.ch)
 	}
 }
 
 // release stops the watchers, if any; the context must not be used after.
 func (o *opCtx) release() {
+	o.released.Store(true)
+	if !o.watched.Load() {
+		return // nothing armed, and Done arms nothing from now on
+	}
 	o.mu.Lock()
 	o.done = true
 	stops := o.stops

@@ -24,7 +24,7 @@ func (n *node) place(from int, th *transport.Header, size int) ([]byte, func(err
 	if err != nil || (h.kind != kindColl && h.kind != kindP2P && h.kind != kindRPC) || h.total > 1<<62 || uint64(size) > h.total {
 		return nil, nil // the Handler reports what is wrong
 	}
-	n.lastSeen[from].Store(time.Now().UnixNano())
+	n.lastSeen[from].Store(n.mono())
 	if h.kind == kindColl {
 		// A communicator once registered: a closed one has failed, and
 		// placeColl then leaves the frame to the Handler.

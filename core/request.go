@@ -3,7 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
-	"sync"
+	"sync/atomic"
 
 	"github.com/nexar-go/nexar/core/internal/match"
 )
@@ -21,9 +21,11 @@ type Request struct {
 	// when someone waits on it (doneCh): a blocking call, run in its
 	// caller's goroutine, completes before anyone looks and costs none.
 	done match.Signal
-	once sync.Once
-	err  error
-	st   Status
+	// finishing is claimed by the one finish that completes the request
+	// (a CAS: sync.Once's first Do takes a mutex, on every call).
+	finishing atomic.Bool
+	err       error
+	st        Status
 	// run, when set, performs the operation; it is taken (by the goroutine
 	// that created the request, before the request is shared) by start or
 	// wait, and runs exactly once.
@@ -64,14 +66,18 @@ func doneRequest(c *Comm, op string, err error) *Request {
 	return r
 }
 
+// finish completes r with st and err, once: a later finish returns once r
+// is complete, with what the first one set (as sync.Once.Do would).
 func (r *Request) finish(st Status, err error) {
-	r.once.Do(func() {
-		r.st, r.err = st, err
-		if r.fr != 0 {
-			r.c.flightEnd(r.fr, err)
-		}
-		r.done.Fire()
-	})
+	if !r.finishing.CompareAndSwap(false, true) {
+		<-r.done.C()
+		return
+	}
+	r.st, r.err = st, err
+	if r.fr != 0 {
+		r.c.flightEnd(r.fr, err)
+	}
+	r.done.Fire()
 }
 
 // failedCh is the channel that ends a wait early: the comm's failure for

@@ -471,9 +471,14 @@ func (r *ring) nudge() {
 	futexWakeBits(r.u32(offDataSeq), bitCall)
 }
 
-// wakeIdle wakes the idle reader if it sleeps.
+// wakeIdle wakes the idle reader if it sleeps. The word changes first, as
+// for every wake-up here: a reader that has counted itself but not yet
+// slept then finds it changed and does not sleep. (bumpData changes it
+// only when it wakes someone, so this wake-up could otherwise be lost,
+// and the data wait for the reader's timeout.)
 func (r *ring) wakeIdle() {
 	if atomic.LoadUint32(r.u32(offIdleWait)) != 0 {
+		atomic.AddUint32(r.u32(offDataSeq), 1)
 		futex(r.u32(offDataSeq), futexWake, 1<<30, 0)
 	}
 }

@@ -1,0 +1,50 @@
+package bulk
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestWakeupsChangeTheWord: every wake-up of a reader on the data word
+// changes the word first, so that a reader that counted itself and read
+// the word, but has not yet slept, does not sleep through it. The reader
+// here is the idle reader (waitData's steps, done by hand so that the
+// wake-up falls between its read of the word and its sleep); before
+// wakeIdle changed the word, its sleep lasted the whole timeout.
+func TestWakeupsChangeTheWord(t *testing.T) {
+	cons, path, cookie, err := createRing(1 << 16)
+	if err != nil {
+		t.Skipf("no shared-memory ring here: %v", err)
+	}
+	defer cons.release()
+	prod, err := openRing(path, 1<<16, cookie)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.release()
+	for _, tc := range []struct {
+		name string
+		wake func()
+	}{
+		{"wakeIdle", cons.wakeIdle},
+		{"nudge", cons.nudge},
+		{"bumpData with a goroutine waiting", func() {
+			cons.setWaiting(1)
+			defer cons.setWaiting(-1)
+			prod.bumpData()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			atomic.AddUint32(cons.u32(offIdleWait), 1)
+			defer atomic.AddUint32(cons.u32(offIdleWait), ^uint32(0))
+			s := atomic.LoadUint32(cons.u32(offDataSeq))
+			tc.wake() // between the reader's read of the word and its sleep
+			start := time.Now()
+			futexSleep(cons.u32(offDataSeq), s, 2*time.Second, bitIdle|bitCall)
+			if took := time.Since(start); took > time.Second {
+				t.Fatalf("the reader slept %v through the wake-up (the word did not change)", took)
+			}
+		})
+	}
+}

@@ -14,16 +14,7 @@ import (
 // sleep, beats while it polls) is what its producer reads back, and a
 // session's end leaves it out of any call.
 func TestPresenceWord(t *testing.T) {
-	cons, path, cookie, err := createRing(1 << 16)
-	if err != nil {
-		t.Skipf("no shared-memory ring here: %v", err)
-	}
-	defer cons.release()
-	prod, err := openRing(path, 1<<16, cookie)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.release()
+	cons, prod := ringPair(t)
 	var p presence
 	p.add(cons)
 	read := func() (state uint64, cpu int, beat uint32) {

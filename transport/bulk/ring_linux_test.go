@@ -6,6 +6,23 @@ import (
 	"time"
 )
 
+// ringPair makes a 64 KiB ring and maps it as its producer would; both are
+// released when t ends. It skips t where there is no shared memory.
+func ringPair(t *testing.T) (cons, prod *ring) {
+	t.Helper()
+	cons, path, cookie, err := createRing(1 << 16)
+	if err != nil {
+		t.Skipf("no shared-memory ring here: %v", err)
+	}
+	t.Cleanup(cons.release)
+	prod, err = openRing(path, 1<<16, cookie)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(prod.release)
+	return cons, prod
+}
+
 // TestWakeupsChangeTheWord: every wake-up of a reader on the data word
 // changes the word first, so that a reader that counted itself and read
 // the word, but has not yet slept, does not sleep through it. The reader
@@ -13,16 +30,7 @@ import (
 // wake-up falls between its read of the word and its sleep); before
 // wakeIdle changed the word, its sleep lasted the whole timeout.
 func TestWakeupsChangeTheWord(t *testing.T) {
-	cons, path, cookie, err := createRing(1 << 16)
-	if err != nil {
-		t.Skipf("no shared-memory ring here: %v", err)
-	}
-	defer cons.release()
-	prod, err := openRing(path, 1<<16, cookie)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.release()
+	cons, prod := ringPair(t)
 	for _, tc := range []struct {
 		name string
 		wake func()

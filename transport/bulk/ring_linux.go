@@ -90,6 +90,11 @@ type ring struct {
 	// writer at a time): the free space it implies only grows, so the
 	// shared line is read again only when a write needs more room.
 	tailSeen uint64
+	// headMine is the head as the producer last published it (one writer
+	// at a time): the producer never reads the shared head, whose line
+	// the polling consumer reads all the time; reading it back cost a
+	// cache miss, about 65 ns, at the start of every write.
+	headMine uint64
 	// yield: this host runs more ranks than it has cores; spinning
 	// waiters yield the core between checks.
 	yield    atomic.Bool
@@ -181,6 +186,7 @@ func openRing(path string, size int, cookie []byte) (*ring, error) {
 		return nil, fmt.Errorf("bulk: ring %s: not the segment offered", path)
 	}
 	os.Remove(path)
+	r.headMine = atomic.LoadUint64(r.u64(offHead)) // 0: nothing was written yet
 	return r, nil
 }
 
@@ -436,7 +442,7 @@ func (r *ring) bumpData() {
 	if data != 0 || call != 0 {
 		bits = bitCall // Read's plain waits match any bit
 	}
-	if idle != 0 && (atomic.LoadUint32(r.u32(offWaiting)) != 0 || r.available() > (r.mask+1)/2) {
+	if idle != 0 && (atomic.LoadUint32(r.u32(offWaiting)) != 0 || r.fillingUp()) {
 		bits |= bitIdle
 	}
 	if bits == 0 {
@@ -444,6 +450,19 @@ func (r *ring) bumpData() {
 	}
 	atomic.AddUint32(r.u32(offDataSeq), 1)
 	futexWakeBits(r.u32(offDataSeq), bits)
+}
+
+// fillingUp reports, on the producer side, whether the ring holds more than
+// half its size. It reads the consumer's tail, a line the consumer writes
+// at every read (a transfer each way, 60-80 ns), only when the tail the
+// producer last saw (tailSeen, never ahead of the real one) says so.
+func (r *ring) fillingUp() bool {
+	head, half := r.headMine, (r.mask+1)/2
+	if head-r.tailSeen <= half {
+		return false
+	}
+	r.tailSeen = atomic.LoadUint64(r.u64(offTail))
+	return head-r.tailSeen > half
 }
 
 // sleepData puts the calling thread to sleep until the producer publishes
@@ -525,7 +544,7 @@ func (r *ring) setWaiting(delta int) {
 // work, so that one goroutine can keep both directions of an exchange
 // moving.
 func (r *ring) Write(ctx context.Context, p []byte, progress func() bool) (int, error) {
-	head := atomic.LoadUint64(r.u64(offHead))
+	head := r.headMine
 	size := r.mask + 1
 	done := 0
 	for done < len(p) {
@@ -553,6 +572,7 @@ func (r *ring) Write(ctx context.Context, p []byte, progress func() bool) (int, 
 		}
 		head += n
 		done += int(n)
+		r.headMine = head
 		atomic.StoreUint64(r.u64(offHead), head)
 		r.bumpData()
 		if progress != nil && done < len(p) {

@@ -1,6 +1,7 @@
 package bulk
 
 import (
+	"context"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -54,5 +55,40 @@ func TestWakeupsChangeTheWord(t *testing.T) {
 				t.Fatalf("the reader slept %v through the wake-up (the word did not change)", took)
 			}
 		})
+	}
+}
+
+// TestFillingUp: the producer's "more than half full" follows the ring,
+// though it reads the consumer's tail only when its last sight of it says
+// the ring may be.
+func TestFillingUp(t *testing.T) {
+	cons, prod := ringPair(t)
+	write := func(n int) {
+		t.Helper()
+		if _, err := prod.Write(context.Background(), make([]byte, n), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(n int) {
+		t.Helper()
+		for got := 0; got < n; {
+			got += cons.TryRead(make([]byte, n-got))
+		}
+	}
+	write(20 << 10)
+	if prod.fillingUp() {
+		t.Fatal("20 KiB of 64: filling up")
+	}
+	write(20 << 10)
+	if !prod.fillingUp() {
+		t.Fatal("40 KiB of 64: not filling up")
+	}
+	read(30 << 10)
+	if prod.fillingUp() {
+		t.Fatal("10 KiB of 64 after a read: filling up (the tail was not read again)")
+	}
+	write(30 << 10)
+	if !prod.fillingUp() {
+		t.Fatal("40 KiB of 64 again: not filling up")
 	}
 }

@@ -168,8 +168,10 @@ func (c *Comm) spinPolled(src int, done completion, pre polling) bool {
 	// is a thread hand-off through the kernel, tens of microseconds.
 	presence := c.n.caps.Presence
 	oversub := c.n.oversubscribed
-	// The clock is first read after 16 polls: most waits end before
-	// (a read costs tens of nanoseconds on a VM).
+	// The clock and the peer's presence are first read after 16 polls:
+	// most waits end before. A clock read costs tens of nanoseconds on a
+	// VM, and a read of the presence line takes it from the peer, which
+	// writes it as it enters its own call (a cache miss there).
 	var start, inCall, moved time.Time // began; peer last seen in a call; its beat last moved
 	var beat uint32
 	known := false
@@ -180,7 +182,7 @@ func (c *Comm) spinPolled(src int, done completion, pre polling) bool {
 			start = time.Now()
 			inCall, moved = start, start
 		}
-		if i%16 == 0 && presence {
+		if i%16 == 0 && i > 0 && presence {
 			now := start
 			if i > 16 {
 				now = time.Now()

@@ -63,32 +63,26 @@ func TestWakeupsChangeTheWord(t *testing.T) {
 // the ring may be.
 func TestFillingUp(t *testing.T) {
 	cons, prod := ringPair(t)
-	write := func(n int) {
-		t.Helper()
-		if _, err := prod.Write(context.Background(), make([]byte, n), nil); err != nil {
-			t.Fatal(err)
+	for _, step := range []struct {
+		write, read int // bytes the producer writes, then the consumer reads
+		want        bool
+		holds       string
+	}{
+		{20 << 10, 0, false, "20 KiB of 64"},
+		{20 << 10, 0, true, "40 KiB of 64"},
+		{0, 30 << 10, false, "10 KiB of 64 after a read (the tail must be read again)"},
+		{30 << 10, 0, true, "40 KiB of 64 again"},
+	} {
+		if step.write > 0 {
+			if _, err := prod.Write(context.Background(), make([]byte, step.write), nil); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	read := func(n int) {
-		t.Helper()
-		for got := 0; got < n; {
-			got += cons.TryRead(make([]byte, n-got))
+		for got := 0; got < step.read; {
+			got += cons.TryRead(make([]byte, step.read-got))
 		}
-	}
-	write(20 << 10)
-	if prod.fillingUp() {
-		t.Fatal("20 KiB of 64: filling up")
-	}
-	write(20 << 10)
-	if !prod.fillingUp() {
-		t.Fatal("40 KiB of 64: not filling up")
-	}
-	read(30 << 10)
-	if prod.fillingUp() {
-		t.Fatal("10 KiB of 64 after a read: filling up (the tail was not read again)")
-	}
-	write(30 << 10)
-	if !prod.fillingUp() {
-		t.Fatal("40 KiB of 64 again: not filling up")
+		if got := prod.fillingUp(); got != step.want {
+			t.Fatalf("%s: filling up %v, want %v", step.holds, got, step.want)
+		}
 	}
 }

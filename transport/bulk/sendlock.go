@@ -34,16 +34,24 @@ const (
 	ended                // dead was closed first
 )
 
+// tryLock takes l if it is free.
+func (l *sendLock) tryLock() bool { return l.held.CompareAndSwap(0, 1) }
+
 // lock takes l, or gives up once done or dead is closed (either may be
 // nil: never).
 func (l *sendLock) lock(done, dead <-chan struct{}) lockResult {
-	if l.held.CompareAndSwap(0, 1) {
+	if l.tryLock() {
 		return locked
 	}
+	return l.wait(done, dead)
+}
+
+// wait is lock's contended path.
+func (l *sendLock) wait(done, dead <-chan struct{}) lockResult {
 	l.nwait.Add(1)
 	defer l.nwait.Add(-1)
 	for {
-		if l.held.CompareAndSwap(0, 1) {
+		if l.tryLock() {
 			return locked
 		}
 		select {
@@ -59,10 +67,10 @@ func (l *sendLock) lock(done, dead <-chan struct{}) lockResult {
 // lockCtx is lock bounded by ctx; it returns ctx's error when ctx ends
 // first, errBroken when dead is closed first.
 func (l *sendLock) lockCtx(ctx context.Context, dead <-chan struct{}) error {
-	if l.held.CompareAndSwap(0, 1) {
+	if l.tryLock() {
 		return nil // before ctx.Done, which may arm a timer (core's contexts)
 	}
-	switch l.lock(ctx.Done(), dead) {
+	switch l.wait(ctx.Done(), dead) {
 	case cancelled:
 		return ctx.Err()
 	case ended:
@@ -71,7 +79,7 @@ func (l *sendLock) lockCtx(ctx context.Context, dead <-chan struct{}) error {
 	return nil
 }
 
-// lockUntil is lock bounded by deadline; it reports whether it took l.
+// lockUntil is lock bounded by deadline (cancelled once it passes).
 func (l *sendLock) lockUntil(deadline time.Time, dead <-chan struct{}) lockResult {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()

@@ -22,7 +22,6 @@ type deadlineCtx struct {
 	ch   chan struct{}
 	t    *time.Timer
 	mu   sync.Mutex
-	stop bool
 	cut  func() bool // stops the watch on down
 
 	looks deadlineLooks
@@ -45,7 +44,7 @@ func (c *deadlineCtx) Done() <-chan struct{} {
 		c.watched.Store(true)
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		if c.stop || c.released.Load() {
+		if c.released.Load() {
 			return // released: never fires
 		}
 		c.t = time.AfterFunc(time.Until(c.d), c.close)
@@ -102,7 +101,6 @@ func (c *deadlineCtx) release() {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.stop = true
 	if c.t != nil {
 		c.t.Stop()
 	}
@@ -142,7 +140,6 @@ type opCtx struct {
 	mu    sync.Mutex
 	err   error
 	stops []func() bool
-	done  bool // released
 
 	looks deadlineLooks
 	// canceled is set once err is (under mu): Err takes mu only then.
@@ -201,7 +198,7 @@ func (o *opCtx) Done() <-chan struct{} {
 		o.watched.Store(true)
 		o.mu.Lock()
 		defer o.mu.Unlock()
-		if o.done || o.released.Load() {
+		if o.released.Load() {
 			return
 		}
 		t := time.AfterFunc(time.Until(o.d), func() { o.cancel(context.DeadlineExceeded) })
@@ -229,7 +226,6 @@ func (o *opCtx) release() {
 		return // nothing armed, and Done arms nothing from now on
 	}
 	o.mu.Lock()
-	o.done = true
 	stops := o.stops
 	o.stops = nil
 	o.mu.Unlock()

@@ -29,3 +29,41 @@ func TestDeadlineCtxErrAfterDone(t *testing.T) {
 	}
 	c.release()
 }
+
+// TestContextsReleaseDisarms: a released context arms nothing, whether
+// Done is first called before release (its timer is stopped) or after (no
+// lock was taken by release, and Done must still arm nothing): the
+// channel never closes at the deadline.
+func TestContextsReleaseDisarms(t *testing.T) {
+	c := newLocal(t, 1)[0]
+	const d = 20 * time.Millisecond
+	closes := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		case <-time.After(5 * d):
+			return false
+		}
+	}
+	for _, doneFirst := range []bool{true, false} {
+		dc := newDeadlineCtx(time.Now().Add(d))
+		parent, cancel := context.WithTimeout(context.Background(), d)
+		oc := c.newOpCtx(parent)
+		var dch, och <-chan struct{}
+		if doneFirst {
+			dch, och = dc.Done(), oc.Done()
+		}
+		dc.release()
+		oc.release()
+		if !doneFirst {
+			dch, och = dc.Done(), oc.Done()
+		}
+		if closes(dch) {
+			t.Errorf("Done before release %v: a released deadline context closed at its deadline", doneFirst)
+		}
+		if closes(och) {
+			t.Errorf("Done before release %v: a released operation context closed at its deadline", doneFirst)
+		}
+		cancel()
+	}
+}

@@ -190,6 +190,15 @@ type Seed struct {
 	// from the first joiner's: every joiner is then refused.
 	mismatch chan struct{}
 	why      string
+
+	// tell orders the notices of losses (lost): a member told of a loss
+	// fails its formation and reports that, and the notice of its own
+	// loss must not reach a member before the loss that caused it, or
+	// that member names a live rank instead of the lost one.
+	tell sync.Mutex
+	// noticeGap (tests) is a pause after each notice written, which
+	// widens the window in which another loss is reported.
+	noticeGap time.Duration
 }
 
 type member struct {
@@ -415,6 +424,8 @@ func (s *Seed) lost(m *member, why string) {
 		return
 	}
 	s.log.Warn("nexar seed: rank lost during formation", "rank", m.rank, "why", why)
+	s.tell.Lock()
+	defer s.tell.Unlock()
 	s.mu.Lock()
 	var tell []*member
 	for _, o := range s.members {
@@ -430,6 +441,9 @@ func (s *Seed) lost(m *member, why string) {
 			_ = writeFrame(o.st, noticeMsg{Lost: m.rank, Why: why})
 		}
 		o.wmu.Unlock()
+		if s.noticeGap > 0 {
+			time.Sleep(s.noticeGap)
+		}
 	}
 }
 

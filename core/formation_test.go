@@ -8,11 +8,13 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/membership"
+	"github.com/nexar-go/nexar/transport"
 	nquic "github.com/nexar-go/nexar/transport/quic"
 )
 
@@ -428,4 +430,84 @@ func TestRankLostBetweenJoinAndMesh(t *testing.T) {
 func joinSeed(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte) (int, []nquic.Peer, error) {
 	r, peers, err := membership.Join(ctx, addr, token, rank, advertise, fp)
 	return r, peers, fromMembership(err)
+}
+
+// A rank whose data path forms late (a TCP connect on a lossy link, whose
+// SYN is retried after 1 s) is not declared unreachable by the peers that
+// formed first and watch it: it heartbeats while it forms. The CI run that
+// found this failed with "rank 0 is unreachable: no heartbeat for 3s" on
+// the rank that formed first.
+func TestSlowFormerKeepsHeartbeating(t *testing.T) {
+	const n, slow = 3, 2
+	token := randomToken(t)
+	seed, err := StartSeed("127.0.0.1:0", n, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seed.Close()
+	cfg := testConfig()
+	cfg.HeartbeatInterval, cfg.HeartbeatTimeout = 100*time.Millisecond, 600*time.Millisecond
+	cfg.WorldSize, cfg.Token, cfg.Seed = n, token, seed.Addr().String()
+	cfg.BindAddr, cfg.ConnectTimeout = "127.0.0.1:0", 30*time.Second
+	comms := make([]*Comm, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			c := cfg
+			c.Rank = i
+			var o formOpts
+			if i == slow {
+				o.dataDelay = 4 * c.HeartbeatTimeout
+			}
+			comms[i], errs[i] = form(context.Background(), c, o)
+		})
+	}
+	wg.Wait()
+	defer each(comms, func(c *Comm) error {
+		if c != nil {
+			c.Close()
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	errs = each(comms, func(c *Comm) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		buf := f32s(float32(c.Rank() + 1))
+		if err := c.Allreduce(ctx, nil, buf, collective.Float32, collective.Sum); err != nil {
+			return err
+		}
+		if got := getF32(buf, 0); got != n*(n+1)/2 {
+			return fmt.Errorf("sum %v, want %d", got, n*(n+1)/2)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+// A formation that ends because a peer gave up on this rank says so; it
+// does not call that live peer lost.
+func TestPeerLostErrorSaysWho(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{&transport.PeerDownError{Peer: 1, Cause: fmt.Errorf("rank 1 declared rank 2 down: no heartbeat for 3s: %w", transport.ErrDeclaredDown)},
+			"rank 1 declared this rank unreachable while the job was forming"},
+		{&transport.PeerDownError{Peer: 1, Cause: transport.ErrPeerClosed}, "rank 1 closed its communicator while the job was forming"},
+		{errors.New("the seed lost it: crashed"), "rank 1 was lost while the job was forming"},
+	} {
+		if got := (&peerLostError{peer: 1, err: tc.err}).Error(); !strings.HasPrefix(got, tc.want) {
+			t.Errorf("got %q, want it to start %q", got, tc.want)
+		}
+	}
 }

@@ -47,6 +47,10 @@ type formOpts struct {
 	// seedUp: the seed runs already (a grow's: the leader started it
 	// before sending its address), so one that cannot be reached is gone.
 	seedUp bool
+	// dataDelay (tests) holds this rank this long after its data path
+	// formed, as a slow bulk negotiation does: its peers may have formed
+	// and started watching it.
+	dataDelay time.Duration
 }
 
 func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
@@ -206,11 +210,20 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 		return nil, err
 	}
 	nd.ringBytes = bk.RingBytes
+	stopBeats := func() {}
 	ep, err := qn.Connect(fctx, rank, peers, bk.Handler(), bk.DownHandler())
 	if err == nil {
+		stopBeats = nd.heartbeatWhileForming(ep)
 		err = bk.Start(fctx, ep)
 		if err != nil {
 			err = fmt.Errorf("negotiating the bulk data path: %w", err)
+		} else if opts.dataDelay > 0 {
+			t := time.NewTimer(opts.dataDelay)
+			select {
+			case <-t.C:
+			case <-fctx.Done():
+			}
+			t.Stop()
 		}
 	} else {
 		err = fmt.Errorf("forming the mesh: %w", err)
@@ -235,6 +248,7 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 		}
 	}
 	if err != nil {
+		stopBeats()
 		bk.Close()
 		if nd.relay != nil {
 			nd.relay.Close()
@@ -270,6 +284,7 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 		path = nd.relay
 	}
 	c := worldComm(nd, path)
+	stopBeats() // nd.start's heartbeats take over
 	nd.start()
 	return c, nil
 }
@@ -286,8 +301,12 @@ type peerLostError struct {
 
 func (e *peerLostError) Error() string {
 	how := "was lost"
-	if errors.Is(e.err, transport.ErrPeerClosed) {
+	switch {
+	case errors.Is(e.err, transport.ErrPeerClosed):
 		how = "closed its communicator"
+	case errors.Is(e.err, transport.ErrDeclaredDown):
+		// It is alive: it gave up on this rank.
+		how = "declared this rank unreachable"
 	}
 	return fmt.Sprintf("rank %d %s while the job was forming: %v", e.peer, how, e.err)
 }

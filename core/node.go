@@ -187,8 +187,7 @@ func (n *node) start() {
 		go n.idleSysmon()
 	}
 	for _, p := range n.watched() {
-		n.wg.Add(1)
-		go n.heartbeatTo(p)
+		n.wg.Go(func() { n.heartbeatTo(n.ep, p, n.done) })
 	}
 	n.wg.Add(1)
 	go n.monitor()
@@ -219,9 +218,8 @@ func (n *node) idleSysmon() {
 }
 
 // heartbeatTo runs one loop per peer so that a peer whose lane is stuck
-// never delays heartbeats to the others.
-func (n *node) heartbeatTo(peer int) {
-	defer n.wg.Done()
+// never delays heartbeats to the others. It sends on ep until stop closes.
+func (n *node) heartbeatTo(ep transport.Endpoint, peer int, stop <-chan struct{}) {
 	var th transport.Header
 	(&header{kind: kindHeartbeat}).encode(&th, n.view.Gen)
 	t := time.NewTicker(n.cfg.HeartbeatInterval)
@@ -232,15 +230,36 @@ func (n *node) heartbeatTo(peer int) {
 		n.mu.Unlock()
 		if !gone && n.hold.Load() == nil {
 			ctx, cancel := context.WithTimeout(n.life, n.cfg.HeartbeatInterval)
-			_ = n.ep.Send(ctx, peer, transport.LaneHeartbeat, &th, nil)
+			_ = ep.Send(ctx, peer, transport.LaneHeartbeat, &th, nil)
 			cancel()
 			n.heartbeats.Add(1)
 		}
 		select {
-		case <-n.done:
+		case <-stop:
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// heartbeatWhileForming sends heartbeats over the mesh ep until the
+// returned function is called, which waits for them to stop. Peers that
+// formed first watch this rank already, while it may still be negotiating
+// its data path: a TCP connect on a lossy link can take seconds (its SYN
+// is retried after 1 s, then 3 s), and silence that long would get this
+// rank declared unreachable before it ever ran.
+func (n *node) heartbeatWhileForming(ep transport.Endpoint) (stop func()) {
+	if n.size == 1 {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, p := range n.watched() {
+		wg.Go(func() { n.heartbeatTo(ep, p, done) })
+	}
+	return func() {
+		close(done)
+		wg.Wait()
 	}
 }
 

@@ -143,6 +143,10 @@ func newFlightRecorder(cfg Config, log *slog.Logger, id uint64, rank int) *fligh
 		return nil
 	}
 	f := &flightRecorder{slots: make([]flightSlot, cfg.FlightRecorderSize), epoch: time.Now()}
+	// Touch every page now. Memory fresh from the OS is zero without being
+	// written, so the ring's pages would fault in one by one as calls fill
+	// them: 2-7 µs added to every 32nd call of the first thousand.
+	clear(f.slots)
 	if f.traceColl, f.traceP2P = traceOn(log, SubsysColl), traceOn(log, SubsysP2P); f.traceColl || f.traceP2P {
 		f.log = log.With("comm", id, "rank", rank)
 	}

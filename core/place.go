@@ -122,14 +122,15 @@ func (c *Comm) pollOnce(src int) {
 // (PeerPresence), up to spinMax: the peer answers as soon as it runs, and a
 // rank that sleeps costs a scheduler round trip to wake, and is often woken
 // onto its waker's CPU, where it then competes with the rank it waits for.
-// When the peer is in a call but has stopped beating, and last ran on this
-// thread's CPU, it is queued behind this thread, and cannot run while it
-// spins: spin then yields the core between polls (two ranks that share a
-// CPU then hand it to each other at every message, as they must). It gives up (the caller sleeps: await) once the peer has
-// not been in a call for the node's spinWait; where nothing is known of the
-// peer, spinWait after it began. With more ranks than cores it yields the
-// core between polls, and gives up as soon as the peer is out of a call or
-// asleep, or has not moved for staleAfter.
+// When the peer is in a call but has stopped beating, or went to sleep,
+// and last ran on this thread's CPU, it is likely queued behind this
+// thread (queuedBehind), and cannot run while it spins: spin then yields
+// the core between polls (two ranks that share a CPU then hand it to each
+// other at every message, as they must). It gives up (the caller sleeps:
+// await) once the peer has not been in a call for the node's spinWait;
+// where nothing is known of the peer, spinWait after it began. With more
+// ranks than cores it yields the core between polls, and gives up as soon
+// as the peer is out of a call or asleep, or has not moved for staleAfter.
 func (c *Comm) spin(src int, done completion) bool {
 	return c.spinPolled(src, done, polling{})
 }
@@ -200,11 +201,7 @@ func (c *Comm) spinPolled(src int, done completion, pre polling) bool {
 				if oversub && i > 16 && (p.Asleep || (p.Polling && now.Sub(moved) > staleAfter)) {
 					return false // give the core to a rank that can use it
 				}
-				// A peer in a call beats while it runs: one that has not
-				// for three looks, and last ran on this CPU, is queued
-				// behind this thread. (Not a rank of this process: it
-				// waits for a P, which yielding the thread does not give.)
-				queued := !p.InProcess && p.Polling && still >= 3 && p.CPU >= 0 && p.CPU == sched.CPU()
+				queued := queuedBehind(p, still, sched.CPU())
 				yield = oversub || queued
 				// With a core per rank, two ranks on one CPU would hand it
 				// back and forth at every message while another CPU idles;
@@ -227,6 +224,21 @@ func (c *Comm) spinPolled(src int, done completion, pre polling) bool {
 			osYield() // the peer may be waiting for this core
 		}
 	}
+}
+
+// queuedBehind reports whether peer p, seen at still looks since its
+// presence beat last moved, is likely queued behind the calling thread on
+// its CPU cpu. A peer in a call beats while it runs: one that has not for
+// three looks, and last ran on this CPU, is queued. So may be one that
+// went to sleep on this CPU: this rank's message woke it, and the kernel
+// often queues a woken thread on its waker's CPU, where it cannot say so
+// until it runs (each rank then spun a whole spin window per message while
+// the other CPU idled: about 1 ms a call, docs/performance.md). Not a rank
+// of this process: it waits for a P, which yielding the thread does not
+// give.
+func queuedBehind(p transport.Presence, still, cpu int) bool {
+	sameCPU := !p.InProcess && p.CPU >= 0 && p.CPU == cpu
+	return sameCPU && ((p.Polling && still >= 3) || p.Asleep)
 }
 
 // moveOffEvery bounds how often a process moves a spinning thread off its

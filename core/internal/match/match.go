@@ -102,17 +102,25 @@ type Msg struct {
 	tag      uint64
 	total    int // bytes; -1 while a posted collective receive has seen none
 	got      int
-	chunks   [][]byte // held while unmatched
-	held     int64    // bytes of chunks (accounted by the driver)
-	buf      []byte   // a posted collective receive's destination
-	posted   bool     // collective: a receive is posted (buf is its destination)
-	recv     *Recv    // point-to-point: the matched receive
-	complete bool     // point-to-point, unmatched: every chunk arrived
-	putErr   error    // point-to-point: the first failed Put of its receive
+	chunks   []chunk // held while unmatched
+	held     int64   // bytes of chunks (accounted by the driver)
+	buf      []byte  // a posted collective receive's destination
+	posted   bool    // collective: a receive is posted (buf is its destination)
+	recv     *Recv   // point-to-point: the matched receive
+	complete bool    // point-to-point, unmatched: every chunk arrived
+	putErr   error   // point-to-point: the first failed Put of its receive
 	// filling: a placed chunk is being written into the destination.
 	// Atomic: a message placed whole (PlaceColl) ends its fill without a
 	// call into the engine.
 	filling atomic.Bool
+}
+
+// chunk is a payload the engine holds; pooled: the driver's
+// (DeliverCollPooled, DeliverP2PPooled), given back through Engine.Free
+// once copied out.
+type chunk struct {
+	p      []byte
+	pooled bool
 }
 
 // Filling reports whether the transport is writing a placed chunk into
@@ -202,6 +210,12 @@ type Engine struct {
 	cur        []*Msg  // per source: the point-to-point message in progress
 	ready      []Completion
 	spare      []Completion
+	// Free, when set, takes back the payloads of DeliverCollPooled and
+	// DeliverP2PPooled once the engine has copied them into their receive
+	// (or found the receive withdrawn); never one it drops unread: those
+	// go to the garbage collector. Set by the driver before its first
+	// call.
+	Free func([]byte)
 }
 
 // collWindow is the number of call slots (a power of two): calls whose
@@ -348,9 +362,11 @@ func (e *Engine) PostColl(k Key, buf []byte) (m *Msg, released int64, mm *Mismat
 		return nil, 0, &Mismatch{Key: k, Sent: m.total, Want: len(buf)}
 	}
 	off := 0
-	for _, ch := range m.chunks {
-		copy(buf[off:], ch)
-		off += len(ch)
+	for i, ch := range m.chunks {
+		copy(buf[off:], ch.p)
+		off += len(ch.p)
+		e.free(ch)
+		m.chunks[i] = chunk{}
 	}
 	released = m.held
 	m.chunks, m.held, m.buf, m.posted = nil, 0, buf, true
@@ -370,6 +386,25 @@ func (e *Engine) UnpostColl(k Key, m *Msg) { e.unregister(k, m) }
 // it is total bytes long. A chunk that must be held calls room(its
 // length) first and is held only when room says so.
 func (e *Engine) DeliverColl(k Key, total int, payload []byte, room func(int64) bool) (Outcome, *Mismatch) {
+	return e.deliverColl(k, total, chunk{p: payload}, room)
+}
+
+// DeliverCollPooled is DeliverColl for a payload from the driver's pool:
+// the engine gives it to Free once it has copied it into its receive
+// (at once when the receive is posted, else when PostColl takes it).
+func (e *Engine) DeliverCollPooled(k Key, total int, payload []byte, room func(int64) bool) (Outcome, *Mismatch) {
+	return e.deliverColl(k, total, chunk{p: payload, pooled: true}, room)
+}
+
+// free gives ch to Free if it is the driver's.
+func (e *Engine) free(ch chunk) {
+	if ch.pooled && e.Free != nil {
+		e.Free(ch.p)
+	}
+}
+
+func (e *Engine) deliverColl(k Key, total int, ch chunk, room func(int64) bool) (Outcome, *Mismatch) {
+	payload := ch.p
 	m := e.lookup(k)
 	if m != nil && m.posted {
 		if m.total < 0 {
@@ -379,6 +414,7 @@ func (e *Engine) DeliverColl(k Key, total int, payload []byte, room func(int64) 
 			m.total = total
 		}
 		copy(m.buf[m.got:], payload)
+		e.free(ch)
 		m.got += len(payload)
 		if m.got >= m.total {
 			e.unregister(k, m)
@@ -395,7 +431,7 @@ func (e *Engine) DeliverColl(k Key, total int, payload []byte, room func(int64) 
 		m.total = total
 		e.register(k, m)
 	}
-	m.chunks = append(m.chunks, payload)
+	m.chunks = append(m.chunks, ch)
 	m.held += n
 	m.got += len(payload)
 	return Buffered, nil
@@ -456,9 +492,11 @@ func (e *Engine) TakeUnexpected(r *Recv) (matched bool, released int64) {
 		e.unexpected = append(e.unexpected[:i], e.unexpected[i+1:]...)
 		m.recv, r.msg = r, m
 		off := 0
-		for _, ch := range m.chunks {
-			m.put(off, ch)
-			off += len(ch)
+		for i, ch := range m.chunks {
+			m.put(off, ch.p)
+			off += len(ch.p)
+			e.free(ch)
+			m.chunks[i] = chunk{}
 		}
 		released = m.held
 		m.chunks, m.held = nil, 0
@@ -515,18 +553,30 @@ func (e *Engine) startP2P(src int, tag uint64, total int) *Msg {
 // message per source at a time. A chunk that must be held calls room(its
 // length) first and is held only when room says so.
 func (e *Engine) DeliverP2P(src int, tag uint64, total int, payload []byte, room func(int64) bool) Outcome {
+	return e.deliverP2P(src, tag, total, chunk{p: payload}, room)
+}
+
+// DeliverP2PPooled is DeliverP2P for a payload from the driver's pool,
+// which the engine gives to Free once it has copied it into its receive.
+func (e *Engine) DeliverP2PPooled(src int, tag uint64, total int, payload []byte, room func(int64) bool) Outcome {
+	return e.deliverP2P(src, tag, total, chunk{p: payload, pooled: true}, room)
+}
+
+func (e *Engine) deliverP2P(src int, tag uint64, total int, ch chunk, room func(int64) bool) Outcome {
+	payload := ch.p
 	m := e.startP2P(src, tag, total)
 	out := Copied
 	if m.recv != nil {
 		if !m.recv.cancel {
 			m.put(m.got, payload)
 		}
+		e.free(ch)
 	} else {
 		n := int64(len(payload))
 		if !room(n) {
 			return NoRoom
 		}
-		m.chunks = append(m.chunks, payload)
+		m.chunks = append(m.chunks, ch)
 		m.held += n
 		out = Buffered
 	}

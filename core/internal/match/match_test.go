@@ -153,6 +153,81 @@ func TestCollScripts(t *testing.T) {
 	}
 }
 
+// Pooled chunks go back through Free once copied into their receive, and
+// only then: held ones when PostColl takes them, others at once; the
+// driver's other chunks never do.
+func TestDeliverCollPooledFrees(t *testing.T) {
+	e := New(2)
+	var freed []string
+	e.Free = func(b []byte) {
+		freed = append(freed, string(b))
+		clear(b) // the driver reuses it: the receive must not see this
+	}
+	early := Key{Src: 1, Seq: 1}
+	if out, _ := e.DeliverCollPooled(early, 6, []byte("abc"), yes); out != Buffered {
+		t.Fatalf("first chunk: %v, want Buffered", out)
+	}
+	if out, _ := e.DeliverColl(early, 6, []byte("de"), yes); out != Buffered {
+		t.Fatalf("second chunk: %v, want Buffered", out)
+	}
+	if len(freed) != 0 {
+		t.Fatalf("freed %q while held", freed)
+	}
+	buf := make([]byte, 6)
+	m, rel, mm := e.PostColl(early, buf)
+	if m == nil || mm != nil || rel != 5 {
+		t.Fatalf("PostColl: %v %d %v", m, rel, mm)
+	}
+	if len(freed) != 1 || freed[0] != "abc" {
+		t.Fatalf("freed %q, want the pooled chunk alone", freed)
+	}
+	if out, _ := e.DeliverCollPooled(early, 6, []byte("f"), yes); out != Copied {
+		t.Fatalf("last chunk: %v, want Copied", out)
+	}
+	if len(freed) != 2 || freed[1] != "f" {
+		t.Fatalf("freed %q, want the copied chunk too", freed)
+	}
+	if string(buf) != "abcdef" {
+		t.Fatalf("receive %q, want abcdef", buf)
+	}
+}
+
+// Likewise for point-to-point messages: an unexpected one's pooled chunks
+// go back when a receive takes it, a matched one's at once.
+func TestDeliverP2PPooledFrees(t *testing.T) {
+	e := New(2)
+	var freed []string
+	e.Free = func(b []byte) {
+		freed = append(freed, string(b))
+		clear(b)
+	}
+	if out := e.DeliverP2PPooled(1, 7, 5, []byte("hel"), yes); out != Buffered {
+		t.Fatalf("unexpected chunk: %v, want Buffered", out)
+	}
+	if len(freed) != 0 {
+		t.Fatalf("freed %q while held", freed)
+	}
+	r := &Recv{Src: 1, Tag: 7, Buf: make([]byte, 5)}
+	if ok, rel := e.TakeUnexpected(r); !ok || rel != 3 {
+		t.Fatalf("TakeUnexpected: %v %d", ok, rel)
+	}
+	if len(freed) != 1 || freed[0] != "hel" {
+		t.Fatalf("freed %q, want the held chunk", freed)
+	}
+	if out := e.DeliverP2PPooled(1, 7, 5, []byte("lo"), yes); out != Copied {
+		t.Fatalf("matched chunk: %v, want Copied", out)
+	}
+	if len(freed) != 2 || freed[1] != "lo" {
+		t.Fatalf("freed %q, want the copied chunk too", freed)
+	}
+	if string(r.Buf) != "hello" {
+		t.Fatalf("receive %q, want hello", r.Buf)
+	}
+	if out := e.DeliverP2P(0, 1, 2, []byte("no"), yes); out != Buffered || len(freed) != 2 {
+		t.Fatalf("a chunk not from the pool: %v, freed %q", out, freed)
+	}
+}
+
 func TestCollMismatchNamesTheCall(t *testing.T) {
 	e := New(2)
 	k := Key{Src: 1, Seq: 3, Step: 9}

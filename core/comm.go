@@ -89,8 +89,11 @@ type Comm struct {
 
 	// Memory and traffic (core/stats.go).
 	scratch *collective.ScratchPool // the schedules' temporaries, idle ones within cfg.ScratchIdleBytes
-	calls   sync.Pool               // *collCall of blocking calls that ended cleanly (call.go: recycle)
-	traffic traffic                 // messages and bytes of this communicator
+	// early holds the buffers of chunks that arrive before their
+	// receive (placeEarly), idle ones within earlyPoolBytes.
+	early   bufPool
+	calls   sync.Pool // *collCall of blocking calls that ended cleanly (call.go: recycle)
+	traffic traffic   // messages and bytes of this communicator
 }
 
 // departure records that a member destroyed its communicator: every message
@@ -117,7 +120,9 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 		rec:       recovery{policy: n.cfg.OnFailure, stop: make(chan struct{})},
 		flight:    newFlightRecorder(n.cfg, n.log, id, rank),
 		scratch:   collective.NewScratchPool(n.cfg.ScratchIdleBytes),
+		early:     bufPool{max: earlyPoolBytes(n.cfg)},
 	}
+	c.match.Free = c.early.put
 	c.rankOf = make([]int32, n.size)
 	for i := range c.rankOf {
 		c.rankOf[i] = -1
@@ -457,7 +462,7 @@ func (c *Comm) deliver(from int, lane transport.Lane, h header, payload []byte, 
 	case kindControl:
 		c.control(src, h, payload)
 	case kindColl, kindP2P:
-		c.deliverData(src, h, payload, preAccounted)
+		c.deliverData(src, h, payload, preAccounted, false)
 	case kindRPC:
 		c.deliverRPC(src, h, payload, preAccounted)
 	}

@@ -44,10 +44,33 @@ func (c *Comm) collMismatch(mm *match.Mismatch) *Error {
 			mm.Src, mm.Sent, mm.Step, mm.Seq, c.rank, mm.Want)}
 }
 
+// placeEarly is placeColl's and placeP2P's answer for a chunk whose
+// receive cannot take it (not posted yet, as a collective's first chunks
+// often are when a rank sends before its peer has left the previous
+// call, and a send's when it comes before its receive): a buffer of c.early,
+// which the engine gives back once it has copied the chunk into its
+// receive, so that no call pays for a fresh buffer's zeroing and page
+// faults. nil for chunks too small to pool (the Handler takes them).
+// Called with c.mu held.
+func (c *Comm) placeEarly(src int, h header, size int) ([]byte, func(error)) {
+	if poolClass(size) < 0 {
+		return nil, nil
+	}
+	b := c.early.get(size)
+	return b, func(err error) {
+		if err != nil { // the transport reports the peer down: c fails
+			c.early.put(b)
+			return
+		}
+		c.deliverData(src, h, b, false, true)
+	}
+}
+
 // deliverData hands one inbound chunk of a collective or point-to-point
 // message from src to the engine, waiting for room in the node's buffer
-// budget when it must be held (pre: its bytes are already accounted).
-func (c *Comm) deliverData(src int, h header, payload []byte, pre bool) {
+// budget when it must be held (pre: its bytes are already accounted;
+// pooled: payload is c.early's, which the engine gives back).
+func (c *Comm) deliverData(src int, h header, payload []byte, pre, pooled bool) {
 	n := int64(len(payload))
 	c.traffic.bytesRecv.Add(n)
 	room := c.n.tryAcquire
@@ -71,9 +94,14 @@ func (c *Comm) deliverData(src int, h header, payload []byte, pre bool) {
 		}
 		var out match.Outcome
 		var mm *match.Mismatch
-		if coll {
+		switch {
+		case coll && pooled:
+			out, mm = c.match.DeliverCollPooled(match.Key{Src: src, Seq: h.seqOrTag, Step: h.step}, int(h.total), payload, room)
+		case coll:
 			out, mm = c.match.DeliverColl(match.Key{Src: src, Seq: h.seqOrTag, Step: h.step}, int(h.total), payload, room)
-		} else {
+		case pooled:
+			out = c.match.DeliverP2PPooled(src, h.seqOrTag, int(h.total), payload, room)
+		default:
 			out = c.match.DeliverP2P(src, h.seqOrTag, int(h.total), payload, room)
 		}
 		c.settleLocked()
@@ -199,7 +227,7 @@ func (c *Comm) placeColl(src int, h header, size int) ([]byte, func(error)) {
 	}
 	m, dst, whole := c.match.PlaceColl(key, int(h.total), size)
 	if m == nil {
-		return nil, nil
+		return c.placeEarly(src, h, size)
 	}
 	c.traffic.bytesRecv.Add(int64(size))
 	if whole {
@@ -246,7 +274,7 @@ func (c *Comm) placeP2P(src int, h header, size int) ([]byte, func(error)) {
 	}
 	m, dst := c.match.PlaceP2P(src, h.seqOrTag, int(h.total), size, c.deviceIn)
 	if m == nil {
-		return nil, nil
+		return c.placeEarly(src, h, size)
 	}
 	c.traffic.bytesRecv.Add(int64(size))
 	return dst, func(err error) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/bits"
 	"sync"
 
 	"github.com/nexar-go/nexar/internal/chanctx"
@@ -56,7 +55,7 @@ type rpcState struct {
 	err      error         // the communicator's failure: no call starts, every call in flight ended
 	sem      chan struct{} // one slot per running handler
 	running  sync.WaitGroup
-	pool     rpcPool // payload buffers of 64 KiB and more (its own lock)
+	pool     bufPool // payload buffers of 64 KiB and more (its own lock)
 }
 
 // rpcHandler is a registered handler: exactly one of the two is set.
@@ -70,7 +69,7 @@ func newRPCState(limit, poolBytes int) *rpcState {
 		limit = DefaultRPCHandlers
 	}
 	return &rpcState{handlers: make(map[uint32]rpcHandler), calls: make(map[uint64]*Call), sem: make(chan struct{}, limit),
-		pool: rpcPool{max: poolBytes}}
+		pool: bufPool{max: poolBytes}}
 }
 
 // rpcPoolBytes bounds a communicator's idle RPC buffers: the RPC share of
@@ -80,65 +79,6 @@ func rpcPoolBytes(cfg Config) int {
 		return cfg.RingBudget / 4
 	}
 	return 16 << 20
-}
-
-// rpcPoolMin is the smallest payload read into a pooled buffer: below it
-// a fresh allocation costs less than the bookkeeping.
-const rpcPoolMin = 64 << 10
-
-// rpcPool keeps the buffers of large RPC payloads (requests served by lent
-// handlers, replies that the C and Python layers copy out) for reuse: a
-// fresh 1 MiB buffer is zeroed by the Go runtime and, in C, page-faulted
-// by malloc, each costing about as much as the copy it receives. Buffers
-// are kept by power-of-two size class, at most max bytes idle in all
-// (Comm's RPC share of the ring budget, so the memory profile bounds it).
-// Safe for concurrent use.
-type rpcPool struct {
-	mu    sync.Mutex
-	max   int
-	idle  int
-	class [27][][]byte // class k: capacity 1<<k (k <= log2 MaxPayload)
-}
-
-// get returns a buffer of n bytes (pooled when n >= rpcPoolMin).
-func (p *rpcPool) get(n int) []byte {
-	k := poolClass(n)
-	if k < 0 {
-		return make([]byte, n)
-	}
-	p.mu.Lock()
-	if l := len(p.class[k]); l > 0 {
-		b := p.class[k][l-1]
-		p.class[k][l-1] = nil
-		p.class[k] = p.class[k][:l-1]
-		p.idle -= cap(b)
-		p.mu.Unlock()
-		return b[:n]
-	}
-	p.mu.Unlock()
-	return make([]byte, n, 1<<k)
-}
-
-// put gives b back for reuse; b must come from get and not be used after.
-func (p *rpcPool) put(b []byte) {
-	k := poolClass(cap(b))
-	if k < 0 || cap(b) != 1<<k {
-		return
-	}
-	p.mu.Lock()
-	if p.idle+cap(b) <= p.max {
-		p.class[k] = append(p.class[k], b[:0])
-		p.idle += cap(b)
-	}
-	p.mu.Unlock()
-}
-
-// poolClass is the size class of n bytes, or -1 when n is not pooled.
-func poolClass(n int) int {
-	if n < rpcPoolMin || n > transport.MaxPayload {
-		return -1
-	}
-	return bits.Len(uint(n - 1))
 }
 
 // Call is an RPC in flight (ICall). Its methods are safe for concurrent

@@ -12,10 +12,11 @@ import (
 	"github.com/nexar-go/nexar/transport"
 )
 
-// The pool keeps buffers by power-of-two class, hands back what it kept,
-// never keeps more than its bound nor small or foreign buffers.
-func TestRPCPool(t *testing.T) {
-	p := rpcPool{max: 3 << 20}
+// The payload pool (RPC's and the early arrivals') keeps buffers by
+// power-of-two class, hands back what it kept, never keeps more than its
+// bound nor small or foreign buffers.
+func TestBufPool(t *testing.T) {
+	p := bufPool{max: 3 << 20}
 	if b := p.get(100); len(b) != 100 || cap(b) != 100 {
 		t.Fatalf("small get: len %d cap %d", len(b), cap(b))
 	}
@@ -40,8 +41,8 @@ func TestRPCPool(t *testing.T) {
 	if p.idle != 3<<20 {
 		t.Fatalf("idle %d bytes, want the bound %d", p.idle, 3<<20)
 	}
-	if poolClass(transport.MaxPayload+1) != -1 || poolClass(rpcPoolMin-1) != -1 {
-		t.Fatal("a payload over MaxPayload or under rpcPoolMin has a class")
+	if poolClass(transport.MaxPayload+1) != -1 || poolClass(poolMin-1) != -1 {
+		t.Fatal("a payload over MaxPayload or under poolMin has a class")
 	}
 }
 
@@ -181,7 +182,7 @@ func testRPCLent(t *testing.T, comms []*Comm) {
 }
 
 // inPool reports whether b's memory is among p's idle buffers.
-func inPool(p *rpcPool, b []byte) bool {
+func inPool(p *bufPool, b []byte) bool {
 	if cap(b) == 0 {
 		return false
 	}

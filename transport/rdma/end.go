@@ -43,6 +43,7 @@ const (
 	wrRecv  = 1 << 56
 	wrSend  = 2 << 56
 	wrWrite = 3 << 56
+	wrProbe = 4 << 56
 )
 
 type itemKind uint8
@@ -109,6 +110,8 @@ type End struct {
 	nextToken uint32
 	cts       *cts
 	wrote     bool // the WRITE in flight completed (either way)
+	probing   bool // a probe (a zero-byte WRITE) is in flight
+	probes    int  // probes acknowledged
 
 	// Receiving end.
 	inq         []item
@@ -325,6 +328,8 @@ func (e *End) wcError(c hw.Completion) error {
 		what = "SEND"
 	case wrWrite >> 56:
 		what = "RDMA WRITE"
+	case wrProbe >> 56:
+		what = "probe (a zero-byte RDMA WRITE)"
 	}
 	return fmt.Errorf("transport/rdma: %s on the channel %s rank %d (%s) failed: %w", what, e.dir(), e.peer, e.d.desc, c.Err())
 }
@@ -342,6 +347,12 @@ func (e *End) handle(wcs []hw.Completion) {
 		case wrWrite:
 			e.outstanding--
 			e.wrote = true
+		case wrProbe:
+			e.outstanding--
+			e.probing = false
+			if c.Status == hw.StatusSuccess {
+				e.probes++
+			}
 		}
 		if c.Status != hw.StatusSuccess {
 			if c.Status != hw.StatusFlush || e.err == nil && !e.closed {
@@ -475,7 +486,10 @@ func (e *End) returnCreditsLocked(force bool) error {
 
 // waitLocked waits until ready, the end fails or closes, or ctx ends. A
 // sending end that has not had its first credits gives up after
-// initialCredits.
+// initialCredits. A sending end that waits on the receiver (credits, a
+// CTS) with nothing of its own in flight probes it every probeEvery: a
+// receiver whose process died sends nothing more, and without a work
+// request outstanding the NIC has nothing to retry that would tell.
 func (e *End) waitLocked(ctx context.Context, ready func() bool) error {
 	var stop func() bool
 	var timer *time.Timer
@@ -487,6 +501,7 @@ func (e *End) waitLocked(ctx context.Context, ready func() bool) error {
 			timer.Stop()
 		}
 	}()
+	var probeAt time.Time
 	for {
 		switch {
 		case e.err != nil:
@@ -502,12 +517,53 @@ func (e *End) waitLocked(ctx context.Context, ready func() bool) error {
 		}
 		if stop == nil {
 			stop = context.AfterFunc(ctx, e.wake)
-			if !e.recv && !e.granted {
-				timer = time.AfterFunc(time.Until(e.grantBy)+time.Millisecond, e.wake)
+			if !e.recv {
+				probeAt = time.Now().Add(probeEvery)
+				timer = time.AfterFunc(e.nextCheckLocked(probeAt), e.wake)
 			}
+		} else if !e.recv {
+			if !time.Now().Before(probeAt) {
+				// Work in flight is retried by the NIC already; before the
+				// first credits the receiver may not be connected yet.
+				if e.granted && e.outstanding == 0 && !e.probing {
+					if err := e.probeLocked(); err != nil {
+						return err
+					}
+				}
+				probeAt = time.Now().Add(probeEvery)
+			}
+			timer.Reset(e.nextCheckLocked(probeAt))
 		}
 		e.cond.Wait()
 	}
+}
+
+// nextCheckLocked is how long a waiting sending end sleeps before it looks
+// again: until its next probe, or until it gives up on the first credits.
+func (e *End) nextCheckLocked(probeAt time.Time) time.Duration {
+	at := probeAt
+	if !e.granted && e.grantBy.Before(at) {
+		at = e.grantBy
+	}
+	return time.Until(at) + time.Millisecond
+}
+
+// probeLocked posts a zero-byte RDMA WRITE to the receiving end's queue
+// pair. The receiving NIC acknowledges it without touching memory or
+// consuming a receive (no rkey is checked for zero bytes) and completes
+// nothing there; when the receiver's queue pair is gone the NIC's
+// transport retries run out and the completion fails the end, naming the
+// peer. No SGE at all rather than a zero-length one, which providers
+// handle differently (some drop it from the work request).
+func (e *End) probeLocked() error {
+	if err := e.qp.PostSend(hw.SendWR{WRID: wrProbe, Op: hw.OpWrite, Signaled: true}); err != nil {
+		err = fmt.Errorf("transport/rdma: probing the channel %s rank %d: %w", e.dir(), e.peer, err)
+		e.failLocked(err)
+		return err
+	}
+	e.outstanding++
+	e.probing = true
+	return nil
 }
 
 // Write sends bufs in order as one stream: short ones by SEND, each one
@@ -683,6 +739,9 @@ func (e *End) readLarge(p []byte) (int, error) {
 		e.written++
 	}
 	e.mu.Unlock()
+	if e.d.stage != nil {
+		e.d.stage("rts")
+	}
 	r, err := e.d.register(dst, true)
 	e.mu.Lock()
 	if err != nil {
@@ -726,6 +785,11 @@ func (e *End) awaitWriteLocked(rts item, r *region) (int, error) {
 		return 0, err
 	}
 	e.toReturn -= credits
+	if e.d.stage != nil {
+		e.mu.Unlock()
+		e.d.stage("cts")
+		e.mu.Lock()
+	}
 	e.readWaiting = true
 	err := e.waitLocked(bg, func() bool { return len(e.inq) > 0 })
 	e.readWaiting = false

@@ -4,6 +4,7 @@ package rdma
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/hex"
 	"fmt"
@@ -21,14 +22,25 @@ import (
 )
 
 // TestPeerKilledMidWrite: the receiving end is another process, SIGKILLed
-// while a 64 MiB RDMA WRITE to it is under way. The sender's Write fails
-// within seconds with an error naming the peer (the NIC's transport retries
-// run out), and closing leaves no queue pair, region or goroutine behind.
+// while a 64 MiB buffer is on its way to it: after it took the buffer's
+// announcement and before it answered (the sender waits for the answer
+// with nothing of its own in flight, so only its probe can tell), and
+// right after it answered (the RDMA WRITE is under way). The sender's
+// Write fails within seconds with an error naming the peer (the NIC's
+// transport retries run out), and closing leaves no queue pair, region or
+// goroutine behind.
 func TestPeerKilledMidWrite(t *testing.T) {
 	if os.Getenv("NEXAR_RDMA_KILL_CHILD") != "" {
 		killChild()
 		return
 	}
+	for _, c := range []struct{ name, at string }{{"before the CTS", "rts"}, {"mid-WRITE", "cts"}} {
+		t.Run(c.name, func(t *testing.T) { peerKilled(t, c.at) })
+	}
+}
+
+// peerKilled kills the receiving process once its Read reached stage at.
+func peerKilled(t *testing.T, at string) {
 	lib := fakeLib(t)
 	before := runtime.NumGoroutine()
 	a, err := Open(Options{Library: lib, Device: "fake_roce0"})
@@ -36,7 +48,7 @@ func TestPeerKilledMidWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestPeerKilledMidWrite$")
-	cmd.Env = append(os.Environ(), "NEXAR_RDMA_KILL_CHILD="+lib)
+	cmd.Env = append(os.Environ(), "NEXAR_RDMA_KILL_CHILD="+lib, "NEXAR_RDMA_KILL_AT="+at)
 	in, _ := cmd.StdinPipe()
 	out, _ := cmd.StdoutPipe()
 	cmd.Stderr = os.Stderr
@@ -76,13 +88,16 @@ func TestPeerKilledMidWrite(t *testing.T) {
 	start := time.Now()
 	go func() { done <- writeFrames(ctx, tx, []int{64 << 20}) }()
 	next("READING")
-	time.Sleep(5 * time.Millisecond) // the WRITE is on its way (64 MiB)
+	next("AT " + at)
 	cmd.Process.Signal(syscall.SIGKILL)
 	killed := time.Now()
 	cmd.Wait()
 	select {
 	case err := <-done:
 		if err == nil {
+			if at == "rts" {
+				t.Fatal("the Write completed though the receiver was killed before it told where to write")
+			}
 			t.Logf("the WRITE completed before the kill landed (%v)", killed.Sub(start))
 		} else {
 			if !strings.Contains(err.Error(), "rank 1") {
@@ -117,6 +132,24 @@ func killChild() {
 		fmt.Println("child:", err)
 		os.Exit(1)
 	}
+	at := os.Getenv("NEXAR_RDMA_KILL_AT")
+	buf := make([]byte, 64<<20)
+	d.stage = func(s string) {
+		if s != at {
+			return
+		}
+		// Mid-WRITE: once the first bytes landed (the NIC writes the
+		// buffer from its start; the sender's pattern is not all zero).
+		for deadline := time.Now().Add(20 * time.Second); s == "cts" && bytes.Count(buf[:4096], []byte{0}) == 4096; {
+			if time.Now().After(deadline) {
+				fmt.Println("child: no byte of the WRITE landed in 20 s")
+				os.Exit(1)
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+		fmt.Println("AT " + s)
+		time.Sleep(time.Hour) // killed in here
+	}
 	rx, offer, err := d.listen(0)
 	if err != nil {
 		fmt.Println("child:", err)
@@ -136,6 +169,7 @@ func killChild() {
 		os.Exit(1)
 	}
 	fmt.Println("READING")
-	io.ReadFull(rx, make([]byte, 64<<20)) // killed in here
-	os.Exit(0)
+	io.ReadFull(rx, buf)
+	fmt.Println("child: read the buffer; it should have been killed")
+	os.Exit(1)
 }

@@ -22,6 +22,11 @@ const (
 	// closeDrain bounds how long a closing end waits for its sends to be
 	// acknowledged before it flushes them.
 	closeDrain = 2 * time.Second
+	// probeEvery is how long a sending end waits on its receiver before it
+	// probes it, and then between probes (End.waitLocked). A probe to a
+	// dead receiver fails once the NIC's retries run out: 8 tries of the
+	// local ACK timeout (Timeout 14: 67 ms), about 0.5 s.
+	probeEvery = time.Second
 )
 
 // Options configures a Device. Zero values select the defaults.

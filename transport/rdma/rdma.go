@@ -28,6 +28,10 @@ type Device struct {
 	desc string
 	reg  *hw.RegCache[*hw.MR]
 	gpu  *gpuPath // nil without Options.GPU
+	// stage, when set (tests), is called by a receiving end's Read without
+	// its lock: "rts" once it took an announced buffer, "cts" once it
+	// answered with the buffer's address.
+	stage func(string)
 
 	mu    sync.Mutex
 	live  map[*End]struct{} // ends not closed yet

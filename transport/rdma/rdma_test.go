@@ -378,3 +378,30 @@ func TestHardwareStream(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSlowReaderIsProbed: a receiver that answers late (its reader is
+// busy for 2.5 s) is probed while the sender waits, is found alive each
+// time, and gets its buffer intact.
+func TestSlowReaderIsProbed(t *testing.T) {
+	a := openDev(t, Options{Device: "fake_roce0"})
+	b := openDev(t, Options{Device: "fake_roce0"})
+	tx, rx := pair(t, a, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sizes := []int{4 << 20}
+	done := make(chan error, 1)
+	go func() { done <- writeFrames(ctx, tx, sizes) }()
+	time.Sleep(2500 * time.Millisecond)
+	if err := readFrames(rx, sizes); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	tx.mu.Lock()
+	probes := tx.probes
+	tx.mu.Unlock()
+	if probes < 2 {
+		t.Errorf("%d probes acknowledged in 2.5 s of waiting, want 2 (one a second)", probes)
+	}
+}

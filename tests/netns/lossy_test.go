@@ -197,9 +197,19 @@ func allreduceTime(t *testing.T, nexar string, a, b host, bulk string, size, ite
 			"--ops", "allreduce", "--sizes", strconv.Itoa(size), "--iters", strconv.Itoa(iters), "--warmup", "1", "--json"))
 	}
 	var cpu time.Duration
-	for _, p := range procs {
+	for i, p := range procs {
 		if err := p.cmd.Wait(); err != nil {
-			t.Fatalf("%s: %v\n%s", p.name, err, p.out.String())
+			// Every rank's output: the one that failed first may be
+			// another (a crash there shows here as a silent peer).
+			cancel()
+			var all strings.Builder
+			for _, q := range procs[i+1:] {
+				_ = q.cmd.Wait()
+			}
+			for _, q := range procs {
+				fmt.Fprintf(&all, "--- %s:\n%s", q.name, q.out.String())
+			}
+			t.Fatalf("%s: %v\n%s", p.name, err, all.String())
 		}
 		cpu += p.cmd.ProcessState.UserTime() + p.cmd.ProcessState.SystemTime()
 	}

@@ -322,7 +322,15 @@ def test_c_method_holds_its_group_weakly():
 
 
 def _anon_huge_kib(addr: int, size: int) -> int:
-    """AnonHugePages (KiB) of this process's mappings over [addr, addr+size)."""
+    """KiB of [addr, addr+size) on transparent huge pages. Page by page
+    where this process may read page frames (root: /proc/self/pagemap and
+    /proc/kpageflags); otherwise AnonHugePages of every mapping over the
+    range, which counts a neighbour's huge pages too when the kernel has
+    merged its mapping with this one (two tensors allocated one after the
+    other often share one)."""
+    exact = _thp_kib(addr, size)
+    if exact is not None:
+        return exact
     import re
 
     total = 0
@@ -333,6 +341,33 @@ def _anon_huge_kib(addr: int, size: int) -> int:
         if lo < addr + size and hi > addr:
             total += sum(int(line.split()[1]) for line in block.splitlines() if line.startswith("AnonHugePages:"))
     return total
+
+
+def _thp_kib(addr: int, size: int):
+    """KiB of [addr, addr+size) whose page frames are transparent huge
+    pages (kpageflags' THP bit), or None where page frames cannot be read
+    (not root: pagemap shows them as 0)."""
+    import struct
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    first, last = addr // page, (addr + size - 1) // page
+    try:
+        with open("/proc/self/pagemap", "rb") as pm, open("/proc/kpageflags", "rb") as kf:
+            pm.seek(first * 8)
+            entries = struct.unpack(f"<{last - first + 1}Q", pm.read((last - first + 1) * 8))
+            thp = 0
+            for e in entries:
+                if not e >> 63 & 1:
+                    continue  # not present
+                pfn = e & ((1 << 55) - 1)
+                if pfn == 0:
+                    return None
+                kf.seek(pfn * 8)
+                if struct.unpack("<Q", kf.read(8))[0] >> 22 & 1:  # KPF_THP
+                    thp += 1
+            return thp * page // 1024
+    except OSError:
+        return None
 
 
 def _collapse_works() -> bool:

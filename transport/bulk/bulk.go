@@ -228,6 +228,7 @@ type Endpoint struct {
 	ln             net.Listener // TCP, bound on first use (see listener)
 	lnErr          error
 	rings          []*ring  // every ring mapped, released at Close
+	raceSync       raceSync // the race detector's view of the rings' order (racesync_on.go)
 	pres           presence // this process's presence in the data rings it reads (presence.go)
 	local          []bool   // peer is on this host: shared memory, its ring made on first use
 	lazy           []atomic.Bool
@@ -458,6 +459,7 @@ func (e *Endpoint) addRing(r *ring) {
 	defer e.mu.Unlock()
 	e.rings = append(e.rings, r)
 	r.yield.Store(e.oversubscribed)
+	r.sync = &e.raceSync
 }
 
 // Send routes LaneData to the peer's bulk channel and the rest to inner.

@@ -86,3 +86,77 @@ func TestFillingUp(t *testing.T) {
 		}
 	}
 }
+
+// TestRingOrderSeenByRaceDetector: a reply received through a ring into
+// the buffer that a request was sent from, as an in-place 2-rank allreduce
+// does with half of its buffer. The two goroutines of "this process"
+// (sender, receiver) share nothing but the rings and the peer between
+// them, whose order the race detector cannot see (atomics outside the Go
+// heap); without the endpoint's raceSync on its rings, -race reports the
+// receiver's write against the sender's read (a false report that failed
+// core's TestStatsRingsAndScratch in CI). Without -race it checks the data.
+func TestRingOrderSeenByRaceDetector(t *testing.T) {
+	reqCons, reqProd := ringPair(t) // this process -> peer
+	repCons, repProd := ringPair(t) // peer -> this process
+	var mine, peers raceSync        // one per endpoint, as Endpoint.addRing sets
+	reqProd.sync, repCons.sync = &mine, &mine
+	reqCons.sync, repProd.sync = &peers, &peers
+	// A context each: a shared one's lock would order the goroutines
+	// for the race detector by itself.
+	deadline := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), 20*time.Second)
+	}
+	const n = 256 << 10 // several ring-fulls
+	buf := make([]byte, n)
+	for i := range buf {
+		buf[i] = byte(i)
+	}
+	readFull := func(r *ring, p []byte) error {
+		for off := 0; off < len(p); {
+			k, err := r.Read(p[off:])
+			if err != nil {
+				return err
+			}
+			off += k
+		}
+		return nil
+	}
+	errc := make(chan error, 3)
+	// The sender stays alive until the end: the race detector may lose
+	// the accesses of a goroutine that has ended.
+	hold := make(chan struct{})
+	defer close(hold)
+	go func() { // the sender: reads buf
+		ctx, cancel := deadline()
+		defer cancel()
+		_, err := reqProd.Write(ctx, buf, nil)
+		errc <- err
+		<-hold
+	}()
+	go func() { // the peer: answers each byte plus one
+		tmp := make([]byte, n)
+		err := readFull(reqCons, tmp)
+		for i := range tmp {
+			tmp[i]++
+		}
+		if err == nil {
+			ctx, cancel := deadline()
+			defer cancel()
+			_, err = repProd.Write(ctx, tmp, nil)
+		}
+		errc <- err
+	}()
+	go func() { // the receiver: writes buf
+		errc <- readFull(repCons, buf)
+	}()
+	for range 3 {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, b := range buf {
+		if b != byte(i)+1 {
+			t.Fatalf("byte %d is %d, want %d", i, b, byte(i)+1)
+		}
+	}
+}

@@ -16,6 +16,7 @@ type ring struct {
 	yield atomic.Bool
 	pres  *presence
 	polls uint32
+	sync  *raceSync
 }
 
 var errNoShm = errors.New("bulk: shared memory rings need Linux")

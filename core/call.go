@@ -201,7 +201,7 @@ func (c *Comm) deferCall(cc *collCall) {
 	}
 	if c.laterArmed.CompareAndSwap(false, true) {
 		c.armedFor.Store(cc)
-		c.later.Reset(deferWindow)
+		c.later.Reset(c.deferWait)
 	}
 }
 
@@ -214,7 +214,7 @@ func (c *Comm) deferredDue() {
 	cur := c.deferred.Load()
 	if cur != nil && cur != c.armedFor.Load() {
 		c.armedFor.Store(cur)
-		c.later.Reset(deferWindow)
+		c.later.Reset(c.deferWait)
 		return
 	}
 	c.armedFor.Store(nil)
@@ -223,7 +223,7 @@ func (c *Comm) deferredDue() {
 	// One deferred after the Load found the timer armed and left it.
 	if next := c.deferred.Load(); next != nil && c.laterArmed.CompareAndSwap(false, true) {
 		c.armedFor.Store(next)
-		c.later.Reset(deferWindow)
+		c.later.Reset(c.deferWait)
 	}
 	if mine {
 		cur.runOnce()

@@ -59,6 +59,7 @@ type Comm struct {
 	laterArmed atomic.Bool
 	armedFor   atomic.Pointer[collCall] // the call the armed timer is for
 	later      *time.Timer              // stopped until a call is deferred
+	deferWait  time.Duration            // deferWindow; longer in tests that watch a deferred call
 
 	closeOnce sync.Once
 
@@ -139,6 +140,7 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 	}
 	c.filled = sync.NewCond(&c.mu)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.deferWait = deferWindow
 	c.later = time.AfterFunc(time.Hour, c.deferredDue)
 	c.later.Stop()
 	return c

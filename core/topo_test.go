@@ -229,8 +229,11 @@ func TestTopologyCollectivesMatchFullMesh(t *testing.T) {
 func topoTestConfig() Config {
 	cfg := testConfig()
 	// 64 ranks under -race on a loaded machine can starve a heartbeat
-	// loop for seconds; these tests are not about failure detection.
+	// loop for seconds, and one collective of every schedule took more
+	// than testConfig's 20 s with a core taken by another process; these
+	// tests are not about failure detection or deadlines.
 	cfg.HeartbeatTimeout = time.Minute
+	cfg.Timeout = time.Minute
 	return cfg
 }
 

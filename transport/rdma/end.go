@@ -110,7 +110,6 @@ type End struct {
 	nextToken uint32
 	cts       *cts
 	wrote     bool // the WRITE in flight completed (either way)
-	probing   bool // a probe (a zero-byte WRITE) is in flight
 	probes    int  // probes acknowledged
 
 	// Receiving end.
@@ -349,7 +348,6 @@ func (e *End) handle(wcs []hw.Completion) {
 			e.wrote = true
 		case wrProbe:
 			e.outstanding--
-			e.probing = false
 			if c.Status == hw.StatusSuccess {
 				e.probes++
 			}
@@ -523,9 +521,10 @@ func (e *End) waitLocked(ctx context.Context, ready func() bool) error {
 			}
 		} else if !e.recv {
 			if !time.Now().Before(probeAt) {
-				// Work in flight is retried by the NIC already; before the
-				// first credits the receiver may not be connected yet.
-				if e.granted && e.outstanding == 0 && !e.probing {
+				// Work in flight (an earlier probe too: outstanding counts
+				// it) is retried by the NIC already; before the first
+				// credits the receiver may not be connected yet.
+				if e.granted && e.outstanding == 0 {
 					if err := e.probeLocked(); err != nil {
 						return err
 					}
@@ -562,7 +561,6 @@ func (e *End) probeLocked() error {
 		return err
 	}
 	e.outstanding++
-	e.probing = true
 	return nil
 }
 

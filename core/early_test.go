@@ -45,6 +45,19 @@ func TestEarlyChunksPooled(t *testing.T) {
 			}
 			pooled()
 			mustPool := w.name != "shm"
+			// first lets the peer's chunks arrive before rank 0's receive:
+			// over TCP it waits until rank 0 holds some unmatched (a sleep
+			// alone left that to the scheduler on a loaded machine); a ring
+			// may hold them unread, so there the peer gets a head start.
+			first := func() {
+				if !mustPool {
+					time.Sleep(30 * time.Millisecond)
+					return
+				}
+				for end := time.Now().Add(10 * time.Second); comms[0].Stats().BytesBuffered == 0 && time.Now().Before(end); {
+					time.Sleep(time.Millisecond)
+				}
+			}
 			const size = 1 << 20 // several frames on every path
 			for round := range 4 {
 				mustAll(t, each(comms, func(c *Comm) error {
@@ -55,7 +68,7 @@ func TestEarlyChunksPooled(t *testing.T) {
 						}
 						return c.Send(ctx, msg, 0, 5)
 					}
-					time.Sleep(30 * time.Millisecond) // the message comes first
+					first() // the message comes first
 					got := make([]byte, size)
 					if _, err := c.Recv(ctx, got, 1, 5); err != nil {
 						return err
@@ -80,7 +93,7 @@ func TestEarlyChunksPooled(t *testing.T) {
 						binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(float32(i%1000+c.Rank()*10000+round*100000)))
 					}
 					if c.Rank() == 0 {
-						time.Sleep(30 * time.Millisecond) // the peer's chunks come first
+						first() // the peer's chunks come first
 					}
 					if err := c.Allreduce(ctx, nil, b, collective.Float32, collective.Sum); err != nil {
 						return err

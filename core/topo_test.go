@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,8 +65,23 @@ func runEveryCollective(t *testing.T, comms []*Comm) [][]byte {
 	// All of them take 5-8 s at 64 ranks under -race beside another
 	// package's race tests; once, in make test, they did not end within
 	// 60 s (docs/scale.md, Limits).
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	const bound = 3 * time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
+	// Shortly before the bound, say where every rank is: the step each
+	// finished last and the goroutines' stacks, grouped. The one overrun
+	// seen so far left nothing to tell a stall from a slow machine.
+	done := make([]atomic.Pointer[string], n)
+	dumped := make(chan struct{})
+	watch := time.AfterFunc(bound-10*time.Second, func() {
+		defer close(dumped)
+		dumpProgress(t, done)
+	})
+	defer func() {
+		if !watch.Stop() {
+			<-dumped // no t.Log after the test has ended
+		}
+	}()
 	out := make([][]byte, n)
 	errs := each(comms, func(c *Comm) error {
 		r := c.Rank()
@@ -73,6 +90,7 @@ func runEveryCollective(t *testing.T, comms []*Comm) [][]byte {
 			if err != nil {
 				return fmt.Errorf("%s: %w", name, err)
 			}
+			done[r].Store(&name)
 			for _, g := range got {
 				acc.Write(g)
 			}
@@ -173,6 +191,33 @@ func runEveryCollective(t *testing.T, comms []*Comm) [][]byte {
 	})
 	mustAll(t, errs)
 	return out
+}
+
+// dumpProgress logs, per step, the ranks whose last finished step it is
+// (ranks still in the first allreduce show as "none"), then every
+// goroutine's stack, identical stacks counted once.
+func dumpProgress(t *testing.T, done []atomic.Pointer[string]) {
+	at := map[string][]int{}
+	for r := range done {
+		name := "none"
+		if p := done[r].Load(); p != nil {
+			name = *p
+		}
+		at[name] = append(at[name], r)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "runEveryCollective near its bound; last step finished, by rank:")
+	names := make([]string, 0, len(at))
+	for name := range at {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		fmt.Fprintf(&b, "\n  %s: %v", name, at[name])
+	}
+	b.WriteString("\ngoroutines:\n")
+	_ = pprof.Lookup("goroutine").WriteTo(&b, 1)
+	t.Log(b.String())
 }
 
 // Every collective over every sparse topology, world 2-64 in memory, gives

@@ -81,6 +81,11 @@ type endpoint struct {
 	od      *onDemand // connections on demand (ondemand.go); nil: the mesh of Connect
 	closing atomic.Bool
 	once    sync.Once
+
+	// picked, when set (tests, before the first Send), is called by Send
+	// once it has chosen the connection it sends on ("chosen") and once it
+	// has checked that the connection is up ("checked").
+	picked func(pc *peerConn, stage string)
 }
 
 type peerConn struct {
@@ -826,8 +831,20 @@ func (e *endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 	if pc == nil {
 		return &transport.PeerDownError{Peer: peer, Cause: errors.New("quic: not connected")}
 	}
+	if e.picked != nil {
+		e.picked(pc, "chosen")
+	}
+	// An on-demand connection may have been closed to make room since it
+	// was chosen (graceful: nothing this Send wrote is on it), and then
+	// its end is no failure: the Send goes to the pair's next connection.
 	if err := pc.conn.Context().Err(); err != nil {
+		if e.odClosedGracefully(ctx, pc) {
+			return e.Send(ctx, peer, lane, h, payload)
+		}
 		return e.sendErr(pc, ctx, err)
+	}
+	if e.picked != nil {
+		e.picked(pc, "checked")
 	}
 	sl := &pc.lanes[lane]
 	select {
@@ -837,6 +854,11 @@ func (e *endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 	case <-ctx.Done():
 		return fmt.Errorf("quic: send to rank %d on %v: %w", peer, lane, ctx.Err())
 	case <-pc.conn.Context().Done():
+		// Ready together with odClosing when the connection was closed
+		// to make room (select picks either).
+		if e.odClosedGracefully(ctx, pc) {
+			return e.Send(ctx, peer, lane, h, payload)
+		}
 		return e.sendErr(pc, ctx, context.Cause(pc.conn.Context()))
 	}
 	defer func() { <-sl.sem }()

@@ -84,6 +84,7 @@ type odConn struct {
 	shut      bool          // closing is closed (under endpoint.mu)
 	wroteBye  bool          // this side ended its lanes with goodbyes
 	departing bool          // the peer's goodbyes are its departure
+	graceful  bool          // it ended with every goodbye both ways (set before closed is closed)
 	touched   time.Time
 }
 
@@ -450,6 +451,10 @@ func (e *endpoint) odDrained(pc *peerConn) {
 // that end was graceful: every lane of both directions ended with a
 // goodbye, so nothing was lost.
 func (e *endpoint) odEnded(pc *peerConn) bool {
+	pc.mu.Lock()
+	graceful := pc.bye == int(transport.NumLanes) && pc.od.wroteBye && !pc.od.departing
+	pc.od.graceful = graceful
+	pc.mu.Unlock()
 	e.mu.Lock()
 	if _, ok := e.od.all[pc]; ok {
 		delete(e.od.all, pc)
@@ -465,9 +470,28 @@ func (e *endpoint) odEnded(pc *peerConn) bool {
 		close(pc.od.closed)
 	}
 	e.mu.Unlock()
+	return graceful
+}
+
+// odClosedGracefully reports whether pc, whose connection has ended or is
+// ending, is an on-demand connection that ended gracefully (closed to make
+// room, or after a crossed dial): nothing was lost on it, and a Send that
+// wrote nothing on it may go to the pair's next one. It waits for the end
+// to be settled (odEnded, run as the connection's context ends).
+func (e *endpoint) odClosedGracefully(ctx context.Context, pc *peerConn) bool {
+	if pc.od == nil {
+		return false
+	}
+	select {
+	case <-pc.od.closed:
+	case <-ctx.Done():
+		return false
+	case <-e.ctx.Done():
+		return false
+	}
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
-	return pc.bye == int(transport.NumLanes) && pc.od.wroteBye && !pc.od.departing
+	return pc.od.graceful
 }
 
 // odClosing is the channel closed when pc is being closed (nil, never

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -224,4 +225,107 @@ func TestOnDemandDeadPeerFoundAtNextUse(t *testing.T) {
 	}
 	eps[0].Close()
 	eps[1].Close()
+}
+
+// A Send whose connection is closed to make room after the Send chose it,
+// and ends before the Send writes, goes to the pair's next connection: the
+// graceful end of that connection is no failure. It was reported as "peer
+// down: drained" (seen under -race on a loaded machine in
+// TestOnDemandEveryPairTalks) when the Send saw the end before it took the
+// lane, or, waiting for the lane, picked the end over the close (select
+// picks either; so that subtest runs 20 times).
+func TestOnDemandSendOutlivesItsConnection(t *testing.T) {
+	for _, tc := range []struct {
+		stage string
+		runs  int
+	}{{"chosen", 1}, {"checked", 20}} {
+		t.Run(tc.stage, func(t *testing.T) {
+			for range tc.runs {
+				sendOutlivesItsConnection(t, tc.stage)
+			}
+		})
+	}
+}
+
+// sendOutlivesItsConnection runs TestOnDemandSendOutlivesItsConnection
+// once, the connection ending at the Send's stage.
+func sendOutlivesItsConnection(t *testing.T, stage string) {
+	const n = 3
+	var mu sync.Mutex
+	var got []string
+	hs := make([]transport.Handler, n)
+	hs[1] = func(from int, lane transport.Lane, h *transport.Header, p []byte) {
+		mu.Lock()
+		got = append(got, string(p))
+		mu.Unlock()
+	}
+	var dmu sync.Mutex
+	var downs []string
+	ds := make([]transport.DownHandler, n)
+	for i := range ds {
+		ds[i] = func(peer int, err error) {
+			dmu.Lock()
+			downs = append(downs, fmt.Sprintf("rank %d: %d down: %v", i, peer, err))
+			dmu.Unlock()
+		}
+	}
+	nodes, eps := onDemandMesh(t, n, 1, hs, ds)
+	defer func() {
+		for _, ep := range eps {
+			ep.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nodes[0].mu.Lock()
+	e := nodes[0].ep
+	nodes[0].mu.Unlock()
+	// Armed for the second Send: at stage, on rank 0's connection to rank
+	// 1, rank 0 moves its one connection to rank 2, which closes that one
+	// gracefully, and the Send goes on only after it has ended.
+	var armed, ended atomic.Bool
+	e.picked = func(pc *peerConn, at string) {
+		if at != stage || pc.rank != 1 || !armed.CompareAndSwap(true, false) {
+			return
+		}
+		if err := nodes[0].Open(ctx, 2); err != nil {
+			t.Errorf("open rank 0's connection to rank 2: %v", err)
+			return
+		}
+		select {
+		case <-pc.conn.Context().Done():
+			ended.Store(true)
+		case <-ctx.Done():
+		}
+	}
+	var h transport.Header
+	if err := eps[0].Send(ctx, 1, transport.LaneData, &h, []byte("first")); err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	if err := eps[0].Send(ctx, 1, transport.LaneData, &h, []byte("second")); err != nil {
+		t.Fatalf("send after its connection was closed to make room: %v", err)
+	}
+	if !ended.Load() {
+		t.Fatal("the chosen connection had not ended before the send went on: the test did not test")
+	}
+	for {
+		mu.Lock()
+		c := len(got)
+		mu.Unlock()
+		if c >= 2 || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	mu.Lock()
+	if fmt.Sprint(got) != "[first second]" {
+		t.Errorf("rank 1 got %q, want [first second]", got)
+	}
+	mu.Unlock()
+	dmu.Lock()
+	if len(downs) > 0 {
+		t.Errorf("a connection closed to make room was reported as a loss: %v", downs)
+	}
+	dmu.Unlock()
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -69,6 +70,32 @@ func odPayload(from, to, seq int) []byte {
 	return p
 }
 
+// downLog collects what the DownHandlers of a mesh are told.
+type downLog struct {
+	mu    sync.Mutex
+	downs []string
+}
+
+// handlers returns n DownHandlers that record into d.
+func (d *downLog) handlers(n int) []transport.DownHandler {
+	ds := make([]transport.DownHandler, n)
+	for i := range ds {
+		ds[i] = func(peer int, err error) {
+			d.mu.Lock()
+			d.downs = append(d.downs, fmt.Sprintf("rank %d: %d down: %v", i, peer, err))
+			d.mu.Unlock()
+		}
+	}
+	return ds
+}
+
+// list returns what was recorded so far.
+func (d *downLog) list() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.downs)
+}
+
 // With room for M < N-1 connections, every pair of N ranks talks on two
 // lanes, all at once: nothing is lost, duplicated or reordered per (sender,
 // lane) although connections are closed and made again all the time, and
@@ -88,16 +115,8 @@ func TestOnDemandEveryPairTalks(t *testing.T) {
 					mu.Unlock()
 				}
 			}
-			var dmu sync.Mutex
-			var downs []string
-			ds := make([]transport.DownHandler, n)
-			for i := range ds {
-				ds[i] = func(peer int, err error) {
-					dmu.Lock()
-					downs = append(downs, fmt.Sprintf("rank %d: %d down: %v", i, peer, err))
-					dmu.Unlock()
-				}
-			}
+			var dl downLog
+			ds := dl.handlers(n)
 			nodes, eps := onDemandMesh(t, n, m, hs, ds)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
@@ -163,11 +182,9 @@ func TestOnDemandEveryPairTalks(t *testing.T) {
 					t.Fatalf("rank %d never held a connection", i)
 				}
 			}
-			dmu.Lock()
-			if len(downs) > 0 {
+			if downs := dl.list(); len(downs) > 0 {
 				t.Fatalf("connections closed to make room were reported as losses: %v", downs)
 			}
-			dmu.Unlock()
 			for _, ep := range eps {
 				ep.Close()
 			}
@@ -259,17 +276,8 @@ func sendOutlivesItsConnection(t *testing.T, stage string) {
 		got = append(got, string(p))
 		mu.Unlock()
 	}
-	var dmu sync.Mutex
-	var downs []string
-	ds := make([]transport.DownHandler, n)
-	for i := range ds {
-		ds[i] = func(peer int, err error) {
-			dmu.Lock()
-			downs = append(downs, fmt.Sprintf("rank %d: %d down: %v", i, peer, err))
-			dmu.Unlock()
-		}
-	}
-	nodes, eps := onDemandMesh(t, n, 1, hs, ds)
+	var dl downLog
+	nodes, eps := onDemandMesh(t, n, 1, hs, dl.handlers(n))
 	defer func() {
 		for _, ep := range eps {
 			ep.Close()
@@ -323,9 +331,7 @@ func sendOutlivesItsConnection(t *testing.T, stage string) {
 		t.Errorf("rank 1 got %q, want [first second]", got)
 	}
 	mu.Unlock()
-	dmu.Lock()
-	if len(downs) > 0 {
+	if downs := dl.list(); len(downs) > 0 {
 		t.Errorf("a connection closed to make room was reported as a loss: %v", downs)
 	}
-	dmu.Unlock()
 }

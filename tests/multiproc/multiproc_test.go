@@ -244,12 +244,12 @@ func TestKillRankDetectedLargeSend(t *testing.T) {
 //
 // A job that fails before every rank loops, a heartbeat having timed out,
 // is started again, up to three times in all: with the short heartbeat
-// timeouts these tests set (2 s), a rank stalled that long on a loaded
-// machine is declared unreachable before the kill (seen with -race and a
-// process spinning on one of two cores: "this process was stalled ...
-// for=1.164s", then "no heartbeat for 2.1s" at its peer). That is the
-// failure detector doing its job, not what these tests measure; each such
-// attempt is logged.
+// timeouts of these tests (2 s in TestKillRankDetectedLargeSend), a rank
+// stalled that long on a loaded machine is declared unreachable before the
+// kill (seen with -race and a process spinning on one of two cores: "this
+// process was stalled ... for=1.164s", then "no heartbeat for 2.1s" at its
+// peer). That is the failure detector doing its job, not what these tests
+// measure; each such attempt is logged.
 func killLooping(t *testing.T, n, victim int, sig syscall.Signal, env, loopArgs []string, bound time.Duration, want string) {
 	t.Helper()
 	const attempts = 3

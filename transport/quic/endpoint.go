@@ -838,8 +838,10 @@ func (e *endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 	// was chosen (graceful: nothing this Send wrote is on it), and then
 	// its end is no failure: the Send goes to the pair's next connection.
 	if err := pc.conn.Context().Err(); err != nil {
-		if e.odClosedGracefully(ctx, pc) {
+		if next, werr := e.odNext(ctx, pc); next {
 			return e.Send(ctx, peer, lane, h, payload)
+		} else if werr != nil {
+			return werr
 		}
 		return e.sendErr(pc, ctx, err)
 	}
@@ -856,8 +858,10 @@ func (e *endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 	case <-pc.conn.Context().Done():
 		// Ready together with odClosing when the connection was closed
 		// to make room (select picks either).
-		if e.odClosedGracefully(ctx, pc) {
+		if next, werr := e.odNext(ctx, pc); next {
 			return e.Send(ctx, peer, lane, h, payload)
+		} else if werr != nil {
+			return werr
 		}
 		return e.sendErr(pc, ctx, context.Cause(pc.conn.Context()))
 	}

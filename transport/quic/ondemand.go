@@ -473,25 +473,26 @@ func (e *endpoint) odEnded(pc *peerConn) bool {
 	return graceful
 }
 
-// odClosedGracefully reports whether pc, whose connection has ended or is
-// ending, is an on-demand connection that ended gracefully (closed to make
-// room, or after a crossed dial): nothing was lost on it, and a Send that
-// wrote nothing on it may go to the pair's next one. It waits for the end
-// to be settled (odEnded, run as the connection's context ends).
-func (e *endpoint) odClosedGracefully(ctx context.Context, pc *peerConn) bool {
+// odNext says what a Send does with pc, whose connection has ended or is
+// ending: next, when pc is an on-demand connection that ended gracefully
+// (closed to make room, or after a crossed dial): nothing was lost on it,
+// and a Send that wrote nothing on it goes to the pair's next one. It
+// waits for the end to be settled (odEnded, run as the connection's
+// context ends); err, when ctx ended first. Neither: the end is a loss.
+func (e *endpoint) odNext(ctx context.Context, pc *peerConn) (next bool, err error) {
 	if pc.od == nil {
-		return false
+		return false, nil
 	}
 	select {
 	case <-pc.od.closed:
 	case <-ctx.Done():
-		return false
+		return false, fmt.Errorf("quic: send to rank %d: waiting for the end of a connection: %w", pc.rank, ctx.Err())
 	case <-e.ctx.Done():
-		return false
+		return false, nil
 	}
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
-	return pc.od.graceful
+	return pc.od.graceful, nil
 }
 
 // odClosing is the channel closed when pc is being closed (nil, never

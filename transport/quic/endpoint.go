@@ -834,16 +834,8 @@ func (e *endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 	if e.picked != nil {
 		e.picked(pc, "chosen")
 	}
-	// An on-demand connection may have been closed to make room since it
-	// was chosen (graceful: nothing this Send wrote is on it), and then
-	// its end is no failure: the Send goes to the pair's next connection.
 	if err := pc.conn.Context().Err(); err != nil {
-		if next, werr := e.odNext(ctx, pc); next {
-			return e.Send(ctx, peer, lane, h, payload)
-		} else if werr != nil {
-			return werr
-		}
-		return e.sendErr(pc, ctx, err)
+		return e.endedUnwritten(ctx, pc, lane, h, payload, err)
 	}
 	if e.picked != nil {
 		e.picked(pc, "checked")
@@ -858,12 +850,7 @@ func (e *endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 	case <-pc.conn.Context().Done():
 		// Ready together with odClosing when the connection was closed
 		// to make room (select picks either).
-		if next, werr := e.odNext(ctx, pc); next {
-			return e.Send(ctx, peer, lane, h, payload)
-		} else if werr != nil {
-			return werr
-		}
-		return e.sendErr(pc, ctx, context.Cause(pc.conn.Context()))
+		return e.endedUnwritten(ctx, pc, lane, h, payload, context.Cause(pc.conn.Context()))
 	}
 	defer func() { <-sl.sem }()
 	if sl.s == nil {
@@ -908,6 +895,19 @@ func (e *endpoint) Send(ctx context.Context, peer int, lane transport.Lane, h *t
 		return nil
 	}
 	return e.sendFailed(ctx, pc, lane, n > 0, err)
+}
+
+// endedUnwritten is what a Send returns whose connection pc ended (err)
+// before it wrote anything on it. An on-demand connection may have been
+// closed to make room since the Send chose it: that end is no failure, and
+// the Send goes to the pair's next connection (odNext).
+func (e *endpoint) endedUnwritten(ctx context.Context, pc *peerConn, lane transport.Lane, h *transport.Header, payload []byte, err error) error {
+	if next, werr := e.odNext(ctx, pc); next {
+		return e.Send(ctx, pc.rank, lane, h, payload)
+	} else if werr != nil {
+		return werr
+	}
+	return e.sendErr(pc, ctx, err)
 }
 
 // sendFailed turns the error of a Send on lane to pc into the one it

@@ -84,7 +84,6 @@ type odConn struct {
 	shut      bool          // closing is closed (under endpoint.mu)
 	wroteBye  bool          // this side ended its lanes with goodbyes
 	departing bool          // the peer's goodbyes are its departure
-	graceful  bool          // it ended with every goodbye both ways (set before closed is closed)
 	touched   time.Time
 }
 
@@ -451,10 +450,6 @@ func (e *endpoint) odDrained(pc *peerConn) {
 // that end was graceful: every lane of both directions ended with a
 // goodbye, so nothing was lost.
 func (e *endpoint) odEnded(pc *peerConn) bool {
-	pc.mu.Lock()
-	graceful := pc.bye == int(transport.NumLanes) && pc.od.wroteBye && !pc.od.departing
-	pc.od.graceful = graceful
-	pc.mu.Unlock()
 	e.mu.Lock()
 	if _, ok := e.od.all[pc]; ok {
 		delete(e.od.all, pc)
@@ -470,7 +465,16 @@ func (e *endpoint) odEnded(pc *peerConn) bool {
 		close(pc.od.closed)
 	}
 	e.mu.Unlock()
-	return graceful
+	return pc.odGraceful()
+}
+
+// odGraceful reports whether pc's connection, once ended, ended
+// gracefully: every lane of both directions with a goodbye, and no
+// departure. Its flags are final once the connection's context has ended.
+func (pc *peerConn) odGraceful() bool {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	return pc.bye == int(transport.NumLanes) && pc.od.wroteBye && !pc.od.departing
 }
 
 // odNext says what a Send does with pc, whose connection has ended or is
@@ -490,9 +494,7 @@ func (e *endpoint) odNext(ctx context.Context, pc *peerConn) (next bool, err err
 	case <-e.ctx.Done():
 		return false, nil
 	}
-	pc.mu.Lock()
-	defer pc.mu.Unlock()
-	return pc.od.graceful, nil
+	return pc.odGraceful(), nil
 }
 
 // odClosing is the channel closed when pc is being closed (nil, never

@@ -35,7 +35,10 @@ with NEXAR_BULK_PLAINTEXT=1). It also measures one plain TCP stream across
 the pair ("tcp-stream", bandwidth only) as the ceiling of that link, and two
 streams run at once, one each way, as the ceiling for collectives that send
 and receive at the same time (taken before and after the systems, their mean
-reported; the table gives each nexar flavour's busbw as a share of it).
+reported; the table gives each nexar flavour's busbw as a share of it). Those
+streams send one 1 MiB buffer over and over (in cache, the sender's the
+kernel's zero page); the same two streams cycling through 256 MiB at each end
+("out of cache", "2-way cold") are what a large collective's buffers allow.
 
 Run from the repository root:
   .venv/bin/python bench/compare/compare.py                 # quick sweep, 2 and 4 ranks
@@ -295,9 +298,11 @@ def netns_runs(args, ops, sizes, results):
             # The two-way ceiling is taken before and after the systems
             # (the host's load drifts on a shared machine): both are kept,
             # their mean is the ceiling the table compares with.
-            both_before = tcp_stream_both(net)
+            both_before, cold_before = tcp_stream_both(net), tcp_stream_both(net, COLD_SPAN)
             if both_before:
                 log(f"  netns two TCP streams, one each way at once (before): {both_before:.2f} GB/s per direction")
+            if cold_before:
+                log(f"  netns the same, out of cache (before): {cold_before:.2f} GB/s per direction")
             if "gloo" in args.systems and not have_gloo():
                 for r in run_adapter(gloo_procs(2, ops, sizes, net.wrap, net.addrs, net.IFNAME),
                                      args.timeout, "gloo"):
@@ -346,15 +351,19 @@ def netns_runs(args, ops, sizes, results):
                 log(f"  netns one TCP stream: {stream:.2f} GB/s")
                 results.append({"system": "tcp-stream", "op": "stream", "bytes": 0, "ranks": 2,
                                 "time_us": 0, "algbw_gbs": stream, "busbw_gbs": stream, "netns": True})
-            both_after = tcp_stream_both(net)
+            both_after, cold_after = tcp_stream_both(net), tcp_stream_both(net, COLD_SPAN)
             if both_after:
                 log(f"  netns two TCP streams, one each way at once (after): {both_after:.2f} GB/s per direction")
-            got = [b for b in (both_before, both_after) if b]
-            if got:
-                both = sum(got) / len(got)
-                results.append({"system": "tcp-stream", "op": "stream-both", "bytes": 0, "ranks": 2,
-                                "time_us": 0, "algbw_gbs": both, "busbw_gbs": both, "netns": True,
-                                "before_gbs": both_before, "after_gbs": both_after})
+            if cold_after:
+                log(f"  netns the same, out of cache (after): {cold_after:.2f} GB/s per direction")
+            for op, before, after in (("stream-both", both_before, both_after),
+                                      ("stream-both-cold", cold_before, cold_after)):
+                got = [b for b in (before, after) if b]
+                if got:
+                    both = sum(got) / len(got)
+                    results.append({"system": "tcp-stream", "op": op, "bytes": 0, "ranks": 2,
+                                    "time_us": 0, "algbw_gbs": both, "busbw_gbs": both, "netns": True,
+                                    "before_gbs": before, "after_gbs": after})
     except subprocess.CalledProcessError as e:
         log(f"netns: setup failed: {e.stderr.decode().strip() if e.stderr else e}")
 
@@ -362,23 +371,34 @@ def netns_runs(args, ops, sizes, results):
 STREAM_SRC = r"""
 import socket, sys, time
 mode, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+# span: the bytes each end cycles through, 1 MiB at a time. The default, one
+# chunk, keeps both ends' buffers in cache (the sender's, bytes never
+# written, reads the kernel's zero page); a larger span (a bytearray, zeroed
+# by writing) moves them through memory as a collective's working set does.
 total, chunk = 1 << 30, 1 << 20
+span = int(sys.argv[4]) if len(sys.argv) > 4 else chunk
 if mode == "server":
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((addr, port)); s.listen(1); c, _ = s.accept()
-    buf, got = bytearray(chunk), 0
+    s.bind((addr, port)); s.listen(1)
+    mv = memoryview(bytearray(span))
+    c, _ = s.accept()
+    got, off = 0, 0
     while got < total:
-        n = c.recv_into(buf)
+        n = c.recv_into(mv[off:off + chunk])
         if not n:
             break
         got += n
+        off += n
+        if off + chunk > span:
+            off = 0
     c.sendall(b"k")
 else:
+    mv = memoryview(bytes(chunk) if span == chunk else bytearray(span))
     c = socket.create_connection((addr, port))
-    data = bytes(chunk)
     t = time.perf_counter()
-    for _ in range(total // chunk):
-        c.sendall(data)
+    for i in range(total // chunk):
+        off = i * chunk % span
+        c.sendall(mv[off:off + chunk])
     c.recv(1)
     print(total / (time.perf_counter() - t) / 1e9)
 """
@@ -401,17 +421,23 @@ def tcp_stream(net):
         srv.wait()
 
 
-def tcp_stream_both(net):
+COLD_SPAN = 256 << 20
+
+
+def tcp_stream_both(net, span=None):
     """GB/s per direction of two TCP connections, one each way, run at once
     (1 GiB each): what an allreduce or all-to-all, which sends and receives
     at the same time, can reach on that link. Reported as the mean of the
-    two directions."""
+    two directions. span: the bytes each end cycles through (default: one
+    1 MiB buffer, in cache; COLD_SPAN: out of cache, as a large collective's)."""
     port = free_port()
-    srvs = [subprocess.Popen(net.wrap(i) + [SYS_PY, "-c", STREAM_SRC, "server", net.addrs[i], str(port)])
+    extra = [str(span)] if span else []
+    srvs = [subprocess.Popen(net.wrap(i) + [SYS_PY, "-c", STREAM_SRC, "server", net.addrs[i], str(port)] + extra)
             for i in (0, 1)]
     try:
         time.sleep(0.5)
-        clients = [subprocess.Popen(net.wrap(i) + [SYS_PY, "-c", STREAM_SRC, "client", net.addrs[1 - i], str(port)],
+        clients = [subprocess.Popen(net.wrap(i) + [SYS_PY, "-c", STREAM_SRC, "client", net.addrs[1 - i], str(port)]
+                                    + extra,
                                     stdout=subprocess.PIPE, text=True) for i in (0, 1)]
         rates = []
         for c in clients:
@@ -453,6 +479,7 @@ def write_table(results, path, meta):
                   for k in (("time_us", "p99_us") if o in P99_RATIOS else ("time_us",))]
         idx = {(r["system"], r["op"], r["ranks"], r["bytes"]): r for r in sub}
         ceiling = None  # the two-way stream, for "A / 2-way" (namespaces)
+        cold = None  # the same out of cache, for "A / 2-way cold"
         notes = []  # distinct error texts, numbered in order of appearance
         lines.append("### Two network namespaces (veth, no shared memory)" if netns else "### One host")
         lines.append("")
@@ -466,10 +493,19 @@ def write_table(results, path, meta):
                           + (f" (before and after the systems: {' and '.join(seen)})" if len(seen) > 1 else "")
                           + "; \"A / 2-way\" is A's busbw divided by it.", ""]
                 ceiling = r["busbw_gbs"]
+            if r["op"] == "stream-both-cold" and bool(r.get("netns")) == netns:
+                seen = [f"{r[k]:.2f}" for k in ("before_gbs", "after_gbs") if r.get(k)]
+                lines += [f"The same two streams, each end cycling through {COLD_SPAN >> 20} MiB instead of one "
+                          f"1 MiB buffer (out of cache, as a large collective's buffers): {r['busbw_gbs']:.2f} GB/s "
+                          "per direction" + (f" ({' and '.join(seen)})" if len(seen) > 1 else "")
+                          + "; \"A / 2-way cold\" is A's busbw divided by it.", ""]
+                cold = r["busbw_gbs"]
         wire = [f for f in NEXARS if f in systems] if ceiling else []
+        wire_cold = [f for f in NEXARS if f in systems] if cold else []
         hdr = "| op | ranks | bytes | " + " | ".join(f"{s} µs | {s} busbw" for s in systems)
         hdr += "".join(f" | {f} vs {o}" + (" p99" if k == "p99_us" else "") for f, o, k in ratios)
-        hdr += "".join(f" | {f} / 2-way" for f in wire) + " |"
+        hdr += "".join(f" | {f} / 2-way" for f in wire)
+        hdr += "".join(f" | {f} / 2-way cold" for f in wire_cold) + " |"
         lines += [hdr, "|" + "---|" * (hdr.count("|") - 1)]
         for op in common.OPS:
             for n in sorted({r["ranks"] for r in sub}):
@@ -491,6 +527,9 @@ def write_table(results, path, meta):
                     for f in wire:
                         rf = idx.get((f, op, n, b))
                         row.append(f"{100 * rf['busbw_gbs'] / ceiling:.0f} %" if rf and "busbw_gbs" in rf else "–")
+                    for f in wire_cold:
+                        rf = idx.get((f, op, n, b))
+                        row.append(f"{100 * rf['busbw_gbs'] / cold:.0f} %" if rf and "busbw_gbs" in rf else "–")
                     lines.append("| " + " | ".join(row) + " |")
         lines.append("")
         for i, e in enumerate(notes):
@@ -530,6 +569,8 @@ def write_plot(results, path):
                     ax.axhline(r["busbw_gbs"], color="grey", ls="--", lw=0.8, label="1 TCP stream")
                 if r["op"] == "stream-both" and netns and r.get("netns"):
                     ax.axhline(r["busbw_gbs"], color="grey", ls=":", lw=0.8, label="2 streams, each way")
+                if r["op"] == "stream-both-cold" and netns and r.get("netns"):
+                    ax.axhline(r["busbw_gbs"], color="grey", ls="-.", lw=0.8, label="2 streams, out of cache")
             ax.set_xscale("log", base=2)
             ax.set_title(f"{op}, {n} ranks" + (", 2 netns" if netns else ""), fontsize=9)
             ax.set_xlabel("bytes", fontsize=8)

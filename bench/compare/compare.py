@@ -36,9 +36,10 @@ the pair ("tcp-stream", bandwidth only) as the ceiling of that link, and two
 streams run at once, one each way, as the ceiling for collectives that send
 and receive at the same time (taken before and after the systems, their mean
 reported; the table gives each nexar flavour's busbw as a share of it). Those
-streams send one 1 MiB buffer over and over (in cache, the sender's the
-kernel's zero page); the same two streams cycling through 256 MiB at each end
-("out of cache", "2-way cold") are what a large collective's buffers allow.
+streams send one 1 MiB buffer over and over, in cache (the sender's, never
+written, is the kernel's zero page); the same two streams cycling through 256
+MiB at each end ("out of cache", "2-way cold") are what a large collective's
+buffers allow.
 
 Run from the repository root:
   .venv/bin/python bench/compare/compare.py                 # quick sweep, 2 and 4 ranks
@@ -478,34 +479,31 @@ def write_table(results, path, meta):
         ratios = [(f, o, k) for f in NEXARS if f in systems for o in OTHERS if o in systems
                   for k in (("time_us", "p99_us") if o in P99_RATIOS else ("time_us",))]
         idx = {(r["system"], r["op"], r["ranks"], r["bytes"]): r for r in sub}
-        ceiling = None  # the two-way stream, for "A / 2-way" (namespaces)
-        cold = None  # the same out of cache, for "A / 2-way cold"
+        ceilings = []  # (label, GB/s): the two-way streams, in cache and out, for "A / label" (namespaces)
         notes = []  # distinct error texts, numbered in order of appearance
         lines.append("### Two network namespaces (veth, no shared memory)" if netns else "### One host")
         lines.append("")
         for r in results:
-            if r["op"] == "stream" and bool(r.get("netns")) == netns:
+            if bool(r.get("netns")) != netns:
+                continue
+            if r["op"] == "stream":
                 lines += [f"One TCP stream across the pair (1 GiB, 1 MiB writes): {r['busbw_gbs']:.2f} GB/s.", ""]
-            if r["op"] == "stream-both" and bool(r.get("netns")) == netns:
+            if r["op"] in ("stream-both", "stream-both-cold"):
+                cold = r["op"] == "stream-both-cold"
+                label = "2-way cold" if cold else "2-way"
                 seen = [f"{r[k]:.2f}" for k in ("before_gbs", "after_gbs") if r.get(k)]
-                lines += [f"Two TCP streams, one each way at once (what a collective that sends and receives "
-                          f"at the same time can use): {r['busbw_gbs']:.2f} GB/s per direction"
+                what = (f"The same two streams, each end cycling through {COLD_SPAN >> 20} MiB instead of one "
+                        "1 MiB buffer (out of cache, as a large collective's buffers)" if cold else
+                        "Two TCP streams, one each way at once (what a collective that sends and receives "
+                        "at the same time can use)")
+                lines += [f"{what}: {r['busbw_gbs']:.2f} GB/s per direction"
                           + (f" (before and after the systems: {' and '.join(seen)})" if len(seen) > 1 else "")
-                          + "; \"A / 2-way\" is A's busbw divided by it.", ""]
-                ceiling = r["busbw_gbs"]
-            if r["op"] == "stream-both-cold" and bool(r.get("netns")) == netns:
-                seen = [f"{r[k]:.2f}" for k in ("before_gbs", "after_gbs") if r.get(k)]
-                lines += [f"The same two streams, each end cycling through {COLD_SPAN >> 20} MiB instead of one "
-                          f"1 MiB buffer (out of cache, as a large collective's buffers): {r['busbw_gbs']:.2f} GB/s "
-                          "per direction" + (f" ({' and '.join(seen)})" if len(seen) > 1 else "")
-                          + "; \"A / 2-way cold\" is A's busbw divided by it.", ""]
-                cold = r["busbw_gbs"]
-        wire = [f for f in NEXARS if f in systems] if ceiling else []
-        wire_cold = [f for f in NEXARS if f in systems] if cold else []
+                          + f"; \"A / {label}\" is A's busbw divided by it.", ""]
+                ceilings.append((label, r["busbw_gbs"]))
+        wire = [f for f in NEXARS if f in systems]
         hdr = "| op | ranks | bytes | " + " | ".join(f"{s} µs | {s} busbw" for s in systems)
         hdr += "".join(f" | {f} vs {o}" + (" p99" if k == "p99_us" else "") for f, o, k in ratios)
-        hdr += "".join(f" | {f} / 2-way" for f in wire)
-        hdr += "".join(f" | {f} / 2-way cold" for f in wire_cold) + " |"
+        hdr += "".join(f" | {f} / {label}" for label, _ in ceilings for f in wire) + " |"
         lines += [hdr, "|" + "---|" * (hdr.count("|") - 1)]
         for op in common.OPS:
             for n in sorted({r["ranks"] for r in sub}):
@@ -524,12 +522,10 @@ def write_table(results, path, meta):
                         rf, ro = idx.get((f, op, n, b)), idx.get((o, op, n, b))
                         ok = rf and ro and k in rf and k in ro
                         row.append(f"{ro[k] / rf[k]:.2f}×" if ok else "–")
-                    for f in wire:
-                        rf = idx.get((f, op, n, b))
-                        row.append(f"{100 * rf['busbw_gbs'] / ceiling:.0f} %" if rf and "busbw_gbs" in rf else "–")
-                    for f in wire_cold:
-                        rf = idx.get((f, op, n, b))
-                        row.append(f"{100 * rf['busbw_gbs'] / cold:.0f} %" if rf and "busbw_gbs" in rf else "–")
+                    for _, ceiling in ceilings:
+                        for f in wire:
+                            rf = idx.get((f, op, n, b))
+                            row.append(f"{100 * rf['busbw_gbs'] / ceiling:.0f} %" if rf and "busbw_gbs" in rf else "–")
                     lines.append("| " + " | ".join(row) + " |")
         lines.append("")
         for i, e in enumerate(notes):

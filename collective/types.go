@@ -4,7 +4,8 @@
 // Nothing in this package does network I/O of its own: an algorithm is a
 // sequence of Send/Recv calls on a Link, so it can be run by N goroutines
 // over an in-memory Link in a unit test and by core over a real transport in
-// production. The only other package of the module it imports is
+// production. The other packages of the module it imports are
+// internal/dtype (DType and Op, re-exported here as aliases) and
 // internal/hugepage, for large scratch buffers (huge.go).
 package collective
 
@@ -12,90 +13,40 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/nexar-go/nexar/internal/abi"
+	"github.com/nexar-go/nexar/internal/dtype"
 )
 
-// DType is an element type. The numeric values are part of the C ABI
-// (nexar_datatype_t) and of the wire signature: append, never renumber.
-type DType uint8
+// DType and Op live in internal/dtype, a leaf, so that hw/nccl names them
+// without importing the algorithms; the aliases and constants below keep
+// collective.DType and collective.Sum working for every caller.
+type (
+	DType = dtype.DType
+	Op    = dtype.Op
+)
 
 const (
-	Int8      DType = abi.Int8
-	Uint8     DType = abi.Uint8
-	Int32     DType = abi.Int32
-	Uint32    DType = abi.Uint32
-	Int64     DType = abi.Int64
-	Uint64    DType = abi.Uint64
-	Float16   DType = abi.Float16
-	BFloat16  DType = abi.BFloat16
-	Float32   DType = abi.Float32
-	Float64   DType = abi.Float64
-	numDTypes DType = abi.NumDTypes
+	Int8      = dtype.Int8
+	Uint8     = dtype.Uint8
+	Int32     = dtype.Int32
+	Uint32    = dtype.Uint32
+	Int64     = dtype.Int64
+	Uint64    = dtype.Uint64
+	Float16   = dtype.Float16
+	BFloat16  = dtype.BFloat16
+	Float32   = dtype.Float32
+	Float64   = dtype.Float64
+	numDTypes = dtype.NumDTypes
+
+	Sum    = dtype.Sum
+	Prod   = dtype.Prod
+	Min    = dtype.Min
+	Max    = dtype.Max
+	Avg    = dtype.Avg // floating types only: sum, then divide by the number of ranks
+	Band   = dtype.Band
+	Bor    = dtype.Bor
+	Bxor   = dtype.Bxor
+	numOps = dtype.NumOps
 )
-
-// dtypeInfo is internal/abi's table, indexed by value (read-only).
-var dtypeInfo = func() (t [numDTypes]abi.DType) {
-	for _, d := range abi.DTypes() {
-		t[d.Value] = d
-	}
-	return t
-}()
-
-// Valid reports whether d is a known element type.
-func (d DType) Valid() bool { return d < numDTypes }
-
-// Size is the element size in bytes (0 for an invalid type).
-func (d DType) Size() int {
-	if !d.Valid() {
-		return 0
-	}
-	return dtypeInfo[d].Size
-}
-
-// IsFloat reports whether d is a floating-point type.
-func (d DType) IsFloat() bool {
-	return d.Valid() && dtypeInfo[d].Float
-}
-
-func (d DType) String() string {
-	if !d.Valid() {
-		return fmt.Sprintf("dtype(%d)", uint8(d))
-	}
-	return dtypeInfo[d].Name
-}
-
-// Op is a reduction operator. Values are part of the C ABI (nexar_op_t).
-type Op uint8
-
-const (
-	Sum    Op = abi.OpSum
-	Prod   Op = abi.OpProd
-	Min    Op = abi.OpMin
-	Max    Op = abi.OpMax
-	Avg    Op = abi.OpAvg // floating types only: sum, then divide by the number of ranks
-	Band   Op = abi.OpBand
-	Bor    Op = abi.OpBor
-	Bxor   Op = abi.OpBxor
-	numOps Op = abi.NumOps
-)
-
-// opNames is internal/abi's names, indexed by value (read-only).
-var opNames = func() (t [numOps]string) {
-	for _, o := range abi.Ops() {
-		t[o.Value] = o.Name
-	}
-	return t
-}()
-
-// Valid reports whether o is a known operator.
-func (o Op) Valid() bool { return o < numOps }
-
-func (o Op) String() string {
-	if !o.Valid() {
-		return fmt.Sprintf("op(%d)", uint8(o))
-	}
-	return opNames[o]
-}
 
 // Check returns an error when op makes no sense for dt (bitwise ops on
 // floats, avg on integers) or either is unknown.

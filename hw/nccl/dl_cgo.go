@@ -68,8 +68,8 @@ import (
 	"sync"
 	"unsafe"
 
-	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/hw/cuda"
+	"github.com/nexar-go/nexar/internal/dtype"
 )
 
 // Library is one loaded NCCL: its entry points, resolved once. Safe for
@@ -258,7 +258,7 @@ func NewComm(id UniqueID, n, rank int) (*Comm, error) {
 	return l.NewComm(id, n, rank)
 }
 
-func (c *Comm) coll(kind int, send, recv cuda.DevicePtr, count int, dt collective.DType, op collective.Op, root int, stream cuda.Stream) error {
+func (c *Comm) coll(kind int, send, recv cuda.DevicePtr, count int, dt dtype.DType, op dtype.Op, root int, stream cuda.Stream) error {
 	ndt, err := DType(dt)
 	if err != nil {
 		return err
@@ -277,32 +277,32 @@ func (c *Comm) coll(kind int, send, recv cuda.DevicePtr, count int, dt collectiv
 // send into recv (device addresses) across the ranks. Like every collective
 // here, it only enqueues the work: the result is there once the stream has
 // passed it.
-func (c *Comm) AllReduce(send, recv cuda.DevicePtr, count int, dt collective.DType, op collective.Op, stream cuda.Stream) error {
+func (c *Comm) AllReduce(send, recv cuda.DevicePtr, count int, dt dtype.DType, op dtype.Op, stream cuda.Stream) error {
 	return c.coll(kAllReduce, send, recv, count, dt, op, 0, stream)
 }
 
 // Reduce enqueues the reduction of count elements into root's recv (recv is
 // not used on the other ranks).
-func (c *Comm) Reduce(send, recv cuda.DevicePtr, count int, dt collective.DType, op collective.Op, root int, stream cuda.Stream) error {
+func (c *Comm) Reduce(send, recv cuda.DevicePtr, count int, dt dtype.DType, op dtype.Op, root int, stream cuda.Stream) error {
 	return c.coll(kReduce, send, recv, count, dt, op, root, stream)
 }
 
 // Broadcast enqueues the copy of root's send (count elements) into every
 // rank's recv (send is used on root only; send == recv is in place).
-func (c *Comm) Broadcast(send, recv cuda.DevicePtr, count int, dt collective.DType, root int, stream cuda.Stream) error {
+func (c *Comm) Broadcast(send, recv cuda.DevicePtr, count int, dt dtype.DType, root int, stream cuda.Stream) error {
 	return c.coll(kBroadcast, send, recv, count, dt, 0, root, stream)
 }
 
 // AllGather enqueues the gathering of every rank's send (sendcount
 // elements) into recv, rank order (in place: send == recv + rank*sendcount).
-func (c *Comm) AllGather(send, recv cuda.DevicePtr, sendcount int, dt collective.DType, stream cuda.Stream) error {
+func (c *Comm) AllGather(send, recv cuda.DevicePtr, sendcount int, dt dtype.DType, stream cuda.Stream) error {
 	return c.coll(kAllGather, send, recv, sendcount, dt, 0, 0, stream)
 }
 
 // ReduceScatter enqueues the reduction of send (n*recvcount elements) with
 // block r of the result into rank r's recv (in place: recv == send +
 // rank*recvcount).
-func (c *Comm) ReduceScatter(send, recv cuda.DevicePtr, recvcount int, dt collective.DType, op collective.Op, stream cuda.Stream) error {
+func (c *Comm) ReduceScatter(send, recv cuda.DevicePtr, recvcount int, dt dtype.DType, op dtype.Op, stream cuda.Stream) error {
 	return c.coll(kReduceScatter, send, recv, recvcount, dt, op, 0, stream)
 }
 

@@ -5,8 +5,8 @@ package nccl
 import (
 	"fmt"
 
-	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/hw/cuda"
+	"github.com/nexar-go/nexar/internal/dtype"
 )
 
 var errNoCgo = fmt.Errorf("%w (built without cgo)", ErrNoLibrary)
@@ -51,27 +51,27 @@ type Comm struct{}
 func NewComm(id UniqueID, n, rank int) (*Comm, error) { return nil, errNoCgo }
 
 // AllReduce fails: a build without cgo cannot dlopen.
-func (c *Comm) AllReduce(send, recv cuda.DevicePtr, count int, dt collective.DType, op collective.Op, stream cuda.Stream) error {
+func (c *Comm) AllReduce(send, recv cuda.DevicePtr, count int, dt dtype.DType, op dtype.Op, stream cuda.Stream) error {
 	return errNoCgo
 }
 
 // Reduce fails: a build without cgo cannot dlopen.
-func (c *Comm) Reduce(send, recv cuda.DevicePtr, count int, dt collective.DType, op collective.Op, root int, stream cuda.Stream) error {
+func (c *Comm) Reduce(send, recv cuda.DevicePtr, count int, dt dtype.DType, op dtype.Op, root int, stream cuda.Stream) error {
 	return errNoCgo
 }
 
 // Broadcast fails: a build without cgo cannot dlopen.
-func (c *Comm) Broadcast(send, recv cuda.DevicePtr, count int, dt collective.DType, root int, stream cuda.Stream) error {
+func (c *Comm) Broadcast(send, recv cuda.DevicePtr, count int, dt dtype.DType, root int, stream cuda.Stream) error {
 	return errNoCgo
 }
 
 // AllGather fails: a build without cgo cannot dlopen.
-func (c *Comm) AllGather(send, recv cuda.DevicePtr, sendcount int, dt collective.DType, stream cuda.Stream) error {
+func (c *Comm) AllGather(send, recv cuda.DevicePtr, sendcount int, dt dtype.DType, stream cuda.Stream) error {
 	return errNoCgo
 }
 
 // ReduceScatter fails: a build without cgo cannot dlopen.
-func (c *Comm) ReduceScatter(send, recv cuda.DevicePtr, recvcount int, dt collective.DType, op collective.Op, stream cuda.Stream) error {
+func (c *Comm) ReduceScatter(send, recv cuda.DevicePtr, recvcount int, dt dtype.DType, op dtype.Op, stream cuda.Stream) error {
 	return errNoCgo
 }
 

@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/hw/cuda"
 	"github.com/nexar-go/nexar/hw/cuda/cudatest"
+	"github.com/nexar-go/nexar/internal/dtype"
 	"github.com/nexar-go/nexar/tests/fakes/cudart"
 	fakenccl "github.com/nexar-go/nexar/tests/fakes/nccl"
 )
@@ -168,10 +168,10 @@ func TestFakeCollectives(t *testing.T) {
 	r, n := k.r, k.n
 	// 70001 float32 elements span two of the fake's 256 KiB chunks.
 	for _, tc := range []struct {
-		dt    collective.DType
-		op    collective.Op
+		dt    dtype.DType
+		op    dtype.Op
 		count int
-	}{{collective.Float32, collective.Sum, 70001}, {collective.Int64, collective.Max, 1001}, {collective.BFloat16, collective.Prod, 33}} {
+	}{{dtype.Float32, dtype.Sum, 70001}, {dtype.Int64, dtype.Max, 1001}, {dtype.BFloat16, dtype.Prod, 33}} {
 		in := make([]float64, tc.count)
 		want := make([]float64, tc.count)
 		for i := range in {
@@ -181,11 +181,11 @@ func TestFakeCollectives(t *testing.T) {
 				switch {
 				case q == 0:
 					want[i] = x
-				case tc.op == collective.Sum:
+				case tc.op == dtype.Sum:
 					want[i] += x
-				case tc.op == collective.Max:
+				case tc.op == dtype.Max:
 					want[i] = math.Max(want[i], x)
-				case tc.op == collective.Prod:
+				case tc.op == dtype.Prod:
 					want[i] *= x
 				}
 			}
@@ -203,7 +203,7 @@ func TestFakeCollectives(t *testing.T) {
 	// Reduce to 1, broadcast from 2 in place, allgather, reduce-scatter, and
 	// a group of reduces to every root (what hier issues for uneven pieces).
 	const cnt = 501
-	dt := collective.Int64
+	dt := dtype.Int64
 	es := dt.Size()
 	in := make([]float64, cnt*n)
 	for i := range in {
@@ -218,7 +218,7 @@ func TestFakeCollectives(t *testing.T) {
 	}
 	send := k.dev(vals(dt, in))
 	out, _ := k.rt.Malloc(cnt * n * es)
-	if err := k.c.Reduce(send, out, cnt, dt, collective.Sum, 1, k.stream); err != nil {
+	if err := k.c.Reduce(send, out, cnt, dt, dtype.Sum, 1, k.stream); err != nil {
 		t.Fatal(err)
 	}
 	if r == 1 {
@@ -253,7 +253,7 @@ func TestFakeCollectives(t *testing.T) {
 	if string(k.read(out, cnt*n*es)) != string(vals(dt, wantAG)) {
 		t.Fatal("allgather: wrong result")
 	}
-	if err := k.c.ReduceScatter(send, out, cnt, dt, collective.Sum, k.stream); err != nil {
+	if err := k.c.ReduceScatter(send, out, cnt, dt, dtype.Sum, k.stream); err != nil {
 		t.Fatal(err)
 	}
 	wantRS := make([]float64, cnt)
@@ -266,7 +266,7 @@ func TestFakeCollectives(t *testing.T) {
 	err := k.lib.Group(func() error {
 		for root := 0; root < n; root++ {
 			off := cuda.DevicePtr(root * cnt * es)
-			if err := k.c.Reduce(send+off, out+off, cnt, dt, collective.Sum, root, k.stream); err != nil {
+			if err := k.c.Reduce(send+off, out+off, cnt, dt, dtype.Sum, root, k.stream); err != nil {
 				return err
 			}
 		}
@@ -281,7 +281,7 @@ func TestFakeCollectives(t *testing.T) {
 
 	// A host buffer is not device memory: refused at the call, naming it.
 	host := make([]byte, 64)
-	err = k.c.AllReduce(cuda.DevicePtr(uintptrOf(host)), out, 8, dt, collective.Sum, k.stream)
+	err = k.c.AllReduce(cuda.DevicePtr(uintptrOf(host)), out, 8, dt, dtype.Sum, k.stream)
 	if err == nil || !strings.Contains(err.Error(), "sendbuff") || !strings.Contains(err.Error(), "not device memory") {
 		t.Fatalf("allreduce of host memory: %v", err)
 	}
@@ -300,7 +300,7 @@ func TestFakeHangsUntilAborted(t *testing.T) {
 		return
 	}
 	buf, _ := k.rt.Malloc(64)
-	if err := k.c.AllReduce(buf, buf, 4+k.r, collective.Int64, collective.Sum, k.stream); err != nil {
+	if err := k.c.AllReduce(buf, buf, 4+k.r, dtype.Int64, dtype.Sum, k.stream); err != nil {
 		t.Fatal(err)
 	}
 	ev, _ := k.rt.EventCreate()
@@ -369,7 +369,7 @@ func TestFakeDeadPeer(t *testing.T) {
 		return // dies without making the call
 	}
 	buf, _ := k.rt.Malloc(64)
-	if err := k.c.AllReduce(buf, buf, 8, collective.Int64, collective.Sum, k.stream); err != nil {
+	if err := k.c.AllReduce(buf, buf, 8, dtype.Int64, dtype.Sum, k.stream); err != nil {
 		t.Fatal(err)
 	}
 	ev, _ := k.rt.EventCreate()

@@ -18,7 +18,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/nexar-go/nexar/collective"
+	"github.com/nexar-go/nexar/internal/dtype"
 )
 
 // Verified says, for `nexar info`, where the hierarchical device
@@ -59,27 +59,27 @@ const (
 )
 
 // DType maps a nexar element type to ncclDataType_t.
-func DType(d collective.DType) (int, error) {
+func DType(d dtype.DType) (int, error) {
 	switch d {
-	case collective.Int8:
+	case dtype.Int8:
 		return ncclInt8, nil
-	case collective.Uint8:
+	case dtype.Uint8:
 		return ncclUint8, nil
-	case collective.Int32:
+	case dtype.Int32:
 		return ncclInt32, nil
-	case collective.Uint32:
+	case dtype.Uint32:
 		return ncclUint32, nil
-	case collective.Int64:
+	case dtype.Int64:
 		return ncclInt64, nil
-	case collective.Uint64:
+	case dtype.Uint64:
 		return ncclUint64, nil
-	case collective.Float16:
+	case dtype.Float16:
 		return ncclFloat16, nil
-	case collective.BFloat16:
+	case dtype.BFloat16:
 		return ncclBfloat16, nil
-	case collective.Float32:
+	case dtype.Float32:
 		return ncclFloat32, nil
-	case collective.Float64:
+	case dtype.Float64:
 		return ncclFloat64, nil
 	}
 	return 0, fmt.Errorf("hw/nccl: no NCCL datatype for %v", d)
@@ -87,17 +87,17 @@ func DType(d collective.DType) (int, error) {
 
 // Op maps a nexar reduction to ncclRedOp_t. NCCL has no bitwise
 // reductions: those fail here, and the caller falls back to the host path.
-func Op(o collective.Op) (int, error) {
+func Op(o dtype.Op) (int, error) {
 	switch o {
-	case collective.Sum:
+	case dtype.Sum:
 		return ncclSum, nil
-	case collective.Prod:
+	case dtype.Prod:
 		return ncclProd, nil
-	case collective.Max:
+	case dtype.Max:
 		return ncclMax, nil
-	case collective.Min:
+	case dtype.Min:
 		return ncclMin, nil
-	case collective.Avg:
+	case dtype.Avg:
 		return ncclAvg, nil
 	}
 	return 0, fmt.Errorf("hw/nccl: op %v is not supported by NCCL", o)

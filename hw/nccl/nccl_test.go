@@ -7,18 +7,18 @@ import (
 	"math"
 	"testing"
 
-	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/hw/cuda"
+	"github.com/nexar-go/nexar/internal/dtype"
 )
 
 func TestDTypeMapping(t *testing.T) {
 	tests := []struct {
-		d    collective.DType
+		d    dtype.DType
 		want int
 	}{
-		{collective.Int8, 0}, {collective.Uint8, 1}, {collective.Int32, 2}, {collective.Uint32, 3},
-		{collective.Int64, 4}, {collective.Uint64, 5}, {collective.Float16, 6},
-		{collective.Float32, 7}, {collective.Float64, 8}, {collective.BFloat16, 9},
+		{dtype.Int8, 0}, {dtype.Uint8, 1}, {dtype.Int32, 2}, {dtype.Uint32, 3},
+		{dtype.Int64, 4}, {dtype.Uint64, 5}, {dtype.Float16, 6},
+		{dtype.Float32, 7}, {dtype.Float64, 8}, {dtype.BFloat16, 9},
 	}
 	seen := map[int]bool{}
 	for _, tt := range tests {
@@ -31,21 +31,21 @@ func TestDTypeMapping(t *testing.T) {
 	if len(seen) != len(tests) {
 		t.Error("two nexar types map to the same NCCL type")
 	}
-	if _, err := DType(collective.DType(200)); err == nil {
+	if _, err := DType(dtype.DType(200)); err == nil {
 		t.Error("invalid dtype accepted")
 	}
 }
 
 func TestOpMapping(t *testing.T) {
 	tests := []struct {
-		o       collective.Op
+		o       dtype.Op
 		want    int
 		wantErr bool
 	}{
-		{collective.Sum, 0, false}, {collective.Prod, 1, false}, {collective.Max, 2, false},
-		{collective.Min, 3, false}, {collective.Avg, 4, false},
-		{collective.Band, 0, true}, {collective.Bor, 0, true}, {collective.Bxor, 0, true},
-		{collective.Op(99), 0, true},
+		{dtype.Sum, 0, false}, {dtype.Prod, 1, false}, {dtype.Max, 2, false},
+		{dtype.Min, 3, false}, {dtype.Avg, 4, false},
+		{dtype.Band, 0, true}, {dtype.Bor, 0, true}, {dtype.Bxor, 0, true},
+		{dtype.Op(99), 0, true},
 	}
 	for _, tt := range tests {
 		got, err := Op(tt.o)
@@ -120,7 +120,7 @@ func TestAllReduce(t *testing.T) {
 	if err := cuda.CopyToDevice(send, src); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.AllReduce(send, recv, count, collective.Float32, collective.Sum, 0); err != nil {
+	if err := c.AllReduce(send, recv, count, dtype.Float32, dtype.Sum, 0); err != nil {
 		t.Fatal(err)
 	}
 	got := make([]byte, len(src))

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"unsafe"
 
-	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/hw/cuda"
+	"github.com/nexar-go/nexar/internal/dtype"
 	"github.com/nexar-go/nexar/tests/fakes/cudart"
 )
 
@@ -45,16 +45,16 @@ func Download(t testing.TB, rt *cuda.Runtime, stream cuda.Stream, p cuda.DeviceP
 
 // Encode writes v as elements of dt: Float32, Int64 or BFloat16 (the
 // latter truncated, exact for the small integers tests use).
-func Encode(dt collective.DType, v []float64) []byte {
+func Encode(dt dtype.DType, v []float64) []byte {
 	es := dt.Size()
 	b := make([]byte, len(v)*es)
 	for i, x := range v {
 		switch dt {
-		case collective.Float32:
+		case dtype.Float32:
 			binary.LittleEndian.PutUint32(b[i*es:], math.Float32bits(float32(x)))
-		case collective.Int64:
+		case dtype.Int64:
 			binary.LittleEndian.PutUint64(b[i*es:], uint64(int64(x)))
-		case collective.BFloat16:
+		case dtype.BFloat16:
 			binary.LittleEndian.PutUint16(b[i*es:], uint16(math.Float32bits(float32(x))>>16))
 		default:
 			panic("cudatest: Encode: unsupported type " + dt.String())

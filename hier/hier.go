@@ -43,7 +43,7 @@ import (
 	"github.com/nexar-go/nexar/hw/cuda"
 	"github.com/nexar-go/nexar/hw/cuda/stage"
 	"github.com/nexar-go/nexar/hw/nccl"
-	"github.com/nexar-go/nexar/transport/bulk"
+	"github.com/nexar-go/nexar/internal/hostid"
 )
 
 // Mode is whether device collectives use NCCL (NEXAR_NCCL_HIER).
@@ -106,8 +106,8 @@ type Deps struct {
 type Options struct {
 	Mode Mode
 	// HostID is this process's host identity: ranks with equal ids share
-	// NCCL. Default: transport/bulk's host id (machine, boot, host name,
-	// network namespace).
+	// NCCL. Default: internal/hostid.Local, the id transport/bulk uses
+	// (machine, boot, host name, network namespace).
 	HostID string
 	// Device is the CUDA device of this rank's buffers; NCCL is bound to it.
 	Device int
@@ -194,7 +194,7 @@ func New(ctx context.Context, parent *core.Comm, d Deps, opt Options) (*Comm, er
 		opt.Timeout = parent.Timeout()
 	}
 	if opt.HostID == "" {
-		opt.HostID = bulk.HostID()
+		opt.HostID = hostid.Local()
 	}
 	h := &Comm{parent: parent, rank: parent.Rank(), timeout: opt.Timeout, rt: d.Runtime, st: d.Stager,
 		lib: d.NCCL, dev: opt.Device}

@@ -35,7 +35,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -45,6 +44,7 @@ import (
 
 	"github.com/fxamacker/cbor/v2"
 
+	"github.com/nexar-go/nexar/internal/hostid"
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/internal/frame"
 	"github.com/nexar-go/nexar/transport/internal/record"
@@ -173,20 +173,9 @@ type Options struct {
 	RDMA RDMA
 }
 
-// HostID returns an identifier of this host and boot: machine id, boot id,
-// host name and network namespace. Ranks with equal ids try shared memory;
-// the attempt to open the segment decides. The namespace makes ranks in two
-// network namespaces of one machine (containers, the two-host tests) talk
-// as different hosts do, over the network, although they share /dev/shm.
-func HostID() string {
-	read := func(p string) string {
-		b, _ := os.ReadFile(p)
-		return strings.TrimSpace(string(b))
-	}
-	hn, _ := os.Hostname()
-	ns, _ := os.Readlink("/proc/self/ns/net") // "net:[inode]"; empty off Linux
-	return read("/etc/machine-id") + "/" + read("/proc/sys/kernel/random/boot_id") + "/" + hn + "/" + ns
-}
+// HostID returns an identifier of this host and boot (internal/hostid.Local,
+// where it lives so that hier need not import a transport).
+func HostID() string { return hostid.Local() }
 
 // Endpoint is the composite endpoint. All methods are safe for concurrent
 // use. Handler and DownHandler must be given to the inner endpoint; Start

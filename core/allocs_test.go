@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/nexar-go/nexar/collective"
+	"github.com/nexar-go/nexar/internal/race"
 )
 
 // allreduceAllocs is what one 8-byte allreduce between two ranks over the
@@ -50,7 +51,7 @@ func pairAllocs(t *testing.T, call func(c *Comm, r int) error) float64 {
 // A count is deterministic where a time is not, so this is a test;
 // background work (heartbeats) adds well under one per call.
 func TestAllreduceAllocs(t *testing.T) {
-	if raceEnabled {
+	if race.Enabled {
 		t.Skip("the race detector allocates")
 	}
 	var bufs [2][2][]byte
@@ -72,7 +73,7 @@ func TestAllreduceAllocs(t *testing.T) {
 // and garbage from it runs the collector in the middle of their calls
 // (docs/performance.md, "A barrier without garbage").
 func TestBarrierAllocs(t *testing.T) {
-	if raceEnabled {
+	if race.Enabled {
 		t.Skip("the race detector allocates")
 	}
 	ctx := context.Background()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nexar-go/nexar/collective"
+	"github.com/nexar-go/nexar/internal/race"
 )
 
 func TestP2P(t *testing.T) {
@@ -93,7 +94,7 @@ func TestP2P(t *testing.T) {
 
 func TestLargeP2PMem(t *testing.T) {
 	size := 256 << 20
-	if testing.Short() || raceEnabled {
+	if testing.Short() || race.Enabled {
 		size = 70 << 20 // still more than one transport.MaxPayload chunk
 	}
 	comms := newLocal(t, 2)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nexar-go/nexar/collective"
+	"github.com/nexar-go/nexar/internal/race"
 )
 
 func TestQUICCollectives(t *testing.T) {
@@ -26,7 +27,7 @@ func TestQUICCollectives(t *testing.T) {
 
 func TestQUICLargeP2P(t *testing.T) {
 	size := 65<<20 + 3 // crosses transport.MaxPayload
-	if testing.Short() || raceEnabled {
+	if testing.Short() || race.Enabled {
 		size = 5 << 20 // QUIC's crypto is ~10x slower under the race detector
 	}
 	comms, err := NewLocalQUIC(2, testConfig())

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nexar-go/nexar/collective"
+	"github.com/nexar-go/nexar/internal/race"
 	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport/bulk"
 	"github.com/nexar-go/nexar/transport/mem"
@@ -469,7 +470,7 @@ func TestTopologyConfig(t *testing.T) {
 // the rest, and every collective gives the full mesh's bits.
 func TestTopologyQUIC(t *testing.T) {
 	n := 9
-	if testing.Short() || raceEnabled {
+	if testing.Short() || race.Enabled {
 		n = 4 // QUIC's handshakes under -race starve the rendezvous links of larger worlds here
 	}
 	for _, spec := range []topology.Spec{{Kind: topology.KRegular, N: 2}, {Kind: topology.Hypercube}} {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nexar-go/nexar/internal/race"
 	"github.com/nexar-go/nexar/transport"
 	nquic "github.com/nexar-go/nexar/transport/quic"
 	"github.com/nexar-go/nexar/transport/transporttest"
@@ -195,7 +196,7 @@ func TestDataPath(t *testing.T) {
 // path in MaxPayload messages and checks every byte.
 func TestLarge(t *testing.T) {
 	total := 256 << 20
-	if testing.Short() || raceEnabled {
+	if testing.Short() || race.Enabled {
 		total = 32 << 20
 	}
 	for _, m := range modes {

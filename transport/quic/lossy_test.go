@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nexar-go/nexar/internal/race"
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/internal/frame"
 	"github.com/nexar-go/nexar/transport/transporttest"
@@ -186,7 +187,7 @@ func TestLossyLink(t *testing.T) {
 	// the load average at 18, before and after parity parts).
 	d := exchangeTime(t, Options{DataConns: defaultDataConns, IdleTimeout: 30 * time.Second}, 0.05, 5*time.Millisecond, 1<<20, 10)
 	t.Logf("%d connections, 5%% loss, 5 ms: 10 x 1 MiB each way in %v", defaultDataConns, d)
-	if d > 10*time.Second && !raceEnabled { // the race detector slows 16 connections and the proxy too much
+	if d > 10*time.Second && !race.Enabled { // the race detector slows 16 connections and the proxy too much
 		t.Errorf("10 x 1 MiB each way over a 5%% lossy link took %v, want < 10s", d)
 	}
 	if os.Getenv("NEXAR_LOSSY_FULL") != "" {

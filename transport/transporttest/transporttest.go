@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nexar-go/nexar/internal/race"
 	"github.com/nexar-go/nexar/transport"
 )
 
@@ -318,7 +319,7 @@ func testLargePayload(t *testing.T, newMesh NewMesh) {
 	defer closeAll(t, eps)
 	ctx := ctxT(t)
 	size := transport.MaxPayload
-	if raceEnabled || testing.Short() {
+	if race.Enabled || testing.Short() { // the race detector slows a userspace transport such as QUIC tenfold
 		size = 8 << 20
 	}
 	big := make([]byte, size)

@@ -1,5 +1,0 @@
-//go:build !race
-
-package bulk
-
-const raceEnabled = false

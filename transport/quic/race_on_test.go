@@ -1,5 +1,0 @@
-//go:build race
-
-package quictransport
-
-const raceEnabled = true

@@ -1,5 +1,0 @@
-//go:build !race
-
-package transporttest
-
-const raceEnabled = false

@@ -61,12 +61,15 @@ fmt-check:
 # cores instead of 453 to 623 s). Then the collective matrix once more
 # without the race detector, in its default form: the large count for every
 # dtype (with sum) and every op on world sizes 3 and 8 (about 100 s). The
-# allocation counts last: the race detector allocates, so under -race those
-# tests skip.
+# allocation counts and the large transfers last: the race detector
+# allocates, and slows a gigabyte over QUIC or a ring past any timeout, so
+# under -race those tests skip. The fuzzers' seed corpora run as ordinary
+# tests in every pass; make fuzz fuzzes.
 gotest:
 	NEXAR_TEST_QUICK=1 $(GO) test -race -count=1 -timeout 30m ./...
 	$(GO) test -count=1 -timeout 30m ./collective
 	$(GO) test -count=1 -timeout 5m -run 'Allocs' ./...
+	$(GO) test -count=1 -timeout 15m -run '^(TestLarge|TestQUICLargeP2P|TestLargeP2PMem|TestTopologyQUIC)$$' ./core ./transport/bulk
 
 # gotest with the default collective matrix under -race too, then the
 # exhaustive one without it: the large count crossed with every dtype, op

@@ -24,8 +24,9 @@ _REGISTERED = False
 
 def _create(opts, pg_options=None):
     """Backend creator (extended_api=True): torch passes _DistributedBackendOptions."""
-    from ._pg import ProcessGroupNexar
+    from ._pg import ProcessGroupNexar, untraced_when_dynamo
 
+    untraced_when_dynamo(ProcessGroupNexar)  # Dynamo may have been loaded since (by a path we did not see)
     return ProcessGroupNexar(opts.store, opts.group_rank, opts.group_size, opts.timeout,
                              group_id=str(getattr(opts, "group_id", "")))
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 import time
 import weakref
 from datetime import timedelta
@@ -1025,7 +1026,14 @@ class ProcessGroupNexar(dist.ProcessGroup):
 # backend such as gloo has no Python frame there. So the methods torch calls
 # run with Dynamo disabled: never traced, called as they are (a graph break
 # when called from compiled code, as for any opaque C++ call).
+#
+# Importing Dynamo costs seconds (it loads Inductor), which a job that never
+# compiles must not pay at its first group. Nothing traces before Dynamo is
+# imported, so the methods are wrapped when it is: at once if it is loaded
+# already, else right after its import (_AfterImport).
 def _untraced(cls) -> None:
+    if getattr(cls, "_nexar_untraced", False):
+        return
     try:
         from torch._dynamo import disable
     except Exception:  # pragma: no cover - a torch without Dynamo: nothing traces
@@ -1037,11 +1045,64 @@ def _untraced(cls) -> None:
             continue
         if inspect.isfunction(fn):
             setattr(cls, name, disable(fn, recursive=True))
+    # The general methods the C fast paths fall back to (_install_fast),
+    # under their own names: the group's attributes allreduce and
+    # broadcast are the C paths themselves.
+    cls._allreduce_general = cls.allreduce
+    cls._broadcast_general = cls.broadcast
+    cls._nexar_untraced = True
 
 
-_untraced(ProcessGroupNexar)
+class _AfterImport:
+    """A meta path finder that runs then() once the module name has been
+    imported (executed), and leaves sys.meta_path. It finds nothing itself:
+    it asks the finders after it and wraps the loader's exec_module."""
+
+    def __init__(self, name: str, then):
+        self._name, self._then = name, then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self._name or self not in sys.meta_path:
+            return None
+        finders = sys.meta_path[sys.meta_path.index(self) + 1:]
+        sys.meta_path.remove(self)
+        for f in finders:
+            find = getattr(f, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        exec_module = getattr(spec.loader, "exec_module", None)
+        if exec_module is None:  # pragma: no cover - a legacy loader: wrap on the next group instead
+            return spec
+        then = self._then
+
+        def exec_then(module):
+            exec_module(module)
+            then()
+
+        spec.loader.exec_module = exec_then
+        return spec
+
+
+def untraced_when_dynamo(cls) -> None:
+    """Wrap cls's methods for Dynamo now if it is loaded, else once it is.
+    Idempotent; also called at each group's creation, which covers a
+    Dynamo that was being imported when this module was."""
+    if getattr(cls, "_nexar_untraced", False):
+        return
+    dyn = sys.modules.get("torch._dynamo")
+    if dyn is not None and not getattr(getattr(dyn, "__spec__", None), "_initializing", False):
+        _untraced(cls)
+        return
+    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport("torch._dynamo", lambda: _untraced(cls)))  # executed, still _initializing
+
+
 # The general methods the C fast paths fall back to (_install_fast), under
 # their own names: the group's attributes allreduce and broadcast are the C
-# paths themselves.
+# paths themselves (rebound by _untraced to the wrapped methods).
 ProcessGroupNexar._allreduce_general = ProcessGroupNexar.allreduce
 ProcessGroupNexar._broadcast_general = ProcessGroupNexar.broadcast
+untraced_when_dynamo(ProcessGroupNexar)

@@ -143,62 +143,6 @@ def test_backend_uses_only_public_comm_api():
     assert not hits, "\n".join(hits)
 
 
-def test_rendezvous_reads_nexar_advertise_addr(monkeypatch):
-    """The seed's host and every rank's advertised host come from
-    NEXAR_ADVERTISE_ADDR (libnexar's variable), not the route to MASTER_ADDR."""
-    from torch.distributed import HashStore
-
-    from nexar.torch._rendezvous import rendezvous
-
-    monkeypatch.setenv("NEXAR_ADVERTISE_ADDR", "127.0.0.3:9")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.delenv("NEXAR_ADVERTISE_HOST", raising=False)
-    store = HashStore()
-    r0 = rendezvous(store, 0, 2)
-    try:
-        r1 = rendezvous(store, 1, 2)
-    finally:
-        if r0.seed is not None:
-            r0.seed.close()
-    assert r0.seed_addr.startswith("127.0.0.3:"), r0.seed_addr
-    assert r0.seed_addr != "127.0.0.3:9"  # the port is the seed's, not the variable's
-    assert (r1.seed_addr, r1.token) == (r0.seed_addr, r0.token) and len(r0.token) == 32
-    assert r0.advertise_host == r1.advertise_host == "127.0.0.3"
-
-
-def test_rendezvous_publishes_the_address_a_port0_seed_got(monkeypatch):
-    """With a libnexar that starts the seed on port 0 and reports its
-    address (nexar._comm.start_seed not None), rank 0 publishes that
-    address and never picks a port itself (no free-port race)."""
-    from torch.distributed import HashStore
-
-    import nexar._comm
-    from nexar.torch import _rendezvous
-
-    asked = []
-
-    class FakeSeed:
-        addr = "127.0.0.1:4242"
-
-        def close(self):
-            pass
-
-    def start_seed(bind, size, token):
-        asked.append((bind, size, len(token)))
-        return FakeSeed()
-
-    def no_free_port(host):
-        raise AssertionError("picked a port although the seed can bind port 0")
-
-    monkeypatch.setattr(nexar._comm, "start_seed", start_seed)
-    monkeypatch.setattr(_rendezvous, "_free_port", no_free_port)
-    monkeypatch.setenv("NEXAR_ADVERTISE_ADDR", "127.0.0.1")
-    store = HashStore()
-    rv = _rendezvous.rendezvous(store, 0, 3)
-    assert asked == [("127.0.0.1:0", 3, 32)]
-    assert rv.seed_addr == "127.0.0.1:4242" and store.get("nexar/0/seed") == b"127.0.0.1:4242"
-
-
 def test_raw_entry_points_and_staging():
     """Comm.raw with staged tensors (one rank): a reduction through int32,
     a non-contiguous receive written back, the Status of a raw receive."""

@@ -667,6 +667,21 @@ PyObject* torch_call_slow(TorchCall* self, PyObject* args, PyObject* kwargs) {
     return out;
 }
 
+// torch_call_abandon: a started operation whose Work could not be made
+// (a Python error is set). Nothing will hold the tensor once the caller
+// returns, and libnexar writes it until the operation ends: wait for that
+// here (GIL released, the communicator's timeout bounds it), then free the
+// request. The Python error is kept for the caller.
+void torch_call_abandon(nexar_request_t q) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    Py_BEGIN_ALLOW_THREADS
+    (void)nexar_wait(q);
+    (void)nexar_request_free(q);
+    Py_END_ALLOW_THREADS
+    PyErr_Restore(type, value, tb);
+}
+
 PyObject* torch_call(PyObject* o, PyObject* args, PyObject* kwargs) {
     auto* self = reinterpret_cast<TorchCall*>(o);
     const Py_ssize_t nargs = PyTuple_GET_SIZE(args);
@@ -702,15 +717,15 @@ PyObject* torch_call(PyObject* o, PyObject* args, PyObject* kwargs) {
     if (r == 1) Py_RETURN_NONE;
     if (r == 0 && !err) return torch_call_slow(self, args, kwargs);
     PyObject* g = torch_call_group(self);
-    if (g == nullptr) {
-        if (r == 2) nexar_request_free(q);
-        return nullptr;
+    PyObject* out = nullptr;
+    if (g != nullptr) {
+        const char* name = kTorchKindNames[self->kind];
+        out = err ? PyObject_CallMethod(g, "_failed", "sOO", name, tensors, err.ptr())
+                  : PyObject_CallMethod(g, "_started_work", "sOK", name, tensors,
+                                        static_cast<unsigned long long>(reinterpret_cast<handle_t>(q)));
+        Py_DECREF(g);
     }
-    const char* name = kTorchKindNames[self->kind];
-    PyObject* out = err ? PyObject_CallMethod(g, "_failed", "sOO", name, tensors, err.ptr())
-                        : PyObject_CallMethod(g, "_started_work", "sOK", name, tensors,
-                                              static_cast<unsigned long long>(reinterpret_cast<handle_t>(q)));
-    Py_DECREF(g);
+    if (out == nullptr && r == 2) torch_call_abandon(q);
     return out;
 }
 

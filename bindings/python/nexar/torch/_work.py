@@ -128,13 +128,16 @@ class StartedWork(NexarWork):
     caller's thread. wait() waits in C with the GIL released (and, when
     nothing ran the operation yet, runs it there: libnexar defers a
     started collective to its first waiter for a short while); keep holds
-    the memory the operation uses until it completes; on success finish()
+    the memory the operation uses until it completes, also when the Work
+    is dropped first (its __del__ hands both to the Completer); on success finish()
     runs (a write-back), then the Work completes. The torch Future is made
     only when get_future() asks for it, and completed by the group's
     Completer if the operation is still running. Safe from any thread.
     """
 
     # Defaults of what most works never change (fewer stores per call).
+    _h = 0
+    _keep = None
     _source = -1
     _exc: Optional[BaseException] = None
     _done = False  # settled: _exc is the outcome
@@ -148,16 +151,26 @@ class StartedWork(NexarWork):
         self._result = result
         self._op_name = op_name
         self._raw = raw
-        self._h = handle
+        self._completer = completer  # before _h: __del__ reads it once _h is set
         self._keep = keep
         if finish is not None:
             self._finish = finish
-        self._completer = completer
+        self._h = handle
         # One thread in C (wait or test) on the request at a time; it
         # settles the work before it lets go, so whoever takes it next
         # finds the outcome.
         self._wlock = threading.Lock()
         self._lock = threading.Lock()  # _done and the future
+
+    def __del__(self):
+        # torch drops a Work nobody waits for at once (DDP's join hook
+        # fires all_reduces and forgets them): an operation still running
+        # then goes to the Completer, which keeps its memory until it ends
+        # and frees its request. Without this, keep (the tensor) is freed
+        # while libnexar still writes it (issue 32: heap corruption).
+        if self._h and not self._done:
+            self._completer.orphan(self._raw, self._h, self._keep, self._finish)
+            self._h = 0
 
     def _settle(self, exc: Optional[BaseException], freed: bool = False):
         # Once, with self._wlock held (the request is no one else's now):
@@ -300,31 +313,91 @@ class DoneWork(NexarWork):
         return self._fut
 
 
+class _Orphan:
+    """A started operation whose Work was dropped before it completed:
+    what the library still uses (keep) and its request, until it ends."""
+
+    __slots__ = ("raw", "h", "keep", "finish")
+
+    def __init__(self, raw, h: int, keep, finish):
+        self.raw, self.h, self.keep, self.finish = raw, h, keep, finish
+
+    def _wait_c(self):
+        # Nobody is told the outcome: the Work is gone (a failed
+        # communicator fails the next call anyway). The write-back still
+        # runs, as the operation promised it.
+        try:
+            self.raw.wait_free_raw(self.h)
+        except BaseException:  # noqa: BLE001 - no one to report to; the request is freed
+            pass
+        else:
+            if self.finish is not None:
+                try:
+                    self.finish()
+                except BaseException:  # noqa: BLE001 - as above
+                    pass
+        self.keep = self.finish = None
+
+
 class Completer:
     """One thread per group that waits, in issue order, for the started
     works whose futures were asked for, and completes them (collectives
-    complete in issue order, so waiting in that order loses nothing).
-    Started on first use. add() and close() are safe from any thread."""
+    complete in issue order, so waiting in that order loses nothing), and
+    for the operations of works dropped before they completed (orphan),
+    holding their memory until then. Started on first use. add(), orphan()
+    and close() are safe from any thread; orphan() also from a __del__
+    (it never blocks: SimpleQueue.put is reentrant, the lock is only
+    tried)."""
 
     def __init__(self, name: str):
         self._name = name
         self._q: "queue.SimpleQueue" = queue.SimpleQueue()
         self._thread: Optional[threading.Thread] = None
         self._mu = threading.Lock()
+        self._closed = False
+
+    def _start(self):
+        # With self._mu held.
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+            self._thread.start()
 
     def add(self, work: StartedWork):
         with self._mu:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-                self._thread.start()
+            self._start()
         self._q.put(work)
 
+    def orphan(self, raw, h: int, keep, finish):
+        """Wait for the operation of request h (raw: its RawComm) on the
+        thread, then free h and let go of keep; finish() runs on success."""
+        self._q.put(_Orphan(raw, h, keep, finish))
+        if self._thread is None and self._mu.acquire(blocking=False):
+            # Not acquired: add() is starting the thread, or close() will
+            # wait for what is queued.
+            try:
+                self._start()
+            finally:
+                self._mu.release()
+
     def close(self, timeout: float = 60):
+        """End the thread after what is queued; the communicator is closed
+        first, so that every wait ends at once. What is queued later, or
+        was queued with no thread, is waited for here."""
         with self._mu:
+            self._closed = True
             t = self._thread
         if t is not None:
             self._q.put(None)
             t.join(timeout=timeout)
+            if t.is_alive():
+                return  # still waiting: what it holds stays held
+        while True:
+            try:
+                w = self._q.get_nowait()
+            except queue.Empty:
+                return
+            if w is not None:
+                w._wait_c()
 
     def _loop(self):
         while True:

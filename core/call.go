@@ -319,7 +319,7 @@ const agreeStepBase = 1 << 31
 // the receiver checks on arrival, and a rank sends in step k only after its
 // step k-1 message matched. Every rank hears, through such checked hops,
 // from every other, so none completes while any made a different call:
-// all fail as mismatched (DESIGN §2.2), each naming both calls.
+// all fail as mismatched, each naming both calls.
 func agreeSignatures(ctx context.Context, l *link) error {
 	n, r := l.c.size, l.c.rank
 	for k, step := 1, uint32(agreeStepBase); k < n; k, step = k<<1, step+1 {

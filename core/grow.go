@@ -16,7 +16,7 @@ import (
 	"github.com/nexar-go/nexar/membership"
 )
 
-// This file is growth (DESIGN §9): processes started later join a running
+// This file is growth (docs/fault-tolerance.md): processes started later join a running
 // job. Each rank of a world of more than one runs a lobby
 // (membership.Lobby) where such processes (Join) wait, having proven the
 // job's token. The members call Grow at a point of their choosing:

@@ -15,7 +15,7 @@ import (
 	"github.com/nexar-go/nexar/transport"
 )
 
-// This file is recovery without restart, in ULFM's vocabulary (DESIGN §9):
+// This file is recovery without restart, in ULFM's vocabulary (docs/fault-tolerance.md):
 // Revoke (every member's pending and later calls fail fast), Agree
 // (fault-tolerant agreement on a flag and on the failed members, by the
 // membership.Agreement engine) and Shrink (a communicator of the

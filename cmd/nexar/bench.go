@@ -48,7 +48,7 @@ type benchBufs struct{ send, recv []byte }
 // benchOp is one collective as nccl-tests measures it: the nominal size S
 // is the buffer of allreduce/broadcast, the whole gathered or scattered
 // array of allgather/reduce_scatter, and all that one rank sends for
-// alltoall; factor turns algbw into busbw (DESIGN.md §7).
+// alltoall; factor turns algbw into busbw (nccl-tests' doc/PERFORMANCE.md).
 type benchOp struct {
 	name    string
 	reduces bool // uses --op

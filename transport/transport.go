@@ -179,6 +179,11 @@ type DataPath interface {
 	// PeerPresence reads what peer last published of its presence; ok is
 	// false where the path cannot tell (always, with !Caps().Presence).
 	PeerPresence(peer int) (p Presence, ok bool)
+	// PeerAlive reports whether peer's process is known to be running
+	// now: it is on this host and watched, so that its exit reaches the
+	// DownHandler at once. False where the path cannot tell (another
+	// host, no watch): silence is then all the layer above can judge by.
+	PeerAlive(peer int) bool
 	// SharedMemory reports whether LaneData to peer goes over shared
 	// memory (where polling and spinning pay off).
 	SharedMemory(peer int) bool

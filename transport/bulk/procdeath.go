@@ -147,3 +147,18 @@ func (e *Endpoint) sayBye(peer int, deadline time.Time) {
 		e.log.Debug("nexar: bulk: no acknowledgement of the goodbye", "rank", e.self, "peer", peer)
 	}
 }
+
+// PeerAlive reports whether peer's process runs on this host and is
+// watched (transport.DataPath): its exit would be reported at once, so
+// its silence is a stall, not a death. False once it exited or was
+// reported down, and where it is not watched (another host, a rank of
+// this process, no pidfds).
+func (e *Endpoint) PeerAlive(peer int) bool {
+	if peer < 0 || peer >= e.size || e.closed.Load() || e.downed[peer].Load() {
+		return false
+	}
+	e.mu.Lock()
+	w, exited := e.watch, e.exited[peer] != nil
+	e.mu.Unlock()
+	return w != nil && !exited && w.watching(peer)
+}

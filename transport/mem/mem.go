@@ -298,6 +298,9 @@ func (e *Endpoint) Await(int, func() bool, time.Duration) bool { return false }
 // PeerPresence: nothing is published here (no Caps().Presence).
 func (e *Endpoint) PeerPresence(int) (transport.Presence, bool) { return transport.Presence{}, false }
 
+// PeerAlive: the ranks of a mesh in one process watch no processes.
+func (e *Endpoint) PeerAlive(int) bool { return false }
+
 // StartPolling returns nil, nil: nothing here can be polled.
 func (e *Endpoint) StartPolling(int) (poll func() bool, stop func()) { return nil, nil }
 

@@ -978,6 +978,20 @@ func (e *Endpoint) PeerPresence(peer int) (transport.Presence, bool) {
 	return e.inner.PeerPresence(peer)
 }
 
+// PeerAlive is the inner path's for a neighbour; for another peer it
+// cannot tell. Before the relay starts it tells nothing.
+func (e *Endpoint) PeerAlive(peer int) bool {
+	if peer < 0 || peer >= e.g.Size() || !e.direct(peer) {
+		return false
+	}
+	select {
+	case <-e.start:
+	default:
+		return false
+	}
+	return e.inner.PeerAlive(peer)
+}
+
 // SharedMemory is the inner path's for a neighbour; false for others.
 func (e *Endpoint) SharedMemory(peer int) bool {
 	if peer < 0 || peer >= e.g.Size() || !e.direct(peer) {

@@ -4,6 +4,7 @@ import (
 	"net"
 	"os"
 
+	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/bulk"
 	nquic "github.com/nexar-go/nexar/transport/quic"
@@ -17,6 +18,9 @@ import (
 func quicOptions(cfg Config) nquic.Options {
 	o := nquic.Options{BindAddr: cfg.BindAddr}
 	o.IdleTimeout = cfg.tolerated(nquic.DefaultIdleTimeout)
+	if cfg.Topology.Kind != topology.OnDemand {
+		o.IdleTimeout = max(o.IdleTimeout, watchedIdle(cfg)) // heartbeats judge silence (detector.go)
+	}
 	if mode, err := bulk.ParseMode(cfg.Bulk); err == nil && (mode == bulk.ModeAuto || mode == bulk.ModeTCP) {
 		o.DataConns = 1
 	}
@@ -73,7 +77,7 @@ func newBulk(cfg Config, rank int, adv string, id *nquic.Identity, peers []nquic
 //
 // RDMA carries data in the clear, so "auto" uses it only where the job
 // declared its network trusted (BulkPlaintext), as it must for plaintext
-// TCP: nothing leaves a host unencrypted unless asked (docs/guides/security.md).
+// TCP: nothing leaves a host unencrypted unless asked (DESIGN §4).
 func openRDMA(cfg Config, mode bulk.Mode) (bulk.RDMA, error) {
 	if mode != bulk.ModeAuto && mode != bulk.ModeRDMA {
 		return nil, nil

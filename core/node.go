@@ -45,6 +45,7 @@ type node struct {
 	oversubscribed bool           // more ranks on this host than cores
 	lastMove       atomic.Int64   // time.Now().UnixNano() of spin's last sched.MoveOff (moveOffEvery)
 	lastSeen       []atomic.Int64 // when the last message from each world rank came: mono's reading
+	quiet          []atomic.Int64 // per world rank: mono's reading when its silence began while it is stalled (detector.go), else 0
 	downSig        []downSignal   // per world rank: declared down (ends sends to it)
 	buffered       atomic.Int64   // payload bytes held for unmatched messages
 	heartbeats     atomic.Int64   // heartbeats sent (Stats.HeartbeatsSent)
@@ -133,6 +134,7 @@ func newNode(cfg Config, rank, size int) *node {
 	n := &node{
 		cfg: cfg, log: cfg.Logger, rank: rank, size: size, view: membership.Initial(size), born: time.Now(),
 		lastSeen: make([]atomic.Int64, size),
+		quiet:    make([]atomic.Int64, size),
 		done:     make(chan struct{}),
 		comms:    make(map[uint64]*Comm),
 		pending:  make(map[uint64][]pendingMsg),
@@ -277,6 +279,7 @@ func (n *node) monitor() {
 	// unreachable may be waiting to be read. Count their silence afresh.
 	stall := n.stallGap()
 	prev := time.Now()
+	det := newDetector(n.size, detectorParamsOf(n.cfg), int64(prev.Sub(n.born)))
 	for {
 		select {
 		case <-n.done:
@@ -294,18 +297,38 @@ func (n *node) monitor() {
 			n.stallEnd.Store(now.UnixNano())
 			for p := range n.lastSeen {
 				n.lastSeen[p].Store(max(n.lastSeen[p].Load(), seen))
+				det.restart(p, seen)
 			}
 		}
 		prev = now
 		n.tick.Store(now.UnixNano())
 		for p := range n.lastSeen {
-			if !n.watches(p) {
-				continue
+			if n.watches(p) {
+				det.arrived(p, n.lastSeen[p].Load())
+				n.judge(det, p, seen)
 			}
-			silent := time.Duration(seen - n.lastSeen[p].Load())
-			if silent > n.cfg.HeartbeatTimeout {
-				n.peerDown(p, fmt.Sprintf("no heartbeat for %v", silent.Round(100*time.Millisecond)), nil)
-			}
+		}
+	}
+}
+
+// judge acts on the detector's verdict on world rank p at now (mono's
+// reading): a dead peer is declared down; a stalled one (on this host, its
+// process alive) is logged once per silence and recorded in quiet, where
+// a call that times out finds it (timeoutError).
+func (n *node) judge(det *detector, p int, now int64) {
+	v, silent, first := det.check(p, now, n.ep.PeerAlive)
+	switch v {
+	case verdictDead:
+		n.peerDown(p, fmt.Sprintf("no heartbeat for %v", silent.Round(100*time.Millisecond)), nil)
+	case verdictStalled:
+		if first {
+			n.quiet[p].Store(max(now-int64(silent), 1))
+			n.log.Warn("nexar: peer stalled: silent, but its process on this host is alive", "rank", n.rank, "peer", p,
+				"for", silent.Round(100*time.Millisecond))
+		}
+	default:
+		if n.quiet[p].Swap(0) != 0 {
+			n.log.Info("nexar: stalled peer heard from again", "rank", n.rank, "peer", p)
 		}
 	}
 }

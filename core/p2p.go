@@ -50,7 +50,7 @@ func (c *Comm) opError(op string, ctx context.Context, err error) error {
 		}
 		return &Error{Code: CodePeerDown, Op: op, Rank: r, Msg: fmt.Sprintf("rank %d is unreachable: %v", r, pd.Cause), Cause: err}
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded):
-		return &Error{Code: CodeTimeout, Op: op, Rank: -1, Msg: "Timed out before the operation completed (deadline exceeded)", Cause: err}
+		return c.timeoutError(op, err)
 	case errors.Is(err, context.Canceled):
 		return &Error{Code: CodeAborted, Op: op, Rank: -1, Msg: "cancelled", Cause: err}
 	case errors.Is(err, transport.ErrClosed):

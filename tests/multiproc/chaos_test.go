@@ -152,12 +152,15 @@ func joinLines(ls []string) string {
 // TestChaosStop SIGSTOPs a rank of a 4-rank job under the shrink policy:
 // the others leave it out and carry on as 3; once resumed, the stopped
 // rank must not carry on as a job of its own: it fails, saying it was left
-// out or has no quorum.
+// out or has no quorum. The data path is off (NEXAR_BULK=off), so that no
+// process of this host is watched and the stopped rank is judged by its
+// silence, as a rank of another host is (a watched one is stalled, never
+// dead: TestStoppedLocalRankLives).
 func TestChaosStop(t *testing.T) {
 	const n, victim = 4, 2
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	env := []string{"NEXAR_ON_FAILURE=shrink", "NEXAR_HEARTBEAT_INTERVAL=200ms", "NEXAR_HEARTBEAT_TIMEOUT=1s", "NEXAR_TIMEOUT=30s"}
+	env := []string{"NEXAR_ON_FAILURE=shrink", "NEXAR_HEARTBEAT_INTERVAL=200ms", "NEXAR_HEARTBEAT_TIMEOUT=1s", "NEXAR_TIMEOUT=30s", "NEXAR_BULK=off"}
 	args := []string{"run", "-n", strconv.Itoa(n), "--grace", "60s", "--", testprogBin, "elastic", strconv.Itoa(n - 1), "30"}
 	cmd, errOut, lines := startRun(t, ctx, args, env...)
 	job := newJobWatch(n)

@@ -11,10 +11,13 @@ import (
 )
 
 // TestStoppedRankResumed SIGSTOPs one of 4 ranks that loop on allreduce,
-// past the heartbeat timeout (3 s) and, in the long case, past the QUIC idle
-// timeout (5 s), then resumes it. The others fail naming it; the resumed
-// rank must report that it was declared unreachable, naming itself, not
-// that a healthy peer is unreachable.
+// past the heartbeat timeout (3 s) and, in the long case, past QUIC's
+// default idle timeout (5 s), then resumes it. The others fail naming it;
+// the resumed rank must report that it was declared unreachable, naming
+// itself, not that a healthy peer is unreachable. The data path is off
+// (NEXAR_BULK=off), so no process of this host is watched: the ranks judge
+// the stopped one by its silence alone, as they would a rank of another
+// host (a watched one is stalled, never dead: TestStoppedLocalRankLives).
 func TestStoppedRankResumed(t *testing.T) {
 	for _, stopFor := range []time.Duration{4500 * time.Millisecond, 8 * time.Second} {
 		t.Run(stopFor.String(), func(t *testing.T) { stopAndResume(t, stopFor) })
@@ -25,7 +28,7 @@ func stopAndResume(t *testing.T, stopFor time.Duration) {
 	const n, victim = 4, 2
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cmd, errOut, lines := startRun(t, ctx, []string{"run", "-n", strconv.Itoa(n), "--grace", "30s", "--", testprogBin, "loop"})
+	cmd, errOut, lines := startRun(t, ctx, []string{"run", "-n", strconv.Itoa(n), "--grace", "30s", "--", testprogBin, "loop"}, "NEXAR_BULK=off")
 	pids := map[int]int{}
 	looping, survivors := 0, 0
 	var stoppedAt, resumedAt time.Time

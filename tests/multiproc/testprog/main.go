@@ -4,8 +4,8 @@
 //
 //	check      every collective and point-to-point pattern, verified (default)
 //	fail R     rank R exits 1 once the job has formed; the others wait
-//	loop [B]   allreduce B bytes (default 4096) until an operation fails;
-//	           prints FAULT with timing
+//	loop [B [T]] allreduce B bytes (default 4096), each call with deadline T
+//	           (default 60s), until an operation fails; prints FAULT with timing
 //	soak D     allreduce for duration D, then verify and exit
 //	auth       expect the seed to refuse this process's token
 //	leave R H  rank R leaves as soon as New returns (H: "close" destroys its
@@ -203,7 +203,7 @@ func failRank(ctx context.Context, c *core.Comm, args []string) error {
 // long the failing operation was pending and when it failed (Unix ns) so
 // the test can compare with the time of the kill.
 func loop(c *core.Comm, args []string) error {
-	size, warm := 4<<10, 10
+	size, warm, deadline := 4<<10, 10, 60*time.Second
 	if len(args) > 0 {
 		n, err := strconv.Atoi(args[0])
 		if err != nil || n <= 0 || n%4 != 0 {
@@ -211,11 +211,18 @@ func loop(c *core.Comm, args []string) error {
 		}
 		size, warm = n, 2
 	}
+	if len(args) > 1 {
+		d, err := time.ParseDuration(args[1])
+		if err != nil || d <= 0 {
+			return fmt.Errorf("loop: deadline %q: want a positive duration", args[1])
+		}
+		deadline = d
+	}
 	buf := make([]byte, size)
 	started := false
 	for i := 0; ; i++ {
 		t0 := time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
 		err := c.Allreduce(ctx, nil, buf, collective.Float32, collective.Sum)
 		cancel()
 		if err != nil {

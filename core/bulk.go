@@ -77,7 +77,7 @@ func newBulk(cfg Config, rank int, adv string, id *nquic.Identity, peers []nquic
 //
 // RDMA carries data in the clear, so "auto" uses it only where the job
 // declared its network trusted (BulkPlaintext), as it must for plaintext
-// TCP: nothing leaves a host unencrypted unless asked (DESIGN §4).
+// TCP: nothing leaves a host unencrypted unless asked (docs/guides/security.md).
 func openRDMA(cfg Config, mode bulk.Mode) (bulk.RDMA, error) {
 	if mode != bulk.ModeAuto && mode != bulk.ModeRDMA {
 		return nil, nil

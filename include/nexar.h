@@ -1094,8 +1094,8 @@ typedef struct nexar_stats {
                                (bound on idle: NEXAR_SCRATCH_IDLE_BYTES) */
     int64_t ring_bytes;     /* per process: capacity of the shared-memory rings it created
                                (bound: NEXAR_RING_BUDGET); 0 without shared memory */
-    int64_t relayed_bytes;  /* per process: payload forwarded for other ranks; always 0 (no
-                               relaying yet) */
+    int64_t relayed_bytes;  /* per process: payload forwarded for other ranks under a sparse
+                               topology (NEXAR_TOPOLOGY); 0 under the full mesh */
     int64_t messages_sent;  /* per communicator: data messages (collective steps, sends) */
     int64_t bytes_sent;     /* per communicator: their payload bytes */
     int64_t bytes_received; /* per communicator: data payload bytes received */

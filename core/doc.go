@@ -9,5 +9,5 @@
 // joiners that prove knowledge of the job's token).
 //
 // The wire layout of the 56-byte message header is described in
-// docs/wire-format.md and next to encodeHeader in header.go.
+// docs/wire-format.md and next to header.encode in header.go.
 package core

@@ -3,8 +3,10 @@
 // moves every LaneData message to a peer over that peer's bulk channel when
 // one exists, so large payloads are not bound by one quic-go connection.
 //
-// Channels are per direction and chosen when the mesh starts, before any
-// data flows, so per-(peer, lane) order holds:
+// Channels are per direction. Their kind is negotiated when the mesh
+// starts, and a pair's data waits until its channel exists (a ring is made
+// on the first message), so no message overtakes another of its (peer,
+// lane) by changing channel:
 //
 //   - same host (equal host ids, and the producer can actually open the
 //     consumer's segment): a single-producer single-consumer ring in a 0600
@@ -1070,6 +1072,21 @@ type ctlMsg struct {
 
 var ctlDec, _ = cbor.DecOptions{MaxArrayElements: 16, MaxMapPairs: 32, MaxNestedLevels: 4}.DecMode()
 
+// decodeCtl decodes a peer's negotiation message (FuzzDecodeCtl).
+func decodeCtl(p []byte) (ctlMsg, error) {
+	var m ctlMsg
+	if len(p) > ctlMax {
+		return m, fmt.Errorf("bulk: negotiation message of %d bytes exceeds %d", len(p), ctlMax)
+	}
+	if err := ctlDec.Unmarshal(p, &m); err != nil {
+		return m, fmt.Errorf("bulk: negotiation message: %w", err)
+	}
+	if m.V != 1 {
+		return m, fmt.Errorf("bulk: negotiation message of version %d", m.V)
+	}
+	return m, nil
+}
+
 func (e *Endpoint) sendCtl(ctx context.Context, peer int, m *ctlMsg) error {
 	b, err := cbor.Marshal(m)
 	if err != nil {
@@ -1089,9 +1106,13 @@ func (e *Endpoint) handle(from int, lane transport.Lane, h *transport.Header, p 
 		}
 		return
 	}
-	var m ctlMsg
-	if from < 0 || from >= e.size || from == e.self || len(p) > ctlMax || ctlDec.Unmarshal(p, &m) != nil || m.V != 1 {
-		e.log.Warn("nexar: bulk: dropping malformed negotiation message", "rank", e.self, "from", from)
+	if from < 0 || from >= e.size || from == e.self {
+		e.log.Warn("nexar: bulk: dropping a negotiation message from an unknown rank", "rank", e.self, "from", from)
+		return
+	}
+	m, err := decodeCtl(p)
+	if err != nil {
+		e.log.Warn("nexar: bulk: dropping malformed negotiation message", "rank", e.self, "from", from, "err", err)
 		return
 	}
 	// In the handler, in order: a peer's process is known before its

@@ -36,7 +36,8 @@ func nxgo_comm_init_from_env(comm *C.uintptr_t) (r C.int) {
 	return newComm(fn, cfg, comm)
 }
 
-// cEnv looks name up in the C environment as it is now. os.LookupEnv would
+// cEnv looks name up in the C environment as it is now: the Env of every
+// config capi makes (core reads the knobs through it). os.LookupEnv would
 // read Go's copy, taken when the runtime started (library load), so a
 // variable the host program set or changed with setenv since would be
 // missed. getenv is not safe against a concurrent setenv in another thread;
@@ -80,7 +81,15 @@ func initFrom(fn string, config unsafe.Pointer, comm *C.uintptr_t, join bool) C.
 }
 
 func newComm(fn string, cfg core.Config, out *C.uintptr_t) C.int {
-	devices.probe() // first: the data path takes the runtime (GPUDirect RDMA)
+	// The knobs the config leaves unset, from the C environment as it is
+	// now (core.New would read Go's copy, taken when the library loaded);
+	// the device probe needs the CUDA runtime's knob first.
+	cfg.Env = cEnv
+	cfg, err := cfg.WithEnv()
+	if err != nil {
+		return fail(fn, resInvalidArgument, "%v", err)
+	}
+	devices.probe(cfg.CUDARuntime) // first: the data path takes the runtime (GPUDirect RDMA)
 	cfg.GPU = devices.gpu()
 	c, err := newWorld(bg, cfg)
 	if err != nil {
@@ -167,7 +176,33 @@ func nxgo_comm_split(comm C.uintptr_t, color, key C.int, newcomm *C.uintptr_t) (
 	}
 	if nc != nil {
 		*newcomm = C.uintptr_t(comms.add(nc))
-		devices.probe()
+		devices.probe(nc.Config().CUDARuntime)
+	}
+	return resSuccess
+}
+
+//export nxgo_comm_get_path
+func nxgo_comm_get_path(comm C.uintptr_t, peer C.int, buf *C.char, size C.size_t, n *C.size_t) (r C.int) {
+	const fn = "nexar_comm_get_path"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	c := a.comm(comm)
+	a.out("len", unsafe.Pointer(n))
+	if size > 0 {
+		a.out("buf", unsafe.Pointer(buf))
+	}
+	if !a.ok() {
+		return a.fail()
+	}
+	if peer < 0 || int(peer) >= c.Size() {
+		return fail(fn, resInvalidArgument, "peer %d is not a rank of this communicator (size %d)", int(peer), c.Size())
+	}
+	path := c.Paths()[int(peer)]
+	*n = C.size_t(len(path))
+	if size > 0 {
+		dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(size))
+		k := copy(dst[:len(dst)-1], path)
+		dst[k] = 0
 	}
 	return resSuccess
 }

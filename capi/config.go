@@ -25,11 +25,17 @@ func readConfig(a *args, p unsafe.Pointer, join bool) core.Config {
 		return cfg
 	}
 	c := (*C.nexar_config_t)(p)
-	if uintptr(c.struct_size) < unsafe.Sizeof(*c) {
-		a.failf(resInvalidArgument, "config->struct_size %d is smaller than sizeof(nexar_config_t) %d: initialize the config with NEXAR_CONFIG_INIT",
-			uint64(c.struct_size), unsafe.Sizeof(*c))
+	size := uintptr(c.struct_size)
+	// The first header's struct ended at max_buffered_bytes; later fields
+	// are read only where the program's struct has them.
+	first := unsafe.Offsetof(c.max_buffered_bytes) + unsafe.Sizeof(c.max_buffered_bytes)
+	if size < first || size > unsafe.Sizeof(*c) {
+		a.failf(resInvalidArgument, "config->struct_size %d is neither a size of nexar_config_t this library knows (%d to %d): initialize the config with NEXAR_CONFIG_INIT",
+			uint64(size), first, unsafe.Sizeof(*c))
 		return cfg
 	}
+	// has says whether the program's struct includes the field at off.
+	has := func(off, n uintptr) bool { return size >= off+n }
 	cfg.Rank = int(c.rank)
 	cfg.WorldSize = int(c.world_size)
 	if join {
@@ -62,6 +68,66 @@ func readConfig(a *args, p unsafe.Pointer, join bool) core.Config {
 	cfg.HeartbeatInterval = millis(c.heartbeat_interval_ms)
 	cfg.HeartbeatTimeout = millis(c.heartbeat_timeout_ms)
 	cfg.MaxBufferedBytes = int64(c.max_buffered_bytes)
+	// The appended knobs, parsed as their environment variables are
+	// (core's table), so that every entry point takes the same forms.
+	knobs := []struct {
+		field, knob string
+		off         uintptr
+		p           *C.char
+	}{
+		{"topology", "NEXAR_TOPOLOGY", unsafe.Offsetof(c.topology), c.topology},
+		{"schedules", "NEXAR_SCHEDULES", unsafe.Offsetof(c.schedules), c.schedules},
+		{"bulk", "NEXAR_BULK", unsafe.Offsetof(c.bulk), c.bulk},
+		{"memory_profile", "NEXAR_MEMORY_PROFILE", unsafe.Offsetof(c.memory_profile), c.memory_profile},
+		{"failure_policy", "NEXAR_ON_FAILURE", unsafe.Offsetof(c.failure_policy), c.failure_policy},
+		{"join_addr", "NEXAR_JOIN_ADDR", unsafe.Offsetof(c.join_addr), c.join_addr},
+		{"cuda_runtime", "NEXAR_CUDART", unsafe.Offsetof(c.cuda_runtime), c.cuda_runtime},
+		{"nccl_library", "NEXAR_NCCL", unsafe.Offsetof(c.nccl_library), c.nccl_library},
+		{"ibverbs_library", "NEXAR_IBVERBS", unsafe.Offsetof(c.ibverbs_library), c.ibverbs_library},
+		{"rdma_device", "NEXAR_IB_HCA", unsafe.Offsetof(c.rdma_device), c.rdma_device},
+	}
+	for _, k := range knobs {
+		if !has(k.off, unsafe.Sizeof(k.p)) || k.p == nil {
+			continue
+		}
+		if err := cfg.SetKnob(k.knob, C.GoString(k.p)); err != nil {
+			a.failf(resInvalidArgument, "config->%s: %v", k.field, err)
+			return cfg
+		}
+	}
+	if has(unsafe.Offsetof(c.bulk_plaintext), unsafe.Sizeof(c.bulk_plaintext)) && c.bulk_plaintext != 0 {
+		cfg.BulkPlaintext = true
+	}
+	ints := []struct {
+		field string
+		off   uintptr
+		v     C.int
+		lo    C.int
+		hi    C.int
+		to    *int
+	}{
+		{"bulk_conns", unsafe.Offsetof(c.bulk_conns), c.bulk_conns, 1, 16, &cfg.BulkConns},
+		{"min_world_size", unsafe.Offsetof(c.min_world_size), c.min_world_size, 1, 1 << 30, &cfg.MinWorldSize},
+		{"max_world_size", unsafe.Offsetof(c.max_world_size), c.max_world_size, 1, 1 << 30, &cfg.MaxWorldSize},
+	}
+	for _, f := range ints {
+		if !has(f.off, unsafe.Sizeof(f.v)) || f.v == 0 {
+			continue
+		}
+		if f.v < f.lo || f.v > f.hi {
+			a.failf(resInvalidArgument, "config->%s %d is not in [%d, %d] (0: the environment's, else the default)", f.field, int(f.v), int(f.lo), int(f.hi))
+			return cfg
+		}
+		*f.to = int(f.v)
+	}
+	if has(unsafe.Offsetof(c.spin_wait_us), unsafe.Sizeof(c.spin_wait_us)) {
+		switch us := int64(c.spin_wait_us); {
+		case us < 0:
+			cfg.SpinWait = -1 // never spin
+		case us > 0:
+			cfg.SpinWait = time.Duration(us) * time.Microsecond
+		}
+	}
 	return cfg
 }
 

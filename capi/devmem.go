@@ -20,7 +20,7 @@ import (
 
 // devMem is the process's CUDA staging (hw/cuda/stage): present once a
 // communicator was created in a process that has a CUDA runtime loaded
-// (or names one in NEXAR_CUDART) and sees a device. Without it no pointer
+// (or names one: NEXAR_CUDART, Config.CUDARuntime) and sees a device. Without it no pointer
 // the process holds can be device memory, and buffers cost one atomic load.
 // Safe for concurrent use.
 type devMem struct {
@@ -33,10 +33,11 @@ type devMem struct {
 
 var devices devMem
 
-// probe looks for a CUDA runtime (comm creation calls it; cheap after the
-// first success). A runtime loaded after the last communicator was created
-// is found by the next creation.
-func (d *devMem) probe() {
+// probe looks for a CUDA runtime (comm creation calls it, with the
+// runtime its configuration names, if any; cheap after the first success).
+// A runtime loaded after the last communicator was created is found by the
+// next creation.
+func (d *devMem) probe(override string) {
 	if d.st.Load() != nil {
 		return
 	}
@@ -46,7 +47,6 @@ func (d *devMem) probe() {
 		return
 	}
 	d.tried = true
-	override, _ := cEnv("NEXAR_CUDART")
 	rt, err := cuda.InProcess(override)
 	switch {
 	case err != nil:

@@ -118,6 +118,11 @@ nexar_result_t nexar_comm_get_error(nexar_comm_t comm, nexar_result_t* error) {
     return (nexar_result_t)nxgo_comm_get_error((uintptr_t)comm, (int*)error);
 }
 
+nexar_result_t nexar_comm_get_path(nexar_comm_t comm, int peer, char* buf, size_t size, size_t* len) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_comm_get_path((uintptr_t)comm, peer, buf, size, len);
+}
+
 nexar_result_t nexar_comm_get_failed(nexar_comm_t comm, int* ranks, size_t capacity, size_t* count) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_comm_get_failed((uintptr_t)comm, ranks, capacity, count);

@@ -75,19 +75,33 @@ func (t *hierTable) remove(h uintptr) {
 	}
 }
 
-// ncclLib is the process's NCCL: the library NEXAR_NCCL names, else
-// libnccl.so.2 or libnccl.so; loaded once. When NEXAR_CUDART overrides the
-// CUDA runtime and NEXAR_NCCL is not set, none is loaded: an NCCL found on
-// the loader's path would not be built for that runtime.
-var ncclLib = sync.OnceValues(func() (*nccl.Library, string) {
-	if p, ok := cEnv("NEXAR_NCCL"); ok && p != "" {
+// ncclLoader loads the process's NCCL once: the library the first
+// communicator that needs it names (NEXAR_NCCL, Config.NCCLLibrary), else
+// libnccl.so.2 or libnccl.so. When the configuration names the CUDA
+// runtime (NEXAR_CUDART) but no NCCL, none is loaded: an NCCL found on the
+// loader's path would not be built for that runtime. Safe for concurrent use.
+type ncclLoader struct {
+	once sync.Once
+	lib  *nccl.Library
+	why  string // why there is none
+}
+
+var nccls ncclLoader
+
+func (l *ncclLoader) get(cfg core.Config) (*nccl.Library, string) {
+	l.once.Do(func() { l.lib, l.why = loadNCCL(cfg) })
+	return l.lib, l.why
+}
+
+func loadNCCL(cfg core.Config) (*nccl.Library, string) {
+	if p := cfg.NCCLLibrary; p != "" {
 		l, err := nccl.Open(p)
 		if err != nil {
 			return nil, err.Error()
 		}
 		return l, ""
 	}
-	if p, ok := cEnv("NEXAR_CUDART"); ok && p != "" {
+	if cfg.CUDARuntime != "" {
 		return nil, "NEXAR_CUDART names the CUDA runtime but NEXAR_NCCL names no NCCL to go with it"
 	}
 	var last error
@@ -99,7 +113,7 @@ var ncclLib = sync.OnceValues(func() (*nccl.Library, string) {
 		last = err
 	}
 	return nil, last.Error()
-})
+}
 
 // hier returns the hierarchical communicator for a call of a.fn whose
 // buffers are bufs (all must be device memory of one device), or nil when
@@ -111,8 +125,14 @@ func (a *args) hier(handle C.uintptr_t, count C.size_t, dt, op C.int, reduces bo
 	if st == nil || count == 0 || !a.ok() {
 		return nil
 	}
-	mv, _ := cEnv("NEXAR_NCCL_HIER")
-	mode, err := hier.ParseMode(mv)
+	c := a.comm(handle)
+	if !a.ok() {
+		return nil
+	}
+	// The mode and host are the communicator's configuration (knobs read
+	// once, when it was made), never the environment of the moment.
+	cfg := c.Config()
+	mode, err := hier.ParseMode(cfg.NCCLHier)
 	if err != nil {
 		a.failf(resInvalidArgument, "%v", err)
 		return nil
@@ -139,13 +159,9 @@ func (a *args) hier(handle C.uintptr_t, count C.size_t, dt, op C.int, reduces bo
 	if reduces && collective.Check(t, o) != nil || !hier.Supports(t, o, reduces) {
 		return nil
 	}
-	lib, why := ncclLib()
+	lib, why := nccls.get(cfg)
 	if lib == nil && mode == hier.Auto {
 		return nil // this process has no NCCL: the staged path
-	}
-	c := a.comm(handle)
-	if !a.ok() {
-		return nil
 	}
 	s := hiers.get(uintptr(handle))
 	s.mu.Lock()
@@ -155,9 +171,8 @@ func (a *args) hier(handle C.uintptr_t, count C.size_t, dt, op C.int, reduces bo
 			s.h.Close()
 		}
 		s.comm, s.h, s.err = c, nil, nil
-		hostID, _ := cEnv("NEXAR_HIER_HOST_ID")
 		deps := hier.Deps{Runtime: devices.rt, Stager: st, NCCL: lib, Unusable: why}
-		s.h, s.err = hier.New(bg, c, deps, hier.Options{Mode: mode, HostID: hostID, Device: dev})
+		s.h, s.err = hier.New(bg, c, deps, hier.Options{Mode: mode, HostID: cfg.HierHostID, Device: dev})
 	}
 	if s.err != nil {
 		a.failf(resultOf(s.err), "setting up NCCL (NEXAR_NCCL_HIER=%v): %v", mode, s.err)

@@ -2,7 +2,6 @@ package core
 
 import (
 	"net"
-	"os"
 
 	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport"
@@ -71,7 +70,7 @@ func newBulk(cfg Config, rank int, adv string, id *nquic.Identity, peers []nquic
 }
 
 // openRDMA opens the RDMA device for the bulk endpoint (transport/rdma;
-// NEXAR_IBVERBS, NEXAR_IB_HCA, NEXAR_IB_GID_INDEX) where the mode may use
+// Config.RDMA: NEXAR_IBVERBS, NEXAR_IB_HCA, NEXAR_IB_GID_INDEX) where the mode may use
 // one: under "auto" its absence is no error (nil: no RDMA); under "rdma" it
 // is.
 //
@@ -86,10 +85,7 @@ func openRDMA(cfg Config, mode bulk.Mode) (bulk.RDMA, error) {
 		cfg.Logger.Debug("nexar: RDMA not used: it is not encrypted; NEXAR_BULK_PLAINTEXT=1 or NEXAR_BULK=rdma allow it", "subsys", SubsysNet)
 		return nil, nil
 	}
-	opt, err := trdma.OptionsFromEnv(os.Getenv)
-	if err != nil {
-		return nil, invalidArg("new", "%v", err)
-	}
+	opt := cfg.RDMA
 	opt.Logger = cfg.Logger.With("subsys", SubsysNet)
 	opt.GPU = cfg.GPU
 	d, err := trdma.Open(opt)

@@ -170,7 +170,10 @@ func newLocalWrapped(n int, cfg Config, wrap func(int, transport.DataPath) trans
 	if n < 1 {
 		return nil, invalidArg("new", "world size %d must be >= 1", n)
 	}
-	cfg = cfg.withDefaults()
+	cfg, err := cfg.resolve()
+	if err != nil {
+		return nil, err
+	}
 	if err := cfg.Tuning.Validate(); err != nil {
 		return nil, invalidArg("new", "Config.Tuning: %v", err)
 	}
@@ -238,6 +241,17 @@ func (c *Comm) Size() int { return c.size }
 // in), for layers above core that wait on work of their own for a call
 // (package hier: NCCL's). Safe for concurrent use.
 func (c *Comm) Timeout() time.Duration { return c.cfg.Timeout }
+
+// Config is the configuration c was made with, the environment and the
+// defaults filled in (split children share their parent's), less the
+// token and the environment reader: for layers above core that act on
+// knobs of their own (capi's device paths: NCCLHier, HierHostID,
+// CUDARuntime, NCCLLibrary). Safe for concurrent use.
+func (c *Comm) Config() Config {
+	cfg := c.cfg
+	cfg.Token, cfg.Env = nil, nil
+	return cfg
+}
 
 // Err returns the sticky failure of c, or nil while it is healthy.
 func (c *Comm) Err() error {

@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -204,6 +205,29 @@ type Config struct {
 	// buffers are released when a call ends (NEXAR_SCRATCH_IDLE_BYTES).
 	// Default: the profile's; negative: keep none.
 	ScratchIdleBytes int64
+
+	// Debug and DebugSubsys (NEXAR_DEBUG, NEXAR_DEBUG_SUBSYS) make New
+	// build a logger to stderr at that level for those subsystems when
+	// Logger is nil (docs/diagnostics.md). Default: no such logger.
+	Debug, DebugSubsys string
+
+	// Hardware loaded at run time. CUDARuntime (NEXAR_CUDART) and
+	// NCCLLibrary (NEXAR_NCCL) name the CUDA runtime and NCCL that the C
+	// ABI's device paths load (the first communicator's choice holds for
+	// the process: a library is loaded once); NCCLHier (NEXAR_NCCL_HIER:
+	// auto, on, off) and HierHostID (NEXAR_HIER_HOST_ID) steer its NCCL
+	// hierarchy (docs/device-memory.md). RDMA selects the RDMA data path's
+	// library, device, port and GID index (NEXAR_IBVERBS, NEXAR_IB_HCA,
+	// NEXAR_IB_GID_INDEX; its Logger and GPU are set by New).
+	CUDARuntime, NCCLLibrary string
+	NCCLHier, HierHostID     string
+	RDMA                     trdma.Options
+
+	// Env is where WithEnv, which New calls, reads the knobs of the table
+	// (Knobs) that this Config leaves unset. Nil: the process environment
+	// (os.LookupEnv); the C ABI passes the C environment as it is at the
+	// call. A function returning ("", false) reads nothing.
+	Env func(name string) (string, bool)
 }
 
 // MemoryProfile is one row of the memory profiles' table (Config.MemoryProfile).
@@ -262,68 +286,6 @@ func (cfg Config) withMemoryProfile() (Config, error) {
 	return cfg, nil
 }
 
-// memoryFromEnvIfUnset fills MemoryProfile, RingSize, RingBudget and
-// ScratchIdleBytes, where zero, from the environment, so that a Config not
-// read by ConfigFromEnv (nexar_comm_init, nexar.Comm(...)) takes them too.
-func (cfg *Config) memoryFromEnvIfUnset(lookup func(string) (string, bool)) error {
-	var e Config
-	err := e.memoryFromLookup(func(names ...string) (string, string) {
-		for _, n := range names {
-			if v, ok := lookup(n); ok && strings.TrimSpace(v) != "" {
-				return strings.TrimSpace(v), n
-			}
-		}
-		return "", ""
-	})
-	if err != nil {
-		return err
-	}
-	if cfg.MemoryProfile == "" {
-		cfg.MemoryProfile = e.MemoryProfile
-	}
-	if cfg.RingSize == 0 {
-		cfg.RingSize = e.RingSize
-	}
-	if cfg.RingBudget == 0 {
-		cfg.RingBudget = e.RingBudget
-	}
-	if cfg.ScratchIdleBytes == 0 {
-		cfg.ScratchIdleBytes = e.ScratchIdleBytes
-	}
-	return nil
-}
-
-// memoryFromLookup reads NEXAR_MEMORY_PROFILE, NEXAR_RING_SIZE,
-// NEXAR_RING_BUDGET and NEXAR_SCRATCH_IDLE_BYTES into cfg.
-func (cfg *Config) memoryFromLookup(get func(...string) (string, string)) error {
-	if v, name := get("NEXAR_MEMORY_PROFILE"); name != "" {
-		if _, err := MemoryProfileOf(v); err != nil {
-			return fmt.Errorf("core: NEXAR_MEMORY_PROFILE=%q: want default, training or inference", v)
-		}
-		cfg.MemoryProfile = v
-	}
-	for _, d := range []struct {
-		name string
-		dst  *int
-	}{{"NEXAR_RING_SIZE", &cfg.RingSize}, {"NEXAR_RING_BUDGET", &cfg.RingBudget}} {
-		if v, _ := get(d.name); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n <= 0 {
-				return fmt.Errorf("core: %s=%q is not a positive integer (bytes)", d.name, v)
-			}
-			*d.dst = n
-		}
-	}
-	if v, _ := get("NEXAR_SCRATCH_IDLE_BYTES"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			return fmt.Errorf("core: NEXAR_SCRATCH_IDLE_BYTES=%q is not an integer (bytes; -1: keep none)", v)
-		}
-		cfg.ScratchIdleBytes = n
-	}
-	return nil
-}
-
 // tolerated is d, or HeartbeatTimeout where that is longer: a deadline on
 // a peer's part (a connection's or the rendezvous link's idle timeout, a
 // ring's set-up, a dial) never undercuts the silence the configuration
@@ -341,7 +303,8 @@ const (
 	spinWaitShared           = 200 * time.Microsecond // more local ranks than cores (yielding)
 )
 
-// withDefaults returns cfg with zero fields filled in.
+// withDefaults returns cfg with zero fields filled in. It reads no
+// environment (WithEnv does, before it: resolve).
 func (cfg Config) withDefaults() Config {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = defaultTimeout
@@ -358,14 +321,18 @@ func (cfg Config) withDefaults() Config {
 	if cfg.HeartbeatTimeout < 2*cfg.HeartbeatInterval {
 		cfg.HeartbeatTimeout = 2 * cfg.HeartbeatInterval
 	}
-	if err := cfg.diagnosticsFromLookup(os.LookupEnv); err != nil {
-		cfg.Logger.Warn("nexar: ignoring a diagnostics variable", "subsys", SubsysInit, "err", err)
+	if cfg.Logger == nil && cfg.Debug != "" {
+		// Debug and DebugSubsys were checked by WithEnv or validate; a
+		// bad one set in code leaves the default logger.
+		if l, err := newDebugLogger(os.Stderr, cfg.Debug, cfg.DebugSubsys); err == nil {
+			cfg.Logger = l
+		}
 	}
-	if err := cfg.memoryFromEnvIfUnset(os.LookupEnv); err != nil {
-		cfg.Logger.Warn("nexar: ignoring a memory variable", "subsys", SubsysInit, "err", err)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
 	}
-	if err := cfg.elasticFromEnvIfUnset(os.LookupEnv); err != nil {
-		cfg.Logger.Warn("nexar: ignoring an elastic-membership variable", "subsys", SubsysInit, "err", err)
+	if cfg.FlightRecorderSize == 0 {
+		cfg.FlightRecorderSize = defaultFlightRecorderSize
 	}
 	if m, err := cfg.withMemoryProfile(); err == nil {
 		cfg = m // an unknown profile is reported by validateMemory, which New calls
@@ -377,62 +344,83 @@ func (cfg Config) withDefaults() Config {
 	return cfg
 }
 
+// resolve is what every constructor does first: the environment over cfg
+// (WithEnv), then the defaults, then the checks that need both.
+func (cfg Config) resolve() (Config, error) {
+	cfg, err := cfg.WithEnv()
+	if err != nil {
+		return cfg, invalidArg("new", "%v", err)
+	}
+	if cfg.Debug != "" {
+		if _, err := newDebugLogger(io.Discard, cfg.Debug, cfg.DebugSubsys); err != nil {
+			return cfg, invalidArg("new", "Config.Debug: %v", err)
+		}
+	}
+	cfg = cfg.withDefaults()
+	if cfg.FlightDumpOnSignal && cfg.FlightRecorderDir == "" {
+		return cfg, invalidArg("new", "NEXAR_FLIGHT_RECORDER_DUMP_ON_SIGNAL (Config.FlightDumpOnSignal) needs NEXAR_FLIGHT_RECORDER_DIR (where to dump)")
+	}
+	return cfg, nil
+}
+
 // ConfigFromEnv reads a Config from the environment of the launcher that
-// started this process, in this order of precedence:
+// started this process: the job it belongs to from the launcher knobs,
+// in this order of precedence,
 //
 //   - nexar: NEXAR_RANK, NEXAR_WORLD_SIZE, NEXAR_SEED (host:port),
-//     NEXAR_TOKEN or NEXAR_TOKEN_FILE, NEXAR_BIND_ADDR, NEXAR_ADVERTISE_ADDR,
-//     NEXAR_TIMEOUT, NEXAR_CONNECT_TIMEOUT, NEXAR_HEARTBEAT_INTERVAL,
-//     NEXAR_HEARTBEAT_TIMEOUT (Go durations, e.g. "30s"),
-//     NEXAR_MAX_BUFFERED_BYTES, NEXAR_SPIN_WAIT, NEXAR_BULK (auto|tcp|shm|rdma|off),
-//     NEXAR_BULK_CONNS, NEXAR_BULK_PLAINTEXT (1 or true), NEXAR_BULK_REMOTE_MIN,
-//     NEXAR_ON_FAILURE (abort|manual|shrink), NEXAR_MIN_WORLD_SIZE,
-//     NEXAR_MAX_WORLD_SIZE, NEXAR_JOIN_ADDR, NEXAR_JOIN (1: join a running
-//     job, Config.Join; NEXAR_SEED may then list several addresses),
-//     NEXAR_MEMORY_PROFILE
-//     (default|training|inference), NEXAR_RING_SIZE, NEXAR_RING_BUDGET,
-//     NEXAR_SCRATCH_IDLE_BYTES, NEXAR_TOPOLOGY (full|kregular:K|hypercube|ondemand:M),
-//     NEXAR_SCHEDULES (fit|rank|a topology);
+//     NEXAR_TOKEN or NEXAR_TOKEN_FILE, NEXAR_JOIN (1: join a running job,
+//     Config.Join; NEXAR_SEED may then list several addresses);
 //   - torchrun: RANK, WORLD_SIZE, MASTER_ADDR + MASTER_PORT;
 //   - Slurm: SLURM_PROCID, SLURM_NTASKS (the seed must come from NEXAR_SEED
 //     or MASTER_ADDR/MASTER_PORT);
-//   - Open MPI: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE.
+//   - Open MPI: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
 //
-// The token is always NEXAR_TOKEN or NEXAR_TOKEN_FILE; it is required when
-// the world has more than one rank. Errors name the missing variable.
+// and every other knob of the table (Knobs, docs/reference/env.md)
+// through WithEnv. The token is always NEXAR_TOKEN or NEXAR_TOKEN_FILE; it
+// is required when the world has more than one rank. Errors name the
+// missing or malformed variable.
 func ConfigFromEnv() (Config, error) {
 	return configFromLookup(os.LookupEnv, os.ReadFile)
 }
 
 // ConfigFromLookup is ConfigFromEnv reading the variables through lookup
-// (with os.LookupEnv's contract). It is for callers whose environment is not
-// Go's copy: in a c-shared library that copy is taken when the Go runtime
-// starts, so variables the host program sets later are not in it. It is
-// safe for concurrent use if lookup is.
+// (with os.LookupEnv's contract), which the returned Config keeps as its
+// Env. It is for callers whose environment is not Go's copy: in a
+// c-shared library that copy is taken when the Go runtime starts, so
+// variables the host program sets later are not in it. It is safe for
+// concurrent use if lookup is.
 func ConfigFromLookup(lookup func(string) (string, bool)) (Config, error) {
 	return configFromLookup(lookup, os.ReadFile)
 }
 
+// knobOr reads the knob name, else the first of the launcher variables
+// others that is set: the value and the variable it came from.
+func knobOr(lookup func(string) (string, bool), name string, others ...string) (string, string) {
+	if name != "" {
+		if v, ok := LookupKnob(lookup, name); ok {
+			return v, name
+		}
+	}
+	for _, n := range others {
+		if v, ok := lookup(n); ok && strings.TrimSpace(v) != "" {
+			return strings.TrimSpace(v), n
+		}
+	}
+	return "", ""
+}
+
 func configFromLookup(lookup func(string) (string, bool), readFile func(string) ([]byte, error)) (Config, error) {
 	var cfg Config
-	get := func(names ...string) (string, string) {
-		for _, n := range names {
-			if v, ok := lookup(n); ok && strings.TrimSpace(v) != "" {
-				return strings.TrimSpace(v), n
-			}
-		}
-		return "", ""
-	}
-	atoi := func(names ...string) (int, string, error) {
-		v, name := get(names...)
-		if name == "" {
+	atoi := func(name string, others ...string) (int, string, error) {
+		v, from := knobOr(lookup, name, others...)
+		if from == "" {
 			return 0, "", nil
 		}
 		n, err := strconv.Atoi(v)
 		if err != nil {
-			return 0, name, fmt.Errorf("core: %s=%q is not an integer", name, v)
+			return 0, from, fmt.Errorf("core: %s=%q is not an integer", from, v)
 		}
-		return n, name, nil
+		return n, from, nil
 	}
 	rank, rankVar, err := atoi("NEXAR_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
 	if err != nil {
@@ -442,10 +430,10 @@ func configFromLookup(lookup func(string) (string, bool), readFile func(string) 
 	if err != nil {
 		return cfg, err
 	}
-	if v, _ := get("NEXAR_JOIN"); v != "" {
+	if v, ok := LookupKnob(lookup, "NEXAR_JOIN"); ok {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			return cfg, fmt.Errorf("core: NEXAR_JOIN=%q is not a boolean", v)
+			return cfg, fmt.Errorf("core: NEXAR_JOIN=%q: want a boolean (1, true, 0, false)", v)
 		}
 		cfg.Join = b
 	}
@@ -471,10 +459,10 @@ func configFromLookup(lookup func(string) (string, bool), readFile func(string) 
 	}
 	cfg.Rank, cfg.WorldSize = rank, size
 
-	if v, _ := get("NEXAR_SEED"); v != "" {
+	if v, ok := LookupKnob(lookup, "NEXAR_SEED"); ok {
 		cfg.Seed = v
-	} else if host, _ := get("MASTER_ADDR"); host != "" {
-		port, _ := get("MASTER_PORT")
+	} else if host, _ := knobOr(lookup, "", "MASTER_ADDR"); host != "" {
+		port, _ := knobOr(lookup, "", "MASTER_PORT")
 		if port == "" {
 			return cfg, fmt.Errorf("core: MASTER_ADDR is set but MASTER_PORT is not")
 		}
@@ -494,210 +482,39 @@ func configFromLookup(lookup func(string) (string, bool), readFile func(string) 
 			}
 		}
 	}
-
-	if v, _ := get("NEXAR_TOKEN"); v != "" {
-		cfg.Token = []byte(v)
-	} else if path, _ := get("NEXAR_TOKEN_FILE"); path != "" {
-		b, err := readFile(path)
-		if err != nil {
-			return cfg, fmt.Errorf("core: NEXAR_TOKEN_FILE: %v", err)
-		}
-		cfg.Token = []byte(strings.TrimSpace(string(b)))
-		if len(cfg.Token) == 0 {
-			return cfg, fmt.Errorf("core: NEXAR_TOKEN_FILE %s is empty", path)
-		}
+	if cfg.Token, err = tokenFromLookup(lookup, readFile); err != nil {
+		return cfg, err
 	}
 	if len(cfg.Token) == 0 && size > 1 {
 		return cfg, fmt.Errorf("core: no token: set NEXAR_TOKEN or NEXAR_TOKEN_FILE to the job's shared secret (every rank the same)")
 	}
+	cfg.Env = lookup
+	return cfg.WithEnv()
+}
 
-	cfg.BindAddr, _ = get("NEXAR_BIND_ADDR")
-	cfg.AdvertiseAddr, _ = get("NEXAR_ADVERTISE_ADDR")
-	for _, d := range []struct {
-		name string
-		dst  *time.Duration
-	}{
-		{"NEXAR_TIMEOUT", &cfg.Timeout},
-		{"NEXAR_CONNECT_TIMEOUT", &cfg.ConnectTimeout},
-		{"NEXAR_HEARTBEAT_INTERVAL", &cfg.HeartbeatInterval},
-		{"NEXAR_HEARTBEAT_TIMEOUT", &cfg.HeartbeatTimeout},
-	} {
-		v, _ := get(d.name)
-		if v == "" {
-			continue
-		}
-		t, err := time.ParseDuration(v)
-		if err != nil || t <= 0 {
-			return cfg, fmt.Errorf("core: %s=%q is not a positive duration (e.g. \"30s\")", d.name, v)
-		}
-		*d.dst = t
+// TokenFromEnv reads the job's secret from NEXAR_TOKEN, else from the file
+// NEXAR_TOKEN_FILE names (trimmed); nil when neither is set. For programs
+// that need the token alone (nexar seed).
+func TokenFromEnv() ([]byte, error) { return tokenFromLookup(os.LookupEnv, os.ReadFile) }
+
+func tokenFromLookup(lookup func(string) (string, bool), readFile func(string) ([]byte, error)) ([]byte, error) {
+	if v, ok := LookupKnob(lookup, "NEXAR_TOKEN"); ok {
+		return []byte(v), nil
 	}
-	if v, _ := get("NEXAR_SPIN_WAIT"); v != "" {
-		t, err := time.ParseDuration(v)
-		if err != nil {
-			return cfg, fmt.Errorf("core: NEXAR_SPIN_WAIT=%q is not a duration (e.g. \"50us\", 0 for the default, -1ns to never spin)", v)
-		}
-		cfg.SpinWait = t
+	path, ok := LookupKnob(lookup, "NEXAR_TOKEN_FILE")
+	if !ok {
+		return nil, nil
 	}
-	if v, _ := get("NEXAR_IDLE_SYSMON"); v != "" {
-		switch v {
-		case "0":
-			cfg.NormalSysmon = true
-		case "1":
-			cfg.NormalSysmon = false
-		default:
-			return cfg, fmt.Errorf("core: NEXAR_IDLE_SYSMON=%q: want 1 (the default) or 0", v)
-		}
+	b, err := readFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("core: NEXAR_TOKEN_FILE: %v", err)
 	}
-	if v, _ := get("NEXAR_MAX_BUFFERED_BYTES"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n <= 0 {
-			return cfg, fmt.Errorf("core: NEXAR_MAX_BUFFERED_BYTES=%q is not a positive integer", v)
-		}
-		cfg.MaxBufferedBytes = n
+	tok := []byte(strings.TrimSpace(string(b)))
+	if len(tok) == 0 {
+		return nil, fmt.Errorf("core: NEXAR_TOKEN_FILE %s is empty", path)
 	}
-	if v, name := get("NEXAR_BULK"); name != "" {
-		if _, err := bulk.ParseMode(v); err != nil {
-			return cfg, fmt.Errorf("core: NEXAR_BULK=%q: want auto, tcp, shm, rdma or off", v)
-		}
-		cfg.Bulk = v
-	}
-	if v, _ := get("NEXAR_BULK_CONNS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 16 {
-			return cfg, fmt.Errorf("core: NEXAR_BULK_CONNS=%q is not an integer in [1, 16]", v)
-		}
-		cfg.BulkConns = n
-	}
-	if v, _ := get("NEXAR_BULK_REMOTE_MIN"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return cfg, fmt.Errorf("core: NEXAR_BULK_REMOTE_MIN=%q is not an integer (bytes; -1: never)", v)
-		}
-		cfg.BulkRemoteMin = n
-	}
-	if v, _ := get("NEXAR_ON_FAILURE"); v != "" {
-		p, err := ParseFailurePolicy(v)
-		if err != nil {
-			return cfg, fmt.Errorf("core: NEXAR_ON_FAILURE=%q: want abort, manual or shrink", v)
-		}
-		cfg.OnFailure = p
-	}
-	if err := cfg.elasticFromEnvIfUnset(lookup); err != nil {
-		return cfg, err
-	}
-	if v, _ := get("NEXAR_BULK_PLAINTEXT"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return cfg, fmt.Errorf("core: NEXAR_BULK_PLAINTEXT=%q is not a boolean", v)
-		}
-		cfg.BulkPlaintext = b
-	}
-	if v, name := get("NEXAR_TOPOLOGY"); name != "" {
-		t, err := topology.Parse(v)
-		if err != nil {
-			return cfg, fmt.Errorf("core: NEXAR_TOPOLOGY: %v", err)
-		}
-		cfg.Topology = t
-	}
-	if v, name := get("NEXAR_SCHEDULES"); name != "" {
-		if _, err := parseSchedules(v); err != nil {
-			return cfg, fmt.Errorf("core: NEXAR_SCHEDULES: %v", err)
-		}
-		cfg.Schedules = v
-	}
-	if err := cfg.memoryFromLookup(get); err != nil {
-		return cfg, err
-	}
-	if err := cfg.diagnosticsFromLookup(lookup); err != nil {
-		return cfg, err
-	}
-	return cfg, nil
+	return tok, nil
 }
 
 // defaultFlightRecorderSize is Config.FlightRecorderSize's default.
 const defaultFlightRecorderSize = 1024
-
-// diagnosticsFromLookup fills cfg's unset diagnostics fields from
-// NEXAR_DEBUG, NEXAR_DEBUG_SUBSYS and NEXAR_FLIGHT_RECORDER_* (with
-// os.LookupEnv's contract), then from the defaults (the logger:
-// slog.Default()). Every field is filled even when a variable is invalid;
-// the error names the first such.
-func (cfg *Config) diagnosticsFromLookup(lookup func(string) (string, bool)) error {
-	var first error
-	bad := func(err error) {
-		if first == nil {
-			first = err
-		}
-	}
-	get := func(name string) string {
-		v, _ := lookup(name)
-		return strings.TrimSpace(v)
-	}
-	if cfg.Logger == nil {
-		l, err := debugLoggerFromEnv(lookup, os.Stderr)
-		if err != nil {
-			bad(err)
-		}
-		if l == nil {
-			l = slog.Default()
-		}
-		cfg.Logger = l
-	}
-	if cfg.FlightRecorderSize == 0 {
-		cfg.FlightRecorderSize = defaultFlightRecorderSize
-		if v := get("NEXAR_FLIGHT_RECORDER_SIZE"); v != "" {
-			if n, err := strconv.Atoi(v); err != nil {
-				bad(fmt.Errorf("core: NEXAR_FLIGHT_RECORDER_SIZE=%q is not an integer (entries; 0 for the default, -1: off)", v))
-			} else if n != 0 {
-				cfg.FlightRecorderSize = n
-			}
-		}
-	}
-	if cfg.FlightRecorderDir == "" {
-		cfg.FlightRecorderDir = get("NEXAR_FLIGHT_RECORDER_DIR")
-	}
-	if !cfg.FlightDumpOnSignal {
-		if v := get("NEXAR_FLIGHT_RECORDER_DUMP_ON_SIGNAL"); v != "" {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				bad(fmt.Errorf("core: NEXAR_FLIGHT_RECORDER_DUMP_ON_SIGNAL=%q is not a boolean", v))
-			}
-			cfg.FlightDumpOnSignal = b
-		}
-	}
-	if cfg.FlightDumpOnSignal && cfg.FlightRecorderDir == "" {
-		bad(fmt.Errorf("core: NEXAR_FLIGHT_RECORDER_DUMP_ON_SIGNAL needs NEXAR_FLIGHT_RECORDER_DIR (where to dump)"))
-	}
-	return first
-}
-
-// elasticFromEnvIfUnset reads NEXAR_MIN_WORLD_SIZE, NEXAR_MAX_WORLD_SIZE and
-// NEXAR_JOIN_ADDR into the fields left unset, so that explicit
-// configurations (nexar_comm_init, nexar.Comm(...), the torch backend) see
-// them too.
-func (cfg *Config) elasticFromEnvIfUnset(lookup func(string) (string, bool)) error {
-	get := func(name string) string {
-		v, _ := lookup(name)
-		return strings.TrimSpace(v)
-	}
-	for _, e := range []struct {
-		name string
-		to   *int
-	}{{"NEXAR_MIN_WORLD_SIZE", &cfg.MinWorldSize}, {"NEXAR_MAX_WORLD_SIZE", &cfg.MaxWorldSize}} {
-		if v := get(e.name); v != "" && *e.to == 0 {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 {
-				return fmt.Errorf("core: %s=%q: want a positive integer", e.name, v)
-			}
-			*e.to = n
-		}
-	}
-	if v := get("NEXAR_JOIN_ADDR"); v != "" && cfg.JoinAddr == "" {
-		if _, _, err := net.SplitHostPort(v); err != nil {
-			return fmt.Errorf("core: NEXAR_JOIN_ADDR=%q is not host:port", v)
-		}
-		cfg.JoinAddr = v
-	}
-	return nil
-}

@@ -335,7 +335,16 @@ func TestDiagnosticsFromEnv(t *testing.T) {
 		}
 		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
 	}
-	cfg, err := ConfigFromLookup(env("NEXAR_FLIGHT_RECORDER_SIZE", "64", "NEXAR_FLIGHT_RECORDER_DIR", "/tmp/x",
+	// resolved as New does: the environment, then the defaults (the
+	// logger is built there).
+	resolved := func(lookup func(string) (string, bool)) (Config, error) {
+		cfg, err := ConfigFromLookup(lookup)
+		if err != nil {
+			return cfg, err
+		}
+		return cfg.resolve()
+	}
+	cfg, err := resolved(env("NEXAR_FLIGHT_RECORDER_SIZE", "64", "NEXAR_FLIGHT_RECORDER_DIR", "/tmp/x",
 		"NEXAR_FLIGHT_RECORDER_DUMP_ON_SIGNAL", "1", "NEXAR_DEBUG", "INFO", "NEXAR_DEBUG_SUBSYS", "NET"))
 	if err != nil {
 		t.Fatal(err)
@@ -346,7 +355,7 @@ func TestDiagnosticsFromEnv(t *testing.T) {
 	if _, ok := cfg.Logger.Handler().(*subsysHandler); !ok {
 		t.Errorf("NEXAR_DEBUG=INFO: logger %T", cfg.Logger.Handler())
 	}
-	cfg, err = ConfigFromLookup(env())
+	cfg, err = resolved(env())
 	if err != nil || cfg.FlightRecorderSize != defaultFlightRecorderSize || cfg.FlightDumpOnSignal || cfg.Logger != slog.Default() {
 		t.Errorf("defaults: %+v, %v", cfg, err)
 	}
@@ -356,7 +365,7 @@ func TestDiagnosticsFromEnv(t *testing.T) {
 		{"NEXAR_FLIGHT_RECORDER_DUMP_ON_SIGNAL", "sometimes", "NEXAR_FLIGHT_RECORDER_DIR", "/tmp"},
 		{"NEXAR_DEBUG", "VERBOSE"},
 	} {
-		if _, err := ConfigFromLookup(env(bad...)); err == nil {
+		if _, err := resolved(env(bad...)); err == nil {
 			t.Errorf("%v accepted", bad)
 		}
 	}

@@ -472,7 +472,10 @@ func (c *Comm) awaitGrowSeed(ctx context.Context, k uint64, leader int) (string,
 // cfg.Timeout; a grow that fails after admitting this process sends it
 // back to wait.
 func Join(ctx context.Context, cfg Config) (*Comm, error) {
-	cfg = cfg.withDefaults()
+	cfg, err := cfg.resolve()
+	if err != nil {
+		return nil, err
+	}
 	if len(cfg.Token) == 0 {
 		return nil, invalidArg("join", "no token: a joiner needs the job's secret (NEXAR_TOKEN)")
 	}

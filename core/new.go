@@ -54,7 +54,10 @@ type formOpts struct {
 }
 
 func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
-	cfg = cfg.withDefaults()
+	cfg, err := cfg.resolve()
+	if err != nil {
+		return nil, err
+	}
 	if err := cfg.Tuning.Validate(); err != nil {
 		return nil, invalidArg("new", "Config.Tuning: %v", err)
 	}

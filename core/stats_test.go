@@ -52,15 +52,21 @@ func TestMemoryProfileResolution(t *testing.T) {
 }
 
 // A Config not read by ConfigFromEnv takes the profile from the
-// environment where it sets none (nexar_comm_init, nexar.Comm(...)).
+// environment where it sets none (nexar_comm_init, nexar.Comm(...)): New
+// resolves it; withDefaults alone reads no environment.
 func TestMemoryProfileEnvFallback(t *testing.T) {
 	t.Setenv("NEXAR_MEMORY_PROFILE", "inference")
 	t.Setenv("NEXAR_RING_BUDGET", "2097152")
-	c := Config{Logger: testConfig().Logger}.withDefaults()
+	c, err := Config{Logger: testConfig().Logger}.resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if got, want := (MemoryProfile{c.MaxBufferedBytes, c.RingSize, c.RingBudget, c.ScratchIdleBytes}), (MemoryProfile{32 << 20, 1 << 20, 2 << 20, 4 << 20}); got != want {
 		t.Fatalf("env profile: got %+v, want %+v", got, want)
 	}
-	c = Config{Logger: testConfig().Logger, MemoryProfile: "training", RingBudget: 4 << 20}.withDefaults()
+	if c, err = (Config{Logger: testConfig().Logger, MemoryProfile: "training", RingBudget: 4 << 20}).resolve(); err != nil {
+		t.Fatal(err)
+	}
 	if got, want := (MemoryProfile{c.MaxBufferedBytes, c.RingSize, c.RingBudget, c.ScratchIdleBytes}), (MemoryProfile{1 << 30, 32 << 20, 4 << 20, 2 << 30}); got != want {
 		t.Fatalf("explicit fields: got %+v, want %+v", got, want)
 	}

@@ -38,19 +38,35 @@ func (s Status) String() string {
 	return fmt.Sprintf("%-5s %s: %s", s.Name, state, s.Detail)
 }
 
-// Probe checks every backend once and says, for each, whether it can be
-// used and why not. It loads the CUDA and NCCL libraries when present but
-// allocates nothing.
-func Probe() []Status {
-	return []Status{probeRDMA(), probeCUDA(), probeNCCL()}
+// Libraries names the libraries a configuration chose (core.Config:
+// NEXAR_IBVERBS, NEXAR_CUDART, NEXAR_NCCL); "" takes each package's default.
+type Libraries struct {
+	IBVerbs, CUDA, NCCL string
 }
 
-func probeRDMA() Status {
-	devs, err := rdma.Devices()
+// Probe checks every backend once, loading the libraries libs names (or
+// the defaults), and says, for each, whether it can be used and why not.
+// It loads the CUDA and NCCL libraries when present but allocates nothing.
+func Probe(libs Libraries) []Status {
+	rt, rterr := cudaRuntime(libs.CUDA)
+	return []Status{probeRDMA(libs.IBVerbs), probeCUDA(rt, rterr), probeNCCL(libs.NCCL, rt, rterr)}
+}
+
+func probeRDMA(path string) Status {
+	lib, err := rdma.Default()
+	if path != "" {
+		lib, err = rdma.Open(path)
+	}
 	if err != nil {
 		return Status{Name: "rdma", Detail: err.Error()}
 	}
-	lib, _ := rdma.Default()
+	devs, err := lib.Devices()
+	if err == nil && len(devs) == 0 {
+		err = fmt.Errorf("hw/rdma: %s lists no RDMA device", lib.Path())
+	}
+	if err != nil {
+		return Status{Name: "rdma", Detail: err.Error()}
+	}
 	d := fmt.Sprintf("%d device(s) through %s", len(devs), lib.Path())
 	for _, dev := range devs {
 		d += "; " + dev.String()
@@ -58,28 +74,49 @@ func probeRDMA() Status {
 	return Status{Name: "rdma", OK: true, Detail: d}
 }
 
-func probeCUDA() Status {
-	if err := cuda.Available(); err != nil {
-		return Status{Name: "cuda", Detail: err.Error() + "; " + stage.Verified}
+func cudaRuntime(path string) (*cuda.Runtime, error) {
+	if path != "" {
+		return cuda.Open(path)
 	}
-	n, _ := cuda.DeviceCount()
-	path, _ := cuda.LibraryPath()
-	return Status{Name: "cuda", OK: true, Detail: fmt.Sprintf("%d device(s), %s; %s", n, path, stage.Verified)}
+	return cuda.Default()
 }
 
-func probeNCCL() Status {
-	v, verr := nccl.LibraryVersion()
-	if err := nccl.Available(); err != nil {
+// cudaDevices is the number of devices rt sees, or why none is usable.
+func cudaDevices(rt *cuda.Runtime, err error) (int, error) {
+	if err != nil {
+		return 0, err
+	}
+	n, err := rt.DeviceCount()
+	if err == nil && n == 0 {
+		err = fmt.Errorf("%w (cudaGetDeviceCount returned 0)", cuda.ErrNoDevice)
+	}
+	return n, err
+}
+
+func probeCUDA(rt *cuda.Runtime, rterr error) Status {
+	n, err := cudaDevices(rt, rterr)
+	if err != nil {
+		return Status{Name: "cuda", Detail: err.Error() + "; " + stage.Verified}
+	}
+	return Status{Name: "cuda", OK: true, Detail: fmt.Sprintf("%d device(s), %s; %s", n, rt.Path(), stage.Verified)}
+}
+
+func probeNCCL(path string, rt *cuda.Runtime, rterr error) Status {
+	l, err := nccl.Default()
+	if path != "" {
+		l, err = nccl.Open(path)
+	}
+	if err != nil {
+		return Status{Name: "nccl", Detail: err.Error() + "; " + nccl.Verified}
+	}
+	v, verr := l.Version()
+	if _, err := cudaDevices(rt, rterr); err != nil {
 		if verr == nil {
 			ma, mi, pa := nccl.Version(v)
-			return Status{Name: "nccl", Detail: fmt.Sprintf("NCCL %d.%d.%d loaded, but %v; %s", ma, mi, pa, err, nccl.Verified)}
+			return Status{Name: "nccl", Detail: fmt.Sprintf("NCCL %d.%d.%d loaded, but hw/nccl: %v; %s", ma, mi, pa, err, nccl.Verified)}
 		}
 		return Status{Name: "nccl", Detail: err.Error() + "; " + nccl.Verified}
 	}
 	ma, mi, pa := nccl.Version(v)
-	path := ""
-	if l, err := nccl.Default(); err == nil {
-		path = ", " + l.Path()
-	}
-	return Status{Name: "nccl", OK: true, Detail: fmt.Sprintf("NCCL %d.%d.%d%s; %s", ma, mi, pa, path, nccl.Verified)}
+	return Status{Name: "nccl", OK: true, Detail: fmt.Sprintf("NCCL %d.%d.%d, %s; %s", ma, mi, pa, l.Path(), nccl.Verified)}
 }

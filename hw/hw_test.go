@@ -6,7 +6,7 @@ import (
 )
 
 func TestProbe(t *testing.T) {
-	st := Probe()
+	st := Probe(Libraries{})
 	want := []string{"rdma", "cuda", "nccl"}
 	if len(st) != len(want) {
 		t.Fatalf("Probe returned %d statuses, want %d", len(st), len(want))

@@ -164,8 +164,15 @@ typedef struct nexar_status {
 
 /* nexar_config_t configures nexar_comm_init. Always initialize it with
  * NEXAR_CONFIG_INIT, then set the fields you need; struct_size lets later
- * versions append fields without breaking programs built against this one.
- * A zero/NULL field means "the library default" unless stated otherwise. */
+ * versions append fields without breaking programs built against this one
+ * (a program built against an older header passes its smaller size, and
+ * the fields it lacks take the environment's values or the defaults).
+ * A zero/NULL field means "unset": the NEXAR_* environment variable of the
+ * same knob, read at the call, else the library default
+ * (docs/reference/env.md). So an explicit field beats the environment, and
+ * the environment beats the default, on every entry point. A string field
+ * takes the forms its variable takes; a bad one fails the call with
+ * NEXAR_ERR_INVALID_ARGUMENT naming the field and the accepted forms. */
 typedef struct nexar_config {
     size_t struct_size;            /* sizeof(nexar_config_t); set by NEXAR_CONFIG_INIT */
     int rank;                      /* this process's rank, or -1: assigned by the seed in join order */
@@ -182,10 +189,30 @@ typedef struct nexar_config {
     int64_t heartbeat_interval_ms; /* how often peers are probed */
     int64_t heartbeat_timeout_ms;  /* silence after which a peer is down */
     int64_t max_buffered_bytes;    /* bound on early-arrival buffering, per process */
+    /* Appended: the knobs that only the environment reached before (struct_size says whether
+       a program has them). */
+    const char* topology;          /* NEXAR_TOPOLOGY: "full", "kregular:K", "hypercube", "ondemand:M";
+                                      every rank the same */
+    const char* schedules;         /* NEXAR_SCHEDULES: "fit", "rank" or a topology; every rank the same */
+    const char* bulk;              /* NEXAR_BULK: "auto", "tcp", "shm", "rdma" or "off" */
+    int bulk_plaintext;            /* NEXAR_BULK_PLAINTEXT: nonzero declares the network trusted (bulk TCP
+                                      without TLS, RDMA under "auto"); 0: the environment, else TLS */
+    int bulk_conns;                /* NEXAR_BULK_CONNS: TCP connections per peer, 1 to 16 */
+    int64_t spin_wait_us;          /* NEXAR_SPIN_WAIT in microseconds; negative: never spin */
+    const char* memory_profile;    /* NEXAR_MEMORY_PROFILE: "default", "training" or "inference" */
+    const char* failure_policy;    /* NEXAR_ON_FAILURE: "abort", "manual" or "shrink" */
+    int min_world_size;            /* NEXAR_MIN_WORLD_SIZE */
+    int max_world_size;            /* NEXAR_MAX_WORLD_SIZE */
+    const char* join_addr;         /* NEXAR_JOIN_ADDR: this rank's lobby, UDP "host:port" */
+    const char* cuda_runtime;      /* NEXAR_CUDART: the CUDA runtime to load */
+    const char* nccl_library;      /* NEXAR_NCCL: the NCCL to load */
+    const char* ibverbs_library;   /* NEXAR_IBVERBS: the libibverbs to load */
+    const char* rdma_device;       /* NEXAR_IB_HCA: "device" or "device:port" */
 } nexar_config_t;
 
-#define NEXAR_CONFIG_INIT \
-    { sizeof(nexar_config_t), -1, 0, NULL, NULL, 0, NULL, NULL, 0, 0, 0, 0, 0 }
+#define NEXAR_CONFIG_INIT                                                                   \
+    { sizeof(nexar_config_t), -1, 0, NULL, NULL, 0, NULL, NULL, 0, 0, 0, 0, 0,              \
+      NULL, NULL, NULL, 0, 0, 0, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, NULL }
 
 /* ------------------------------------------------------------------------
  * Errors and version
@@ -311,6 +338,21 @@ nexar_result_t nexar_comm_split(nexar_comm_t comm, int color, int key, nexar_com
  * Result: NEXAR_SUCCESS (the call itself worked), NEXAR_ERR_INVALID_HANDLE,
  * NEXAR_ERR_INVALID_ARGUMENT. Thread-safety: safe from any thread. */
 nexar_result_t nexar_comm_get_error(nexar_comm_t comm, nexar_result_t* error);
+
+/* nexar_comm_get_path describes the path that carries this rank's data to
+ * peer, as `nexar bench` prints it: e.g. "shm 8 MiB ring", "tcp x2 tls",
+ * "tcp x2 plaintext", "rdma mlx5_0:1 roce v2", "quic", "relay via 3",
+ * "loopback" (peer is this rank), "mem" (in-process ranks). A pair's path
+ * is chosen at its first message, so it reads "quic" or the path
+ * negotiated so far until then.
+ * Args: comm; peer: a rank of comm; buf: out, size bytes, receives the
+ * NUL-terminated description, truncated to size-1 bytes (NULL when size
+ * is 0); size; len: out, non-NULL, the description's full length without
+ * the NUL.
+ * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE, NEXAR_ERR_INVALID_ARGUMENT
+ * (peer out of range, len NULL, buf NULL with size > 0).
+ * Thread-safety: safe from any thread. */
+nexar_result_t nexar_comm_get_path(nexar_comm_t comm, int peer, char* buf, size_t size, size_t* len);
 
 /* Failure notification. Besides failing pending and later calls, a
  * communicator records each member found failed (dead or unreachable, as

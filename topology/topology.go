@@ -125,13 +125,13 @@ func Parse(text string) (Spec, error) {
 			return bad("hypercube takes no argument")
 		}
 		s = Spec{Kind: Hypercube}
-	case "kregular", "k-regular":
+	case "kregular", "k-regular", "k_regular": // k_regular: nexar-rs's spelling
 		k, err := num()
 		if err != nil {
 			return bad(err.Error())
 		}
 		s = Spec{Kind: KRegular, N: k}
-	case "ondemand", "on-demand":
+	case "ondemand", "on-demand", "on_demand":
 		m, err := num()
 		if err != nil {
 			return bad(err.Error())

@@ -261,7 +261,10 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 // inJob reports whether a launcher (nexar run, torchrun, Slurm, Open MPI)
 // made this process one rank of a job.
 func inJob() bool {
-	for _, v := range []string{"NEXAR_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"} {
+	if _, ok := core.LookupKnob(nil, "NEXAR_WORLD_SIZE"); ok {
+		return true
+	}
+	for _, v := range []string{"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"} {
 		if os.Getenv(v) != "" {
 			return true
 		}

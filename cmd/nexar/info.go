@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"runtime"
 	"strings"
 
+	"github.com/nexar-go/nexar/core"
 	"github.com/nexar-go/nexar/hier"
 	"github.com/nexar-go/nexar/hw"
 	"github.com/nexar-go/nexar/transport/bulk"
@@ -43,14 +43,18 @@ func cmdInfo(args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "  %-12s %-4s %s\n", ifc.Name, state, strings.Join(ips, " "))
 	}
 	fmt.Fprintln(stdout, "\ntransports:")
-	for _, t := range transports() {
+	cfg, err := core.Config{}.WithEnv()
+	if err != nil {
+		return err
+	}
+	for _, t := range transports(cfg) {
 		fmt.Fprintf(stdout, "  %-6s %s\n", t.name, t.status)
 	}
 	fmt.Fprintln(stdout, "\ndata path (NEXAR_BULK=auto): shm between ranks of one host, rdma between hosts that both")
 	fmt.Fprintln(stdout, "  have an active RDMA port, tcp otherwise, quic where none is agreed;")
-	fmt.Fprintf(stdout, "  rdma here: %s\n", rdmaPath())
+	fmt.Fprintf(stdout, "  rdma here: %s\n", rdmaPath(cfg.RDMA))
 	fmt.Fprintln(stdout, "  `nexar bench` prints the path to each peer (docs/bulk-path.md)")
-	fmt.Fprintf(stdout, "\ndevice collectives: %s\n", deviceCollectives(os.Getenv("NEXAR_NCCL_HIER")))
+	fmt.Fprintf(stdout, "\ndevice collectives: %s\n", deviceCollectives(cfg.NCCLHier))
 	return nil
 }
 
@@ -72,11 +76,7 @@ func deviceCollectives(v string) string {
 // rdmaPath says which port and addressing the RDMA data path would use on
 // this machine (NEXAR_IBVERBS, NEXAR_IB_HCA, NEXAR_IB_GID_INDEX), or why
 // there is none, and what was verified.
-func rdmaPath() string {
-	opt, err := trdma.OptionsFromEnv(os.Getenv)
-	if err != nil {
-		return err.Error()
-	}
+func rdmaPath(opt trdma.Options) string {
 	d, err := trdma.Open(opt)
 	if err != nil {
 		return "none (" + err.Error() + ")"
@@ -92,7 +92,7 @@ type transportInfo struct{ name, status string }
 // transports reports what this build and this machine can use: the
 // software transports are always in the build, the hardware ones are
 // probed by package hw (a library load, no allocation).
-func transports() []transportInfo {
+func transports(cfg core.Config) []transportInfo {
 	shm, cma, tcp := bulk.Available()
 	ts := []transportInfo{
 		{"quic", "yes (TLS 1.3, mutual authentication; control, heartbeats, and data where no bulk path is agreed)"},
@@ -101,7 +101,7 @@ func transports() []transportInfo {
 		{"tcp", tcp},
 		{"mem", "yes (in-process ranks: tests and core.NewLocal)"},
 	}
-	for _, s := range hw.Probe() {
+	for _, s := range hw.Probe(hw.Libraries{IBVerbs: cfg.RDMA.Library, CUDA: cfg.CUDARuntime, NCCL: cfg.NCCLLibrary}) {
 		state := "unavailable: "
 		if s.OK {
 			state = "available: "

@@ -232,8 +232,9 @@ func launch(opt runOptions) error {
 	// An elastic job (NEXAR_ON_FAILURE=shrink or manual) outlives a rank
 	// killed by a signal: the others carry on without it, and nexar run
 	// does not stop them (docs/fault-tolerance.md).
+	policy, _ := core.LookupKnob(nil, "NEXAR_ON_FAILURE")
 	elastic := false
-	if p, err := core.ParseFailurePolicy(os.Getenv("NEXAR_ON_FAILURE")); err == nil && p != core.PolicyAbort {
+	if p, err := core.ParseFailurePolicy(policy); err == nil && p != core.PolicyAbort {
 		elastic = true
 	}
 	var lost []int
@@ -251,7 +252,7 @@ func launch(opt runOptions) error {
 			if elastic && e.killed() && caught == nil && first == nil {
 				lost = append(lost, e.rank)
 				fmt.Fprintf(opt.stderr, "nexar run: rank %d %s; the others carry on (NEXAR_ON_FAILURE=%s)\n",
-					e.rank, e.describe(), os.Getenv("NEXAR_ON_FAILURE"))
+					e.rank, e.describe(), policy)
 				continue
 			}
 			if e.failed() && first == nil && caught == nil {

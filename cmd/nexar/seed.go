@@ -80,10 +80,13 @@ func cmdSeed(args []string, stderr io.Writer) error {
 // core.ConfigFromEnv.
 func seedToken(file string) ([]byte, error) {
 	if file == "" {
-		if v := strings.TrimSpace(os.Getenv("NEXAR_TOKEN")); v != "" {
-			return []byte(v), nil
+		t, err := core.TokenFromEnv()
+		if err != nil {
+			return nil, fmt.Errorf("seed: reading the token: %w", err)
 		}
-		file = strings.TrimSpace(os.Getenv("NEXAR_TOKEN_FILE"))
+		if t != nil {
+			return t, nil
+		}
 	}
 	if file == "" {
 		return nil, usageError("seed: no token: set NEXAR_TOKEN or pass --token-file")

@@ -6,7 +6,7 @@
 // streams and events, and cudaPointerGetAttributes to tell device pointers
 // from host ones (hw/cuda/stage builds staging on these). No CUDA header is needed to build: the few
 // function types are declared here. The library is looked up as
-// $NEXAR_CUDART, then libcudart.so, libcudart.so.13, .12 and .11.0 on the
+// the configured path (capi: NEXAR_CUDART), then libcudart.so, libcudart.so.13, .12 and .11.0 on the
 // dynamic linker's path.
 //
 // A Runtime is one loaded library (Default: the process-wide one, loaded
@@ -60,7 +60,7 @@ var ErrNoLibrary = errors.New("hw/cuda: libcudart.so not found")
 // ErrNoDevice is returned (wrapped) when the runtime loads but sees no GPU.
 var ErrNoDevice = errors.New("hw/cuda: no CUDA device")
 
-// libNames is the dlopen search order after $NEXAR_CUDART.
+// libNames is Default's dlopen search order.
 var libNames = []string{"libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"}
 
 // MemcpyKind is cudaMemcpyKind: the direction of a copy.

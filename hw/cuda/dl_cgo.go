@@ -80,7 +80,6 @@ import "C"
 
 import (
 	"fmt"
-	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -114,18 +113,10 @@ func dlerror() string {
 	return "unknown dlopen error"
 }
 
-// searchNames is $NEXAR_CUDART (when set) followed by libNames.
-func searchNames() []string {
-	if p := os.Getenv("NEXAR_CUDART"); p != "" {
-		return append([]string{p}, libNames...)
-	}
-	return libNames
-}
-
 // load opens the process-wide default runtime (Default), once.
 func load() (*Runtime, error) {
 	loadOnce.Do(func() {
-		names := searchNames()
+		names := libNames
 		var last string
 		for _, n := range names {
 			cn := C.CString(n)
@@ -137,13 +128,15 @@ func load() (*Runtime, error) {
 			}
 			last = dlerror()
 		}
-		loadErr = fmt.Errorf("%w (tried %s; set NEXAR_CUDART to its path; last error: %s)", ErrNoLibrary, strings.Join(names, ", "), last)
+		loadErr = fmt.Errorf("%w (tried %s; name it with NEXAR_CUDART (core.Config.CUDARuntime); last error: %s)", ErrNoLibrary, strings.Join(names, ", "), last)
 	})
 	return lib, loadErr
 }
 
-// Default returns the process-wide runtime: $NEXAR_CUDART, else the first of
-// libcudart.so, .so.13, .so.12, .so.11.0 that loads. Loaded once.
+// Default returns the process-wide runtime: the first of libcudart.so,
+// .so.13, .so.12, .so.11.0 that loads. Loaded once. A runtime the
+// configuration names (NEXAR_CUDART, core.Config.CUDARuntime) is loaded
+// with Open or InProcess by whoever holds the configuration (capi).
 func Default() (*Runtime, error) { return load() }
 
 // Open loads the CUDA runtime (or a stand-in with the same entry points) at

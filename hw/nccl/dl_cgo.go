@@ -62,7 +62,6 @@ import "C"
 
 import (
 	"fmt"
-	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -108,14 +107,13 @@ func dlerror() string {
 	return "unknown dlopen error"
 }
 
-// Default returns the process-wide library: $NEXAR_NCCL, else the first of
-// libnccl.so.2 and libnccl.so that loads. Loaded once.
+// Default returns the process-wide library: the first of libnccl.so.2 and
+// libnccl.so that loads. Loaded once. A library the configuration names
+// (NEXAR_NCCL, core.Config.NCCLLibrary) is loaded with Open by whoever
+// holds the configuration (capi).
 func Default() (*Library, error) {
 	loadOnce.Do(func() {
 		names := libNames
-		if p := os.Getenv("NEXAR_NCCL"); p != "" {
-			names = append([]string{p}, names...)
-		}
 		var last string
 		for _, n := range names {
 			cn := C.CString(n)

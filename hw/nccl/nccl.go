@@ -1,5 +1,5 @@
 // Package nccl is nexar's optional binding to NCCL, loaded at run time with
-// dlopen (Default: $NEXAR_NCCL, else libnccl.so.2 or libnccl.so; Open: a
+// dlopen (Default: libnccl.so.2 or libnccl.so; Open: a
 // given path) so that nexar builds and runs where NCCL is not installed. It
 // binds what the hierarchical device collectives (package hier) need:
 // version, unique id, communicator init, destroy and abort, the

@@ -1,7 +1,7 @@
 // Package rdma is nexar's binding to libibverbs, for the RDMA data path
 // (transport/rdma) and `nexar info`.
 //
-// The library is loaded at run time with dlopen ($NEXAR_IBVERBS, else
+// The library is loaded at run time with dlopen (the configured one, NEXAR_IBVERBS, else
 // libibverbs.so.1), so libnexar.so loads and runs on machines without it;
 // the package is compiled against the libibverbs-dev headers in every cgo
 // build. Only exported entry points are looked up: ibv_post_send,

@@ -11,7 +11,6 @@ import "C"
 import (
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -30,15 +29,12 @@ var (
 	loadErr  error
 )
 
-// Default returns the process-wide library: $NEXAR_IBVERBS, else
-// libibverbs.so.1. Loaded once.
+// Default returns the process-wide library, libibverbs.so.1, loaded once.
+// A library the configuration names (NEXAR_IBVERBS, core.Config.RDMA) is
+// loaded with Open (transport/rdma.Options.Library).
 func Default() (*Lib, error) {
 	loadOnce.Do(func() {
-		name := os.Getenv("NEXAR_IBVERBS")
-		if name == "" {
-			name = DefaultLibrary
-		}
-		deflib, loadErr = Open(name)
+		deflib, loadErr = Open(DefaultLibrary)
 	})
 	return deflib, loadErr
 }

@@ -1,10 +1,7 @@
 package rdma
 
 import (
-	"fmt"
 	"log/slog"
-	"strconv"
-	"strings"
 	"time"
 )
 
@@ -32,7 +29,9 @@ const (
 // Options configures a Device. Zero values select the defaults.
 type Options struct {
 	// Library is the libibverbs to load; "" for hw/rdma's default
-	// ($NEXAR_IBVERBS, else libibverbs.so.1).
+	// (libibverbs.so.1). core fills Library, Device, Port and GIDIndex
+	// from its configuration (NEXAR_IBVERBS, NEXAR_IB_HCA,
+	// NEXAR_IB_GID_INDEX).
 	Library string
 	// Device and Port select the port ("", 0: the first active one).
 	Device string
@@ -77,30 +76,4 @@ func (o Options) withDefaults() Options {
 		o.Logger = slog.Default()
 	}
 	return o
-}
-
-// OptionsFromEnv reads NEXAR_IB_HCA (device, or device:port) and
-// NEXAR_IB_GID_INDEX through getenv (os.Getenv, or a C environment reader).
-// NEXAR_IBVERBS is read by hw/rdma.
-func OptionsFromEnv(getenv func(string) string) (Options, error) {
-	var o Options
-	if v := strings.TrimSpace(getenv("NEXAR_IB_HCA")); v != "" {
-		dev, port, ok := strings.Cut(v, ":")
-		o.Device = dev
-		if ok {
-			n, err := strconv.Atoi(port)
-			if err != nil || n < 1 || n > 255 {
-				return o, fmt.Errorf("transport/rdma: NEXAR_IB_HCA=%q: the port is not a number in [1, 255]", v)
-			}
-			o.Port = n
-		}
-	}
-	if v := strings.TrimSpace(getenv("NEXAR_IB_GID_INDEX")); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 || n > 255 {
-			return o, fmt.Errorf("transport/rdma: NEXAR_IB_GID_INDEX=%q is not an index in [0, 255]", v)
-		}
-		o.GIDIndex, o.SetGIDIndex = n, true
-	}
-	return o, nil
 }

@@ -6,7 +6,7 @@ import os
 import threading
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
-from . import _errors, _nexar as _lib
+from . import _errors, _knobs, _nexar as _lib
 from ._buffers import Buffer, as_buffer
 from ._types import Datatype, Op
 
@@ -208,6 +208,15 @@ class Comm:
     Comm() (or nexar.init()) joins the world described by the launcher's
     environment (`nexar run`, torchrun, Slurm, Open MPI); Comm(rank=...,
     world_size=..., seed="host:port", token=b"...") joins an explicit one.
+    The other keyword arguments are knobs (docs/reference/env.md): each
+    one given beats its NEXAR_* variable, and an unset one (None) takes the
+    variable's value, else the default. topology ("full", "kregular:K",
+    "hypercube", "ondemand:M"), schedules ("fit", "rank", a topology), bulk
+    ("auto", "tcp", "shm", "rdma", "off"), bulk_plaintext (True: the network
+    is trusted), bulk_conns, spin_wait (seconds; negative: never spin),
+    memory_profile, min_world_size, max_world_size, join_addr, cuda_runtime,
+    nccl_library, ibverbs_library and rdma_device take the forms of their
+    variables; a bad one raises InvalidArgumentError naming it.
     Collectives of one Comm must be issued in the same order on every rank
     (call them from one thread, or order them yourself); point-to-point calls
     and requests may be used from several threads. Every blocking call
@@ -219,7 +228,13 @@ class Comm:
                  advertise_addr: Optional[str] = None, timeout=None, connect_timeout=None,
                  heartbeat_interval=None, heartbeat_timeout=None,
                  max_buffered_bytes: Optional[int] = None, failure_policy: Optional[str] = None,
-                 _handle: Optional[int] = None):
+                 topology: Optional[str] = None, schedules: Optional[str] = None,
+                 bulk: Optional[str] = None, bulk_plaintext: Optional[bool] = None,
+                 bulk_conns: Optional[int] = None, spin_wait=None, memory_profile: Optional[str] = None,
+                 min_world_size: Optional[int] = None, max_world_size: Optional[int] = None,
+                 join_addr: Optional[str] = None, cuda_runtime: Optional[str] = None,
+                 nccl_library: Optional[str] = None, ibverbs_library: Optional[str] = None,
+                 rdma_device: Optional[str] = None, _handle: Optional[int] = None):
         self._pid = os.getpid()
         self._pending = set()
         self._handlers = []  # capsules owning failure handlers, kept until destroyed
@@ -228,9 +243,24 @@ class Comm:
         if _FORKED:
             raise _errors.ForkedProcessError("nexar: cannot create a communicator in a child made by fork() "
                                              "without exec(); use the 'spawn' start method")
+        knobs = {k: v for k, v in (
+            ("topology", topology), ("schedules", schedules), ("bulk", bulk), ("memory_profile", memory_profile),
+            ("join_addr", join_addr), ("cuda_runtime", cuda_runtime), ("nccl_library", nccl_library),
+            ("ibverbs_library", ibverbs_library), ("rdma_device", rdma_device),
+            ("bulk_conns", bulk_conns), ("min_world_size", min_world_size), ("max_world_size", max_world_size),
+        ) if v is not None}
+        if bulk_plaintext:
+            knobs["bulk_plaintext"] = 1
+        if spin_wait is not None and float(spin_wait) != 0:  # 0: unset
+            us = int(round(float(spin_wait) * 1e6))
+            knobs["spin_wait_us"] = us or (1 if spin_wait > 0 else -1)
         if _handle is not None:
             h = _handle
         elif world_size is None and rank is None and seed is None and token is None:
+            if knobs:
+                raise ValueError("nexar.Comm: %s need an explicit configuration (rank, world_size, seed, token); "
+                                 "from the environment, set their NEXAR_* variables instead (docs/reference/env.md)"
+                                 % ", ".join(sorted(knobs)))
             h = _lib.comm_init_from_env()
         else:
             if world_size is None:
@@ -240,7 +270,8 @@ class Comm:
             h = _lib.comm_init(
                 -1 if rank is None else int(rank), int(world_size), seed or "", bytes(token or b""),
                 bind_addr or "", advertise_addr or "", _ms(timeout), _ms(connect_timeout),
-                _ms(heartbeat_interval), _ms(heartbeat_timeout), int(max_buffered_bytes or 0))
+                _ms(heartbeat_interval), _ms(heartbeat_timeout), int(max_buffered_bytes or 0),
+                {k: (v if isinstance(v, str) else int(v)) for k, v in knobs.items()})
         self._h = h
         self._rank = _lib.comm_rank(h)
         self._size = _lib.comm_size(h)
@@ -249,14 +280,13 @@ class Comm:
         self._elastic = _lib.comm_get_failure_policy(h) == _POLICIES.index("shrink")
 
     def _apply_policy(self, failure_policy):
-        # An explicit configuration has no field for it: the argument, else
-        # NEXAR_ON_FAILURE, as nexar_comm_init_from_env reads it.
-        policy = failure_policy or os.environ.get("NEXAR_ON_FAILURE", "").strip().lower() or None
+        # The argument beats NEXAR_ON_FAILURE, which libnexar applied when
+        # it made the communicator (its knob table).
+        policy = failure_policy.strip().lower() if failure_policy else None
         if policy is not None:
             if policy not in _POLICIES:
                 self.close()
-                raise ValueError("nexar: failure policy %r (NEXAR_ON_FAILURE): want one of %s"
-                                 % (policy, ", ".join(_POLICIES)))
+                raise ValueError("nexar: failure policy %r: want one of %s" % (policy, ", ".join(_POLICIES)))
             _lib.comm_set_failure_policy(self._h, _POLICIES.index(policy))
 
     @classmethod
@@ -269,11 +299,11 @@ class Comm:
         seconds to wait (default: the library's, 5 minutes). A process
         started with NEXAR_JOIN=1 joins the same way from nexar.Comm()."""
         if addrs is None:
-            addrs = os.environ.get("NEXAR_SEED", "")
+            addrs = _knobs.env("NEXAR_SEED") or ""
         if not isinstance(addrs, str):
             addrs = ",".join(addrs)
         if token is None:
-            token = os.environ.get("NEXAR_TOKEN", "")
+            token = _knobs.env("NEXAR_TOKEN") or ""
         if isinstance(token, str):
             token = token.encode()
         if _FORKED:
@@ -953,6 +983,17 @@ class Comm:
                 return json.load(f)
         finally:
             os.unlink(path)
+
+    def path(self, peer: int) -> str:
+        """The path that carries this rank's data to peer, as `nexar bench`
+        prints it ("shm 8 MiB ring", "tcp x2 tls", "tcp x2 plaintext",
+        "relay via 3", "quic", "loopback" for this rank); a pair's path is
+        chosen at its first message."""
+        return _lib.comm_get_path(self._check(), int(peer))
+
+    def paths(self) -> dict:
+        """path(peer) for every rank, by rank."""
+        return {r: self.path(r) for r in range(self.size)}
 
     def stats(self) -> dict:
         """This communicator's memory and traffic (nexar_comm_get_stats), a

@@ -18,12 +18,14 @@
 #include <sys/mman.h>
 #endif
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -835,9 +837,47 @@ PYBIND11_MODULE(_nexar, m) {
         [](int rank, int world_size, std::string seed, py::bytes token, std::string bind_addr,
            std::string advertise_addr, int64_t timeout_ms, int64_t connect_timeout_ms,
            int64_t heartbeat_interval_ms, int64_t heartbeat_timeout_ms,
-           int64_t max_buffered_bytes) {
+           int64_t max_buffered_bytes, py::dict knobs) {
             std::string tok = token;  // copied: the C call copies it again
             nexar_config_t cfg = NEXAR_CONFIG_INIT;
+            // knobs: nexar_config_t's appended fields by name (nexar.Comm's
+            // keyword arguments); the strings live in `held` until the call.
+            std::deque<std::string> held;
+            const std::pair<const char*, const char**> strs[] = {
+                {"topology", &cfg.topology},           {"schedules", &cfg.schedules},
+                {"bulk", &cfg.bulk},                   {"memory_profile", &cfg.memory_profile},
+                {"failure_policy", &cfg.failure_policy}, {"join_addr", &cfg.join_addr},
+                {"cuda_runtime", &cfg.cuda_runtime},   {"nccl_library", &cfg.nccl_library},
+                {"ibverbs_library", &cfg.ibverbs_library}, {"rdma_device", &cfg.rdma_device},
+            };
+            const std::pair<const char*, int*> ints[] = {
+                {"bulk_plaintext", &cfg.bulk_plaintext}, {"bulk_conns", &cfg.bulk_conns},
+                {"min_world_size", &cfg.min_world_size}, {"max_world_size", &cfg.max_world_size},
+            };
+            for (auto item : knobs) {
+                std::string key = py::str(item.first);
+                bool found = false;
+                for (const auto& f : strs) {
+                    if (key == f.first) {
+                        held.push_back(py::str(item.second));
+                        *f.second = held.back().c_str();
+                        found = true;
+                    }
+                }
+                for (const auto& f : ints) {
+                    if (key == f.first) {
+                        *f.second = item.second.cast<int>();
+                        found = true;
+                    }
+                }
+                if (key == "spin_wait_us") {
+                    cfg.spin_wait_us = item.second.cast<int64_t>();
+                    found = true;
+                }
+                if (!found) {
+                    throw py::value_error("nexar: comm_init: " + key + " is not a field of nexar_config_t");
+                }
+            }
             cfg.rank = rank;
             cfg.world_size = world_size;
             cfg.seed_addr = seed.empty() ? nullptr : seed.c_str();
@@ -857,7 +897,8 @@ PYBIND11_MODULE(_nexar, m) {
         py::arg("rank"), py::arg("world_size"), py::arg("seed") = "", py::arg("token") = py::bytes(),
         py::arg("bind_addr") = "", py::arg("advertise_addr") = "", py::arg("timeout_ms") = 0,
         py::arg("connect_timeout_ms") = 0, py::arg("heartbeat_interval_ms") = 0,
-        py::arg("heartbeat_timeout_ms") = 0, py::arg("max_buffered_bytes") = 0);
+        py::arg("heartbeat_timeout_ms") = 0, py::arg("max_buffered_bytes") = 0,
+        py::arg("knobs") = py::dict());
     m.def("comm_destroy", [](handle_t c) { NX_CALL(nexar_comm_destroy(C(c))); });
 
     // ---- seeds ---------------------------------------------------------
@@ -1048,6 +1089,17 @@ PYBIND11_MODULE(_nexar, m) {
         st->reply = nullptr;
         st->len = 0;
         return out;
+    });
+    m.def("comm_get_path", [](handle_t c, int peer) {
+        std::string buf(64, '\0');
+        size_t n = 0;
+        NX_CALL(nexar_comm_get_path(C(c), peer, &buf[0], buf.size(), &n));
+        if (n >= buf.size()) {  // longer than the first guess: ask again with room
+            buf.assign(n + 1, '\0');
+            NX_CALL(nexar_comm_get_path(C(c), peer, &buf[0], buf.size(), &n));
+        }
+        buf.resize(std::min(n, buf.size() - 1));
+        return buf;
     });
     m.def("comm_get_error", [](handle_t c) {
         nexar_result_t e = NEXAR_SUCCESS;

@@ -6,7 +6,9 @@
 Works under torchrun (env://) and with tcp:// and file:// init methods, and
 for new_group(). Rendezvous goes through the Store torch gives the backend
 (rank 0 publishes a fresh random token and the seed address there), so no
-extra configuration is needed. CPU tensors only.
+extra configuration is needed. The knobs (topology, data path, plaintext
+between trusted hosts, ...) come from the NEXAR_* variables or from
+pg_options=nexar.torch.Options(...) (docs/reference/env.md).
 
 Importing this module registers the name only; libnexar (and its Go runtime)
 is loaded when the first "nexar" group is created.
@@ -17,7 +19,9 @@ from __future__ import annotations
 import inspect
 import warnings
 
-__all__ = ["ProcessGroupNexar", "register"]
+from ._options import Options  # pg_options; imports neither torch nor libnexar
+
+__all__ = ["Options", "ProcessGroupNexar", "register"]
 
 _REGISTERED = False
 

@@ -37,9 +37,10 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
-from .. import _comm, _errors
+from .. import _comm, _errors, _knobs
+from ._options import Options, comm_kwargs
 from .._types import AVG, BAND, BOR, BXOR, SUM, Datatype
-from ._rendezvous import rendezvous
+from ._rendezvous import advertise_host, rendezvous
 from ._staging import (_OPS, BYTE, Reduction, Staged, bytes_cat, copy_blocks, flat_cat, nbytes, offsets,
                        op_of, tag64)
 from ._cuda import CudaOps, CudaP2PWork, CudaWork, check_cuda, is_cuda
@@ -90,7 +91,7 @@ def _hugepage_min(v: str) -> int:
 # What RawComm.tensor_method's calls take as they are
 # (PREMUL_SUM is not among the ops: it is staged).
 _comm.set_tensor_kinds(_FAST_DT, _OPS, torch.strided, dist.ReduceOp.SUM,
-                       _hugepage_min(os.environ.get("NEXAR_TORCH_HUGEPAGE_MIN", "")))
+                       _hugepage_min(_knobs.env("NEXAR_TORCH_HUGEPAGE_MIN") or ""))
 
 
 def _plain(t) -> bool:
@@ -117,9 +118,10 @@ class ProcessGroupNexar(dist.ProcessGroup):
     # _end_coalescing (batch_isend_irecv, _coalescing_manager with a device).
     supports_coalescing = True
 
-    def __init__(self, store, rank: int, size: int, timeout: timedelta = timedelta(minutes=30),
-                 group_id: str = "", _comm_: Optional[_comm.Comm] = None):
+    def __init__(self, store=None, rank: int = 0, size: int = 1, timeout: timedelta = timedelta(minutes=30),
+                 group_id: str = "", _comm_: Optional[_comm.Comm] = None, options: Optional[Options] = None):
         super().__init__(rank, size)
+        self._options = options  # pg_options: nexar.torch.Options (knobs), or None
         self._rank_ = rank
         self._size_ = size
         self._group_id = group_id
@@ -138,7 +140,7 @@ class ProcessGroupNexar(dist.ProcessGroup):
             secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
             try:
                 self._comm = _comm.Comm(rank=rank, world_size=size, seed=rv.seed_addr, token=rv.token,
-                                        advertise_addr=rv.advertise_host, timeout=secs, connect_timeout=secs)
+                                        advertise_addr=rv.advertise_host, **comm_kwargs(options, secs))
             except BaseException:
                 if self._seed is not None:
                     self._seed.close()
@@ -284,14 +286,21 @@ class ProcessGroupNexar(dist.ProcessGroup):
         host, _, port = hostport.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"nexar: configure: store address {store_addr!r} is not host:port[/prefix]")
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=self._timeout)
+        store = dist.TCPStore(host.strip("[]"), int(port), is_master=False, wait_for_workers=False,
+                              timeout=self._timeout)
         if prefix:
             store = dist.PrefixStore(prefix, store)
-        rv = rendezvous(store, rank, world_size)
-        secs = self._timeout.total_seconds() if isinstance(self._timeout, timedelta) else float(self._timeout)
+        self._configure_on(store, rank, world_size, self._timeout)
+
+    def _configure_on(self, store, rank: int, size: int, timeout) -> None:
+        """configure() and reconfigure(): the nexar rendezvous through store
+        (its rank 0 starts the seed), then this group adopts the new
+        communicator. The store is kept (get_group_store, split_group)."""
+        rv = rendezvous(store, rank, size)
+        secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
         try:
-            comm = _comm.Comm(rank=rank, world_size=world_size, seed=rv.seed_addr, token=rv.token,
-                              advertise_addr=rv.advertise_host, timeout=secs, connect_timeout=secs)
+            comm = _comm.Comm(rank=rank, world_size=size, seed=rv.seed_addr, token=rv.token,
+                              advertise_addr=rv.advertise_host, **comm_kwargs(self._options, secs))
         except BaseException:
             if rv.seed is not None:
                 rv.seed.close()

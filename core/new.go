@@ -162,6 +162,7 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 	// a grown world's members bring theirs along.
 	jo := joinOptions(cfg)
 	jo.SeedUp = opts.seedUp
+	jo.Log = cfg.Logger.With("subsys", SubsysInit)
 	if opts.lobby != nil {
 		jo.Lobby = opts.lobby.addr
 	} else {
@@ -427,6 +428,10 @@ func bindAddr(cfg Config) (string, error) {
 // "localhost"). Only a name that resolves to nothing but loopback here
 // (e.g. 127.0.1.1 from /etc/hosts), while other hosts may resolve it to this
 // host's network address, gets every interface on the port.
+//
+// SeedListenAddr is the same rule for a stand-alone seed (nexar seed).
+func SeedListenAddr(seed string) string { return seedBindAddr(context.Background(), seed) }
+
 func seedBindAddr(ctx context.Context, seed string) string {
 	host, port, _ := net.SplitHostPort(seed)
 	if ip := net.ParseIP(host); ip != nil {
@@ -446,6 +451,9 @@ func seedBindAddr(ctx context.Context, seed string) string {
 
 // advertiseAddr is what peers dial: cfg.AdvertiseAddr, else the bound IP
 // when specific, else the IP of the interface that routes to the seed.
+// Never a loopback or link-local host while the seed is not loopback (ranks
+// on other hosts may join it): that is an error at once, naming the
+// variable, instead of a formation that waits out the connect timeout.
 func advertiseAddr(cfg Config, bound net.Addr) (string, error) {
 	ua, ok := bound.(*net.UDPAddr)
 	if !ok {
@@ -460,9 +468,15 @@ func advertiseAddr(cfg Config, bound net.Addr) (string, error) {
 		if p == "" || p == "0" {
 			p = port
 		}
+		if err := localOnly(cfg, host, "NEXAR_ADVERTISE_ADDR is "+cfg.AdvertiseAddr); err != nil {
+			return "", err
+		}
 		return net.JoinHostPort(host, p), nil
 	}
 	if !ua.IP.IsUnspecified() && ua.IP != nil {
+		if err := localOnly(cfg, ua.IP.String(), "this rank listens on "+ua.IP.String()+" (NEXAR_BIND_ADDR or the route to the seed)"); err != nil {
+			return "", err
+		}
 		return net.JoinHostPort(ua.IP.String(), port), nil
 	}
 	ip, err := membership.RouteTo(cfg.Seed)
@@ -471,4 +485,34 @@ func advertiseAddr(cfg Config, bound net.Addr) (string, error) {
 			Msg: fmt.Sprintf("no route to the seed %s to pick an address to advertise (set NEXAR_ADVERTISE_ADDR): %v", cfg.Seed, err), Cause: err}
 	}
 	return net.JoinHostPort(ip.String(), port), nil
+}
+
+// localOnly is an error when host, the address this rank would advertise
+// (what says so), is loopback or link-local while the seed is not loopback
+// here: a rank on another host could not dial it.
+func localOnly(cfg Config, host, what string) error {
+	ip := net.ParseIP(host)
+	if ip == nil || !(ip.IsLoopback() || ip.IsLinkLocalUnicast()) {
+		return nil
+	}
+	sh, _, err := net.SplitHostPort(cfg.Seed)
+	if err != nil {
+		return nil
+	}
+	var seedIPs []net.IP
+	if sip := net.ParseIP(sh); sip != nil {
+		seedIPs = []net.IP{sip}
+	} else if sh != "localhost" {
+		addrs, _ := net.LookupIP(sh)
+		seedIPs = addrs
+	}
+	for _, sip := range seedIPs {
+		if !sip.IsLoopback() && !sip.IsUnspecified() && !sip.IsLinkLocalUnicast() {
+			return &Error{Code: CodeInvalidArgument, Op: "new", Rank: cfg.Rank,
+				Msg: fmt.Sprintf("%s, a loopback or link-local address, but the seed %s is not loopback: ranks on other hosts "+
+					"could not dial this rank; set NEXAR_ADVERTISE_ADDR (and NEXAR_BIND_ADDR) to an address of this host they reach",
+					what, cfg.Seed)}
+		}
+	}
+	return nil
 }

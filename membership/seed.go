@@ -10,7 +10,9 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -183,6 +185,7 @@ type Seed struct {
 	// mu guards the following fields.
 	mu         sync.Mutex
 	members    []*member     // in join order
+	firstJoin  time.Time     // when the first of members joined
 	table      []peerMsg     // by rank, set when formed
 	settled    int           // members that reported or were lost
 	allSettled chan struct{} // closed when settled reaches size
@@ -208,6 +211,7 @@ type member struct {
 	lobby string
 	fp    []byte
 	topo  string        // its topology ("": full mesh)
+	from  net.IP        // the address it joined from
 	idle  time.Duration // its rendezvous connection's idle timeout
 	gone  chan struct{}
 
@@ -238,6 +242,7 @@ func StartSeed(addr string, worldSize int, token []byte, log *slog.Logger) (*See
 		formed: make(chan struct{}), allSettled: make(chan struct{}), mismatch: make(chan struct{})}
 	s.life, s.end = context.WithCancel(context.Background())
 	s.listener.serve(s.serve)
+	go s.logWaits()
 	return s, nil
 }
 
@@ -321,6 +326,9 @@ func (s *Seed) serve(conn *quic.Conn) {
 		}
 	}
 	m := &member{want: j.Rank, addr: j.Addr, lobby: j.Lobby, fp: j.FP, topo: j.Topo, idle: IdleTimeout, gone: make(chan struct{})}
+	if ua, ok := conn.RemoteAddr().(*net.UDPAddr); ok {
+		m.from = ua.IP
+	}
 	if j.Idle > 0 {
 		m.idle = min(time.Duration(j.Idle)*time.Millisecond, MaxIdleTimeout)
 	}
@@ -498,6 +506,9 @@ func (s *Seed) add(m *member) error {
 		close(s.mismatch)
 		return errors.New(s.why)
 	}
+	if len(s.members) == 0 {
+		s.firstJoin = time.Now()
+	}
 	s.members = append(s.members, m)
 	if len(s.members) < s.size {
 		return nil
@@ -518,12 +529,120 @@ func (s *Seed) add(m *member) error {
 			o.rank, taken[next] = next, true
 		}
 	}
+	if why := unreachableMember(s.members); why != "" {
+		s.why = why
+		close(s.mismatch)
+		return errors.New(why)
+	}
 	s.table = make([]peerMsg, s.size)
 	for _, o := range s.members {
 		s.table[o.rank] = peerMsg{Rank: o.rank, Addr: o.addr, FP: o.fp, Lobby: o.lobby}
 	}
 	close(s.formed)
 	return nil
+}
+
+// unreachableMember names a member that advertises a loopback or
+// link-local address while members on another host would have to dial it
+// ("" if there is none): formation would wait for the connect timeout. A
+// member's host is told by the address it joined from: loopback or one of
+// this host's addresses is the seed's host, any other is a host of its own.
+func unreachableMember(members []*member) string {
+	local, _ := net.InterfaceAddrs()
+	hostOf := func(m *member) string {
+		if m.from == nil || m.from.IsLoopback() {
+			return ""
+		}
+		for _, a := range local {
+			if n, ok := a.(*net.IPNet); ok && n.IP.Equal(m.from) {
+				return ""
+			}
+		}
+		return m.from.String()
+	}
+	byRank := append([]*member(nil), members...)
+	sort.Slice(byRank, func(i, j int) bool { return byRank[i].rank < byRank[j].rank })
+	for _, m := range byRank {
+		host, _, err := net.SplitHostPort(m.addr)
+		ip := net.ParseIP(host)
+		if err != nil || ip == nil || !(ip.IsLoopback() || ip.IsLinkLocalUnicast()) {
+			continue
+		}
+		var others []string
+		from := map[string]bool{}
+		for _, o := range byRank {
+			if h := hostOf(o); h != hostOf(m) {
+				others = append(others, strconv.Itoa(o.rank))
+				from[o.from.String()] = true
+			}
+		}
+		if len(others) == 0 {
+			continue
+		}
+		addrs := make([]string, 0, len(from))
+		for a := range from {
+			addrs = append(addrs, a)
+		}
+		sort.Strings(addrs)
+		return fmt.Sprintf("rank %d advertises %s, a loopback or link-local address, but ranks %s joined from other hosts (%s) "+
+			"and cannot dial it: set NEXAR_ADVERTISE_ADDR (or NEXAR_BIND_ADDR) on rank %d's host to an address they reach, "+
+			"or name the seed by an address that is not loopback there (its host name may resolve to 127.0.1.1)",
+			m.rank, m.addr, strings.Join(others[:min(len(others), 16)], ", "), strings.Join(addrs[:min(len(addrs), 8)], ", "), m.rank)
+	}
+	return ""
+}
+
+// logWaits logs, while some ranks have joined and others have not, how many
+// joined and which are missing: WaitLogFirst after the first joined, then
+// every WaitLogEvery, until the job forms or the seed closes.
+func (s *Seed) logWaits() {
+	t := time.NewTicker(time.Second) // the granularity of the intervals
+	defer t.Stop()
+	var logged time.Time
+	for {
+		select {
+		case <-t.C:
+		case <-s.formed:
+			return
+		case <-s.mismatch:
+			return
+		case <-s.done:
+			return
+		}
+		s.mu.Lock()
+		n, first := len(s.members), s.firstJoin
+		taken := make([]bool, s.size)
+		var from []string
+		auto := false
+		for _, m := range s.members {
+			if m.want >= 0 {
+				taken[m.want] = true
+			} else {
+				auto = true
+			}
+			if len(from) < 8 {
+				from = append(from, m.addr)
+			}
+		}
+		s.mu.Unlock()
+		now := time.Now()
+		if n == 0 || now.Sub(first) < WaitLogFirst || (!logged.IsZero() && now.Sub(logged) < WaitLogEvery) {
+			continue
+		}
+		var missing []string
+		for r, ok := range taken {
+			if !ok && len(missing) < 16 {
+				missing = append(missing, strconv.Itoa(r))
+			}
+		}
+		if auto {
+			missing = []string{fmt.Sprintf("%d ranks (assigned at formation)", s.size-n)}
+		}
+		s.log.Warn("nexar seed: waiting for ranks to join", "addr", s.Addr().String(), "joined", n, "world_size", s.size,
+			"missing", strings.Join(missing, ","), "joined_advertising", strings.Join(from, ","),
+			"waited", now.Sub(first).Round(time.Second))
+		logged = now
+	}
 }
 
 func (s *Seed) remove(m *member) {
@@ -569,6 +688,51 @@ type JoinOptions struct {
 	// MaxIdleTimeout). Longer suits a world of many ranks on few cores,
 	// where a busy joiner may not be scheduled for seconds.
 	IdleTimeout time.Duration
+	// Log (nil: slog.Default()) receives the waits: a joiner that has not
+	// reached the seed, or waits for the other ranks, says so after
+	// WaitLogFirst and every WaitLogEvery after, at Warn level.
+	Log *slog.Logger
+}
+
+// A wait for the seed or for the other ranks is logged after WaitLogFirst,
+// then every WaitLogEvery, by the joiner (which seed, at which address) and
+// by the seed (which ranks, from where).
+const (
+	WaitLogFirst = 5 * time.Second
+	WaitLogEvery = 30 * time.Second
+)
+
+func (o JoinOptions) log() *slog.Logger {
+	if o.Log == nil {
+		return slog.Default()
+	}
+	return o.Log
+}
+
+// logWhile logs msg (with args and the time waited) after WaitLogFirst and
+// every WaitLogEvery until the returned stop is called.
+func logWhile(log *slog.Logger, msg string, args ...any) (stop func()) {
+	start := time.Now()
+	done := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		t := time.NewTimer(WaitLogFirst)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			log.Warn(msg, append(args, "waited", time.Since(start).Round(time.Second))...)
+			t.Reset(WaitLogEvery)
+		}
+	}()
+	return func() {
+		close(done)
+		<-ended
+	}
 }
 
 func (o JoinOptions) idle() time.Duration {
@@ -651,6 +815,7 @@ func JoinWatchedLobby(ctx context.Context, addr string, token []byte, rank int, 
 		backoff = min(2*backoff, time.Second)
 		return true
 	}
+	start, logged := time.Now(), time.Time{}
 	for {
 		var conn *quic.Conn
 		var sock *dialSocket
@@ -670,8 +835,14 @@ func JoinWatchedLobby(ctx context.Context, addr string, token []byte, rank int, 
 			if o.SeedUp {
 				return 0, nil, nil, nil, errorf(abi.ErrPeerDown, "rendezvous", err, "the seed at %s is gone: %v", addr, err)
 			}
+			if now := time.Now(); now.Sub(start) >= WaitLogFirst && now.Sub(logged) >= WaitLogEvery {
+				o.log().Warn("nexar: rendezvous: waiting for the seed, not reached yet", "rank", rank, "seed", addr,
+					"waited", now.Sub(start).Round(time.Second), "err", err)
+				logged = now
+			}
 			if !wait() {
-				return 0, nil, nil, nil, errorf(abi.ErrTimeout, "rendezvous", err, "cannot reach the seed at %s: %v", addr, err)
+				return 0, nil, nil, nil, errorf(abi.ErrTimeout, "rendezvous", err, "cannot reach the seed at %s after %v: %v (%s)",
+					addr, time.Since(start).Round(time.Second), err, unreachableHint(addr))
 			}
 		}
 		r, peers, lobbies, st, formed, err := joinOnce(ctx, conn, addr, token, rank, advertise, fp, o)
@@ -725,12 +896,16 @@ func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, r
 		return fail(abi.ErrInternal, "seed %s: %v", addr, err)
 	}
 	var w welcomeMsg
-	if err := readFrameCtx(ctx, st, maxWelcome, &w); err != nil {
+	stop := logWhile(o.log(), "nexar: rendezvous: joined the seed, waiting for the other ranks to join (the seed logs which)",
+		"rank", rank, "seed", addr, "advertised", advertise)
+	err = readFrameCtx(ctx, st, maxWelcome, &w)
+	stop()
+	if err != nil {
 		if errors.Is(ctx.Err(), context.Canceled) {
 			return fail(abi.ErrTimeout, "seed %s: stopped waiting for the peer table: %v", addr, context.Cause(ctx))
 		}
 		if errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil || isTimeout(err) {
-			return fail(abi.ErrTimeout, "seed %s: not every rank joined in time: %v", addr, err)
+			return fail(abi.ErrTimeout, "seed %s: not every rank joined in time (the seed's log names the missing ranks): %v", addr, err)
 		}
 		return 0, nil, nil, nil, false, errorf(abi.ErrInternal, "rendezvous", err, "seed %s: reading the peer table: %v", addr, err)
 	}
@@ -796,6 +971,16 @@ func (d *dialSocket) close() {
 		d.tr.Close()
 		d.udp.Close()
 	}
+}
+
+// unreachableHint says what to set when the seed at addr cannot be reached.
+func unreachableHint(addr string) string {
+	host, _, _ := net.SplitHostPort(addr)
+	if ip := net.ParseIP(host); ip != nil && (ip.IsLoopback() || ip.IsLinkLocalUnicast()) {
+		return "a loopback or link-local seed is reachable from its own host only: on a job across hosts, " +
+			"set NEXAR_ADVERTISE_ADDR on rank 0's host to an address the others reach"
+	}
+	return "check that this host reaches it: NEXAR_SEED, or MASTER_ADDR, or rank 0's NEXAR_ADVERTISE_ADDR names it"
 }
 
 func isTimeout(err error) bool {

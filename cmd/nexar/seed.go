@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -45,8 +46,9 @@ func cmdSeed(args []string, stderr io.Writer) error {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	addr := seedListen(*listen, log)
 	for {
-		s, err := core.StartSeed(*listen, *size, token)
+		s, err := core.StartSeed(addr, *size, token)
 		if err != nil {
 			return err
 		}
@@ -100,4 +102,23 @@ func seedToken(file string) ([]byte, error) {
 		return nil, fmt.Errorf("seed: token file %s is empty", file)
 	}
 	return t, nil
+}
+
+// seedListen is where the seed listens for --listen ADDR: a host name the
+// way rank 0's embedded seed reads it (core.SeedListenAddr: one that
+// resolves only to loopback here, as a host's own name may, gets every
+// interface, since other hosts resolve it to this host's address). A
+// loopback listener is logged: only ranks on this host can join it.
+func seedListen(listen string, log *slog.Logger) string {
+	addr := core.SeedListenAddr(listen)
+	if addr != listen {
+		log.Info("nexar seed: listening address chosen for the name", "listen", listen, "addr", addr)
+	}
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+			log.Warn("nexar seed: listening on loopback: only ranks on this host can join (listen on this host's address, "+
+				"or 0.0.0.0, for a job across hosts)", "addr", addr)
+		}
+	}
+	return addr
 }

@@ -12,7 +12,7 @@ NPROC   := $(shell nproc 2>/dev/null || echo 2)
 # scripts/deps.sh may have just installed Go here.
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: all deps build lib cli test test-full vet fmt-check gotest gotest-full ctest python pytest demo clean
+.PHONY: all deps build lib cli test test-full vet fmt-check gotest gotest-full fuzz ctest python pytest demo clean
 .PHONY: wheel sdist wheel-tools wheel-test sdist-test chaos docs
 
 all: build
@@ -70,6 +70,22 @@ gotest:
 	$(GO) test -count=1 -timeout 30m ./collective
 	$(GO) test -count=1 -timeout 5m -run 'Allocs' ./...
 	$(GO) test -count=1 -timeout 15m -run '^(TestLarge|TestQUICLargeP2P|TestLargeP2PMem|TestTopologyQUIC)$$' ./core ./transport/bulk
+
+# Each fuzzer of a decoder that faces peers (or their bytes), FUZZTIME each
+# (go test runs their seed corpora in gotest; this searches for more).
+# A crasher is written to the package's testdata/fuzz, where go test then
+# runs it as a seed.
+FUZZTIME ?= 1m
+FUZZERS = core:FuzzDecodeHeader transport/bulk:FuzzDecodeCtl \
+	transport/relay:FuzzFrames membership:FuzzMessages \
+	transport/quic:FuzzHello transport/quic:FuzzPartHeader \
+	transport/internal/frame:FuzzReader transport/internal/record:FuzzReader
+
+fuzz:
+	@set -e; for f in $(FUZZERS); do \
+		echo "fuzz: ./$${f%%:*} $${f##*:} for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${f##*:}$$" -fuzztime $(FUZZTIME) ./$${f%%:*}; \
+	done
 
 # gotest with the default collective matrix under -race too, then the
 # exhaustive one without it: the large count crossed with every dtype, op

@@ -2,6 +2,7 @@ package bulk
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 
 	"github.com/fxamacker/cbor/v2"
@@ -23,6 +24,7 @@ func FuzzDecodeCtl(f *testing.F) {
 		{V: 1, T: "rpcwant", Host: "h", SHM: true},
 		{V: 1, T: "rpcoffer", Kind: "quic"},
 		{V: 1, T: "bye"},
+		{V: 1, T: "hello", Host: strings.Repeat("h", ctlMax)}, // over the limit
 	} {
 		b, err := cbor.Marshal(m)
 		if err != nil {

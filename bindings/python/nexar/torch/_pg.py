@@ -27,7 +27,9 @@ Design (see reference/torch-backend.md):
 from __future__ import annotations
 
 import inspect
+import json
 import os
+import secrets
 import sys
 import time
 import weakref
@@ -104,6 +106,46 @@ __all__ = ["ProcessGroupNexar", "NexarWork"]
 _INT64 = int(Datatype.INT64)
 
 
+class _Unconfigured:
+    """The communicator of a group made without a store (torchft makes its
+    groups before the first quorum), until configure() or reconfigure()
+    replaces it: every call fails at once naming what is missing."""
+
+    closed = False
+    error = None
+
+    def __init__(self, rank: int, size: int):
+        self.rank, self.size = rank, size
+
+    def check(self) -> None:
+        raise _errors.UnavailableError(
+            _errors.UnavailableError.code,
+            "nexar: this process group has no communicator yet: it was made without a store; "
+            "call configure(store_addr, ...) or reconfigure(opts) first (torchft's Manager does at its first quorum)")
+
+    @property
+    def raw(self) -> "_Unconfigured":
+        return self
+
+    def __getattr__(self, name):
+        # Any other entry point (of Comm or of its raw calls) is a call.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        self.check()
+
+    def tensor_method(self, kind, group, gate, slow):
+        # No C fast path: torch's trampoline gets the general method, whose
+        # first step (check) raises.
+        ref = weakref.ref(group)
+        return lambda tensors, opts=None: getattr(ref(), slow)(tensors, opts)
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
 class ProcessGroupNexar(dist.ProcessGroup):
     """torch.distributed backend "nexar" (CPU tensors; CUDA tensors for
     all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor,
@@ -133,6 +175,12 @@ class ProcessGroupNexar(dist.ProcessGroup):
             # rendezvous, no seed of its own
             self._seed = None
             self._comm = _comm_
+        elif store is None:
+            # torchft's way: made before any quorum exists; configure() or
+            # reconfigure() makes the communicator, until then every call
+            # fails naming that
+            self._seed = None
+            self._comm = _Unconfigured(rank, size)
         else:
             rv = rendezvous(store, rank, size)
             self._seed = rv.seed
@@ -219,6 +267,11 @@ class ProcessGroupNexar(dist.ProcessGroup):
         return pg
 
     # ---- in-place reconfiguration (torchft's way) -----------------------
+    # Made by get_reconfigure_handle (torch 2.15's reconfigure API).
+    _rc_store = None
+    _rc_host = ""
+    _rc_id: Optional[str] = None
+
     def rank(self) -> int:
         return self._rank_
 
@@ -305,7 +358,87 @@ class ProcessGroupNexar(dist.ProcessGroup):
             if rv.seed is not None:
                 rv.seed.close()
             raise
+        self._store = store
         self._adopt(comm, rv.seed, rv.token)
+
+    # ---- torchft and torch 2.15's reconfigure API ---------------------------
+    def errored(self) -> Optional[Exception]:
+        """The failure this group's communicator recorded (a member lost,
+        an abort, a timeout: the sticky error every later call raises), or
+        None while it is healthy, not configured yet, or shut down on
+        purpose. torchft asks at every commit and reconfigures the group on
+        an error."""
+        c = self._comm
+        if self._closed or c.closed:
+            return None
+        try:
+            return c.error
+        except _errors.Error as e:  # used in a forked child
+            return e
+
+    def get_error(self):
+        """errored() as a C++ backend's get_error() answers it (torchft's
+        development Manager asks a group that is not its own subclass so):
+        a torch ErrorType."""
+        ErrorType = torch._C._distributed_c10d.ErrorType
+        e = self.errored()
+        if e is None:
+            return ErrorType.SUCCESS
+        if isinstance(e, _errors.TimeoutError):
+            return ErrorType.TIMEOUT
+        if isinstance(e, (_errors.PeerDownError, _errors.RevokedError)):
+            return ErrorType.REMOTE_ERROR
+        return ErrorType.COMM_ERROR
+
+    @property
+    def supports_reconfigure(self) -> bool:
+        return True
+
+    def get_reconfigure_handle(self) -> str:
+        """torch 2.15's reconfigure handshake: this group's handle, which
+        the processes of the next configuration exchange out of band
+        (torchft's lighthouse does) and pass to reconfigure() in a list.
+        JSON: a random id of this group object and host:port of a TCPStore
+        this group serves (started on the first call, on this rank's
+        advertised host), where the next rendezvous runs when this handle
+        comes first."""
+        if self._rc_store is None:
+            host = advertise_host()
+            store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=self._timeout)
+            self._rc_store, self._rc_host, self._rc_id = store, host, secrets.token_hex(16)
+        host = f"[{self._rc_host}]" if ":" in self._rc_host else self._rc_host
+        return json.dumps({"nexar": 1, "id": self._rc_id, "store": f"{host}:{self._rc_store.port}"})
+
+    def reconfigure(self, opts) -> NexarWork:
+        """Rebuild this group in place among the groups whose handles
+        (get_reconfigure_handle) opts.handles lists: a list ranks them by
+        position, a set in sorted order (the same on every process). The
+        nexar rendezvous runs on the first handle's store under a prefix of
+        opts.uuid (fresh for each configuration); opts.timeout bounds it
+        (default the group's). Returns a completed Work: the group is
+        usable when this returns; a failure raises here."""
+        handles = opts.handles
+        if isinstance(handles, (set, frozenset)):
+            handles = sorted(handles)
+        handles = list(handles)
+        if self._rc_id is None:
+            raise ValueError("nexar: reconfigure: this group's handle is not among opts.handles "
+                             "(it has not made one: call get_reconfigure_handle() first)")
+        try:
+            peers = [json.loads(h) for h in handles]
+            ids = [p["id"] for p in peers]
+            host, _, port = peers[0]["store"].rpartition(":")
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            raise ValueError(f"nexar: reconfigure: opts.handles {handles!r} are not nexar reconfigure handles "
+                             f"(get_reconfigure_handle): {e}") from None
+        if self._rc_id not in ids:
+            raise ValueError(f"nexar: reconfigure: this group's handle (id {self._rc_id}) is not among "
+                             f"the {len(ids)} of opts.handles")
+        timeout = opts.timeout if opts.timeout is not None else self._timeout
+        store = dist.TCPStore(host.strip("[]"), int(port), is_master=False, wait_for_workers=False, timeout=timeout)
+        self._configure_on(dist.PrefixStore(f"nexar-reconfigure/{int(opts.uuid)}", store), ids.index(self._rc_id),
+                           len(ids), timeout)
+        return DoneWork(None, "reconfigure", None)
 
     @property
     def join_token(self) -> Optional[bytes]:

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"sync"
 	"testing"
 	"time"
@@ -135,17 +136,42 @@ func fuzzSeeds(f *testing.F) [][]byte {
 	return recs
 }
 
-// FuzzFrames hands rank 0 of a ring of relays frames as a neighbour's
-// inner path would: none may panic the relay or keep it from closing, and
-// whatever any rank's layer above receives must be a message the frames
-// carried (a header from a frame's payload, at most the bytes fed in, from
-// a source some frame named).
+// sinkPath is the inner path of the relay under fuzzing: it takes every
+// send at once and checks that it goes to a neighbour.
+type sinkPath struct {
+	transport.DataPath // nil: the relay calls nothing else here
+	g                  *topology.Graph
+	mu                 sync.Mutex
+	bad                []string
+}
+
+func (s *sinkPath) Send(_ context.Context, peer int, _ transport.Lane, _ *transport.Header, _ []byte) error {
+	if !s.g.IsNeighbor(0, peer) {
+		s.mu.Lock()
+		s.bad = append(s.bad, "a send to a rank that is not a neighbour")
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+func (s *sinkPath) Close() error { return nil }
+
+// FuzzFrames hands rank 0's relay, in a ring of 8, frames as a
+// neighbour's inner path would: none may panic it or keep it from closing,
+// it forwards to neighbours only, and whatever its layer above receives
+// must be a message the frames carried (a header from a frame's payload,
+// at most the bytes fed in, from a source some frame named).
 func FuzzFrames(f *testing.F) {
 	recs := fuzzSeeds(f)
 	for _, r := range recs {
 		f.Add(r)
 	}
 	f.Add(bytes.Join(recs, nil))
+	g, err := topology.New(fuzzSpec, fuzzRanks)
+	if err != nil {
+		f.Fatal(err)
+	}
+	nb := g.Neighbors(0)
 
 	f.Fuzz(func(t *testing.T, data []byte) {
 		in := parseRecords(data)
@@ -153,47 +179,45 @@ func FuzzFrames(f *testing.F) {
 		srcs := map[int]bool{}
 		fed := 0
 		bm := (fuzzRanks + 7) / 8
-		for _, r := range in {
-			r.h[0] = transport.OwnerTransport | 0x52 // a relay frame: others go up untouched
+		for i := range in {
+			in[i].h[0] = transport.OwnerTransport | 0x52 // a relay frame: others go up untouched
 			for _, off := range []int{0, bm} {
-				if len(r.p) >= off+transport.HeaderSize {
+				if len(in[i].p) >= off+transport.HeaderSize {
 					var oh transport.Header
-					copy(oh[:], r.p[off:])
+					copy(oh[:], in[i].p[off:])
 					headers[oh] = true
 				}
 			}
-			srcs[int(r.h[8])|int(r.h[9])<<8|int(r.h[10])<<16|int(r.h[11])<<24] = true
-			fed += len(r.p)
+			srcs[int(binary.LittleEndian.Uint32(in[i].h[8:]))] = true
+			fed += len(in[i].p)
 		}
 		var mu sync.Mutex
 		var bad []string
-		hs := make([]transport.Handler, fuzzRanks)
-		for i := range hs {
-			hs[i] = func(from int, lane transport.Lane, h *transport.Header, p []byte) {
-				mu.Lock()
-				defer mu.Unlock()
-				switch {
-				case h == nil || !headers[*h]:
-					bad = append(bad, "a header no frame carried")
-				case !srcs[from]:
-					bad = append(bad, "a message from a source no frame named")
-				case len(p) > fed:
-					bad = append(bad, "a message longer than every frame together")
-				}
+		up := func(from int, lane transport.Lane, h *transport.Header, p []byte) {
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case h == nil || !headers[*h]:
+				bad = append(bad, "a header no frame carried")
+			case !srcs[from]:
+				bad = append(bad, "a message from a source no frame named")
+			case len(p) > fed:
+				bad = append(bad, "a message longer than every frame together")
 			}
 		}
-		rs, g := fuzzMesh(t, hs, relay.Options{Linger: time.Millisecond}, nil)
-		nb := g.Neighbors(0)
-		h0 := rs[0].Handler()
+		e := relay.New(g, 0, up, nil, relay.Options{Linger: time.Millisecond})
+		inner := &sinkPath{g: g}
+		e.Start(inner)
+		h0 := e.Handler()
 		for _, r := range in {
-			r.h[0] = transport.OwnerTransport | 0x52
 			h0(nb[r.fromIdx%len(nb)], r.lane, &r.h, r.p)
 		}
-		closeWithin(t, rs, 10*time.Second)
+		closeWithin(t, []*relay.Endpoint{e}, 10*time.Second)
 		mu.Lock()
 		defer mu.Unlock()
+		bad = append(bad, inner.bad...)
 		if len(bad) > 0 {
-			t.Fatalf("%d bad deliveries, first: %s", len(bad), bad[0])
+			t.Fatalf("%d bad deliveries or sends, first: %s", len(bad), bad[0])
 		}
 	})
 }

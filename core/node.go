@@ -323,12 +323,14 @@ func (n *node) judge(det *detector, p int, now int64) {
 	case verdictStalled:
 		if first {
 			n.quiet[p].Store(max(now-int64(silent), 1))
-			n.log.Warn("nexar: peer stalled: silent, but its process on this host is alive", "rank", n.rank, "peer", p,
+			// Info, not Warn: on a host with more ranks than cores this is
+			// common and harmless (a call that waits on it names it).
+			n.log.Info("nexar: peer stalled: silent, but its process on this host is alive", "rank", n.rank, "peer", p,
 				"for", silent.Round(100*time.Millisecond))
 		}
 	default:
 		if n.quiet[p].Swap(0) != 0 {
-			n.log.Info("nexar: stalled peer heard from again", "rank", n.rank, "peer", p)
+			n.log.Debug("nexar: stalled peer heard from again", "rank", n.rank, "peer", p)
 		}
 	}
 }

@@ -188,3 +188,36 @@ def test_store_endpoint_unwraps_prefix_stores():
     p = PrefixStore("a/", PrefixStore("b/", s))
     assert _rendezvous.store_endpoint(p) == ("127.0.0.1", s.port)
     assert _rendezvous.store_endpoint(store()) is None
+
+
+DYNAMO_PROBE = r"""
+import importlib.util, os, sys
+import torch, torch.distributed as dist
+import nexar.torch
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+dist.init_process_group("nexar", rank=0, world_size=1)
+from nexar.torch._pg import ProcessGroupNexar as P
+assert "torch._dynamo" not in sys.modules, "init_process_group imported Dynamo"
+assert not getattr(P, "_nexar_untraced", False)
+importlib.util.find_spec("torch._dynamo")  # a look without an import keeps the hook
+import torch._dynamo
+assert P._nexar_untraced and getattr(P.allgather, "_torchdynamo_disable", False), P.allgather
+assert P._allreduce_general is P.allreduce
+x = torch.ones(2)
+dist.all_reduce(x)
+dist.destroy_process_group()
+print("dynamo probe ok", flush=True)
+"""
+
+
+def test_init_does_not_import_dynamo_until_the_program_does():
+    """init_process_group("nexar") leaves torch._dynamo unimported (seconds
+    of start-up); importing it later wraps the group's methods at once."""
+    import subprocess
+    import sys
+
+    from launch import free_port
+
+    p = subprocess.run([sys.executable, "-c", DYNAMO_PROBE, str(free_port())], capture_output=True, text=True,
+                       timeout=900)
+    assert p.returncode == 0 and "dynamo probe ok" in p.stdout, p.stdout + p.stderr

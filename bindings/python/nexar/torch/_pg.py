@@ -1197,8 +1197,10 @@ def _untraced(cls) -> None:
 
 class _AfterImport:
     """A meta path finder that runs then() once the module name has been
-    imported (executed), and leaves sys.meta_path. It finds nothing itself:
-    it asks the finders after it and wraps the loader's exec_module."""
+    imported (executed), and leaves sys.meta_path then. It finds nothing
+    itself: it asks the finders after it and wraps the loader's
+    exec_module (a find_spec without an import, importlib.util.find_spec,
+    leaves it in place)."""
 
     def __init__(self, name: str, then):
         self._name, self._then = name, then
@@ -1207,7 +1209,6 @@ class _AfterImport:
         if fullname != self._name or self not in sys.meta_path:
             return None
         finders = sys.meta_path[sys.meta_path.index(self) + 1:]
-        sys.meta_path.remove(self)
         for f in finders:
             find = getattr(f, "find_spec", None)
             spec = find(fullname, path, target) if find is not None else None
@@ -1222,6 +1223,8 @@ class _AfterImport:
 
         def exec_then(module):
             exec_module(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             then()
 
         spec.loader.exec_module = exec_then

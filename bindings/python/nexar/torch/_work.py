@@ -151,6 +151,8 @@ class StartedWork(NexarWork):
         self._result = result
         self._op_name = op_name
         self._raw = raw
+        if completer._thread is None:
+            completer.start()  # here, not in __del__, which must not block
         self._completer = completer  # before _h: __del__ reads it once _h is set
         self._keep = keep
         if finish is not None:
@@ -169,7 +171,10 @@ class StartedWork(NexarWork):
         # and frees its request. Without this, keep (the tensor) is freed
         # while libnexar still writes it (issue 32: heap corruption).
         if self._h and not self._done:
-            self._completer.orphan(self._raw, self._h, self._keep, self._finish)
+            try:
+                self._completer.orphan(self._raw, self._h, self._keep, self._finish)
+            except Exception:  # noqa: BLE001 - interpreter teardown: the communicator is closed by then
+                return
             self._h = 0
 
     def _settle(self, exc: Optional[BaseException], freed: bool = False):
@@ -344,10 +349,9 @@ class Completer:
     works whose futures were asked for, and completes them (collectives
     complete in issue order, so waiting in that order loses nothing), and
     for the operations of works dropped before they completed (orphan),
-    holding their memory until then. Started on first use. add(), orphan()
-    and close() are safe from any thread; orphan() also from a __del__
-    (it never blocks: SimpleQueue.put is reentrant, the lock is only
-    tried)."""
+    holding their memory until then. Started by the first StartedWork.
+    add(), orphan() and close() are safe from any thread; orphan() also
+    from a __del__ (it only puts on a SimpleQueue, which is reentrant)."""
 
     def __init__(self, name: str):
         self._name = name
@@ -356,28 +360,25 @@ class Completer:
         self._mu = threading.Lock()
         self._closed = False
 
-    def _start(self):
-        # With self._mu held.
-        if self._thread is None and not self._closed:
-            self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-            self._thread.start()
+    def start(self):
+        """Start the thread (once; not after close())."""
+        with self._mu:
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
 
     def add(self, work: StartedWork):
-        with self._mu:
-            self._start()
+        self.start()
+        if self._closed:
+            work._wait_c()  # the communicator is closed: it ends at once
+            return
         self._q.put(work)
 
     def orphan(self, raw, h: int, keep, finish):
         """Wait for the operation of request h (raw: its RawComm) on the
-        thread, then free h and let go of keep; finish() runs on success."""
+        thread, then free h and let go of keep; finish() runs on success.
+        After close() it stays queued, keep held."""
         self._q.put(_Orphan(raw, h, keep, finish))
-        if self._thread is None and self._mu.acquire(blocking=False):
-            # Not acquired: add() is starting the thread, or close() will
-            # wait for what is queued.
-            try:
-                self._start()
-            finally:
-                self._mu.release()
 
     def close(self, timeout: float = 60):
         """End the thread after what is queued; the communicator is closed

@@ -32,7 +32,7 @@ def _create(opts, pg_options=None):
 
     untraced_when_dynamo(ProcessGroupNexar)  # Dynamo may have been loaded since (by a path we did not see)
     return ProcessGroupNexar(opts.store, opts.group_rank, opts.group_size, opts.timeout,
-                             group_id=str(getattr(opts, "group_id", "")))
+                             group_id=str(getattr(opts, "group_id", "")), options=pg_options)
 
 
 def register() -> None:

@@ -257,7 +257,9 @@ this process's own; **binding** knobs are read by the Python package itself.
 
 Read by the test suites, not by the library: ` + "`NEXAR_TEST_QUICK`, `NEXAR_TEST_EXHAUSTIVE`" + `,
 ` + "`NEXAR_TEST_SCALE`, `NEXAR_LOSSY_FULL`, `NEXAR_CHAOS_ROUNDS`, `NEXAR_TEST_AS_MAIN`" + `,
-` + "`NEXAR_TEST_RANK_MODE`, `NEXAR_TEST_TIMEOUT`, `NEXAR_CLI`" + ` (see README's *make test*), and
+` + "`NEXAR_TEST_RANK_MODE`, `NEXAR_TEST_TIMEOUT`, `NEXAR_CLI`" + ` (see README's *make test*),
+` + "`NEXAR_STRESS_CALLS` and `NEXAR_ASAN_EXT`" + ` (the torch stress test and ` + "`make test-asan`" + `:
+[torch compatibility](../torch-compat.md)), and
 ` + "`NEXAR_FAKE_CUDA_DELAY_US` and `NEXAR_FAKE_CUDA_DMABUF`" + `, read by the fake CUDA runtime ([CUDA device
 memory](../device-memory.md)), and ` + "`NEXAR_FAKE_IBV_DEVICES`, `NEXAR_FAKE_IBV_PORT_DOWN`" + `,
 ` + "`NEXAR_FAKE_IBV_PEERMEM`, `NEXAR_FAKE_IBV_DMABUF` and `NEXAR_FAKE_IBV_DIR`" + `, read by the fake

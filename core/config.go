@@ -56,8 +56,18 @@ type Config struct {
 	// Default 500 ms.
 	HeartbeatInterval time.Duration
 	// HeartbeatTimeout is how long a silent peer is tolerated before the
-	// communicator fails with CodePeerDown. Default 3 s.
+	// communicator fails with CodePeerDown: the failure detector's floor
+	// (docs/fault-tolerance.md, "Failure detection"). Default 3 s.
 	HeartbeatTimeout time.Duration
+	// HeartbeatCeiling is the longest silence of a remote peer the
+	// adaptive detector tolerates, however irregular its heartbeats were
+	// (NEXAR_HEARTBEAT_CEILING). Default 4 × HeartbeatTimeout; never below
+	// HeartbeatTimeout.
+	HeartbeatCeiling time.Duration
+	// HeartbeatPhi is the suspicion (phi accrual) at which a remote peer
+	// silent past HeartbeatTimeout is declared dead (NEXAR_HEARTBEAT_PHI):
+	// 8 means a gap its heartbeats so far make about 1e-8 likely. Default 8.
+	HeartbeatPhi float64
 	// MaxBufferedBytes bounds the payload bytes of messages that arrived
 	// before their receive was posted. Beyond it the transport handler
 	// blocks, which back-pressures the sending peer. It is per process
@@ -320,6 +330,13 @@ func (cfg Config) withDefaults() Config {
 	}
 	if cfg.HeartbeatTimeout < 2*cfg.HeartbeatInterval {
 		cfg.HeartbeatTimeout = 2 * cfg.HeartbeatInterval
+	}
+	if cfg.HeartbeatCeiling <= 0 {
+		cfg.HeartbeatCeiling = ceilingTimeouts * cfg.HeartbeatTimeout
+	}
+	cfg.HeartbeatCeiling = max(cfg.HeartbeatCeiling, cfg.HeartbeatTimeout)
+	if cfg.HeartbeatPhi <= 0 {
+		cfg.HeartbeatPhi = phiThreshold
 	}
 	if cfg.Logger == nil && cfg.Debug != "" {
 		// Debug and DebugSubsys were checked by WithEnv or validate; a

@@ -183,11 +183,11 @@ const (
 )
 
 // detectorParamsOf derives the detector's settings from cfg (defaults
-// filled): the floor is HeartbeatTimeout, the ceiling ceilingTimeouts of
-// it.
+// filled): the floor is HeartbeatTimeout, the ceiling HeartbeatCeiling
+// (default ceilingTimeouts of the floor), the threshold HeartbeatPhi.
 func detectorParamsOf(cfg Config) detectorParams {
 	return detectorParams{interval: cfg.HeartbeatInterval, floor: cfg.HeartbeatTimeout,
-		ceiling: ceilingTimeouts * cfg.HeartbeatTimeout, phi: phiThreshold}
+		ceiling: cfg.HeartbeatCeiling, phi: cfg.HeartbeatPhi}
 }
 
 // timeoutError is the error of op, which reached its deadline (cause

@@ -119,6 +119,21 @@ func knobSections() []struct {
 			{Name: "NEXAR_HEARTBEAT_TIMEOUT", Field: "HeartbeatTimeout", Scope: ScopeProcess, Default: "3s",
 				Forms: "a positive Go duration", Doc: "silence after which a peer is declared down (docs/fault-tolerance.md)",
 				set: setDuration(func(c *Config) *time.Duration { return &c.HeartbeatTimeout }, true)},
+			{Name: "NEXAR_HEARTBEAT_CEILING", Field: "HeartbeatCeiling", Scope: ScopeProcess, Default: "4 × NEXAR_HEARTBEAT_TIMEOUT",
+				Forms: "a positive Go duration", Doc: "the longest silence of a remote peer the adaptive detector tolerates",
+				set: setDuration(func(c *Config) *time.Duration { return &c.HeartbeatCeiling }, true)},
+			{Name: "NEXAR_HEARTBEAT_PHI", Field: "HeartbeatPhi", Scope: ScopeProcess, Default: "8",
+				Forms: "a positive number", Doc: "the suspicion (phi accrual) at which a silent remote peer is declared dead",
+				set: func(c *Config, v string) error {
+					f, err := strconv.ParseFloat(v, 64)
+					if err != nil || !(f > 0 && f < 100) {
+						return fmt.Errorf("bad phi")
+					}
+					if c.HeartbeatPhi == 0 {
+						c.HeartbeatPhi = f
+					}
+					return nil
+				}},
 			{Name: "NEXAR_ON_FAILURE", Aliases: []string{"NEXAR_RECOVERY_POLICY"}, Field: "OnFailure", Scope: ScopeJob, Default: "abort",
 				Forms: "abort, manual or shrink", Doc: "what a member's failure does to a communicator (NEXAR_RECOVERY_POLICY: nexar-rs's name)",
 				set: func(c *Config, v string) error {

@@ -191,8 +191,8 @@ func TestKnobFilesGenerated(t *testing.T) {
 		t.Fatalf("README.md has no generated knob table between %q and %q", begin, end)
 	}
 	files := map[string]string{
-		filepath.Join(root, "docs", "reference", "env.md"):                   envMarkdown(),
-		filepath.Join(root, "bindings", "python", "nexar", "_knobs.py"):       knobsPython(),
+		filepath.Join(root, "docs", "reference", "env.md"):              envMarkdown(),
+		filepath.Join(root, "bindings", "python", "nexar", "_knobs.py"): knobsPython(),
 		readme: string(rb[:i]) + begin + readmeTable() + string(rb[j:]),
 	}
 	for path, want := range files {
@@ -337,10 +337,10 @@ func TestNoStrayEnvRead(t *testing.T) {
 	// Reads allowed, and why: each is the one reader of its language, or
 	// reads no NEXAR_* knob.
 	allowed := map[string]string{
-		"core/knobs.go":                                      "the table's reader (os.LookupEnv when Config.Env is nil)",
-		"capi/comm.go":                                       "cEnv: the C environment, handed to core as Config.Env",
-		"bindings/python/nexar/_knobs.py":                    "the Python package's one reader",
-		"cmd/nexar/bench.go":                                 "launcher variables (WORLD_SIZE, SLURM_NTASKS, ...), not knobs",
+		"core/knobs.go":                   "the table's reader (os.LookupEnv when Config.Env is nil)",
+		"capi/comm.go":                    "cEnv: the C environment, handed to core as Config.Env",
+		"bindings/python/nexar/_knobs.py": "the Python package's one reader",
+		"cmd/nexar/bench.go":              "launcher variables (WORLD_SIZE, SLURM_NTASKS, ...), not knobs",
 		"bindings/python/build_backend/nexar_build_backend.py": "the build's GO and NEXAR_GO_BIN, not runtime knobs",
 	}
 	var offenders []string

@@ -16,7 +16,6 @@ func TestRDMAOnlyWhereTrusted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("NEXAR_IBVERBS", lib)
 	for _, tc := range []struct {
 		mode      bulk.Mode
 		plaintext bool
@@ -29,6 +28,7 @@ func TestRDMAOnlyWhereTrusted(t *testing.T) {
 	} {
 		cfg := testConfig()
 		cfg.BulkPlaintext = tc.plaintext
+		cfg.RDMA.Library = lib // NEXAR_IBVERBS, which New reads into it
 		rd, err := openRDMA(cfg, tc.mode)
 		if err != nil {
 			t.Fatalf("mode %v, plaintext %v: %v", tc.mode, tc.plaintext, err)

@@ -36,11 +36,11 @@ lib:
 
 # --- test -------------------------------------------------------------------
 
-test: deps build vet fmt-check gotest ctest pytest wheel-test sdist-test docs
+test: deps build vet fmt-check gotest ctest pytest test-asan-quick wheel-test sdist-test docs
 	@echo "make test: all steps passed"
 
 # make test with the race run's collective matrix in full (gotest-full).
-test-full: deps build vet fmt-check gotest-full ctest pytest wheel-test sdist-test docs
+test-full: deps build vet fmt-check gotest-full ctest pytest test-asan-quick wheel-test sdist-test docs
 	@echo "make test-full: all steps passed"
 
 vet:
@@ -110,6 +110,20 @@ python: deps
 pytest: python
 	@test -d bindings/python/tests || { echo "pytest: bindings/python/tests is missing" >&2; exit 1; }
 	PATH="$(CURDIR)/$(BUILD):$$PATH" $(PYTHON) -m pytest -q bindings/python/tests
+
+# AddressSanitizer (scripts/asan.sh, docs/torch-compat.md "Memory safety"):
+# libnexar built with go build -asan, the extension and the C tests with
+# -fsanitize=address, into build/asan; then every torch test, the stress
+# test (4000 calls on 2 and 3 ranks) and every C test under it. A report
+# from any process fails it. make test runs test-asan-quick: the Join
+# regression test on 2 ranks, the dropped-Work lifetime test, 200 calls of
+# the stress test and two C tests.
+.PHONY: test-asan test-asan-quick
+test-asan: python
+	PYTHON=$(PYTHON) GO=$(GO) scripts/asan.sh full
+
+test-asan-quick: python
+	PYTHON=$(PYTHON) GO=$(GO) scripts/asan.sh quick
 
 # The chaos suite in full (docs/fault-tolerance.md): 50 rounds of each job
 # shape, SIGKILLs at random points under the shrink policy. make test runs

@@ -522,13 +522,26 @@ func tokenFromLookup(lookup func(string) (string, bool), readFile func(string) (
 	if !ok {
 		return nil, nil
 	}
+	tok, err := readTokenFile(readFile, path)
+	if err != nil {
+		return nil, fmt.Errorf("core: NEXAR_TOKEN_FILE: %w", err)
+	}
+	return tok, nil
+}
+
+// ReadTokenFile reads a job's secret from the file at path: its contents
+// without surrounding white space, as NEXAR_TOKEN_FILE is read; an empty
+// one is an error.
+func ReadTokenFile(path string) ([]byte, error) { return readTokenFile(os.ReadFile, path) }
+
+func readTokenFile(readFile func(string) ([]byte, error), path string) ([]byte, error) {
 	b, err := readFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("core: NEXAR_TOKEN_FILE: %v", err)
+		return nil, err
 	}
 	tok := []byte(strings.TrimSpace(string(b)))
 	if len(tok) == 0 {
-		return nil, fmt.Errorf("core: NEXAR_TOKEN_FILE %s is empty", path)
+		return nil, fmt.Errorf("token file %s is empty", path)
 	}
 	return tok, nil
 }

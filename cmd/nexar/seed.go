@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -93,13 +92,9 @@ func seedToken(file string) ([]byte, error) {
 	if file == "" {
 		return nil, usageError("seed: no token: set NEXAR_TOKEN or pass --token-file")
 	}
-	b, err := os.ReadFile(file)
+	t, err := core.ReadTokenFile(file)
 	if err != nil {
 		return nil, fmt.Errorf("seed: reading the token: %w", err)
-	}
-	t := []byte(strings.TrimSpace(string(b)))
-	if len(t) == 0 {
-		return nil, fmt.Errorf("seed: token file %s is empty", file)
 	}
 	return t, nil
 }

@@ -27,6 +27,17 @@ static void path_of(nexar_comm_t c, int peer, char* buf, size_t size) {
     EXPECT(len < size && strlen(buf) == len, "path to %d: length %zu, buf \"%s\"", peer, len, buf);
 }
 
+/* job_config is the launcher's job as an explicit config, knobs unset. */
+static nexar_config_t job_config(int rank, int n, const char* seed, const char* token) {
+    nexar_config_t cfg = NEXAR_CONFIG_INIT;
+    cfg.rank = rank;
+    cfg.world_size = n;
+    cfg.seed_addr = seed;
+    cfg.token = token;
+    cfg.token_len = strlen(token);
+    return cfg;
+}
+
 int main(void) {
     const char* rs = getenv("NEXAR_RANK");
     const char* ns = getenv("NEXAR_WORLD_SIZE");
@@ -38,12 +49,7 @@ int main(void) {
     EXPECT(n == 4, "run test_knobs with 4 ranks, not %d", n);
 
     /* A field that does not parse is named, with the accepted forms. */
-    nexar_config_t bad = NEXAR_CONFIG_INIT;
-    bad.rank = rank;
-    bad.world_size = n;
-    bad.seed_addr = seed;
-    bad.token = token;
-    bad.token_len = strlen(token);
+    nexar_config_t bad = job_config(rank, n, seed, token);
     bad.topology = "ring";
     nexar_comm_t c = NEXAR_COMM_NULL;
     EXPECT(nexar_comm_init(&bad, &c) == NEXAR_ERR_INVALID_ARGUMENT && c == NEXAR_COMM_NULL, "topology \"ring\" accepted");
@@ -79,12 +85,7 @@ int main(void) {
     /* The real job: explicit topology, data path and plaintext; the
      * timeout from the environment (set now: read at the call). */
     EXPECT(setenv("NEXAR_TIMEOUT", "3s", 1) == 0, "setenv");
-    nexar_config_t cfg = NEXAR_CONFIG_INIT;
-    cfg.rank = rank;
-    cfg.world_size = n;
-    cfg.seed_addr = seed;
-    cfg.token = token;
-    cfg.token_len = strlen(token);
+    nexar_config_t cfg = job_config(rank, n, seed, token);
     cfg.topology = "kregular:2";
     cfg.bulk = "tcp";
     cfg.bulk_plaintext = 1;

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/nexar-go/nexar/core/internal/match"
 )
@@ -206,8 +207,9 @@ func (c *Comm) waitCollPolled(ctx context.Context, key match.Key, m *match.Msg, 
 }
 
 // unpostColl withdraws a posted receive, waiting for a placed chunk in
-// flight to land first.
+// flight to land first (cutFill bounds that wait).
 func (c *Comm) unpostColl(key match.Key, m *match.Msg) {
+	c.cutFill(key.Src, m)
 	c.mu.Lock()
 	c.waitFilledLocked(m)
 	c.match.UnpostColl(key, m)
@@ -309,6 +311,28 @@ func (c *Comm) waitFilledLocked(m *match.Msg) {
 		c.filled.Wait()
 	}
 	c.fillWaiters.Add(-1)
+}
+
+// cutFill ends the wait for a chunk in flight into m from comm rank src
+// that its receiver gave up on (its deadline passed, or c failed). A peer
+// that is talking finishes its frame; one that the detector reports
+// stalled (on this host, its process alive, silent: never declared dead
+// for that) may never, and its stream cannot carry on from the middle of a
+// frame. So such a peer is declared unreachable, which closes its
+// connections and ends the fill with an error, as a send cut mid-frame
+// does: otherwise the call would outlive its deadline.
+func (c *Comm) cutFill(src int, m *match.Msg) {
+	if src < 0 || src >= len(c.world) {
+		return
+	}
+	w := c.world[src]
+	for m.Filling() {
+		if c.n.quiet[w].Load() != 0 {
+			c.n.peerDown(w, "deadline exceeded while its message was arriving: it is stalled mid-frame, so its stream was cut", nil)
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // releaseColl gives a posted collective message back to the engine once

@@ -456,12 +456,15 @@ func (s *Seed) lost(m *member, why string) {
 }
 
 // linger gives the peer a moment to read what was written before the
-// connection is closed.
+// connection is closed: until it closes (it does once it read a refusal),
+// at most 5 s. Not cut short by Close, which waits for it: closing the
+// connection first would discard the refusal unread, and the joiner would
+// see only "Application error 0x0" (seen when rank 0, refused itself,
+// closed its embedded seed while another host's rank was being refused).
 func (s *Seed) linger(conn *quic.Conn) {
 	select {
 	case <-conn.Context().Done():
 	case <-time.After(5 * time.Second):
-	case <-s.done:
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nexar-go/nexar/membership"
+	"github.com/nexar-go/nexar/topology"
 )
 
 // This file is growth (docs/fault-tolerance.md): processes started later join a running
@@ -257,7 +258,7 @@ func (c *Comm) Grow(ctx context.Context) (*Comm, error) {
 	if l := lb.get(); l != nil {
 		for i, j := range js {
 			r := len(world) + i
-			if j.member == c.rank && !l.Admit(j.id, membership.Admission{Seed: seedAddr, Rank: r, Size: n, Gen: uint32(gen), Max: c.n.maxWorld}) {
+			if j.member == c.rank && !l.Admit(j.id, membership.Admission{Seed: seedAddr, Rank: r, Size: n, Gen: uint32(gen), Max: c.n.maxWorld, Topology: c.n.cfg.Topology.String()}) {
 				c.sendControl(ctlGrowAbort, k, binary.LittleEndian.AppendUint32(nil, uint32(r)), -1)
 				c.abandonGrow(k, joinerLeft(r, c.rank))
 			}
@@ -502,6 +503,16 @@ func Join(ctx context.Context, cfg Config) (*Comm, error) {
 		jc := cfg
 		jc.Rank, jc.WorldSize, jc.Seed, jc.Join = adm.Rank, adm.Size, adm.Seed, false
 		jc.MaxWorldSize = max(adm.Max, adm.Size)
+		if adm.Topology != "" {
+			spec, err := topology.Parse(adm.Topology)
+			if err != nil {
+				return nil, newError(CodeInternal, "join", -1, "the members sent a topology this build cannot parse: %v", err)
+			}
+			if spec != cfg.Topology && cfg.Topology != (topology.Spec{}) {
+				cfg.Logger.Warn("nexar: joining with the running job's topology, not this process's", "job", adm.Topology, "own", cfg.Topology.String())
+			}
+			jc.Topology = spec
+		}
 		c, err := form(ctx, jc, formOpts{gen: membership.Generation(adm.Gen), seedUp: true})
 		if err == nil {
 			if err = c.confirmGrow(ctx); err == nil {

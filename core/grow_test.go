@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nexar-go/nexar/membership"
+	"github.com/nexar-go/nexar/topology"
 )
 
 // newElasticQUIC builds n ranks over loopback QUIC under policy p, each
@@ -385,5 +386,39 @@ func TestAdmitted(t *testing.T) {
 	}
 	if got := admitted(d, 3, -1); len(got) != 0 {
 		t.Fatalf("no room: %d admitted", len(got))
+	}
+}
+
+// TestGrowJoinerTakesJobTopology: members on a ring (kregular:2) grow with
+// a joiner that set no topology (or another one): the joiner forms the
+// grown world with the job's topology, so the seed does not refuse it as a
+// mismatch, and traffic between non-neighbours is relayed.
+func TestGrowJoinerTakesJobTopology(t *testing.T) {
+	for _, own := range []topology.Spec{{}, {Kind: topology.Hypercube}} {
+		t.Run(own.String(), func(t *testing.T) {
+			cfg := recoverConfig(PolicyManual)
+			cfg.MaxWorldSize = 5
+			cfg.Topology = topology.Spec{Kind: topology.KRegular, N: 2}
+			comms, err := NewLocalQUIC(4, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				for _, c := range comms {
+					_ = c.CloseChain()
+				}
+			})
+			jc := cfg
+			jc.Topology = own
+			jc.Token = comms[0].cfg.Token
+			jc.BindAddr, jc.AdvertiseAddr = "127.0.0.1:0", ""
+			jc.Timeout = 60 * time.Second
+			joined := startJoiners(t, 1, jc, comms[0].JoinAddrs()[:1], comms)
+			world := growAll(t, comms, joined, 1)
+			if got := world[4].cfg.Topology; got != cfg.Topology {
+				t.Fatalf("joiner formed with topology %s, want the job's %s", got, cfg.Topology)
+			}
+			sumCheck(t, world)
+		})
 	}
 }

@@ -51,6 +51,10 @@ type Admission struct {
 	Size int    `cbor:"size"`
 	Gen  uint32 `cbor:"gen"`
 	Max  int    `cbor:"max"` // the job's maximum world size
+	// Topology is the running job's topology (topology.Spec.String):
+	// a joiner forms the grown world with it, whatever its own setting,
+	// since the seed refuses a rank whose topology differs.
+	Topology string `cbor:"topo,omitempty"`
 }
 
 type admitMsg struct {

@@ -9,7 +9,7 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/nexar-go/nexar/internal/abi"
-	nquic "github.com/nexar-go/nexar/transport/quic"
+	"github.com/nexar-go/nexar/internal/identity"
 )
 
 // listener is the QUIC service socket of a seed or a lobby: the clients
@@ -29,11 +29,11 @@ type listener struct {
 
 // listen binds addr for ALPN alpn; errors are op's.
 func listen(addr, alpn, op string) (*listener, error) {
-	id, err := nquic.NewIdentity()
+	id, err := identity.New()
 	if err != nil {
 		return nil, errorf(abi.ErrInternal, op, err, "%v", err)
 	}
-	tc := nquic.ServerTLSConfig(id, func([32]byte) error { return nil }) // clients prove the token instead
+	tc := identity.ServerTLSConfig(id, func([32]byte) error { return nil }) // clients prove the token instead
 	tc.NextProtos = []string{alpn}
 	ua, err := net.ResolveUDPAddr("udp", addr)
 	if err != nil {

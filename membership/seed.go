@@ -20,7 +20,8 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/nexar-go/nexar/internal/abi"
-	nquic "github.com/nexar-go/nexar/transport/quic"
+	"github.com/nexar-go/nexar/internal/identity"
+	"github.com/nexar-go/nexar/transport"
 )
 
 // Rendezvous protocol (docs/wire-format.md): over QUIC with ALPN rdvALPN,
@@ -663,7 +664,7 @@ func (s *Seed) remove(m *member) {
 // the peer table. It retries until ctx ends while the seed is not up yet, or
 // while the seed there is an earlier job's that has already formed (this
 // rank is early for the next job on the same address).
-func Join(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte) (int, []nquic.Peer, error) {
+func Join(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte) (int, []transport.Peer, error) {
 	r, peers, sl, err := JoinWatched(ctx, addr, token, rank, advertise, fp)
 	if sl != nil {
 		sl.Finish(true)
@@ -790,7 +791,7 @@ func (l *SeedLink) Finish(ok bool) {
 // JoinWatched is Join that keeps the connection to the seed (see SeedLink).
 //
 // The options carry what every rank must agree on (JoinOptions).
-func JoinWatched(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte, opts ...JoinOptions) (int, []nquic.Peer, *SeedLink, error) {
+func JoinWatched(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte, opts ...JoinOptions) (int, []transport.Peer, *SeedLink, error) {
 	var o JoinOptions
 	if len(opts) > 0 {
 		o = opts[0]
@@ -801,12 +802,12 @@ func JoinWatched(ctx context.Context, addr string, token []byte, rank int, adver
 
 // JoinWatchedLobby is JoinWatched that also returns every member's lobby
 // address (JoinOptions.Lobby), by rank ("" for a member without one).
-func JoinWatchedLobby(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte, o JoinOptions) (int, []nquic.Peer, []string, *SeedLink, error) {
-	id, err := nquic.NewIdentity()
+func JoinWatchedLobby(ctx context.Context, addr string, token []byte, rank int, advertise string, fp [32]byte, o JoinOptions) (int, []transport.Peer, []string, *SeedLink, error) {
+	id, err := identity.New()
 	if err != nil {
 		return 0, nil, nil, nil, err
 	}
-	tc := nquic.ClientTLSConfig(id, func([32]byte) error { return nil }) // the seed proves the token instead
+	tc := identity.ClientTLSConfig(id, func([32]byte) error { return nil }) // the seed proves the token instead
 	tc.NextProtos = []string{rdvALPN}
 	backoff := 100 * time.Millisecond
 	wait := func() bool {
@@ -882,8 +883,8 @@ func seedBusy(err error) bool {
 // joinOnce is one attempt of Join on conn; formed reports that the seed
 // refused because its job has already formed. On success it returns the
 // stream, which the seed keeps until this rank reports (SeedLink).
-func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, rank int, advertise string, fp [32]byte, o JoinOptions) (int, []nquic.Peer, []string, *quic.Stream, bool, error) {
-	fail := func(code int, format string, args ...any) (int, []nquic.Peer, []string, *quic.Stream, bool, error) {
+func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, rank int, advertise string, fp [32]byte, o JoinOptions) (int, []transport.Peer, []string, *quic.Stream, bool, error) {
+	fail := func(code int, format string, args ...any) (int, []transport.Peer, []string, *quic.Stream, bool, error) {
 		return 0, nil, nil, nil, false, errorf(code, "rendezvous", nil, format, args...)
 	}
 	st, err := conn.OpenStreamSync(ctx)
@@ -930,13 +931,13 @@ func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, r
 	if w.Size < 1 || len(w.Peers) != w.Size || w.Rank < 0 || w.Rank >= w.Size {
 		return fail(abi.ErrInternal, "seed %s sent an inconsistent peer table", addr)
 	}
-	peers := make([]nquic.Peer, w.Size)
+	peers := make([]transport.Peer, w.Size)
 	lobbies := make([]string, w.Size)
 	for i, pm := range w.Peers {
 		if pm.Rank != i || len(pm.FP) != 32 {
 			return fail(abi.ErrInternal, "seed %s sent a bad peer table row %d", addr, i)
 		}
-		peers[i] = nquic.Peer{Rank: i, Addr: pm.Addr}
+		peers[i] = transport.Peer{Rank: i, Addr: pm.Addr}
 		copy(peers[i].Fingerprint[:], pm.FP)
 		lobbies[i] = pm.Lobby
 	}

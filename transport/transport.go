@@ -71,6 +71,15 @@ const MaxPayload = 64 << 20
 // belongs to the handler.
 type Handler func(from int, lane Lane, h *Header, payload []byte)
 
+// Peer is one row of the peer table from the rendezvous: where a rank's
+// mesh node listens and the fingerprint of its TLS identity, which its
+// peers pin (internal/identity).
+type Peer struct {
+	Rank        int
+	Addr        string   // host:port of the peer's node; needed for ranks above self
+	Fingerprint [32]byte // the peer's identity fingerprint
+}
+
 // PlaceFunc, when a transport is given one, lets the layer above receive a
 // LaneData payload straight into its final buffer. The transport calls it
 // once a message's header has arrived and before reading its n payload

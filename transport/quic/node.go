@@ -205,12 +205,8 @@ func (o Options) quicConfig() *quic.Config {
 	}
 }
 
-// Peer is one row of the peer table from the rendezvous.
-type Peer struct {
-	Rank        int
-	Addr        string   // host:port of the peer's Node; needed for ranks above self
-	Fingerprint [32]byte // the peer's Identity.Fingerprint
-}
+// Peer is one row of the peer table from the rendezvous (transport.Peer).
+type Peer = transport.Peer
 
 // Node owns one UDP socket and the QUIC transport on it. Listen, Addr and
 // Close are safe for concurrent use; Connect may be called once.

@@ -6,7 +6,7 @@ import os
 import threading
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
-from . import _errors, _knobs, _nexar as _lib
+from . import _errors, _knobs, _launcher, _nexar as _lib
 from ._buffers import Buffer, as_buffer
 from ._types import Datatype, Op
 
@@ -206,8 +206,12 @@ class Comm:
     """A nexar communicator: ranks 0..size-1.
 
     Comm() (or nexar.init()) joins the world described by the launcher's
-    environment (`nexar run`, torchrun, Slurm, Open MPI); Comm(rank=...,
-    world_size=..., seed="host:port", token=b"...") joins an explicit one.
+    environment (`nexar run`, torchrun, Slurm, Open MPI, PMIx: the order is
+    nexar._launcher's, docs/guides/launchers.md); Comm(rank=...,
+    world_size=..., seed="host:port", token=b"...") joins an explicit one,
+    and any of rank, world_size and seed left out of it comes from the
+    launcher's variables. Across processes the token is the job's secret,
+    which no launcher gives: NEXAR_TOKEN or NEXAR_TOKEN_FILE (or token=).
     The other keyword arguments are knobs (docs/reference/env.md): each
     one given beats its NEXAR_* variable, and an unset one (None) takes the
     variable's value, else the default. topology ("full", "kregular:K",
@@ -261,8 +265,20 @@ class Comm:
                 raise ValueError("nexar.Comm: %s need an explicit configuration (rank, world_size, seed, token); "
                                  "from the environment, set their NEXAR_* variables instead (docs/reference/env.md)"
                                  % ", ".join(sorted(knobs)))
+            # Slurm's, Open MPI's and PMIx's variables as torchrun's, where
+            # unset (nexar._launcher: the seed from the node list and a
+            # port from the job's id); libnexar reads them.
+            _launcher.export(_launcher.detect())
             h = _lib.comm_init_from_env()
         else:
+            if world_size is None:
+                # Without world_size, the launcher's variables give what the
+                # arguments leave out (rank None with world_size given stays
+                # "the seed assigns ranks").
+                info = _launcher.detect(rank=rank, world_size=world_size, seed=seed)
+                world_size = info.world_size if world_size is None else world_size
+                rank = info.rank if rank is None else rank
+                seed = info.seed if seed is None else seed
             if world_size is None:
                 raise ValueError("nexar.Comm: world_size is required with an explicit configuration")
             if isinstance(token, str):

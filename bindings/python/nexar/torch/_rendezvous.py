@@ -44,6 +44,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from .. import _comm, _errors
 from .._knobs import env
+from .._launcher import global_addrs as _global_addrs
 
 __all__ = ["Rendezvous", "rendezvous", "advertise_host"]
 
@@ -166,27 +167,6 @@ def _is_mine(ip: str) -> bool:
         return True
     except OSError:
         return False
-
-
-def _global_addrs() -> List[str]:
-    """This host's IPv4 addresses that are neither loopback nor link-local."""
-    try:
-        import fcntl
-        import struct
-    except ImportError:  # pragma: no cover - not Linux
-        return []
-    out = []
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                req = struct.pack("256s", name.encode()[:15])
-                ip = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])  # SIOCGIFADDR
-            except OSError:
-                continue
-            a = ipaddress.ip_address(ip)
-            if not (a.is_loopback or a.is_link_local or a.is_unspecified) and ip not in out:
-                out.append(ip)
-    return out
 
 
 def here() -> str:

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/core"
+	"github.com/nexar-go/nexar/hier"
 )
 
 // maxBytes bounds one buffer: far beyond any real buffer, and below the
@@ -19,10 +20,11 @@ const maxBytes = 1 << 46
 // args checks the arguments of one call. The first failure is kept; later
 // checks are skipped, so a call reports the first bad argument in order.
 type args struct {
-	fn   string
-	code C.int
-	msg  string
-	dev  devCall // device buffers of the call (capi/devmem.go)
+	fn     string
+	code   C.int
+	msg    string
+	dev    hier.Call // the device side of the call (capi/devmem.go)
+	devSet bool      // dev was begun
 }
 
 func (a *args) ok() bool { return a.code == resSuccess }
@@ -36,9 +38,7 @@ func (a *args) failf(code C.int, format string, v ...any) {
 // fail reports the recorded failure as the call's result (returning any
 // staging buffers lent to the call).
 func (a *args) fail() C.int {
-	if a.dev.call != nil {
-		a.dev.call.Release()
-	}
+	a.dev.Release()
 	return fail(a.fn, a.code, "%s", a.msg)
 }
 

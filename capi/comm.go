@@ -89,8 +89,8 @@ func newComm(fn string, cfg core.Config, out *C.uintptr_t) C.int {
 	if err != nil {
 		return fail(fn, resInvalidArgument, "%v", err)
 	}
-	devices.probe(cfg.CUDARuntime) // first: the data path takes the runtime (GPUDirect RDMA)
-	cfg.GPU = devices.gpu()
+	router.Probe(cfg) // first: the data path takes the runtime (GPUDirect RDMA)
+	cfg.GPU = gpu()
 	c, err := newWorld(bg, cfg)
 	if err != nil {
 		return result(fn, err)
@@ -111,7 +111,7 @@ func nxgo_comm_destroy(comm C.uintptr_t) (r C.int) {
 	if w != nil {
 		w.stop(uintptr(comm)) // no handler call from here on, none running (unless this is one)
 	}
-	hiers.remove(uintptr(comm)) // NCCL and the hierarchy's communicators, before their parent
+	router.Release(uintptr(comm)) // NCCL and the hierarchy's communicators, before their parent
 	// Close is local and idempotent; its error (if any) is only reported.
 	// It closes the failure stream, which ends the watcher's goroutine.
 	// The handle owns the successors the shrink policy made for it too.
@@ -176,7 +176,7 @@ func nxgo_comm_split(comm C.uintptr_t, color, key C.int, newcomm *C.uintptr_t) (
 	}
 	if nc != nil {
 		*newcomm = C.uintptr_t(comms.add(nc))
-		devices.probe(nc.Config().CUDARuntime)
+		router.Probe(nc.Config())
 	}
 	return resSuccess
 }

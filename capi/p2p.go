@@ -32,7 +32,7 @@ func send(a *args, buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag
 	if !a.ok() {
 		return a.fail()
 	}
-	if a.dev.direct {
+	if a.dev.Direct() {
 		return a.run(func() error { return c.SendDevice(bg, b, p, uint64(tag)) })
 	}
 	return a.run(func() error { return c.Send(bg, b, p, uint64(tag)) })
@@ -71,7 +71,7 @@ func recv(a *args, buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag
 		return a.fail()
 	}
 	recv := c.Recv
-	if a.dev.direct {
+	if a.dev.Direct() {
 		recv = c.RecvDevice
 	}
 	var st core.Status
@@ -100,8 +100,8 @@ func nxgo_isend(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.
 		return a.fail()
 	}
 	isend := c.ISend
-	if a.dev.direct {
-		if err := devices.st.Load().WaitStream(0); err != nil {
+	if a.dev.Direct() {
+		if err := a.dev.WaitStream(); err != nil {
 			return a.result(err)
 		}
 		isend = c.ISendDevice
@@ -128,8 +128,8 @@ func nxgo_irecv(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag C.
 		return a.fail()
 	}
 	irecv := c.IRecv
-	if a.dev.direct {
-		if err := devices.st.Load().WaitStream(0); err != nil {
+	if a.dev.Direct() {
+		if err := a.dev.WaitStream(); err != nil {
 			return a.result(err)
 		}
 		irecv = c.IRecvDevice

@@ -112,6 +112,48 @@ static int resolve(const void* p, size_t n, char** out, int* isdev) {
     return rc;
 }
 
+// Device addresses come from a range reserved once and never handed back to
+// the system, as CUDA's driver takes them from ranges it reserves for the
+// life of the context under unified addressing: a freed device address is
+// never returned by a host mmap or malloc, nor a freed host address by
+// cudaMalloc (hier.Kinds relies on it). Addresses are not reused at all;
+// past the range, allocations fall back to the system's choice.
+#define DEV_SPAN ((size_t)256 << 30)
+static pthread_once_t dev_once = PTHREAD_ONCE_INIT;
+static uintptr_t dev_lo, dev_next, dev_hi;
+
+static void dev_reserve(void) {
+    void* p = mmap(NULL, DEV_SPAN, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p != MAP_FAILED) {
+        dev_lo = dev_next = (uintptr_t)p;
+        dev_hi = dev_lo + DEV_SPAN;
+    }
+}
+
+// dev_place returns where the next device allocation of len bytes goes
+// (MAP_FIXED into the reserved range), or NULL for the system's choice.
+static void* dev_place(size_t len) {
+    pthread_once(&dev_once, dev_reserve);
+    void* at = NULL;
+    pthread_mutex_lock(&amu);
+    if (dev_lo != 0 && dev_hi - dev_next >= len) {
+        at = (void*)dev_next;
+        dev_next += len;
+    }
+    pthread_mutex_unlock(&amu);
+    return at;
+}
+
+// dev_unmap gives a device range back: inside the reserved range it is
+// reserved again instead of unmapped.
+static void dev_unmap(uintptr_t base, size_t len) {
+    if (dev_lo != 0 && base >= dev_lo && base < dev_hi) {
+        mmap((void*)base, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        return;
+    }
+    munmap((void*)base, len);
+}
+
 cudaError_t cudaMalloc(void** devPtr, size_t size) {
     if (devPtr == NULL) {
         return ret(cudaErrorInvalidValue);
@@ -122,7 +164,8 @@ cudaError_t cudaMalloc(void** devPtr, size_t size) {
         if (fd >= 0) close(fd);
         return ret(cudaErrorMemoryAllocation);
     }
-    void* dev = mmap(NULL, len, PROT_NONE, MAP_SHARED, fd, 0);
+    void* at = dev_place(len);
+    void* dev = mmap(at, len, PROT_NONE, MAP_SHARED | (at != NULL ? MAP_FIXED : 0), fd, 0);
     void* shadow = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (dev == MAP_FAILED || shadow == MAP_FAILED) {
         close(fd);
@@ -162,7 +205,7 @@ static cudaError_t release(void* p, int type) {
     }
     size_t len = a->size ? (a->size + 4095) & ~(size_t)4095 : 4096;
     if (type == typeDevice) {
-        munmap((void*)a->base, len);
+        dev_unmap(a->base, len);
         munmap(a->shadow, len);
         close(a->fd);
     } else {

@@ -192,7 +192,9 @@ func admitted(d *membership.Decision, size, room int) []joiner {
 // member or joiner fails meanwhile, every member gets an error and keeps
 // c. With nobody waiting, the result is the survivors' communicator on the
 // existing connections, like Shrink's but without revoking c. Members of
-// c that failed are left out either way. It works on a failed or revoked
+// c that failed are left out either way. Only joiners that answer their
+// lobby's ping within admissionWindow (2 s) are proposed; a stopped or
+// starved one stays waiting for a later grow. It works on a failed or revoked
 // communicator, and on a healthy one under every policy. The deadline is
 // ctx's, else Config.Timeout. c stays to be closed.
 func (c *Comm) Grow(ctx context.Context) (*Comm, error) {
@@ -210,7 +212,7 @@ func (c *Comm) Grow(ctx context.Context) (*Comm, error) {
 	c.n.mu.Unlock()
 	var extra [][]byte
 	if l := lb.get(); l != nil {
-		for _, id := range l.Waiting() {
+		for _, id := range l.Ready(ctx, admissionWindow) {
 			extra = append(extra, joinRecord(c.rank, id))
 		}
 	}
@@ -308,6 +310,12 @@ func (c *Comm) Grow(ctx context.Context) (*Comm, error) {
 	c.n.mu.Unlock()
 	return nc, nil
 }
+
+// admissionWindow is how long a grow waits for its lobby's joiners to
+// answer a ping before it proposes them: one that does not (a stopped or
+// starved process) waits for a later grow, instead of holding the grown
+// world's formation, and every member's grow, until the timeout.
+const admissionWindow = 2 * time.Second
 
 // confirmGrow is the grown world's first agreement: every member formed it.
 func (c *Comm) confirmGrow(ctx context.Context) error {

@@ -422,3 +422,47 @@ func TestGrowJoinerTakesJobTopology(t *testing.T) {
 		})
 	}
 }
+
+// TestGrowLeavesAStoppedJoinerWaiting: of two joiners in rank 0's lobby,
+// one reads nothing (as a SIGSTOPped process). The grow admits the live
+// one after the admission window, not the members' timeout (an hour
+// here), and the stopped one is still waiting afterwards.
+func TestGrowLeavesAStoppedJoinerWaiting(t *testing.T) {
+	comms, jc := newElasticQUIC(t, 2, PolicyManual, 4)
+	for _, c := range comms {
+		c.cfg.Timeout = time.Hour
+	}
+	addrs := comms[0].JoinAddrs()[:1]
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	resume := make(chan struct{})
+	defer close(resume)
+	go func() { _, _ = membership.AwaitAdmissionPaused(ctx, addrs, jc.Token, resume) }()
+	lobby0 := func() *membership.Lobby {
+		comms[0].n.mu.Lock()
+		defer comms[0].n.mu.Unlock()
+		return comms[0].n.lobby.get()
+	}
+	for deadline := time.Now().Add(20 * time.Second); len(lobby0().Waiting()) != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the stopped joiner never waited in the lobby")
+		}
+	}
+	joined := startJoiners(t, 1, jc, addrs, comms[:1])
+	// startJoiners counted the stopped one: wait for both.
+	for deadline := time.Now().Add(20 * time.Second); len(lobby0().Waiting()) != 2; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the live joiner never waited in the lobby")
+		}
+	}
+	start := time.Now()
+	world := growAll(t, comms, joined, 1)
+	t.Logf("grow with a stopped joiner in the lobby: %v", time.Since(start).Round(time.Millisecond))
+	sumCheck(t, world)
+	world[0].n.mu.Lock()
+	lb := world[0].n.lobby.get() // the grown world's node has the lobby now
+	world[0].n.mu.Unlock()
+	if n := len(lb.Waiting()); n != 1 {
+		t.Fatalf("%d joiners wait in rank 0's lobby after the grow, want the stopped one", n)
+	}
+}

@@ -3,6 +3,8 @@ package membership
 import (
 	"context"
 	"errors"
+	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -117,5 +119,94 @@ func TestLobbyDeadline(t *testing.T) {
 	var me *Error
 	if !errors.As(err, &me) || me.Code != abi.ErrTimeout {
 		t.Fatalf("no lobby: %v, want a timeout", err)
+	}
+}
+
+// TestLobbyReadyLeavesAStoppedJoiner: of two waiting joiners, one reads
+// nothing (as a SIGSTOPped process); Ready returns the other within the
+// admission window and leaves the stopped one waiting, and once it
+// resumes it answers the next Ready.
+func TestLobbyReadyLeavesAStoppedJoiner(t *testing.T) {
+	token := []byte("lobby-token")
+	l, err := StartLobby("127.0.0.1:0", token, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resume := make(chan struct{})
+	stopped := make(chan Admission, 1)
+	go func() {
+		a, _ := AwaitAdmissionPaused(ctx, []string{l.Addr().String()}, token, resume)
+		stopped <- a
+	}()
+	first := waitWaiting(t, l, 1)[0]
+	go func() { _, _ = AwaitAdmission(ctx, []string{l.Addr().String()}, token) }()
+	waitWaiting(t, l, 2)
+	ready := l.Ready(ctx, 300*time.Millisecond)
+	if len(ready) != 1 || string(ready[0]) == string(first) {
+		t.Fatalf("Ready returned %d joiners (the stopped one among them: %v), want only the live one", len(ready), len(ready) > 0 && string(ready[0]) == string(first))
+	}
+	if n := len(l.Waiting()); n != 2 {
+		t.Fatalf("%d joiners waiting after Ready, want both", n)
+	}
+	close(resume)
+	if ready = l.Ready(ctx, 10*time.Second); len(ready) != 2 || string(ready[0]) != string(first) {
+		t.Fatalf("after the stopped joiner resumed, Ready returned %d joiners, want both, oldest first", len(ready))
+	}
+	want := Admission{Seed: "127.0.0.1:4242", Rank: 2, Size: 3, Gen: 2, Topology: "kregular:2"}
+	if !l.Admit(first, want) {
+		t.Fatal("Admit: the resumed joiner is not waiting")
+	}
+	if a := <-stopped; a != want {
+		t.Fatalf("the resumed joiner got %+v, want %+v", a, want)
+	}
+}
+
+// TestLobbyDialsConcurrently: the first address swallows the handshake (a
+// socket that reads and never answers) and the dial bound is an hour, so a
+// joiner that tried addresses in turn would never get past it; it waits at
+// the second lobby instead, dialled after the stagger.
+func TestLobbyDialsConcurrently(t *testing.T) {
+	hole, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hole.Close()
+	var got atomic.Int64
+	go func() {
+		b := make([]byte, 2048)
+		for {
+			n, _, err := hole.ReadFrom(b)
+			if err != nil {
+				return
+			}
+			got.Add(int64(n))
+		}
+	}()
+	token := []byte("lobby-token")
+	l, err := StartLobby("127.0.0.1:0", token, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res := make(chan error, 1)
+	var adm Admission
+	go func() {
+		var err error
+		adm, err = awaitAdmission(ctx, []string{hole.LocalAddr().String(), l.Addr().String()}, token, awaitOpts{handshake: time.Hour})
+		res <- err
+	}()
+	ids := waitWaiting(t, l, 1)
+	if got.Load() == 0 {
+		t.Fatal("the first address was never dialled")
+	}
+	want := Admission{Seed: "127.0.0.1:1", Rank: 1, Size: 2, Gen: 2}
+	l.Admit(ids[0], want)
+	if err := <-res; err != nil || adm != want {
+		t.Fatalf("AwaitAdmission = %+v, %v", adm, err)
 	}
 }

@@ -1,5 +1,7 @@
 package membership
 
+import "context"
+
 // For tests of the layers above, which must see a joiner die between its
 // welcome and its report.
 
@@ -14,3 +16,10 @@ func (l *SeedLink) SimulateSilence() { l.sock.udp.Close() }
 
 // CloseSocket releases l's socket.
 func (l *SeedLink) CloseSocket() { l.sock.close() }
+
+// AwaitAdmissionPaused is AwaitAdmission for a joiner that, as a stopped
+// process, reads nothing from its lobby (and so answers no ping) until
+// resume is closed.
+func AwaitAdmissionPaused(ctx context.Context, addrs []string, token []byte, resume <-chan struct{}) (Admission, error) {
+	return awaitAdmission(ctx, addrs, token, awaitOpts{resume: resume})
+}

@@ -65,6 +65,10 @@ static nexar_result_t refuse(const char* fn, const char* what) {
         }                                                             \
     } while (0)
 
+void nexar_free(void* p) { free(p); }
+
+// The shims, one per function that internal/abi describes (funcs.go).
+// @generated entry: go generate ./internal/abi
 nexar_result_t nexar_comm_init_from_env(nexar_comm_t* comm) {
     GUARD(NULL);
     return (nexar_result_t)nxgo_comm_init_from_env((uintptr_t*)comm);
@@ -101,11 +105,10 @@ nexar_result_t nexar_comm_split(nexar_comm_t comm, int color, int key, nexar_com
 }
 
 nexar_result_t nexar_seed_start(const char* bind_addr, int world_size, const void* token,
-                                size_t token_len, nexar_seed_t* seed, char* addr,
-                                size_t addr_len) {
+                                size_t token_len, nexar_seed_t* seed, char* addr, size_t addr_len) {
     GUARD(NULL);
     return (nexar_result_t)nxgo_seed_start((char*)bind_addr, world_size, (void*)token, token_len,
-                                           (uintptr_t*)seed, addr, addr_len);
+        (uintptr_t*)seed, addr, addr_len);
 }
 
 nexar_result_t nexar_seed_close(nexar_seed_t seed) {
@@ -118,12 +121,14 @@ nexar_result_t nexar_comm_get_error(nexar_comm_t comm, nexar_result_t* error) {
     return (nexar_result_t)nxgo_comm_get_error((uintptr_t)comm, (int*)error);
 }
 
-nexar_result_t nexar_comm_get_path(nexar_comm_t comm, int peer, char* buf, size_t size, size_t* len) {
+nexar_result_t nexar_comm_get_path(nexar_comm_t comm, int peer, char* buf, size_t size,
+                                   size_t* len) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_comm_get_path((uintptr_t)comm, peer, buf, size, len);
 }
 
-nexar_result_t nexar_comm_get_failed(nexar_comm_t comm, int* ranks, size_t capacity, size_t* count) {
+nexar_result_t nexar_comm_get_failed(nexar_comm_t comm, int* ranks, size_t capacity,
+                                     size_t* count) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_comm_get_failed((uintptr_t)comm, ranks, capacity, count);
 }
@@ -195,7 +200,7 @@ nexar_result_t nexar_rpc_call(nexar_comm_t comm, int peer, uint32_t fn, const vo
                               size_t req_len, void** reply, size_t* reply_len) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_rpc_call((uintptr_t)comm, peer, fn, (void*)req, req_len, 0, 0,
-                                         reply, reply_len);
+        reply, reply_len);
 }
 
 nexar_result_t nexar_rpc_call_timeout(nexar_comm_t comm, int peer, uint32_t fn, const void* req,
@@ -203,7 +208,7 @@ nexar_result_t nexar_rpc_call_timeout(nexar_comm_t comm, int peer, uint32_t fn, 
                                       size_t* reply_len) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_rpc_call((uintptr_t)comm, peer, fn, (void*)req, req_len, 1,
-                                         timeout_ms, reply, reply_len);
+        timeout_ms, reply, reply_len);
 }
 
 nexar_result_t nexar_rpc_call_into(nexar_comm_t comm, int peer, uint32_t fn, const void* req,
@@ -211,18 +216,16 @@ nexar_result_t nexar_rpc_call_into(nexar_comm_t comm, int peer, uint32_t fn, con
                                    void* user, size_t* reply_len) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_rpc_call_into((uintptr_t)comm, peer, fn, (void*)req, req_len,
-                                              timeout_ms, (uintptr_t)alloc, user, reply_len);
+        timeout_ms, (uintptr_t)alloc, user, reply_len);
 }
 
 nexar_result_t nexar_rpc_icall(nexar_comm_t comm, int peer, uint32_t fn, const void* req,
-                               size_t req_len, int64_t timeout_ms, void** reply,
-                               size_t* reply_len, nexar_request_t* request) {
+                               size_t req_len, int64_t timeout_ms, void** reply, size_t* reply_len,
+                               nexar_request_t* request) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_rpc_icall((uintptr_t)comm, peer, fn, (void*)req, req_len,
-                                          timeout_ms, reply, reply_len, (uintptr_t*)request);
+        timeout_ms, reply, reply_len, (uintptr_t*)request);
 }
-
-void nexar_free(void* p) { free(p); }
 
 nexar_result_t nexar_send(const void* buf, size_t count, nexar_datatype_t dt, int peer,
                           uint64_t tag, nexar_comm_t comm) {
@@ -230,10 +233,36 @@ nexar_result_t nexar_send(const void* buf, size_t count, nexar_datatype_t dt, in
     return (nexar_result_t)nxgo_send((void*)buf, count, dt, peer, tag, (uintptr_t)comm);
 }
 
+nexar_result_t nexar_isend(const void* buf, size_t count, nexar_datatype_t dt, int peer,
+                           uint64_t tag, nexar_comm_t comm, nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_isend((void*)buf, count, dt, peer, tag, (uintptr_t)comm,
+        (uintptr_t*)req);
+}
+
+nexar_result_t nexar_send_stream(const void* buf, size_t count, nexar_datatype_t dt, int peer,
+                                 uint64_t tag, nexar_comm_t comm, void* stream) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_send_stream((void*)buf, count, dt, peer, tag, (uintptr_t)comm,
+        stream);
+}
+
 nexar_result_t nexar_recv(void* buf, size_t count, nexar_datatype_t dt, int peer, uint64_t tag,
                           nexar_comm_t comm) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_recv(buf, count, dt, peer, tag, (uintptr_t)comm);
+}
+
+nexar_result_t nexar_irecv(void* buf, size_t count, nexar_datatype_t dt, int peer, uint64_t tag,
+                           nexar_comm_t comm, nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_irecv(buf, count, dt, peer, tag, (uintptr_t)comm, (uintptr_t*)req);
+}
+
+nexar_result_t nexar_recv_stream(void* buf, size_t count, nexar_datatype_t dt, int peer,
+                                 uint64_t tag, nexar_comm_t comm, void* stream) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_recv_stream(buf, count, dt, peer, tag, (uintptr_t)comm, stream);
 }
 
 nexar_result_t nexar_recv_status(void* buf, size_t count, nexar_datatype_t dt, int peer,
@@ -249,10 +278,38 @@ nexar_result_t nexar_allreduce(const void* sendbuf, void* recvbuf, size_t count,
     return (nexar_result_t)nxgo_allreduce((void*)sendbuf, recvbuf, count, dt, op, (uintptr_t)comm);
 }
 
+nexar_result_t nexar_iallreduce(const void* sendbuf, void* recvbuf, size_t count,
+                                nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm,
+                                nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_iallreduce((void*)sendbuf, recvbuf, count, dt, op, (uintptr_t)comm,
+        (uintptr_t*)req);
+}
+
+nexar_result_t nexar_allreduce_stream(const void* sendbuf, void* recvbuf, size_t count,
+                                      nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm,
+                                      void* stream) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_allreduce_stream((void*)sendbuf, recvbuf, count, dt, op,
+        (uintptr_t)comm, stream);
+}
+
 nexar_result_t nexar_broadcast(void* buf, size_t count, nexar_datatype_t dt, int root,
                                nexar_comm_t comm) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_broadcast(buf, count, dt, root, (uintptr_t)comm);
+}
+
+nexar_result_t nexar_ibroadcast(void* buf, size_t count, nexar_datatype_t dt, int root,
+                                nexar_comm_t comm, nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_ibroadcast(buf, count, dt, root, (uintptr_t)comm, (uintptr_t*)req);
+}
+
+nexar_result_t nexar_broadcast_stream(void* buf, size_t count, nexar_datatype_t dt, int root,
+                                      nexar_comm_t comm, void* stream) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_broadcast_stream(buf, count, dt, root, (uintptr_t)comm, stream);
 }
 
 nexar_result_t nexar_reduce(const void* sendbuf, void* recvbuf, size_t count, nexar_datatype_t dt,
@@ -262,10 +319,31 @@ nexar_result_t nexar_reduce(const void* sendbuf, void* recvbuf, size_t count, ne
         (uintptr_t)comm);
 }
 
+nexar_result_t nexar_ireduce(const void* sendbuf, void* recvbuf, size_t count, nexar_datatype_t dt,
+                             nexar_op_t op, int root, nexar_comm_t comm, nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_ireduce((void*)sendbuf, recvbuf, count, dt, op, root,
+        (uintptr_t)comm, (uintptr_t*)req);
+}
+
 nexar_result_t nexar_allgather(const void* sendbuf, void* recvbuf, size_t sendcount,
                                nexar_datatype_t dt, nexar_comm_t comm) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_allgather((void*)sendbuf, recvbuf, sendcount, dt, (uintptr_t)comm);
+}
+
+nexar_result_t nexar_iallgather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                                nexar_datatype_t dt, nexar_comm_t comm, nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_iallgather((void*)sendbuf, recvbuf, sendcount, dt, (uintptr_t)comm,
+        (uintptr_t*)req);
+}
+
+nexar_result_t nexar_allgather_stream(const void* sendbuf, void* recvbuf, size_t sendcount,
+                                      nexar_datatype_t dt, nexar_comm_t comm, void* stream) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_allgather_stream((void*)sendbuf, recvbuf, sendcount, dt,
+        (uintptr_t)comm, stream);
 }
 
 nexar_result_t nexar_allgatherv(const void* sendbuf, size_t sendcount, void* recvbuf,
@@ -276,6 +354,14 @@ nexar_result_t nexar_allgatherv(const void* sendbuf, size_t sendcount, void* rec
         (size_t*)displs, dt, (uintptr_t)comm);
 }
 
+nexar_result_t nexar_iallgatherv(const void* sendbuf, size_t sendcount, void* recvbuf,
+                                 const size_t* recvcounts, const size_t* displs,
+                                 nexar_datatype_t dt, nexar_comm_t comm, nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_iallgatherv((void*)sendbuf, sendcount, recvbuf, (size_t*)recvcounts,
+        (size_t*)displs, dt, (uintptr_t)comm, (uintptr_t*)req);
+}
+
 nexar_result_t nexar_reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
                                     nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm) {
     GUARD("communicator");
@@ -283,11 +369,34 @@ nexar_result_t nexar_reduce_scatter(const void* sendbuf, void* recvbuf, size_t r
         (uintptr_t)comm);
 }
 
+nexar_result_t nexar_ireduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                     nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm,
+                                     nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_ireduce_scatter((void*)sendbuf, recvbuf, recvcount, dt, op,
+        (uintptr_t)comm, (uintptr_t*)req);
+}
+
+nexar_result_t nexar_reduce_scatter_stream(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                           nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm,
+                                           void* stream) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_reduce_scatter_stream((void*)sendbuf, recvbuf, recvcount, dt, op,
+        (uintptr_t)comm, stream);
+}
+
 nexar_result_t nexar_alltoall(const void* sendbuf, void* recvbuf, size_t count_per_peer,
                               nexar_datatype_t dt, nexar_comm_t comm) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_alltoall((void*)sendbuf, recvbuf, count_per_peer, dt,
         (uintptr_t)comm);
+}
+
+nexar_result_t nexar_ialltoall(const void* sendbuf, void* recvbuf, size_t count_per_peer,
+                               nexar_datatype_t dt, nexar_comm_t comm, nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_ialltoall((void*)sendbuf, recvbuf, count_per_peer, dt,
+        (uintptr_t)comm, (uintptr_t*)req);
 }
 
 nexar_result_t nexar_alltoallv(const void* sendbuf, const size_t* sendcounts, const size_t* sdispls,
@@ -298,11 +407,28 @@ nexar_result_t nexar_alltoallv(const void* sendbuf, const size_t* sendcounts, co
         recvbuf, (size_t*)recvcounts, (size_t*)rdispls, dt, (uintptr_t)comm);
 }
 
+nexar_result_t nexar_ialltoallv(const void* sendbuf, const size_t* sendcounts,
+                                const size_t* sdispls, void* recvbuf, const size_t* recvcounts,
+                                const size_t* rdispls, nexar_datatype_t dt, nexar_comm_t comm,
+                                nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_ialltoallv((void*)sendbuf, (size_t*)sendcounts, (size_t*)sdispls,
+        recvbuf, (size_t*)recvcounts, (size_t*)rdispls, dt, (uintptr_t)comm, (uintptr_t*)req);
+}
+
 nexar_result_t nexar_gather(const void* sendbuf, void* recvbuf, size_t sendcount,
                             nexar_datatype_t dt, int root, nexar_comm_t comm) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_gather((void*)sendbuf, recvbuf, sendcount, dt, root,
         (uintptr_t)comm);
+}
+
+nexar_result_t nexar_igather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                             nexar_datatype_t dt, int root, nexar_comm_t comm,
+                             nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_igather((void*)sendbuf, recvbuf, sendcount, dt, root,
+        (uintptr_t)comm, (uintptr_t*)req);
 }
 
 nexar_result_t nexar_gatherv(const void* sendbuf, size_t sendcount, void* recvbuf,
@@ -313,11 +439,27 @@ nexar_result_t nexar_gatherv(const void* sendbuf, size_t sendcount, void* recvbu
         (size_t*)displs, dt, root, (uintptr_t)comm);
 }
 
+nexar_result_t nexar_igatherv(const void* sendbuf, size_t sendcount, void* recvbuf,
+                              const size_t* recvcounts, const size_t* displs, nexar_datatype_t dt,
+                              int root, nexar_comm_t comm, nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_igatherv((void*)sendbuf, sendcount, recvbuf, (size_t*)recvcounts,
+        (size_t*)displs, dt, root, (uintptr_t)comm, (uintptr_t*)req);
+}
+
 nexar_result_t nexar_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
                              nexar_datatype_t dt, int root, nexar_comm_t comm) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_scatter((void*)sendbuf, recvbuf, recvcount, dt, root,
         (uintptr_t)comm);
+}
+
+nexar_result_t nexar_iscatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                              nexar_datatype_t dt, int root, nexar_comm_t comm,
+                              nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_iscatter((void*)sendbuf, recvbuf, recvcount, dt, root,
+        (uintptr_t)comm, (uintptr_t*)req);
 }
 
 nexar_result_t nexar_scatterv(const void* sendbuf, const size_t* sendcounts, const size_t* displs,
@@ -328,10 +470,25 @@ nexar_result_t nexar_scatterv(const void* sendbuf, const size_t* sendcounts, con
         recvbuf, recvcount, dt, root, (uintptr_t)comm);
 }
 
+nexar_result_t nexar_iscatterv(const void* sendbuf, const size_t* sendcounts, const size_t* displs,
+                               void* recvbuf, size_t recvcount, nexar_datatype_t dt, int root,
+                               nexar_comm_t comm, nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_iscatterv((void*)sendbuf, (size_t*)sendcounts, (size_t*)displs,
+        recvbuf, recvcount, dt, root, (uintptr_t)comm, (uintptr_t*)req);
+}
+
 nexar_result_t nexar_scan(const void* sendbuf, void* recvbuf, size_t count, nexar_datatype_t dt,
                           nexar_op_t op, nexar_comm_t comm) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_scan((void*)sendbuf, recvbuf, count, dt, op, (uintptr_t)comm);
+}
+
+nexar_result_t nexar_iscan(const void* sendbuf, void* recvbuf, size_t count, nexar_datatype_t dt,
+                           nexar_op_t op, nexar_comm_t comm, nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_iscan((void*)sendbuf, recvbuf, count, dt, op, (uintptr_t)comm,
+        (uintptr_t*)req);
 }
 
 nexar_result_t nexar_exscan(const void* sendbuf, void* recvbuf, size_t count, nexar_datatype_t dt,
@@ -340,9 +497,21 @@ nexar_result_t nexar_exscan(const void* sendbuf, void* recvbuf, size_t count, ne
     return (nexar_result_t)nxgo_exscan((void*)sendbuf, recvbuf, count, dt, op, (uintptr_t)comm);
 }
 
+nexar_result_t nexar_iexscan(const void* sendbuf, void* recvbuf, size_t count, nexar_datatype_t dt,
+                             nexar_op_t op, nexar_comm_t comm, nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_iexscan((void*)sendbuf, recvbuf, count, dt, op, (uintptr_t)comm,
+        (uintptr_t*)req);
+}
+
 nexar_result_t nexar_barrier(nexar_comm_t comm) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_barrier((uintptr_t)comm);
+}
+
+nexar_result_t nexar_ibarrier(nexar_comm_t comm, nexar_request_t* req) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_ibarrier((uintptr_t)comm, (uintptr_t*)req);
 }
 
 nexar_result_t nexar_allreduce_multi(const void* const* sendbufs, void* const* recvbufs,
@@ -368,131 +537,6 @@ nexar_result_t nexar_allreduce_compressed(void* buf, void* residual, size_t coun
     GUARD("communicator");
     return (nexar_result_t)nxgo_allreduce_compressed(buf, residual, count, dt, (int)method, ratio,
         seed, (uintptr_t)comm);
-}
-
-nexar_result_t nexar_isend(const void* buf, size_t count, nexar_datatype_t dt, int peer,
-                           uint64_t tag, nexar_comm_t comm, nexar_request_t* req) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_isend((void*)buf, count, dt, peer, tag, (uintptr_t)comm,
-        (uintptr_t*)req);
-}
-
-nexar_result_t nexar_irecv(void* buf, size_t count, nexar_datatype_t dt, int peer, uint64_t tag,
-                           nexar_comm_t comm, nexar_request_t* req) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_irecv(buf, count, dt, peer, tag, (uintptr_t)comm, (uintptr_t*)req);
-}
-
-nexar_result_t nexar_iallreduce(const void* sendbuf, void* recvbuf, size_t count,
-                                nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm,
-                                nexar_request_t* req) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_iallreduce((void*)sendbuf, recvbuf, count, dt, op, (uintptr_t)comm,
-        (uintptr_t*)req);
-}
-
-nexar_result_t nexar_ibroadcast(void* buf, size_t count, nexar_datatype_t dt, int root,
-                                nexar_comm_t comm, nexar_request_t* req) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_ibroadcast(buf, count, dt, root, (uintptr_t)comm, (uintptr_t*)req);
-}
-
-nexar_result_t nexar_ireduce(const void* sendbuf, void* recvbuf, size_t count, nexar_datatype_t dt,
-                             nexar_op_t op, int root, nexar_comm_t comm, nexar_request_t* req) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_ireduce((void*)sendbuf, recvbuf, count, dt, op, root,
-        (uintptr_t)comm, (uintptr_t*)req);
-}
-
-nexar_result_t nexar_iallgather(const void* sendbuf, void* recvbuf, size_t sendcount,
-                                nexar_datatype_t dt, nexar_comm_t comm, nexar_request_t* req) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_iallgather((void*)sendbuf, recvbuf, sendcount, dt, (uintptr_t)comm,
-        (uintptr_t*)req);
-}
-
-nexar_result_t nexar_ireduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
-                                     nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm,
-                                     nexar_request_t* req) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_ireduce_scatter((void*)sendbuf, recvbuf, recvcount, dt, op,
-        (uintptr_t)comm, (uintptr_t*)req);
-}
-
-nexar_result_t nexar_ialltoall(const void* sendbuf, void* recvbuf, size_t count_per_peer,
-                               nexar_datatype_t dt, nexar_comm_t comm, nexar_request_t* req) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_ialltoall((void*)sendbuf, recvbuf, count_per_peer, dt,
-        (uintptr_t)comm, (uintptr_t*)req);
-}
-
-nexar_result_t nexar_ibarrier(nexar_comm_t comm, nexar_request_t* req) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_ibarrier((uintptr_t)comm, (uintptr_t*)req);
-}
-
-nexar_result_t nexar_iallgatherv(const void* sendbuf, size_t sendcount, void* recvbuf,
-                                 const size_t* recvcounts, const size_t* displs,
-                                 nexar_datatype_t dt, nexar_comm_t comm, nexar_request_t* req) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_iallgatherv((void*)sendbuf, sendcount, recvbuf, (size_t*)recvcounts,
-        (size_t*)displs, dt, (uintptr_t)comm, (uintptr_t*)req);
-}
-
-nexar_result_t nexar_ialltoallv(const void* sendbuf, const size_t* sendcounts,
-                                const size_t* sdispls, void* recvbuf, const size_t* recvcounts,
-                                const size_t* rdispls, nexar_datatype_t dt, nexar_comm_t comm,
-                                nexar_request_t* req) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_ialltoallv((void*)sendbuf, (size_t*)sendcounts, (size_t*)sdispls,
-        recvbuf, (size_t*)recvcounts, (size_t*)rdispls, dt, (uintptr_t)comm, (uintptr_t*)req);
-}
-
-nexar_result_t nexar_igather(const void* sendbuf, void* recvbuf, size_t sendcount,
-                             nexar_datatype_t dt, int root, nexar_comm_t comm,
-                             nexar_request_t* req) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_igather((void*)sendbuf, recvbuf, sendcount, dt, root,
-        (uintptr_t)comm, (uintptr_t*)req);
-}
-
-nexar_result_t nexar_igatherv(const void* sendbuf, size_t sendcount, void* recvbuf,
-                              const size_t* recvcounts, const size_t* displs, nexar_datatype_t dt,
-                              int root, nexar_comm_t comm, nexar_request_t* req) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_igatherv((void*)sendbuf, sendcount, recvbuf, (size_t*)recvcounts,
-        (size_t*)displs, dt, root, (uintptr_t)comm, (uintptr_t*)req);
-}
-
-nexar_result_t nexar_iscatter(const void* sendbuf, void* recvbuf, size_t recvcount,
-                              nexar_datatype_t dt, int root, nexar_comm_t comm,
-                              nexar_request_t* req) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_iscatter((void*)sendbuf, recvbuf, recvcount, dt, root,
-        (uintptr_t)comm, (uintptr_t*)req);
-}
-
-nexar_result_t nexar_iscatterv(const void* sendbuf, const size_t* sendcounts,
-                               const size_t* displs, void* recvbuf, size_t recvcount,
-                               nexar_datatype_t dt, int root, nexar_comm_t comm,
-                               nexar_request_t* req) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_iscatterv((void*)sendbuf, (size_t*)sendcounts, (size_t*)displs,
-        recvbuf, recvcount, dt, root, (uintptr_t)comm, (uintptr_t*)req);
-}
-
-nexar_result_t nexar_iscan(const void* sendbuf, void* recvbuf, size_t count, nexar_datatype_t dt,
-                           nexar_op_t op, nexar_comm_t comm, nexar_request_t* req) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_iscan((void*)sendbuf, recvbuf, count, dt, op, (uintptr_t)comm,
-        (uintptr_t*)req);
-}
-
-nexar_result_t nexar_iexscan(const void* sendbuf, void* recvbuf, size_t count, nexar_datatype_t dt,
-                             nexar_op_t op, nexar_comm_t comm, nexar_request_t* req) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_iexscan((void*)sendbuf, recvbuf, count, dt, op, (uintptr_t)comm,
-        (uintptr_t*)req);
 }
 
 nexar_result_t nexar_waitall(size_t count, nexar_request_t* reqs, nexar_result_t* results) {
@@ -525,58 +569,13 @@ nexar_result_t nexar_request_free(nexar_request_t req) {
     return (nexar_result_t)nxgo_request_free((uintptr_t)req);
 }
 
-/* ---- Diagnostics ---------------------------------------------------------- */
-
 nexar_result_t nexar_comm_dump_flight_record(nexar_comm_t comm, const char* path) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_comm_dump_flight_record((uintptr_t)comm, (char*)path);
 }
 
-/* ---- Memory and traffic statistics ---------------------------------------- */
-
 nexar_result_t nexar_comm_get_stats(nexar_comm_t comm, nexar_stats_t* stats) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_comm_get_stats((uintptr_t)comm, (void*)stats);
 }
-
-nexar_result_t nexar_allreduce_stream(const void* sendbuf, void* recvbuf, size_t count,
-                                      nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm,
-                                      void* stream) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_allreduce_stream((void*)sendbuf, recvbuf, count, dt, op,
-        (uintptr_t)comm, stream);
-}
-
-nexar_result_t nexar_broadcast_stream(void* buf, size_t count, nexar_datatype_t dt, int root,
-                                      nexar_comm_t comm, void* stream) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_broadcast_stream(buf, count, dt, root, (uintptr_t)comm, stream);
-}
-
-nexar_result_t nexar_allgather_stream(const void* sendbuf, void* recvbuf, size_t sendcount,
-                                      nexar_datatype_t dt, nexar_comm_t comm, void* stream) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_allgather_stream((void*)sendbuf, recvbuf, sendcount, dt,
-        (uintptr_t)comm, stream);
-}
-
-nexar_result_t nexar_reduce_scatter_stream(const void* sendbuf, void* recvbuf, size_t recvcount,
-                                           nexar_datatype_t dt, nexar_op_t op,
-                                           nexar_comm_t comm, void* stream) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_reduce_scatter_stream((void*)sendbuf, recvbuf, recvcount, dt, op,
-        (uintptr_t)comm, stream);
-}
-
-nexar_result_t nexar_send_stream(const void* buf, size_t count, nexar_datatype_t dt, int peer,
-                                 uint64_t tag, nexar_comm_t comm, void* stream) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_send_stream((void*)buf, count, dt, peer, tag, (uintptr_t)comm,
-        stream);
-}
-
-nexar_result_t nexar_recv_stream(void* buf, size_t count, nexar_datatype_t dt, int peer,
-                                 uint64_t tag, nexar_comm_t comm, void* stream) {
-    GUARD("communicator");
-    return (nexar_result_t)nxgo_recv_stream(buf, count, dt, peer, tag, (uintptr_t)comm, stream);
-}
+// @end entry

@@ -352,7 +352,8 @@ nexar_result_t nexar_comm_get_error(nexar_comm_t comm, nexar_result_t* error);
  * Result: NEXAR_SUCCESS, NEXAR_ERR_INVALID_HANDLE, NEXAR_ERR_INVALID_ARGUMENT
  * (peer out of range, len NULL, buf NULL with size > 0).
  * Thread-safety: safe from any thread. */
-nexar_result_t nexar_comm_get_path(nexar_comm_t comm, int peer, char* buf, size_t size, size_t* len);
+nexar_result_t nexar_comm_get_path(nexar_comm_t comm, int peer, char* buf, size_t size,
+                                   size_t* len);
 
 /* Failure notification. Besides failing pending and later calls, a
  * communicator records each member found failed (dead or unreachable, as
@@ -545,8 +546,7 @@ typedef struct nexar_seed_s* nexar_seed_t;
  * the message says why). On failure *seed and addr are left unchanged.
  * Thread-safety: safe from any thread. */
 nexar_result_t nexar_seed_start(const char* bind_addr, int world_size, const void* token,
-                                size_t token_len, nexar_seed_t* seed, char* addr,
-                                size_t addr_len);
+                                size_t token_len, nexar_seed_t* seed, char* addr, size_t addr_len);
 
 /* nexar_seed_close stops a seed and frees its address; the handle is
  * invalid afterwards. Communicators formed through it are not affected.
@@ -577,8 +577,8 @@ nexar_result_t nexar_send(const void* buf, size_t count, nexar_datatype_t dt, in
  * fine (use nexar_recv_status to learn its size); a longer one gives
  * NEXAR_ERR_TRUNCATED.
  * Result: as nexar_send, plus NEXAR_ERR_TRUNCATED. */
-nexar_result_t nexar_recv(void* buf, size_t count, nexar_datatype_t dt, int peer,
-                          uint64_t tag, nexar_comm_t comm);
+nexar_result_t nexar_recv(void* buf, size_t count, nexar_datatype_t dt, int peer, uint64_t tag,
+                          nexar_comm_t comm);
 
 /* nexar_recv_status is nexar_recv that also reports the source, tag and size
  * of the received message.
@@ -718,8 +718,8 @@ nexar_result_t nexar_rpc_call_into(nexar_comm_t comm, int peer, uint32_t fn, con
  * NEXAR_ERR_PEER_DOWN, NEXAR_ERR_TIMEOUT, the communicator's failure).
  * Thread-safety: safe from several threads on one communicator. */
 nexar_result_t nexar_rpc_icall(nexar_comm_t comm, int peer, uint32_t fn, const void* req,
-                               size_t req_len, int64_t timeout_ms, void** reply,
-                               size_t* reply_len, nexar_request_t* request);
+                               size_t req_len, int64_t timeout_ms, void** reply, size_t* reply_len,
+                               nexar_request_t* request);
 
 /* nexar_free releases memory the library allocated for the caller (an RPC
  * reply). NULL is ignored. Thread-safety: safe from any thread. */
@@ -750,8 +750,8 @@ nexar_result_t nexar_broadcast(void* buf, size_t count, nexar_datatype_t dt, int
 /* nexar_reduce: like nexar_allreduce, but only root receives the result.
  * recvbuf is used on root only (may be NULL elsewhere). In place on root:
  * sendbuf == recvbuf. */
-nexar_result_t nexar_reduce(const void* sendbuf, void* recvbuf, size_t count,
-                            nexar_datatype_t dt, nexar_op_t op, int root, nexar_comm_t comm);
+nexar_result_t nexar_reduce(const void* sendbuf, void* recvbuf, size_t count, nexar_datatype_t dt,
+                            nexar_op_t op, int root, nexar_comm_t comm);
 
 /* nexar_allgather: recvbuf (size*sendcount elements) receives rank r's
  * sendcount elements at offset r*sendcount, on every rank. In place:
@@ -764,8 +764,8 @@ nexar_result_t nexar_allgather(const void* sendbuf, void* recvbuf, size_t sendco
  * recvcounts and displs have size entries. In place: sendbuf == recvbuf,
  * with this rank's block already at displs[rank]. */
 nexar_result_t nexar_allgatherv(const void* sendbuf, size_t sendcount, void* recvbuf,
-                                const size_t* recvcounts, const size_t* displs,
-                                nexar_datatype_t dt, nexar_comm_t comm);
+                                const size_t* recvcounts, const size_t* displs, nexar_datatype_t dt,
+                                nexar_comm_t comm);
 
 /* nexar_reduce_scatter: sendbuf holds size*recvcount elements; the
  * element-wise reduction of block r over all ranks goes to recvbuf
@@ -784,9 +784,8 @@ nexar_result_t nexar_alltoall(const void* sendbuf, void* recvbuf, size_t count_p
  * to rank j, which receives them at recvbuf offset rdispls[i] (i = sender),
  * recvcounts[i] elements. All four arrays have size entries, in elements,
  * and recvcounts[i] on rank j must equal sendcounts[j] on rank i. */
-nexar_result_t nexar_alltoallv(const void* sendbuf, const size_t* sendcounts,
-                               const size_t* sdispls, void* recvbuf,
-                               const size_t* recvcounts, const size_t* rdispls,
+nexar_result_t nexar_alltoallv(const void* sendbuf, const size_t* sendcounts, const size_t* sdispls,
+                               void* recvbuf, const size_t* recvcounts, const size_t* rdispls,
                                nexar_datatype_t dt, nexar_comm_t comm);
 
 /* nexar_gather: root's recvbuf (size*sendcount elements) receives rank r's
@@ -800,8 +799,8 @@ nexar_result_t nexar_gather(const void* sendbuf, void* recvbuf, size_t sendcount
  * displs are used on root only (may be NULL elsewhere). In place on root:
  * sendbuf == recvbuf. */
 nexar_result_t nexar_gatherv(const void* sendbuf, size_t sendcount, void* recvbuf,
-                             const size_t* recvcounts, const size_t* displs,
-                             nexar_datatype_t dt, int root, nexar_comm_t comm);
+                             const size_t* recvcounts, const size_t* displs, nexar_datatype_t dt,
+                             int root, nexar_comm_t comm);
 
 /* nexar_scatter: block r (recvcount elements) of root's sendbuf
  * (size*recvcount elements) goes to recvbuf on rank r. sendbuf is used on
@@ -813,20 +812,20 @@ nexar_result_t nexar_scatter(const void* sendbuf, void* recvbuf, size_t recvcoun
  * root's sendbuf go to recvbuf on rank r (recvcount must equal
  * sendcounts[r]). sendbuf, sendcounts and displs are used on root only.
  * In place on root: recvbuf == sendbuf. */
-nexar_result_t nexar_scatterv(const void* sendbuf, const size_t* sendcounts,
-                              const size_t* displs, void* recvbuf, size_t recvcount,
-                              nexar_datatype_t dt, int root, nexar_comm_t comm);
+nexar_result_t nexar_scatterv(const void* sendbuf, const size_t* sendcounts, const size_t* displs,
+                              void* recvbuf, size_t recvcount, nexar_datatype_t dt, int root,
+                              nexar_comm_t comm);
 
 /* nexar_scan: inclusive prefix reduction: rank r receives op over ranks
  * 0..r. In place: sendbuf == recvbuf. */
-nexar_result_t nexar_scan(const void* sendbuf, void* recvbuf, size_t count,
-                          nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm);
+nexar_result_t nexar_scan(const void* sendbuf, void* recvbuf, size_t count, nexar_datatype_t dt,
+                          nexar_op_t op, nexar_comm_t comm);
 
 /* nexar_exscan: exclusive prefix reduction: rank r > 0 receives op over
  * ranks 0..r-1; rank 0's recvbuf is left unchanged (as in MPI). In place:
  * sendbuf == recvbuf. */
-nexar_result_t nexar_exscan(const void* sendbuf, void* recvbuf, size_t count,
-                            nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm);
+nexar_result_t nexar_exscan(const void* sendbuf, void* recvbuf, size_t count, nexar_datatype_t dt,
+                            nexar_op_t op, nexar_comm_t comm);
 
 /* nexar_barrier returns once every member of comm has entered it. */
 nexar_result_t nexar_barrier(nexar_comm_t comm);
@@ -966,8 +965,8 @@ nexar_result_t nexar_allgather_stream(const void* sendbuf, void* recvbuf, size_t
 
 /* nexar_reduce_scatter_stream: nexar_reduce_scatter ordered on stream. */
 nexar_result_t nexar_reduce_scatter_stream(const void* sendbuf, void* recvbuf, size_t recvcount,
-                                           nexar_datatype_t dt, nexar_op_t op,
-                                           nexar_comm_t comm, void* stream);
+                                           nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm,
+                                           void* stream);
 
 /* nexar_send_stream: nexar_send of buf as stream has it when the work
  * enqueued before the call is done. */
@@ -1005,16 +1004,15 @@ nexar_result_t nexar_recv_stream(void* buf, size_t count, nexar_datatype_t dt, i
 
 nexar_result_t nexar_isend(const void* buf, size_t count, nexar_datatype_t dt, int peer,
                            uint64_t tag, nexar_comm_t comm, nexar_request_t* req);
-nexar_result_t nexar_irecv(void* buf, size_t count, nexar_datatype_t dt, int peer,
-                           uint64_t tag, nexar_comm_t comm, nexar_request_t* req);
+nexar_result_t nexar_irecv(void* buf, size_t count, nexar_datatype_t dt, int peer, uint64_t tag,
+                           nexar_comm_t comm, nexar_request_t* req);
 nexar_result_t nexar_iallreduce(const void* sendbuf, void* recvbuf, size_t count,
                                 nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm,
                                 nexar_request_t* req);
 nexar_result_t nexar_ibroadcast(void* buf, size_t count, nexar_datatype_t dt, int root,
                                 nexar_comm_t comm, nexar_request_t* req);
-nexar_result_t nexar_ireduce(const void* sendbuf, void* recvbuf, size_t count,
-                             nexar_datatype_t dt, nexar_op_t op, int root, nexar_comm_t comm,
-                             nexar_request_t* req);
+nexar_result_t nexar_ireduce(const void* sendbuf, void* recvbuf, size_t count, nexar_datatype_t dt,
+                             nexar_op_t op, int root, nexar_comm_t comm, nexar_request_t* req);
 nexar_result_t nexar_iallgather(const void* sendbuf, void* recvbuf, size_t sendcount,
                                 nexar_datatype_t dt, nexar_comm_t comm, nexar_request_t* req);
 nexar_result_t nexar_ireduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
@@ -1039,10 +1037,9 @@ nexar_result_t nexar_igatherv(const void* sendbuf, size_t sendcount, void* recvb
 nexar_result_t nexar_iscatter(const void* sendbuf, void* recvbuf, size_t recvcount,
                               nexar_datatype_t dt, int root, nexar_comm_t comm,
                               nexar_request_t* req);
-nexar_result_t nexar_iscatterv(const void* sendbuf, const size_t* sendcounts,
-                               const size_t* displs, void* recvbuf, size_t recvcount,
-                               nexar_datatype_t dt, int root, nexar_comm_t comm,
-                               nexar_request_t* req);
+nexar_result_t nexar_iscatterv(const void* sendbuf, const size_t* sendcounts, const size_t* displs,
+                               void* recvbuf, size_t recvcount, nexar_datatype_t dt, int root,
+                               nexar_comm_t comm, nexar_request_t* req);
 nexar_result_t nexar_iscan(const void* sendbuf, void* recvbuf, size_t count, nexar_datatype_t dt,
                            nexar_op_t op, nexar_comm_t comm, nexar_request_t* req);
 nexar_result_t nexar_iexscan(const void* sendbuf, void* recvbuf, size_t count, nexar_datatype_t dt,

@@ -6,8 +6,10 @@
 // generated from the tables below by `go generate ./internal/abi`: the enums
 // and version macros in include/nexar.h, the result strings in capi,
 // bindings/python/nexar/_abi.py, the C++ traits in nexar.hpp and the version
-// in CMakeLists.txt and pyproject.toml. internal/abi/abigen's test fails when
-// any generated copy differs from what these tables produce.
+// in CMakeLists.txt and pyproject.toml; from the description of the C
+// functions (funcs.go), their prototypes in include/nexar.h and their shims
+// in capi/entry.c. internal/abi/abigen's test fails when any generated copy
+// differs from what these tables produce.
 //
 // Values are part of the ABI and of the wire: append, never renumber.
 // Nothing here is mutable: the tables are returned as fresh slices.

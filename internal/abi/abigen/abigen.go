@@ -31,8 +31,15 @@ type File struct {
 // Files lists every generated output.
 func Files() []File {
 	return []File{
-		{"include/nexar.h", regions(cRegions())},
+		{"include/nexar.h", chain(regions(cRegions()), prototypes)},
 		{"capi/abi_gen.h", whole(cResultStrings)},
+		{"capi/entry.c", func(old []byte) ([]byte, error) {
+			shims, err := entryShims()
+			if err != nil {
+				return nil, err
+			}
+			return regions(map[string]string{"entry": shims})(old)
+		}},
 		{"bindings/python/nexar/_abi.py", whole(pythonTables)},
 		{"bindings/cpp/include/nexar/nexar.hpp", regions(map[string]string{"datatype_of": cppTraits()})},
 		{"CMakeLists.txt", replaceLine(`(?m)^project\(nexar VERSION [0-9.]+ `, "project(nexar VERSION "+abi.Version+" ")},

@@ -26,6 +26,7 @@ func TestCheckFindsDrift(t *testing.T) {
 	edits := map[string][2]string{
 		"include/nexar.h":                      {"NEXAR_ERR_MISMATCH = 3", "NEXAR_ERR_MISMATCH = 4"},
 		"capi/abi_gen.h":                       {"case NEXAR_ERR_AUTH:", "case NEXAR_ERR_TIMEOUT:"},
+		"capi/entry.c":                         {`GUARD("seed")`, "GUARD(NULL)"},
 		"bindings/python/nexar/_abi.py":        {"FLOAT32 = 8", "FLOAT32 = 9"},
 		"bindings/cpp/include/nexar/nexar.hpp": {"(double, NEXAR_FLOAT64)", "(double, NEXAR_FLOAT32)"},
 		"CMakeLists.txt":                       {"VERSION " + abi.Version + " ", "VERSION 9.9.9 "},

@@ -36,11 +36,11 @@ lib:
 
 # --- test -------------------------------------------------------------------
 
-test: deps build vet fmt-check gotest ctest pytest test-asan-quick wheel-test sdist-test docs
+test: deps build vet fmt-check gotest ctest pytest test-asan-quick test-launchers-quick wheel-test sdist-test docs
 	@echo "make test: all steps passed"
 
 # make test with the race run's collective matrix in full (gotest-full).
-test-full: deps build vet fmt-check gotest-full ctest pytest test-asan-quick wheel-test sdist-test docs
+test-full: deps build vet fmt-check gotest-full ctest pytest test-asan-quick test-launchers-quick wheel-test sdist-test docs
 	@echo "make test-full: all steps passed"
 
 vet:
@@ -124,6 +124,34 @@ test-asan: python
 
 test-asan-quick: python
 	PYTHON=$(PYTHON) GO=$(GO) scripts/asan.sh quick
+
+# The launchers (tests/launchers, docs/guides/launchers.md): the documented
+# samples in docs/samples/launchers run as they are across two hosts
+# (network namespaces with their own host names and /etc/hosts): a real
+# Slurm (slurmctld, a slurmd per host, munge; scripts/deps.sh installs
+# them), mpirun -H, the hand-made form, torchrun with c10d, Ray Train and
+# the Kubernetes manifests (schema-checked offline, their pods' commands run
+# on the two hosts; no cluster). Each case prints its wall time and, for
+# torch, its steps against gloo's (build/launchers-report.txt). Needs root
+# (skips with a message otherwise). make test runs the quick form (-m "not
+# full": no torch, about a minute); test-launchers all of it, with Ray from
+# requirements-launchers.txt in build/ray-site.
+.PHONY: test-launchers test-launchers-quick launchers-tree
+launchers-tree:
+	@test -d tests/launchers && test -d docs/samples/launchers && test -f requirements-launchers.txt || \
+		{ echo "test-launchers: tests/launchers, docs/samples/launchers or requirements-launchers.txt is missing" >&2; exit 1; }
+
+test-launchers-quick: python launchers-tree
+	PATH="$(CURDIR)/$(BUILD):$$PATH" $(PYTHON) -m pytest -q -rs -p no:cacheprovider -m "not full" tests/launchers
+
+test-launchers: python launchers-tree
+	@want=$$(sha256sum requirements-launchers.txt | cut -d' ' -f1); \
+	if [ "$$(cat $(BUILD)/ray-site/.stamp 2>/dev/null)" != "$$want" ]; then \
+		echo "test-launchers: installing requirements-launchers.txt into $(BUILD)/ray-site"; \
+		$(PYTHON) -m pip install -q --upgrade --target $(BUILD)/ray-site -r requirements-launchers.txt && \
+		echo "$$want" > $(BUILD)/ray-site/.stamp; \
+	fi
+	PATH="$(CURDIR)/$(BUILD):$$PATH" $(PYTHON) -m pytest -q -rs -s -p no:cacheprovider tests/launchers
 
 # The chaos suite in full (docs/fault-tolerance.md): 50 rounds of each job
 # shape, SIGKILLs at random points under the shrink policy. make test runs

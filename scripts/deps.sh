@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 GO_VERSION=${GO_VERSION:-1.26.8}
 VENV=${VENV:-.venv}
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config iproute2 libibverbs-dev
-	openmpi-bin libopenmpi-dev python3-mpi4py python3-venv)
+	openmpi-bin libopenmpi-dev python3-mpi4py python3-venv
+	slurmctld slurmd slurm-client munge)
 
 say() { printf 'deps: %s\n' "$*"; }
 

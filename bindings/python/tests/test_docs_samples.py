@@ -1,8 +1,11 @@
 """The documentation site's code samples (docs/samples/, included into the
 guides with pymdownx.snippets) are run here, and nothing in a guide escapes
 that: every fenced block in a guide is one snippet include, every sample is
-included, and a sample under docs/samples/notrun/ (Slurm, Kubernetes, several
-hosts) is said to be "not run" on the page that shows it.
+included, and a sample under docs/samples/notrun/ (what nothing here can run)
+is said to be "not run" on the page that shows it. The samples under
+docs/samples/launchers/ (Slurm, mpirun, several hosts, torchrun across hosts,
+Ray, Kubernetes) are run by tests/launchers (make test-launchers), which
+this checks by name.
 
 - *.py: a 2-rank job (launch.run_ranks, with nexar run's and torchrun's
   variables);
@@ -66,7 +69,8 @@ def _includes():
     return found
 
 
-RUN_SAMPLES = [s for s in _samples() if not s.startswith("notrun" + os.sep)]
+RUN_SAMPLES = [s for s in _samples() if not s.startswith(("notrun" + os.sep, "launchers" + os.sep))]
+LAUNCHER_TESTS = os.path.join(ROOT, "tests", "launchers", "test_launchers.py")
 
 
 def test_guides_show_only_samples_and_every_sample_is_shown():
@@ -84,7 +88,7 @@ def test_guides_show_only_samples_and_every_sample_is_shown():
 def test_not_run_samples_are_marked_on_their_page():
     incs = _includes()
     notrun = [(p, s, before) for p, s, before in incs if s.startswith("notrun/")]
-    assert notrun, "expected the Slurm, Kubernetes and multi-host samples under notrun/"
+    assert notrun, "expected the samples nothing here runs (pip install from an index) under notrun/"
     for page, s, before in notrun:
         # the paragraph just before the block says so
         last = before.rstrip().rsplit("\n\n", 1)[-1]
@@ -93,6 +97,14 @@ def test_not_run_samples_are_marked_on_their_page():
         if not s.startswith("notrun/"):
             last = before.rstrip().rsplit("\n\n", 1)[-1]
             assert not re.search(r"\bnot run\b", last, re.I), f"{_rel(page)}: {s} is run but marked not run"
+
+
+def test_launcher_samples_are_run_by_the_launcher_tests():
+    src = open(LAUNCHER_TESTS, encoding="utf-8").read()
+    launchers = [s for s in _samples() if s.startswith("launchers" + os.sep)]
+    assert launchers, "docs/samples/launchers/ is empty"
+    for s in launchers:
+        assert f'"{os.path.basename(s)}"' in src, f"docs/samples/{s} is run by no case of {_rel(LAUNCHER_TESTS)}"
 
 
 def _env():

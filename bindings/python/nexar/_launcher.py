@@ -7,8 +7,10 @@ sets it (docs/guides/launchers.md, "Launcher variables"):
 1. explicit arguments (detect(rank=..., ...), nexar.init(rank=...));
 2. torchrun / torch: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
    MASTER_ADDR + MASTER_PORT;
-3. Slurm (srun): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, this node's
-   count in SLURM_STEP_TASKS_PER_NODE (else SLURM_TASKS_PER_NODE, else
+3. Slurm, in a task of a step (srun; SLURM_STEP_ID set: the batch script
+   itself is one process, whatever SLURM_NTASKS says): SLURM_PROCID,
+   SLURM_NTASKS, SLURM_LOCALID, this node's count in
+   SLURM_STEP_TASKS_PER_NODE (else SLURM_TASKS_PER_NODE, else
    SLURM_NTASKS_PER_NODE), and the first host of SLURM_STEP_NODELIST (else
    SLURM_JOB_NODELIST) as the seed's host;
 4. Open MPI (mpirun): OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK,
@@ -281,6 +283,10 @@ def detect(env: Optional[Mapping[str, str]] = None, *, rank: Optional[int] = Non
     instead."""
     real = env is None
     env = os.environ if env is None else env
+    if not (env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "").strip():
+        # Slurm's batch script (and an salloc shell) has SLURM_PROCID=0 and
+        # the job's SLURM_NTASKS but is no task of a step: one process.
+        env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
     if nexar_seed is None and real:
         nexar_seed = _knob("NEXAR_SEED")
     errors: List[str] = []

@@ -86,6 +86,15 @@ def test_slurm():
     assert i.sources["rank"] == "SLURM_PROCID" and i.sources["seed"].startswith("SLURM_STEP_NODELIST")
 
 
+def test_slurm_batch_script_is_no_task():
+    # sbatch's script (no srun) has SLURM_PROCID=0 and the job's SLURM_NTASKS
+    # but no step: one process, not rank 0 of 4 waiting for the others.
+    batch = {k: v for k, v in SLURM.items() if k not in ("SLURM_STEP_ID",)}
+    i = det(batch)
+    assert (i.name, i.rank, i.world_size, i.seed) == ("none", None, None, None)
+    assert det(dict(batch, SLURM_STEPID="0")).name == "slurm"
+
+
 def test_slurm_job_nodelist_and_tasks_forms():
     env = {k: v for k, v in SLURM.items() if k not in ("SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE")}
     env["SLURM_TASKS_PER_NODE"] = "3,1"
@@ -191,7 +200,7 @@ def test_export_sets_only_unset():
 
 def _clear(monkeypatch):
     # setenv first, so that the variables export() sets are removed again.
-    for k in list(SLURM) + list(TORCHRUN) + list(OMPI) + ["NEXAR_SEED", "SLURM_JOB_NODELIST", "SLURM_NODELIST"]:
+    for k in list(SLURM) + list(TORCHRUN) + list(OMPI) + ["NEXAR_SEED", "SLURM_NODELIST", "SLURM_STEPID"]:
         monkeypatch.setenv(k, "")
         monkeypatch.delenv(k)
 
@@ -201,6 +210,7 @@ def test_real_environment_reads_nexar_seed(monkeypatch):
     monkeypatch.setenv("NEXAR_SEED", "10.4.4.4:4444")
     monkeypatch.setenv("SLURM_PROCID", "0")
     monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
     i = L.detect()
     assert i.seed == "10.4.4.4:4444" and i.rank == 0 and i.world_size == 1
 

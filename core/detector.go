@@ -1,6 +1,7 @@
 package core
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -205,6 +206,15 @@ func (c *Comm) timeoutError(op string, err error) *Error {
 	if e.Rank >= 0 {
 		e.Msg = fmt.Sprintf("Timed out before the operation completed (deadline exceeded): rank %d has been silent for %v (stalled: its process on this host is alive)",
 			e.Rank, time.Duration(c.n.mono()-since).Round(100*time.Millisecond))
+		return e
+	}
+	// No peer is silent: name the one whose message the call waited for
+	// (on a busy host, a rank still working on what comes before).
+	var aw *awaitedError
+	if errors.As(err, &aw) {
+		e.Rank = aw.src
+		e.Msg = fmt.Sprintf("Timed out before the operation completed (deadline exceeded): waiting for rank %d's message (collective %d, step %d); rank %d answers heartbeats, so it had not reached this call or was still working towards it",
+			aw.src, aw.seq, aw.step, aw.src)
 	}
 	return e
 }

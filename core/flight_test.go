@@ -3,6 +3,8 @@ package core
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -145,6 +147,12 @@ func TestFlightReportSkippedCall(t *testing.T) {
 	for r := range 2 {
 		if CodeOf(errs[r]) != CodeTimeout {
 			t.Fatalf("rank %d: %v; want a timeout", r, errs[r])
+		}
+		// The timeout names whom the call waited for (a rank of the
+		// call's ring), not only that it timed out.
+		var e *Error
+		if !errors.As(errs[r], &e) || e.Rank < 0 || e.Rank == r || !strings.Contains(e.Msg, fmt.Sprintf("waiting for rank %d's message", e.Rank)) {
+			t.Fatalf("rank %d: %v; want the timeout to name the rank it waited for", r, errs[r])
 		}
 	}
 	for r := range 2 {

@@ -203,8 +203,24 @@ func (c *Comm) waitCollPolled(ctx context.Context, key match.Key, m *match.Msg, 
 	if err := c.Err(); err != nil {
 		return err
 	}
-	return ctx.Err()
+	return &awaitedError{src: key.Src, seq: key.Seq, step: key.Step, err: ctx.Err()}
 }
+
+// awaitedError is a collective receive that gave up (ctx's error, which it
+// wraps): it names the message it waited for, so that a timeout says whom
+// the call was waiting on (timeoutError).
+type awaitedError struct {
+	src  int // comm rank
+	seq  uint64
+	step uint32
+	err  error
+}
+
+func (e *awaitedError) Error() string {
+	return fmt.Sprintf("waiting for rank %d's message (collective %d, step %d): %v", e.src, e.seq, e.step, e.err)
+}
+
+func (e *awaitedError) Unwrap() error { return e.err }
 
 // unpostColl withdraws a posted receive, waiting for a placed chunk in
 // flight to land first (cutFill bounds that wait).

@@ -109,21 +109,23 @@ type channel struct {
 	// Receiving side, set by startReading.
 	deliver func(h *transport.Header, p []byte)
 	place   func(h *transport.Header, n int) ([]byte, func(error))
-	rmu     sync.Mutex // guards what follows: one reader at a time
-	r0      io.Reader  // link 0, buffered for TCP
-	pre     [frame.PrefixSize]byte
-	rxh     transport.Header // a ring frame's header, while rx reads it
-	end     error            // the frame error that ended the channel, once met
-	rx      rxFrame
-	pollFn  func() bool // poll, made once
-	// sleepers counts this process's goroutines asleep in await: a
-	// goroutine that delivers frames while one is wakes them (nudge).
+	// rmu guards r0, pre, rxh, end and rx: one reader at a time.
+	rmu    sync.Mutex
+	r0     io.Reader // rmu: link 0, buffered for TCP
+	pre    [frame.PrefixSize]byte
+	rxh    transport.Header // rmu: a ring frame's header, while rx reads it
+	end    error            // rmu: the frame error that ended the channel, once met
+	rx     rxFrame          // rmu
+	pollFn func() bool      // immutable after startReading: poll, made once
+	// sleepers (atomic) counts this process's goroutines asleep in await:
+	// a goroutine that delivers frames while one is wakes them (nudge).
 	sleepers atomic.Int32
-	// remotePID is the sender's process id once this (receiving) side
-	// knows it can copy payloads out of the sender's memory.
+	// remotePID (atomic) is the sender's process id once this (receiving)
+	// side knows it can copy payloads out of the sender's memory.
 	remotePID atomic.Int64
 	// remoteMin is the smallest payload sent as a remote frame (sending
-	// side); 0: never.
+	// side); 0: never. Set before the channel is installed, then
+	// immutable.
 	remoteMin int
 }
 

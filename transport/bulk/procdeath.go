@@ -19,20 +19,12 @@ import (
 // waits (up to CloseTimeout) for that peer's byeack; a peer that got the
 // bye takes the exit that follows for the end of a departure.
 
-// withProc adds this process's host and identity to m (a hello or offer).
-func (e *Endpoint) withProc(m *ctlMsg) *ctlMsg {
-	if e.me.PID > 0 {
-		m.Host, m.PID, m.Start, m.PIDNS = e.opt.HostID, e.me.PID, e.me.Start, e.me.PIDNS
-	}
-	return m
-}
-
 // notePeerProc records, from a hello or offer, the process of peer from
 // when it is proven to run on this host in this PID namespace (equal host
 // ids, which include the boot id, and equal namespaces), and watches it.
 // The pidfd is opened now, with the start time checked against the
 // peer's claim, so a pid reused since is not watched in its place.
-func (e *Endpoint) notePeerProc(from int, m *ctlMsg) {
+func (e *Endpoint) notePeerProc(from int, m procClaim) {
 	if e.me.PID <= 0 || m.PID <= 0 || m.Start == 0 || m.Host != e.opt.HostID || m.PIDNS != e.me.PIDNS {
 		return
 	}
@@ -41,7 +33,7 @@ func (e *Endpoint) notePeerProc(from int, m *ctlMsg) {
 		return
 	}
 	e.mu.Lock()
-	if e.sameProc[from] || !e.ctlWG {
+	if e.sameProc[from] || !e.accepting {
 		e.mu.Unlock()
 		return
 	}
@@ -105,7 +97,7 @@ func (e *Endpoint) peerBye(from int) {
 	e.mu.Unlock()
 	// A closing peer reports no death of this process either.
 	e.settle(from)
-	e.afterStart(func() { e.sendCtl(e.ctx, from, &ctlMsg{V: 1, T: "byeack"}) })
+	e.afterStart(func() { e.sendCtl(e.ctx, from, byeAckMsg{}) })
 }
 
 // settle records that peer will not call this process's exit a death:
@@ -138,7 +130,7 @@ func (e *Endpoint) watchers() []int {
 func (e *Endpoint) sayBye(peer int, deadline time.Time) {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	if err := e.sendCtl(ctx, peer, &ctlMsg{V: 1, T: "bye"}); err != nil {
+	if err := e.sendCtl(ctx, peer, byeMsg{}); err != nil {
 		return
 	}
 	select {

@@ -74,6 +74,7 @@ type procWatch struct {
 	evfd   int
 	done   chan struct{}
 
+	// mu guards the fields below.
 	mu     sync.Mutex
 	fds    map[int]watchedProc // by peer
 	closed bool

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/fxamacker/cbor/v2"
-
 	"github.com/nexar-go/nexar/transport"
 )
 
@@ -105,53 +103,41 @@ func (e *Endpoint) SendDevice(ctx context.Context, peer int, h *transport.Header
 	return e.send(ctx, peer, transport.LaneData, h, payload, nil, true)
 }
 
-// rdmaUsable says whether this rank offers RDMA to a peer that announced
-// (hello) whether it has a device: in auto mode between hosts, in rdma
-// mode always, where both sides have a device.
-func (e *Endpoint) rdmaUsable(peerHas, sameHost bool) bool {
-	return e.opt.RDMA != nil && peerHas && e.opt.Mode.rdma() && (e.opt.Mode == ModeRDMA || !sameHost)
-}
-
-// offerRDMA makes the receiving end of an RDMA channel from peer and
-// offers it; false when it cannot (the caller offers another path).
-func (e *Endpoint) offerRDMA(ctx context.Context, from int, tcp bool) bool {
+// listenRDMA makes the receiving end of an RDMA channel from peer and
+// keeps it until the peer's result; false when the endpoint closes.
+func (e *Endpoint) listenRDMA(from int) (evRDMAListening, bool) {
 	end, params, err := e.opt.RDMA.Listen(from)
 	if err != nil {
-		e.log.Warn("nexar: bulk: no RDMA channel; trying the next path", "rank", e.self, "peer", from, "err", err)
-		return false
+		return evRDMAListening{peer: from, err: err}, true
 	}
 	e.mu.Lock()
-	if !e.ctlWG || e.rdmaPending == nil {
+	if !e.accepting || e.rdmaPending == nil {
 		e.mu.Unlock()
 		end.Close()
-		return true // closing: nothing more to offer
+		return evRDMAListening{}, false
 	}
 	if old := e.rdmaPending[from]; old != nil {
 		old.Close()
 	}
 	e.rdmaPending[from] = end
 	e.mu.Unlock()
-	e.sendCtl(ctx, from, e.withProc(&ctlMsg{V: 1, T: "offer", Kind: "rdma", QP: cbor.RawMessage(params), TCP: tcp}))
-	return true
+	return evRDMAListening{peer: from, qp: params}, true
 }
 
-// attachRDMA connects the sending end to the queue pair peer offered.
-func (e *Endpoint) attachRDMA(ctx context.Context, to int, m *ctlMsg) {
-	var end RDMAEnd
-	var params []byte
-	err := errors.New("this rank has no RDMA device")
-	if e.opt.RDMA != nil {
-		end, params, err = e.opt.RDMA.Dial(to, m.QP)
+// dialRDMA connects a sending end to the queue pair peer offered.
+func (e *Endpoint) dialRDMA(to int, qp []byte) evAttached {
+	ev := evAttached{peer: to, kind: pathRDMA}
+	if e.opt.RDMA == nil {
+		ev.err = errors.New("this rank has no RDMA device")
+		return ev
 	}
+	end, params, err := e.opt.RDMA.Dial(to, qp)
 	if err != nil {
-		e.log.Warn("nexar: bulk: RDMA channel failed; asking for another path", "rank", e.self, "peer", to, "err", err)
-		e.sendCtl(ctx, to, &ctlMsg{V: 1, T: "result", Kind: "rdma", Err: err.Error(), TCP: e.opt.Mode.tcp()})
-		return
+		ev.err = err
+		return ev
 	}
-	ch := newChannel(to, e.rdmaDesc(), []link{rdmaLink{end}})
-	e.decide(to, ch)
-	e.watchRDMA(to, ch, end)
-	e.sendCtl(ctx, to, &ctlMsg{V: 1, T: "result", Kind: "rdma", OK: true, QP: cbor.RawMessage(params)})
+	ev.ch, ev.qp = newChannel(to, e.rdmaDesc(), []link{rdmaLink{end}}), params
+	return ev
 }
 
 // watchRDMA reports peer lost when the sending end of its channel ch
@@ -172,9 +158,9 @@ func (e *Endpoint) watchRDMA(peer int, ch *channel, end RDMAEnd) {
 	})
 }
 
-// rdmaResult completes (ok) or gives up (and offers another path) the
-// receiving end offered to peer.
-func (e *Endpoint) rdmaResult(ctx context.Context, from int, m *ctlMsg) {
+// acceptRDMA completes the receiving end offered to peer with the
+// sender's parameters and reads it.
+func (e *Endpoint) acceptRDMA(from int, qp []byte) {
 	e.mu.Lock()
 	end := e.rdmaPending[from]
 	delete(e.rdmaPending, from)
@@ -182,13 +168,7 @@ func (e *Endpoint) rdmaResult(ctx context.Context, from int, m *ctlMsg) {
 	if end == nil {
 		return
 	}
-	if !m.OK {
-		end.Close()
-		e.log.Debug("nexar: bulk: peer could not connect to the RDMA channel", "rank", e.self, "peer", from, "err", m.Err)
-		e.offer(ctx, from, false, m.TCP, 0, false)
-		return
-	}
-	if err := end.Accept(m.QP); err != nil {
+	if err := end.Accept(qp); err != nil {
 		// The sender's channel is fixed already: its sends fail once its
 		// wait for credits ends, and the departure follows.
 		end.Close()

@@ -2,9 +2,7 @@ package bulk
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -340,53 +338,29 @@ func (c *rpcChan) readPayload(readFull func([]byte) error, remote bool, pid int6
 	return nil
 }
 
-// rpcPaths is the endpoint's RPC channel state; guarded by mu, apart
-// from out.
+// rpcPaths is the endpoint's RPC channel state. Lock order: Endpoint.mu,
+// then mu.
 type rpcPaths struct {
-	out       []atomic.Pointer[rpcChan] // outbound channel per peer; nil: inner
+	out []atomic.Pointer[rpcChan] // atomic: outbound channel per peer; nil: inner
+
+	// mu guards the fields below.
 	mu        sync.Mutex
-	state     []uint8 // rpcUndecided, rpcAsked, rpcDecided
-	waits     []chan struct{}
-	in        []*rpcChan
-	byeSeen   []bool     // inbound channel ended with a goodbye
-	outs      []*rpcChan // every outbound channel made, for Close
-	offers    map[int]*tcpOffer
-	paths     []string
-	ringBytes int // capacity of the RPC rings this process created
+	waits     []chan struct{}   // per peer: closed once the outbound path is fixed
+	in        []*rpcChan        // per peer: inbound channel still reading
+	byeSeen   []bool            // per peer: inbound channel ended with a goodbye
+	outs      []*rpcChan        // every outbound channel made, for Close
+	offers    map[int]*tcpOffer // TCP offers waiting for their connection, by peer
+	paths     []string          // per peer: what carries this rank's RPC to it (RPCPaths)
+	ringBytes int               // capacity of the RPC rings this process created
 }
 
-const (
-	rpcUndecided uint8 = iota
-	rpcAsked
-	rpcDecided
-)
-
 func newRPCPaths(size int) *rpcPaths {
-	p := &rpcPaths{out: make([]atomic.Pointer[rpcChan], size), state: make([]uint8, size),
+	p := &rpcPaths{out: make([]atomic.Pointer[rpcChan], size),
 		waits: make([]chan struct{}, size), in: make([]*rpcChan, size), byeSeen: make([]bool, size), offers: map[int]*tcpOffer{}, paths: make([]string, size)}
 	for i := range p.paths {
 		p.paths[i] = "quic"
 	}
 	return p
-}
-
-// RPCPaths says which path carries this rank's RPC to each peer: "quic"
-// until a first call negotiated a channel. Safe for concurrent use.
-func (e *Endpoint) RPCPaths() map[int]string {
-	s := e.rpc
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	m := make(map[int]string, e.size)
-	for r, p := range s.paths {
-		if r == e.self {
-			continue
-		}
-		if ch := s.out[r].Load(); ch != nil && ch.r != nil && ch.remoteMin > 0 && ch.r.remoteOK() {
-			p += fmt.Sprintf(", cross-memory attach from %d KiB", ch.remoteMin>>10)
-		}
-		m[r] = p
-	}
-	return m
 }
 
 // sendRPC sends a LaneRPC message to peer over its RPC channel, negotiating
@@ -432,40 +406,25 @@ func (e *Endpoint) sendRPC(ctx context.Context, peer int, h *transport.Header, p
 }
 
 // rpcConnect waits until the RPC path to peer is decided; the first caller
-// asks the peer for a channel. Nothing went to peer on LaneRPC before, so
-// whichever path is chosen keeps the order.
+// asks the peer for a channel (evRPCConnect). Nothing went to peer on
+// LaneRPC before, so whichever path is chosen keeps the order.
 func (e *Endpoint) rpcConnect(ctx context.Context, peer int) error {
 	s := e.rpc
 	s.mu.Lock()
-	if s.state[peer] == rpcDecided {
-		s.mu.Unlock()
-		return nil
-	}
 	w := s.waits[peer]
-	ask := s.state[peer] == rpcUndecided
-	if ask {
+	if w == nil {
 		w = make(chan struct{})
 		s.waits[peer] = w
-		s.state[peer] = rpcAsked
 	}
 	s.mu.Unlock()
-	if ask {
-		// On e.ctx: a caller giving up must not lose the request that
-		// later calls wait on.
-		m := &ctlMsg{V: 1, T: "rpcwant", Host: e.opt.HostID, SHM: e.opt.Mode.shm() && shmSupported(), TCP: e.opt.Mode.tcp()}
-		if err := e.sendCtl(e.ctx, peer, m); err != nil {
-			e.rpcDecide(peer, nil)
-		}
-		time.AfterFunc(rpcConnectTimeout, func() { // no answer in time: QUIC
-			s.mu.Lock()
-			late := s.state[peer] != rpcDecided
-			s.mu.Unlock()
-			if late && !e.closed.Load() {
-				e.log.Warn("nexar: bulk: no RPC channel offer from peer; its RPC stays on QUIC", "rank", e.self, "peer", peer)
-				e.rpcDecide(peer, nil)
-			}
-		})
+	select {
+	case <-w:
+		return nil
+	default:
 	}
+	// On e.ctx: a caller giving up must not lose the request that later
+	// calls wait on.
+	e.negotiate(e.ctx, evRPCConnect{peer})
 	select {
 	case <-w:
 		return nil
@@ -476,161 +435,12 @@ func (e *Endpoint) rpcConnect(ctx context.Context, peer int) error {
 	}
 }
 
-// rpcDecide fixes the outbound RPC path to peer (nil: the inner endpoint)
-// and reports whether ch was taken; a channel that comes too late is closed.
-func (e *Endpoint) rpcDecide(peer int, ch *rpcChan) bool {
-	s := e.rpc
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if ch != nil && (s.state[peer] == rpcDecided || e.closed.Load() || e.downed[peer].Load()) {
-		ch.quiet.Store(true)
-		ch.close()
-		ch = nil
-	}
-	if s.state[peer] == rpcDecided {
-		return false
-	}
-	if ch != nil {
-		e.rpc.out[peer].Store(ch)
-		s.outs = append(s.outs, ch)
-		s.paths[peer] = ch.desc
-	}
-	s.state[peer] = rpcDecided
-	if s.waits[peer] == nil {
-		s.waits[peer] = make(chan struct{})
-	}
-	close(s.waits[peer])
-	return ch != nil
-}
-
-// rpcOffer answers a peer's rpcwant: this rank receives, so it makes the
-// channel (a ring for a peer on this host, else a TCP offer) and says how
-// to reach it.
-func (e *Endpoint) rpcOffer(ctx context.Context, from int, m *ctlMsg) {
-	if m.Host == e.opt.HostID && m.SHM && e.opt.Mode.shm() && shmSupported() {
-		size := e.chargeRPCRing()
-		var err error
-		if size == 0 {
-			err = fmt.Errorf("the allowance of %d KiB for RPC rings is spent", e.opt.RingBudget/4>>10)
-		} else {
-			var r *ring
-			var path string
-			var cookie []byte
-			if r, path, cookie, err = createRing(size); err == nil {
-				var b *bell
-				if b, err = createBell(path); err == nil {
-					e.addRing(r)
-					e.startRPCReader(from, newRPCRing(from, size, r, b))
-					e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "rpcoffer", Kind: "shm", Path: path, Cookie: cookie, Size: size, Addr: b.path})
-					return
-				}
-				r.Close()
-				r.release()
-			}
-			e.refundRPCRing(size)
-		}
-		e.log.Debug("nexar: bulk: no shared-memory RPC ring", "rank", e.self, "peer", from, "err", err)
-	}
-	if ln := e.tcpListener(m.TCP); ln != nil {
-		nonce := make([]byte, 32)
-		rand.Read(nonce)
-		s := e.rpc
-		s.mu.Lock()
-		if s.offers != nil {
-			s.offers[from] = &tcpOffer{nonce: nonce, conns: make([]net.Conn, 1), raws: make([]net.Conn, 1)}
-		}
-		s.mu.Unlock()
-		port := ln.Addr().(*net.TCPAddr).Port
-		addr := net.JoinHostPort(e.opt.AdvertiseHost, fmt.Sprint(port))
-		e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "rpcoffer", Kind: "tcp", Addr: addr, Nonce: nonce, Conns: 1, TLS: !e.opt.Plaintext})
-		return
-	}
-	e.sendCtl(ctx, from, &ctlMsg{V: 1, T: "rpcoffer", Kind: "quic"})
-}
-
-// rpcAttach opens the RPC channel peer to offered (this rank sends).
-func (e *Endpoint) rpcAttach(ctx context.Context, to int, m *ctlMsg) {
-	switch m.Kind {
-	case "shm":
-		r, err := openRing(m.Path, m.Size, m.Cookie)
-		var b *bell
-		if err == nil {
-			if b, err = openBell(m.Addr); err != nil {
-				r.Close()
-				r.release()
-			}
-		}
-		if err != nil {
-			e.log.Debug("nexar: bulk: cannot open the RPC ring; RPC stays on QUIC", "rank", e.self, "peer", to, "err", err)
-			e.rpcDecide(to, nil)
-			e.sendCtl(ctx, to, &ctlMsg{V: 1, T: "rpcresult", Kind: "shm", Err: err.Error()})
-			return
-		}
-		e.addRing(r)
-		ch := newRPCRing(to, m.Size, r, b)
-		ch.remoteMin = rpcRemoteMin(e.opt.RemoteMin)
-		ok := e.rpcDecide(to, ch)
-		res := &ctlMsg{V: 1, T: "rpcresult", Kind: "shm", OK: ok}
-		if !ok {
-			res.Err = "too late"
-		} else if cmaSupported && ch.remoteMin > 0 {
-			// As for a data ring: the receiver tests whether it may read
-			// this process's memory.
-			res.PID, res.Probe, res.Data = selfPID(), uint64(uintptr(unsafe.Pointer(&e.probe[0]))), e.probe
-		}
-		e.sendCtl(ctx, to, res)
-	case "tcp":
-		links, err := e.dialTCPMagic(ctx, to, m.Addr, m.Nonce, 1, m.TLS, rpcMagic)
-		if err != nil {
-			e.log.Warn("nexar: bulk: RPC TCP channel failed; RPC stays on QUIC", "rank", e.self, "peer", to, "err", err)
-			e.rpcDecide(to, nil)
-			return
-		}
-		e.rpcDecide(to, newRPCChan(to, "rpc "+e.tcpDesc(links), links[0]))
-	default:
-		e.rpcDecide(to, nil)
-	}
-}
-
-// rpcResult takes the sender's answer to a ring offer: a ring it did not
-// take is closed (its RPC comes over QUIC).
-func (e *Endpoint) rpcResult(from int, m *ctlMsg) {
-	if m.Kind != "shm" {
-		return
-	}
-	s := e.rpc
-	s.mu.Lock()
-	ch := s.in[from]
-	if ch != nil && ch.b != nil {
-		ch.b.unlink() // the producer has it open, or never will
-	}
-	if m.OK {
-		s.mu.Unlock()
-		if ch != nil && ch.r != nil && cmaSupported && m.PID > 0 && m.Probe != 0 && len(m.Data) == 16 && e.opt.RemoteMin >= 0 {
-			got := make([]byte, 16)
-			if err := readRemote(m.PID, m.Probe, got); err != nil || !bytes.Equal(got, m.Data) {
-				e.log.Debug("nexar: bulk: no cross-memory attach for RPC; payloads go through the ring", "rank", e.self, "peer", from, "err", err)
-				return
-			}
-			ch.remotePID.Store(int64(m.PID))
-			ch.r.setRemoteOK()
-		}
-		return
-	}
-	s.in[from] = nil
-	s.mu.Unlock()
-	if ch != nil {
-		ch.quiet.Store(true)
-		ch.close()
-	}
-}
-
 // startRPCReader installs an inbound RPC channel and delivers its frames
 // in a goroutine of its own.
 func (e *Endpoint) startRPCReader(from int, ch *rpcChan) {
 	s := e.rpc
 	e.mu.Lock()
-	if !e.ctlWG || e.downed[from].Load() {
+	if !e.accepting || e.downed[from].Load() {
 		e.mu.Unlock()
 		ch.quiet.Store(true)
 		ch.close()
@@ -729,9 +539,6 @@ func (e *Endpoint) rpcPeerDown(peer int) {
 			ch.close()
 		}
 	}
-	// Wake first calls waiting for a channel: they go to the inner
-	// endpoint, which fails them.
-	e.rpcDecide(peer, nil)
 }
 
 // rpcGoodbyes says goodbye on every outbound RPC channel (until deadline).

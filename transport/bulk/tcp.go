@@ -211,15 +211,10 @@ func (e *Endpoint) dial(ctx context.Context, addr string) (net.Conn, error) {
 	return d.DialContext(ctx, "tcp", addr)
 }
 
-// dialTCP opens the connections of an offer from peer and waits for each
-// to be accepted.
-func (e *Endpoint) dialTCP(ctx context.Context, peer int, addr string, nonce []byte, cnt int, useTLS bool) ([]link, error) {
-	return e.dialTCPMagic(ctx, peer, addr, nonce, cnt, useTLS, "NXB1")
-}
-
-// dialTCPMagic is dialTCP with the preamble's magic: "NXB1" for data,
-// rpcMagic for the RPC channel.
-func (e *Endpoint) dialTCPMagic(ctx context.Context, peer int, addr string, nonce []byte, cnt int, useTLS bool, magic string) ([]link, error) {
+// dialTCP opens the connections of an offer from peer, with the
+// preamble's magic ("NXB1" for data, rpcMagic for the RPC channel), and
+// waits for each to be accepted.
+func (e *Endpoint) dialTCP(ctx context.Context, peer int, addr string, nonce []byte, cnt int, useTLS bool, magic string) ([]link, error) {
 	if cnt < 1 || cnt > maxConns || len(nonce) != 32 {
 		return nil, fmt.Errorf("bulk: offer from rank %d: %d connections, %d-byte nonce", peer, cnt, len(nonce))
 	}

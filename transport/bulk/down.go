@@ -1,0 +1,168 @@
+package bulk
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/nexar-go/nexar/transport"
+	"github.com/nexar-go/nexar/transport/internal/frame"
+)
+
+// This file is how peers go down: a graceful departure, held back until
+// the peer's inbound channels drained, and a loss, reported once.
+
+// peerLost is the inner endpoint's DownHandler. A graceful departure is
+// held back until the peer's inbound bulk channel has drained too, so that
+// every message it sent is delivered before the notification.
+func (e *Endpoint) peerLost(peer int, err error) {
+	if peer < 0 || peer >= e.size {
+		return
+	}
+	// Its connection is gone: it will not call this process's exit a death.
+	e.settle(peer)
+	if e.closed.Load() {
+		return
+	}
+	if errors.Is(err, transport.ErrPeerClosed) {
+		e.mu.Lock()
+		if (e.in[peer] != nil && !e.byeSeen[peer]) || e.rpcPending(peer) {
+			e.bye[peer] = err
+			e.mu.Unlock()
+			return
+		}
+		e.mu.Unlock()
+	}
+	e.report(peer, err)
+}
+
+// report tells the layer above, once, that peer is down and closes its
+// bulk channels.
+func (e *Endpoint) report(peer int, err error) {
+	if e.closed.Load() || e.downed[peer].Swap(true) {
+		return
+	}
+	e.settle(peer)
+	var pd *transport.PeerDownError
+	if errors.As(err, &pd) {
+		err = pd.Cause
+	}
+	e.mu.Lock()
+	e.causes[peer] = err
+	in := e.in[peer]
+	e.mu.Unlock()
+	for _, ch := range []*channel{e.out[peer].Load(), in} {
+		if ch != nil {
+			ch.quiet.Store(true)
+			ch.close()
+		}
+	}
+	e.rpcPeerDown(peer)
+	// Sends and calls waiting for a channel to peer go to the inner
+	// endpoint, which fails them.
+	e.negotiate(e.ctx, evPeerDown{peer})
+	e.log.Debug("nexar: bulk: peer down", "rank", e.self, "peer", peer, "err", err)
+	if e.down != nil {
+		e.down(peer, &transport.PeerDownError{Peer: peer, Cause: err})
+	}
+}
+
+// Abandon gives up on peer, which the layer above declared down (cause
+// says why): its bulk channels and, where the inner endpoint can, its inner
+// connection are closed, so that a send or a receive blocked on a dead peer
+// ends at once instead of at a transport timeout. The DownHandler is told,
+// once, as for any loss. Safe for concurrent use.
+func (e *Endpoint) Abandon(peer int, cause error) {
+	if peer < 0 || peer >= e.size || peer == e.self {
+		return
+	}
+	e.report(peer, &transport.PeerDownError{Peer: peer, Cause: cause})
+	if a, ok := e.inner.(interface{ Abandon(int, error) }); ok {
+		a.Abandon(peer, cause)
+	}
+}
+
+func (e *Endpoint) cause(peer int) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.causes[peer] == nil {
+		return errors.New("bulk: peer is down")
+	}
+	return e.causes[peer]
+}
+
+// startReader installs an inbound channel and delivers its frames.
+func (e *Endpoint) startReader(from int, ch *channel) {
+	e.mu.Lock()
+	if !e.accepting || e.downed[from].Load() {
+		e.mu.Unlock()
+		ch.quiet.Store(true)
+		ch.close()
+		return
+	}
+	old := e.in[from]
+	e.in[from] = ch
+	e.wg.Add(1)
+	e.mu.Unlock()
+	if old != nil {
+		old.quiet.Store(true)
+		old.close()
+	}
+	var place func(h *transport.Header, n int) ([]byte, func(error))
+	if e.opt.Place != nil {
+		place = func(h *transport.Header, n int) ([]byte, func(error)) { return e.opt.Place(from, h, n) }
+	}
+	ch.startReading(func(h *transport.Header, p []byte) {
+		if e.h != nil {
+			e.h(from, transport.LaneData, h, p)
+		}
+	}, place)
+	if ch.ring != nil {
+		if e.opt.Forwards {
+			ch.ring.setWaiting(1)
+		}
+		e.polled[from].Store(ch)
+		e.blockedOn[from].moveTo(ch)
+	}
+	if e.deviceChannel(ch) {
+		e.devIn[from].Store(ch)
+	}
+	go func() {
+		defer e.wg.Done()
+		err := ch.readLoop()
+		e.polled[from].CompareAndSwap(ch, nil)
+		e.devIn[from].CompareAndSwap(ch, nil)
+		ch.close()
+		graceful := errors.Is(err, frame.ErrGoodbye)
+		e.mu.Lock()
+		if e.in[from] == ch {
+			e.in[from] = nil
+			e.byeSeen[from] = graceful
+		}
+		bye := e.bye[from]
+		if e.rpcPending(from) {
+			bye = nil // the RPC channel's reader reports the departure once it drained
+		}
+		e.mu.Unlock()
+		switch {
+		case ch.quiet.Load() || e.closed.Load():
+		case graceful && bye != nil:
+			e.report(from, bye)
+		case graceful:
+			// The inner endpoint reports the departure once its lanes drain.
+		default:
+			e.reportLost(from, fmt.Errorf("bulk: receive from rank %d over %s: %w", from, ch.desc, err))
+		}
+	}()
+}
+
+// reportLost reports peer lost: with the cause its process watcher
+// recorded (its process exited), if any, else with err, the channel's.
+func (e *Endpoint) reportLost(from int, err error) {
+	e.mu.Lock()
+	exited := e.exited[from]
+	e.mu.Unlock()
+	if exited == nil {
+		exited = err
+	}
+	e.report(from, exited)
+}

@@ -120,7 +120,10 @@ def base_env(**kw):
          if not k.startswith(("NEXAR_", "MASTER_", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMIX_"))
          and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     e["PATH"] = os.pathsep.join([os.path.join(ROOT, "build"), VENV_BIN, e.get("PATH", "/usr/bin:/bin")])
-    e.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=IFNAME)
+    # The machine these run on is shared: a process stalled for seconds
+    # under load must not be declared dead (failure detection is tested
+    # elsewhere: docs/fault-tolerance.md).
+    e.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=IFNAME, NEXAR_HEARTBEAT_TIMEOUT="60s")
     e.update(kw)
     return e
 

@@ -76,8 +76,8 @@ func TestMismatchFailsEveryRank(t *testing.T) {
 		ns   []int
 		reps int
 	}{
-		{"mem", func(n int) ([]*Comm, error) { return NewLocal(n, testConfig()) }, []int{2, 3, 4, 5}, 5},
-		{"quic", func(n int) ([]*Comm, error) { return NewLocalQUIC(n, testConfig()) }, []int{2, 4}, 1},
+		{"mem", func(n int) ([]*Comm, error) { return testNewLocal(n, testConfig()) }, []int{2, 3, 4, 5}, 5},
+		{"quic", func(n int) ([]*Comm, error) { return testNewLocalQUIC(n, testConfig()) }, []int{2, 4}, 1},
 	}
 	for _, w := range worlds {
 		for _, n := range w.ns {

@@ -19,7 +19,7 @@ const allreduceAllocs = 0
 // and maps.
 func pairAllocs(t *testing.T, call func(c *Comm, r int) error) float64 {
 	t.Helper()
-	comms, err := NewLocalQUIC(2, testConfig())
+	comms, err := testNewLocalQUIC(2, testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ func BenchmarkAllreduce2(b *testing.B) {
 // as two processes on one host would be (loopback QUIC, shared-memory
 // rings); it reports allocations per call.
 func benchPair(b *testing.B, size int, call func(c *Comm, r int) error) {
-	comms, err := NewLocalQUIC(2, testConfig())
+	comms, err := testNewLocalQUIC(2, testConfig())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func benchPair(b *testing.B, size int, call func(c *Comm, r int) error) {
 func BenchmarkRPC(b *testing.B) {
 	for _, size := range []int{8, 4096, 1 << 20} {
 		b.Run(fmt.Sprint(size), func(b *testing.B) {
-			comms, err := NewLocalQUIC(2, testConfig())
+			comms, err := testNewLocalQUIC(2, testConfig())
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -99,7 +99,7 @@ func BenchmarkAllreduceLate(b *testing.B) {
 		b.Run(fmt.Sprintf("late=%v/spin=%v", late, spin), func(b *testing.B) {
 			cfg := testConfig()
 			cfg.SpinWait = spin
-			comms, err := NewLocalQUIC(2, cfg)
+			comms, err := testNewLocalQUIC(2, cfg)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -149,7 +149,7 @@ func BenchmarkAllreduceLate(b *testing.B) {
 func BenchmarkRPCLent(b *testing.B) {
 	for _, size := range []int{8, 4096, 1 << 20} {
 		b.Run(fmt.Sprint(size), func(b *testing.B) {
-			comms, err := NewLocalQUIC(2, testConfig())
+			comms, err := testNewLocalQUIC(2, testConfig())
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -104,7 +104,7 @@ func (c *Comm) iallreduceMulti(ctx context.Context, send, recv [][]byte, dt coll
 	if total == 0 {
 		// Nothing to reduce: one signature exchange, so that the call is
 		// still matched against every rank's.
-		m.reqs = []*Request{c.run(ctx, signature{collAllreduce, dt, op, -1, 0, 0}, nil)}
+		m.reqs = []*Request{c.startCollective(ctx, signature{collAllreduce, dt, op, -1, 0, 0}, nil)}
 	} else {
 		// Each bucket is a collective call of its own; all take their
 		// sequence numbers now, in the caller's goroutine.
@@ -130,7 +130,7 @@ func (c *Comm) iallreduceMulti(ctx context.Context, send, recv [][]byte, dt coll
 		}
 	}
 	req := newRequest(c, name, true)
-	req.run = func() { req.finish(Status{}, m.drive()) }
+	req.pendingOp = func() { req.finish(Status{}, m.drive()) }
 	return req
 }
 

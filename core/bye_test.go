@@ -42,7 +42,7 @@ func (l *laneRecorder) Send(ctx context.Context, peer int, lane transport.Lane, 
 // "no heartbeat" failures of the ranks still closing.
 func TestByeSkipsUnusedDataPath(t *testing.T) {
 	rec := &laneRecorder{unused: map[int]bool{2: true}, byes: map[int]transport.Lane{}}
-	comms, err := newLocalWrapped(3, Config{}, func(i int, ep transport.DataPath) transport.DataPath {
+	comms, err := testNewLocalWrapped(3, Config{}, func(i int, ep transport.DataPath) transport.DataPath {
 		if i != 0 {
 			return ep
 		}

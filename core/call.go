@@ -77,7 +77,7 @@ type collCall struct {
 	posted time.Time
 	args   collArgs // body's arguments, for bodies that are not closures
 
-	claimed atomic.Bool // run begun, by start's goroutine or by Wait (runOnce)
+	claimed atomic.Bool // run begun, by start's goroutine or by Wait (executeOnce)
 
 	smu   sync.Mutex     // guards the send contexts
 	sends [2]deadlineCtx // the first destinations' (most calls have one or two)
@@ -124,18 +124,18 @@ func (cc *collCall) releaseSends() {
 	}
 }
 
-// runOnce runs the call unless another goroutine has begun it; it reports
+// executeOnce runs the call unless another goroutine has begun it; it reports
 // whether it ran it.
-func (cc *collCall) runOnce() bool {
+func (cc *collCall) executeOnce() bool {
 	if !cc.claimed.CompareAndSwap(false, true) {
 		return false
 	}
-	cc.run()
+	cc.execute()
 	return true
 }
 
-// run performs the call (once: see Request.run) and finishes its request.
-func (cc *collCall) run() {
+// execute performs the call (once: executeOnce) and finishes its request.
+func (cc *collCall) execute() {
 	req, l := &cc.req, &cc.l
 	c, op, seq := l.c, req.op, l.seq
 	defer c.ops.Done()
@@ -177,7 +177,7 @@ func (cc *collCall) run() {
 // goroutine when the request is tested, when any other collective starts
 // on the communicator (so at most one is deferred, the last), when the
 // communicator closes, or when deferWindow has passed (c.later, a timer:
-// the call progresses with nobody waiting, as MPI requires). runOnce lets
+// the call progresses with nobody waiting, as MPI requires). executeOnce lets
 // exactly one of them run it. A collective of deferMax bytes or more
 // starts in a goroutine at once: the hand-off is small beside it, and it
 // overlaps the caller's computation from the start.
@@ -197,7 +197,7 @@ const deferMax = 256 << 10
 // armed.
 func (c *Comm) deferCall(cc *collCall) {
 	if prev := c.deferred.Swap(cc); prev != nil {
-		go prev.runOnce()
+		go prev.executeOnce()
 	}
 	if c.laterArmed.CompareAndSwap(false, true) {
 		c.armedFor.Store(cc)
@@ -226,14 +226,14 @@ func (c *Comm) deferredDue() {
 		c.later.Reset(c.deferWait)
 	}
 	if mine {
-		cur.runOnce()
+		cur.executeOnce()
 	}
 }
 
 // launchDeferred hands the deferred collective, if any, to a goroutine.
 func (c *Comm) launchDeferred() {
 	if cc := c.deferred.Swap(nil); cc != nil {
-		go cc.runOnce()
+		go cc.executeOnce()
 	}
 }
 
@@ -245,11 +245,11 @@ func (c *Comm) runHere(cc *collCall, inline bool) bool {
 	mine := c.deferred.CompareAndSwap(cc, nil)
 	if !inline {
 		if mine {
-			go cc.runOnce()
+			go cc.executeOnce()
 		}
 		return false
 	}
-	return cc.runOnce()
+	return cc.executeOnce()
 }
 
 // exchangeSignatures is the body of collectives that move no bytes: an
@@ -280,20 +280,20 @@ func exchangeSignatures(ctx context.Context, l *link) error {
 	return nil
 }
 
-// run starts a collective whose count may be zero, in which case only the
+// startCollective starts a collective whose count may be zero, in which case only the
 // signatures are exchanged.
-func (c *Comm) run(ctx context.Context, sig signature, body func(ctx context.Context, l *link) error) *Request {
+func (c *Comm) startCollective(ctx context.Context, sig signature, body func(ctx context.Context, l *link) error) *Request {
 	if sig.count == 0 {
 		return c.startColl(ctx, sig, exchangeSignatures)
 	}
 	return c.startColl(ctx, sig, body)
 }
 
-// runAgreed is run for collectives in which a rank's result need not depend
+// startAgreed is startCollective for collectives in which a rank's result need not depend
 // on every other rank (rooted ones, scans): their body is followed by
 // agreeSignatures. Zero-count calls exchange every signature already.
-func (c *Comm) runAgreed(ctx context.Context, sig signature, body func(ctx context.Context, l *link) error) *Request {
-	return c.run(ctx, sig, agreed(body))
+func (c *Comm) startAgreed(ctx context.Context, sig signature, body func(ctx context.Context, l *link) error) *Request {
+	return c.startCollective(ctx, sig, agreed(body))
 }
 
 // agreed runs body, then agreeSignatures.

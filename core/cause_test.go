@@ -37,8 +37,8 @@ func causeWorlds(cfg Config) []struct {
 		name string
 		make func(t *testing.T) []*Comm
 	}{
-		{"mem", mk(NewLocal)},
-		{"quic", mk(func(n int, _ Config) ([]*Comm, error) { return NewLocalQUIC(n, quicCfg) })},
+		{"mem", mk(testNewLocal)},
+		{"quic", mk(func(n int, _ Config) ([]*Comm, error) { return testNewLocalQUIC(n, quicCfg) })},
 	}
 }
 
@@ -178,7 +178,7 @@ func TestResumedRankLearnsItWasDeclaredDead(t *testing.T) {
 func TestResumedRankLosesConnectionFirst(t *testing.T) {
 	cfg := testConfig()
 	cfg.HeartbeatInterval, cfg.HeartbeatTimeout = 100*time.Millisecond, time.Second
-	comms, err := NewLocal(4, cfg)
+	comms, err := testNewLocal(4, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func TestAbortBlamesNamedRank(t *testing.T) {
 		{"mismatch", &Error{Code: CodeMismatch, Rank: 1, Msg: "rank 2 called x but rank 1 called y"}, 2, "rank 2 called x but rank 1 called y"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			comms, err := NewLocal(4, Config{})
+			comms, err := testNewLocal(4, Config{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -31,7 +31,7 @@ func (c *Comm) iallreduce(ctx context.Context, send, recv []byte, dt collective.
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	req := c.run(ctx, signature{collAllreduce, dt, op, -1, uint64(n), 0}, allreduceBody)
+	req := c.startCollective(ctx, signature{collAllreduce, dt, op, -1, uint64(n), 0}, allreduceBody)
 	if cc := req.coll; cc != nil {
 		cc.args = collArgs{send: send, recv: recv, dt: dt, op: op}
 	}
@@ -64,7 +64,7 @@ func (c *Comm) ibroadcast(ctx context.Context, buf []byte, dt collective.DType, 
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.runAgreed(ctx, signature{collBroadcast, dt, 0, root, uint64(n), 0}, func(ctx context.Context, l *link) error {
+	return c.startAgreed(ctx, signature{collBroadcast, dt, 0, root, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		return collective.Broadcast(ctx, l, buf, root)
 	})
 }
@@ -103,7 +103,7 @@ func (c *Comm) ireduce(ctx context.Context, send, recv []byte, dt collective.DTy
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.runAgreed(ctx, signature{collReduce, dt, op, root, uint64(n), 0}, func(ctx context.Context, l *link) error {
+	return c.startAgreed(ctx, signature{collReduce, dt, op, root, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		return collective.Reduce(ctx, l, send, recv, dt, op, root)
 	})
 }
@@ -126,7 +126,7 @@ func (c *Comm) iallgather(ctx context.Context, send, recv []byte, dt collective.
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.run(ctx, signature{collAllgather, dt, 0, -1, uint64(n), 0}, func(ctx context.Context, l *link) error {
+	return c.startCollective(ctx, signature{collAllgather, dt, 0, -1, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		return collective.Allgather(ctx, l, send, recv)
 	})
 }
@@ -192,7 +192,7 @@ func (c *Comm) ireduceScatter(ctx context.Context, send, recv []byte, dt collect
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.run(ctx, signature{collReduceScatter, dt, op, -1, uint64(n), 0}, func(ctx context.Context, l *link) error {
+	return c.startCollective(ctx, signature{collReduceScatter, dt, op, -1, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		if send == nil {
 			return collective.ReduceScatterInPlace(ctx, l, recv, dt, op)
 		}
@@ -220,7 +220,7 @@ func (c *Comm) ialltoall(ctx context.Context, send, recv []byte, dt collective.D
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.run(ctx, signature{collAlltoall, dt, 0, -1, uint64(n), 0}, func(ctx context.Context, l *link) error {
+	return c.startCollective(ctx, signature{collAlltoall, dt, 0, -1, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		return collective.Alltoall(ctx, l, send, recv)
 	})
 }
@@ -291,7 +291,7 @@ func (c *Comm) igather(ctx context.Context, send, recv []byte, dt collective.DTy
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.runAgreed(ctx, signature{collGather, dt, 0, root, uint64(n), 0}, func(ctx context.Context, l *link) error {
+	return c.startAgreed(ctx, signature{collGather, dt, 0, root, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		return collective.Gather(ctx, l, send, recv, root)
 	})
 }
@@ -367,7 +367,7 @@ func (c *Comm) iscatter(ctx context.Context, send, recv []byte, dt collective.DT
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.runAgreed(ctx, signature{collScatter, dt, 0, root, uint64(n), 0}, func(ctx context.Context, l *link) error {
+	return c.startAgreed(ctx, signature{collScatter, dt, 0, root, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		return collective.Scatter(ctx, l, send, recv, root)
 	})
 }
@@ -442,7 +442,7 @@ func (c *Comm) iscan(ctx context.Context, kind collKind, send, recv []byte, dt c
 	if err != nil {
 		return c.invalid(name, err)
 	}
-	return c.runAgreed(ctx, signature{kind, dt, op, -1, uint64(n), 0}, func(ctx context.Context, l *link) error {
+	return c.startAgreed(ctx, signature{kind, dt, op, -1, uint64(n), 0}, func(ctx context.Context, l *link) error {
 		if kind == collExscan {
 			return collective.Exscan(ctx, l, send, recv, dt, op)
 		}

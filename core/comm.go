@@ -36,11 +36,10 @@ type Comm struct {
 	rank  int
 	size  int
 	world []int // comm rank -> world rank
-	of    map[int]int
-	// rankOf is of as a slice by world rank of the node (-1: not a
-	// member), for the placement of every frame (rankOfWorld).
-	rankOf []int32
-	cfg    Config
+	// byWorld is the inverse of world, by world rank of the node (-1:
+	// not a member); read with rankOfWorld.
+	byWorld []int32
+	cfg     Config
 	// tuningDigest is cfg.Tuning.Digest(), put in every signature.
 	tuningDigest uint16
 	// gen is the membership generation c was created in: its messages
@@ -109,7 +108,7 @@ type departure struct {
 func newComm(n *node, id uint64, rank int, world []int) *Comm {
 	c := &Comm{
 		n: n, id: id, rank: rank, size: len(world), world: world,
-		of: make(map[int]int, len(world)), cfg: n.cfg, tuningDigest: n.cfg.Tuning.Digest(), gen: n.view.Gen,
+		cfg: n.cfg, tuningDigest: n.cfg.Tuning.Digest(), gen: n.view.Gen,
 		failed:    make(chan struct{}),
 		callTab:   callTable{minFailed: math.MaxUint64},
 		match:     match.New(len(world)),
@@ -124,14 +123,13 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 		early:     bufPool{max: earlyPoolBytes(n.cfg)},
 	}
 	c.match.Free = c.early.put
-	c.rankOf = make([]int32, n.size)
-	for i := range c.rankOf {
-		c.rankOf[i] = -1
+	c.byWorld = make([]int32, n.size)
+	for i := range c.byWorld {
+		c.byWorld[i] = -1
 	}
 	for r, w := range world {
-		c.of[w] = r
-		if w >= 0 && w < len(c.rankOf) {
-			c.rankOf[w] = int32(r)
+		if w >= 0 && w < len(c.byWorld) { // always: world ranks are the node's
+			c.byWorld[w] = int32(r)
 		}
 	}
 	if lay := n.layout(world); lay != nil { // core/topo.go
@@ -146,15 +144,13 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 	return c
 }
 
-// rankOfWorld is the rank in c of world rank w, or -1.
-func (c *Comm) rankOfWorld(w int) int {
-	if w >= 0 && w < len(c.rankOf) {
-		return int(c.rankOf[w])
+// rankOfWorld is the rank in c of world rank w; ok is false (r -1) when
+// w is not a member of c.
+func (c *Comm) rankOfWorld(w int) (r int, ok bool) {
+	if w < 0 || w >= len(c.byWorld) || c.byWorld[w] < 0 {
+		return -1, false
 	}
-	if r, ok := c.of[w]; ok {
-		return r
-	}
-	return -1
+	return int(c.byWorld[w]), true
 }
 
 // NewLocal builds n communicators in this process, connected by the
@@ -191,19 +187,28 @@ func newLocalWrapped(n int, cfg Config, wrap func(int, transport.DataPath) trans
 	if err != nil {
 		return nil, err
 	}
-	nodes := make([]*node, n)
-	for i := range nodes {
-		nodes[i] = newNode(cfg, i, n)
-		nodes[i].sched = sched
+	if cfg.Mesh == nil {
+		return nil, errNoMesh()
 	}
-	eps := localMesh(nodes, g)
+	nodes := make([]*node, n)
+	rs := make([]transport.Receiver, n)
+	for i := range nodes {
+		nd := newNode(cfg, i, n)
+		nd.sched, nd.graph = sched, g
+		nodes[i] = nd
+		rs[i] = transport.Receiver{Handle: nd.handle, Down: nd.onDown, RelayLost: nd.relayLost}
+	}
+	ms, err := cfg.Mesh.Local(meshOptions(cfg, g), rs)
+	if err != nil {
+		return nil, &Error{Code: CodeInternal, Op: "new", Rank: -1, Msg: err.Error(), Cause: err}
+	}
 	comms := make([]*Comm, n)
 	for i, nd := range nodes {
-		ep := eps[i]
+		m := ms[i]
 		if wrap != nil {
-			ep = wrap(i, ep)
+			m.Path = wrap(i, m.Path)
 		}
-		comms[i] = worldComm(nd, ep)
+		comms[i] = worldComm(nd, m)
 	}
 	for _, nd := range nodes {
 		nd.start()
@@ -211,15 +216,27 @@ func newLocalWrapped(n int, cfg Config, wrap func(int, transport.DataPath) trans
 	return comms, nil
 }
 
-// worldComm attaches ep to nd and creates its world communicator; the
-// caller starts nd once every node of the process is attached.
-func worldComm(nd *node, ep transport.DataPath) *Comm {
+// worldComm attaches the path of m to nd, with the optional capabilities
+// found on m's parts, and creates its world communicator; the caller
+// starts nd once every node of the process is attached.
+func worldComm(nd *node, m transport.Mesh) *Comm {
 	world := make([]int, nd.size)
 	for i := range world {
 		world[i] = i
 	}
+	if rh, ok := transport.As[transport.RingHolder](m); ok {
+		nd.ringBytes = rh.RingBytes
+	}
+	if nd.graph != nil {
+		nd.cast, _ = transport.As[transport.Broadcaster](m)
+		nd.fwd, _ = transport.As[transport.Forwarder](m)
+	}
+	poll, ok := m.Path.(transport.Poller)
+	if !ok {
+		poll = noPoller{}
+	}
 	nd.mu.Lock() // a transport goroutine may be in peerDown already
-	nd.ep, nd.caps = ep, ep.Caps()
+	nd.ep, nd.caps, nd.poll = m.Path, m.Path.Caps(), poll
 	nd.mu.Unlock()
 	c := newComm(nd, worldID, nd.rank, world)
 	_ = nd.register(c) // a fresh node is never closed
@@ -349,7 +366,7 @@ func (c *Comm) failLocked(err error) bool {
 
 // peerDownLocked is called with node.mu held.
 func (c *Comm) peerDownLocked(w int, why error) {
-	r, ok := c.of[w]
+	r, ok := c.rankOfWorld(w)
 	if !ok {
 		return
 	}
@@ -392,7 +409,7 @@ func (c *Comm) stalledMsg(stalled time.Duration, lost string, why error) string 
 // not a member or has left c (it needs nothing more from this rank on c).
 // Called with c.mu held.
 func (c *Comm) liveMemberNameLocked(w int) (name string, ok bool) {
-	r, ok := c.of[w]
+	r, ok := c.rankOfWorld(w)
 	if !ok {
 		return "", false
 	}
@@ -452,7 +469,7 @@ func (c *Comm) failure(op string) error {
 // already counted in node.buffered (a replay from node.pending, called with
 // node.mu held: deliver must then not block).
 func (c *Comm) deliver(from int, lane transport.Lane, h header, payload []byte, preAccounted bool) {
-	src, ok := c.of[from]
+	src, ok := c.rankOfWorld(from)
 	data := h.kind == kindColl || h.kind == kindP2P
 	if preAccounted && (!ok || !data) {
 		// Only matched data stays accounted (held by the engine); the
@@ -614,7 +631,7 @@ func (c *Comm) sayBye(done uint64, cause *Error) {
 		wg.Go(func() { _ = c.n.ep.Send(ctx, c.world[p], lane, &th, payload) })
 	}
 	if len(cast) > 0 {
-		wg.Go(func() { _ = c.n.relay.Broadcast(ctx, transport.LaneControl, &th, payload, cast) })
+		wg.Go(func() { _ = c.n.cast.Broadcast(ctx, transport.LaneControl, &th, payload, cast) })
 	}
 	wg.Wait()
 }
@@ -748,7 +765,7 @@ func (c *Comm) collSendSkip(peer int, seq uint64, op string) (bool, error) {
 // with node.mu held. If w said goodbye on c this changes nothing; if not,
 // no collective not completed yet can complete.
 func (c *Comm) leftLocked(w int) {
-	r, ok := c.of[w]
+	r, ok := c.rankOfWorld(w)
 	if !ok {
 		return
 	}

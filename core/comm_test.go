@@ -16,6 +16,7 @@ import (
 
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/transport"
+	"github.com/nexar-go/nexar/transport/mesh"
 )
 
 // testConfig keeps failure detection fast and every wait short. It leaves
@@ -26,7 +27,7 @@ import (
 // the multi-process tests run it as users do).
 func testConfig() Config {
 	return Config{Timeout: 20 * time.Second, HeartbeatInterval: 200 * time.Millisecond, HeartbeatTimeout: 5 * time.Second,
-		Logger: slog.New(slog.DiscardHandler), NormalSysmon: true}
+		Logger: slog.New(slog.DiscardHandler), NormalSysmon: true, Mesh: mesh.Builder{}}
 }
 
 // each runs f on every rank concurrently and returns the errors by rank.
@@ -86,7 +87,7 @@ func putI64(b []byte, i int, v int64) { binary.LittleEndian.PutUint64(b[8*i:], u
 // newLocal makes a mem world and registers its Close.
 func newLocal(t *testing.T, n int) []*Comm {
 	t.Helper()
-	comms, err := NewLocal(n, testConfig())
+	comms, err := testNewLocal(n, testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -395,7 +396,7 @@ func TestInvalidArguments(t *testing.T) {
 func TestLeak(t *testing.T) {
 	before := runtime.NumGoroutine()
 	for i := 0; i < 3; i++ {
-		comms, err := NewLocal(4, testConfig())
+		comms, err := testNewLocal(4, testConfig())
 		if err != nil {
 			t.Fatal(err)
 		}

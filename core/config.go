@@ -12,8 +12,7 @@ import (
 
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/topology"
-	"github.com/nexar-go/nexar/transport/bulk"
-	trdma "github.com/nexar-go/nexar/transport/rdma"
+	"github.com/nexar-go/nexar/transport"
 )
 
 // Config describes one rank's place in a job. The zero value of every field
@@ -96,7 +95,7 @@ type Config struct {
 	// device memory with the NIC (GPUDirect RDMA), and SendDevice and
 	// RecvDevice take device buffers (docs/device-memory.md). Nil: no
 	// device memory.
-	GPU trdma.GPUMemory
+	GPU transport.GPUMemory
 	// BulkRemoteMin is the smallest message that a rank on this host
 	// copies straight out of the sender's memory (cross-memory attach, one
 	// copy instead of two through the shared-memory ring) when the kernel
@@ -231,13 +230,21 @@ type Config struct {
 	// NEXAR_IB_GID_INDEX; its Logger and GPU are set by New).
 	CUDARuntime, NCCLLibrary string
 	NCCLHier, HierHostID     string
-	RDMA                     trdma.Options
+	RDMA                     transport.RDMAOptions
 
 	// Env is where WithEnv, which New calls, reads the knobs of the table
 	// (Knobs) that this Config leaves unset. Nil: the process environment
 	// (os.LookupEnv); the C ABI passes the C environment as it is at the
 	// call. A function returning ("", false) reads nothing.
 	Env func(name string) (string, bool)
+
+	// Mesh assembles the transports of every communicator made with this
+	// Config (New, Join, NewLocal, NewLocalQUIC): set it to
+	// mesh.Builder{} (package transport/mesh). core names no concrete
+	// transport, so it has no default to fall back on (the package doc of
+	// transport/mesh says why); New fails naming this field when it is
+	// nil.
+	Mesh transport.Builder
 }
 
 // MemoryProfile is one row of the memory profiles' table (Config.MemoryProfile).
@@ -253,7 +260,7 @@ type MemoryProfile struct {
 func MemoryProfileOf(name string) (MemoryProfile, error) {
 	switch strings.ToLower(strings.TrimSpace(name)) {
 	case "", "default":
-		return MemoryProfile{defaultMaxBufferedBytes, bulk.DefaultRingSize, bulk.DefaultRingBudget, 256 << 20}, nil
+		return MemoryProfile{defaultMaxBufferedBytes, defaultRingSize, defaultRingBudget, 256 << 20}, nil
 	case "training":
 		return MemoryProfile{1 << 30, 32 << 20, 512 << 20, 2 << 30}, nil
 	case "inference":
@@ -309,8 +316,13 @@ const (
 	defaultHeartbeatInterval = 500 * time.Millisecond
 	defaultHeartbeatTimeout  = 3 * time.Second
 	defaultMaxBufferedBytes  = 256 << 20
-	spinWaitDedicated        = 500 * time.Microsecond // a core per local rank
-	spinWaitShared           = 200 * time.Microsecond // more local ranks than cores (yielding)
+	// The default profile's rings are the bulk path's defaults
+	// (transport/bulk.DefaultRingSize and DefaultRingBudget;
+	// TestMemoryProfileResolution keeps them in step).
+	defaultRingSize   = 8 << 20
+	defaultRingBudget = 64 << 20
+	spinWaitDedicated = 500 * time.Microsecond // a core per local rank
+	spinWaitShared    = 200 * time.Microsecond // more local ranks than cores (yielding)
 )
 
 // withDefaults returns cfg with zero fields filled in. It reads no

@@ -106,7 +106,7 @@ func TestStartedCollectivesDeferOne(t *testing.T) {
 // Closing a communicator with a deferred collective fails that collective
 // (closed) at once instead of waiting for it.
 func TestCloseWithDeferredCollective(t *testing.T) {
-	comms, err := NewLocal(2, testConfig())
+	comms, err := testNewLocal(2, testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

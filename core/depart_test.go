@@ -22,7 +22,7 @@ func worlds() []struct {
 			t.Helper()
 			cfg := testConfig()
 			cfg.Bulk, cfg.BulkPlaintext = bulk, plaintext
-			comms, err := NewLocalQUIC(n, cfg)
+			comms, err := testNewLocalQUIC(n, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -166,7 +166,7 @@ func TestDeviceP2PRDMA(t *testing.T) {
 	t.Setenv("NEXAR_IB_HCA", "fake_roce0")
 	cfg := testConfig()
 	cfg.Bulk, cfg.GPU = "rdma", trdma.CUDA(rt)
-	comms, err := NewLocalQUIC(2, cfg)
+	comms, err := testNewLocalQUIC(2, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func TestDeviceP2PNoDevicePath(t *testing.T) {
 	rt := cudatest.Fake(t)
 	cfg := testConfig()
 	cfg.GPU = trdma.CUDA(rt)
-	comms, err := NewLocal(2, cfg)
+	comms, err := testNewLocal(2, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import (
 func TestFailureNotification(t *testing.T) {
 	cfg := testConfig()
 	cfg.HeartbeatInterval, cfg.HeartbeatTimeout = 50*time.Millisecond, 500*time.Millisecond
-	comms, err := NewLocal(4, cfg)
+	comms, err := testNewLocal(4, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -83,7 +83,7 @@ func TestMismatch(t *testing.T) {
 
 func TestKillMidAllreduce(t *testing.T) {
 	cfg := Config{Timeout: 30 * time.Second, Logger: testConfig().Logger} // default heartbeats: 500ms / 3s
-	comms, err := NewLocal(4, cfg)
+	comms, err := testNewLocal(4, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func TestAbort(t *testing.T) {
 func TestFrozenRank(t *testing.T) {
 	cfg := testConfig()
 	cfg.HeartbeatInterval, cfg.HeartbeatTimeout = 100*time.Millisecond, time.Second
-	comms, err := NewLocal(4, cfg)
+	comms, err := testNewLocal(4, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestFrozenRankLargeSend(t *testing.T) {
 	for _, tr := range []struct {
 		name string
 		new  func(int, Config) ([]*Comm, error)
-	}{{"mem", NewLocal}, {"quic+bulk", NewLocalQUIC}} {
+	}{{"mem", testNewLocal}, {"quic+bulk", testNewLocalQUIC}} {
 		t.Run(tr.name, func(t *testing.T) {
 			cfg := testConfig()
 			cfg.HeartbeatInterval, cfg.HeartbeatTimeout = 100*time.Millisecond, time.Second

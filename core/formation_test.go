@@ -56,7 +56,7 @@ func TestNewFailsFastWhenPeerLeavesDuringFormation(t *testing.T) {
 		cfg.Rank, cfg.WorldSize, cfg.Seed, cfg.Token = 0, 2, seed, token
 		cfg.ConnectTimeout = 20 * time.Second
 		start := time.Now()
-		c, err := New(ctx, cfg)
+		c, err := testNew(ctx, cfg)
 		res <- result{c, err, time.Since(start)}
 	}()
 
@@ -133,7 +133,7 @@ func TestNewAgainOnSameSeed(t *testing.T) {
 			errs <- func() error {
 				for world := 1; world <= 3; world++ {
 					start := time.Now()
-					c, err := New(ctx, cfgFor(r))
+					c, err := testNew(ctx, cfgFor(r))
 					if err != nil {
 						return fmt.Errorf("rank %d, world %d: %w", r, world, err)
 					}
@@ -308,7 +308,7 @@ func TestNewBindsNoWildcard(t *testing.T) {
 		go func() {
 			cfg := testConfig()
 			cfg.Rank, cfg.WorldSize, cfg.Seed, cfg.Token = r, 2, seed, token
-			c, err := New(ctx, cfg)
+			c, err := testNew(ctx, cfg)
 			comms[r] = c
 			errs <- err
 		}()
@@ -392,7 +392,7 @@ func TestRankLostBetweenJoinAndMesh(t *testing.T) {
 					cfg := testConfig()
 					cfg.Rank, cfg.WorldSize, cfg.Seed, cfg.Token = r, 3, addr, token
 					cfg.ConnectTimeout = 60 * time.Second
-					c, err := New(ctx, cfg)
+					c, err := testNew(ctx, cfg)
 					out <- res{c, err, time.Now()}
 				}()
 			}
@@ -460,7 +460,7 @@ func TestSlowFormerKeepsHeartbeating(t *testing.T) {
 			if i == slow {
 				o.dataDelay = 4 * c.HeartbeatTimeout
 			}
-			comms[i], errs[i] = form(context.Background(), c, o)
+			comms[i], errs[i] = testForm(context.Background(), c, o)
 		})
 	}
 	wg.Wait()

@@ -13,7 +13,7 @@ import (
 // receiver, even one that a posted receive would match; the same message
 // sent in the receiver's generation is taken.
 func TestOtherGenerationDropped(t *testing.T) {
-	comms, err := NewLocal(2, testConfig())
+	comms, err := testNewLocal(2, testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -227,7 +227,7 @@ func (c *Comm) Grow(ctx context.Context) (*Comm, error) {
 	}
 	n := len(world) + len(js)
 	gen := c.gen + 1
-	leader := c.of[world[0]] // the lowest survivor
+	leader, _ := c.rankOfWorld(world[0]) // the lowest survivor
 	bindHost, _, _ := net.SplitHostPort(c.n.cfg.BindAddr)
 	advHost, _, _ := net.SplitHostPort(c.n.adv)
 	var seed *Seed
@@ -274,7 +274,8 @@ func (c *Comm) Grow(ctx context.Context) (*Comm, error) {
 	for r, w := range world {
 		if r != me {
 			stop := context.AfterFunc(c.n.downSig[w].ctx, func() {
-				lost(newError(CodePeerDown, op, c.of[w], "rank %d failed while the grown world formed", c.of[w]))
+				r, _ := c.rankOfWorld(w)
+				lost(newError(CodePeerDown, op, r, "rank %d failed while the grown world formed", r))
 			})
 			defer stop()
 		}

@@ -21,7 +21,7 @@ func newElasticQUIC(t *testing.T, n int, p FailurePolicy, maxWorld int) ([]*Comm
 	t.Helper()
 	cfg := recoverConfig(p)
 	cfg.MaxWorldSize = maxWorld
-	comms, err := NewLocalQUIC(n, cfg)
+	comms, err := testNewLocalQUIC(n, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func startJoinersVia(t *testing.T, lists [][]string, jc Config, members []*Comm)
 		jc := jc
 		jc.Seed = strings.Join(addrs, ",")
 		go func() {
-			c, err := Join(context.Background(), jc)
+			c, err := testJoin(context.Background(), jc)
 			out <- joinResult{c, err}
 		}()
 	}
@@ -208,7 +208,7 @@ func TestGrowJoinerLeavesBeforeAdmission(t *testing.T) {
 	lc := jc
 	lc.Seed = addrs[0]
 	go func() {
-		_, err := Join(lctx, lc)
+		_, err := testJoin(lctx, lc)
 		left <- err
 	}()
 	lobby0 := func() *membership.Lobby {
@@ -285,7 +285,7 @@ func TestGrowJoinerLeavesBeforeAdmission(t *testing.T) {
 func TestGrowMaxWorldSize(t *testing.T) {
 	cfg := recoverConfig(PolicyManual)
 	cfg.MaxWorldSize = 3
-	comms, err := NewLocalQUIC(2, cfg)
+	comms, err := testNewLocalQUIC(2, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,7 +399,7 @@ func TestGrowJoinerTakesJobTopology(t *testing.T) {
 			cfg := recoverConfig(PolicyManual)
 			cfg.MaxWorldSize = 5
 			cfg.Topology = topology.Spec{Kind: topology.KRegular, N: 2}
-			comms, err := NewLocalQUIC(4, cfg)
+			comms, err := testNewLocalQUIC(4, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}

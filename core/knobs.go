@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/nexar-go/nexar/topology"
-	"github.com/nexar-go/nexar/transport/bulk"
+	"github.com/nexar-go/nexar/transport"
 )
 
 // Scope says where a knob applies and who reads it.
@@ -174,7 +174,7 @@ func knobSections() []struct {
 		{"Data path", []Knob{
 			{Name: "NEXAR_BULK", Field: "Bulk", Scope: ScopeJob, Default: "auto",
 				Forms: "auto, tcp, shm, rdma or off", Doc: "the data path below QUIC (docs/bulk-path.md)",
-				set: setString(func(c *Config) *string { return &c.Bulk }, func(v string) error { _, err := bulk.ParseMode(v); return err })},
+				set: setString(func(c *Config) *string { return &c.Bulk }, transport.CheckBulkMode)},
 			{Name: "NEXAR_BULK_CONNS", Field: "BulkConns", Scope: ScopeProcess, Default: "2",
 				Forms: "an integer in [1, 16]", Doc: "parallel TCP connections per peer and direction",
 				set: setInt(func(c *Config) *int { return &c.BulkConns }, 1, 16)},

@@ -131,7 +131,7 @@ func TestWithEnv(t *testing.T) {
 		}
 	}
 	// New reports it as an invalid argument.
-	if _, err := NewLocal(1, Config{Env: envOf("NEXAR_BULK", "fast")}); err == nil || !strings.Contains(err.Error(), "NEXAR_BULK") {
+	if _, err := testNewLocal(1, Config{Env: envOf("NEXAR_BULK", "fast")}); err == nil || !strings.Contains(err.Error(), "NEXAR_BULK") {
 		t.Errorf("NewLocal with NEXAR_BULK=fast: %v", err)
 	}
 }

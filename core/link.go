@@ -102,7 +102,7 @@ func (l *link) Exchange(ctx context.Context, to int, sbase uint32, data []byte, 
 	stop := func() {}
 	var pre polling // the send's poll of from, handed to the first wait
 	if len(ps) > 0 && l.sharedMemory(to) {
-		if poll, end := c.n.ep.StartPolling(c.world[from]); poll != nil {
+		if poll, end := c.n.poll.StartPolling(c.world[from]); poll != nil {
 			progress, stop = poll, end
 			pre = polling{poll, end}
 		}

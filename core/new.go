@@ -14,13 +14,14 @@ import (
 	"github.com/nexar-go/nexar/membership"
 	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport"
-	nquic "github.com/nexar-go/nexar/transport/quic"
 )
 
 // New joins the job described by cfg: rendezvous through the seed (run
 // embedded when this is rank 0 and cfg.Seed names an address of this host
 // that nothing else holds; a stand-alone seed already there is joined),
-// then a QUIC mesh with every peer. It is bounded by ctx and
+// then the mesh that cfg.Mesh builds (mesh.Builder{}: QUIC with every
+// peer and the bulk path over it; New fails naming Config.Mesh when it is
+// nil). It is bounded by ctx and
 // cfg.ConnectTimeout; a peer that closes or is lost before the job has
 // formed fails it at once with CodePeerDown naming that rank. An embedded
 // seed is closed once the job has formed, so a later New with the same
@@ -78,12 +79,11 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 	if err != nil {
 		return nil, err
 	}
-	lazy := cfg.Topology.Kind == topology.OnDemand
-	if lazy {
-		// The bulk path negotiates with every peer it talks to when the
-		// job forms, which on demand would open every connection: the
-		// data goes on the QUIC connection of the moment (docs/scale.md).
-		cfg.Bulk = "off"
+	if cfg.Mesh == nil {
+		return nil, errNoMesh()
+	}
+	if err := transport.CheckBulkMode(cfg.Bulk); err != nil {
+		return nil, invalidArg("new", "%v", err)
 	}
 	if cfg.WorldSize == 1 {
 		cs, err := NewLocal(1, cfg)
@@ -129,31 +129,17 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 			return nil, err
 		}
 	}
-	id, err := nquic.NewIdentity()
-	if err != nil {
-		cleanup()
-		return nil, &Error{Code: CodeInternal, Op: "new", Rank: -1, Msg: err.Error(), Cause: err}
-	}
 	if cfg.BindAddr, err = bindAddr(cfg); err != nil {
 		cleanup()
 		return nil, err
 	}
-	qo := quicOptions(cfg)
-	if graph != nil {
-		qo.Neighbors = graph.IsNeighbor
-	}
-	if lazy {
-		// A peer not reached within the heartbeat timeout (or the
-		// handshake's 10 s, if longer) is down.
-		qo.OnDemand, qo.DialTimeout = cfg.Topology.N, cfg.tolerated(10*time.Second)
-	}
-	qn, err := nquic.Listen(id, qo)
+	ln, err := cfg.Mesh.Listen(meshOptions(cfg, graph))
 	if err != nil {
 		cleanup()
-		return nil, &Error{Code: CodeInternal, Op: "new", Rank: -1, Msg: fmt.Sprintf("bind %s: %v", cfg.BindAddr, err), Cause: err}
+		return nil, &Error{Code: CodeInternal, Op: "new", Rank: -1, Msg: err.Error(), Cause: err}
 	}
-	closers = append(closers, qn.Close)
-	adv, err := advertiseAddr(cfg, qn.Addr())
+	closers = append(closers, ln.Close)
+	adv, err := advertiseAddr(cfg, ln.Addr())
 	if err != nil {
 		cleanup()
 		return nil, err
@@ -172,7 +158,7 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 		}
 		jo.Lobby = lobby.addr
 	}
-	rank, peers, lobbies, sl, err := membership.JoinWatchedLobby(ctx, cfg.Seed, cfg.Token, cfg.Rank, adv, id.Fingerprint, jo)
+	rank, peers, lobbies, sl, err := membership.JoinWatchedLobby(ctx, cfg.Seed, cfg.Token, cfg.Rank, adv, ln.Fingerprint(), jo)
 	if err != nil {
 		cleanup()
 		return nil, fromMembership(err)
@@ -180,9 +166,14 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 	formedOK := false
 	defer func() { sl.Finish(formedOK) }()
 	nd := newNode(cfg, rank, cfg.WorldSize)
-	nd.sched = sched
-	if lazy {
-		nd.lazy = qn
+	nd.sched, nd.graph = sched, graph
+	if cfg.Topology.Kind == topology.OnDemand {
+		od, ok := ln.(transport.OnDemand)
+		if !ok {
+			cleanup()
+			return nil, &Error{Code: CodeInternal, Op: "new", Rank: -1, Msg: "Config.Topology is on demand, but the mesh makes no connections on demand"}
+		}
+		nd.onDemand = od
 	}
 	if opts.gen != 0 {
 		nd.view.Gen = opts.gen
@@ -205,61 +196,62 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 			lost(pl)
 		}
 	})
-	if graph != nil {
-		nd.newRelay(graph, down) // before newBulk: bulk delivers to the relay
-	}
-	bk, err := newBulk(cfg, rank, adv, id, peers, nd, nd.bulkDown(down))
-	if err != nil {
-		cleanup()
-		return nil, err
-	}
-	nd.ringBytes = bk.RingBytes
-	stopBeats := func() {}
-	ep, err := qn.Connect(fctx, rank, peers, bk.Handler(), bk.DownHandler())
-	if err == nil {
-		stopBeats = nd.heartbeatWhileForming(ep)
-		err = bk.Start(fctx, ep)
-		if err != nil {
-			err = fmt.Errorf("negotiating the bulk data path: %w", err)
-		} else if opts.dataDelay > 0 {
-			t := time.NewTimer(opts.dataDelay)
-			select {
-			case <-t.C:
-			case <-fctx.Done():
-			}
-			t.Stop()
+	// lostErr is why formation ends early when a peer was lost: nothing
+	// it has not sent yet will come, also when the data path formed
+	// before the loss.
+	lostErr := func() error {
+		var pl *peerLostError
+		if !errors.As(context.Cause(fctx), &pl) {
+			return nil
 		}
-	} else {
-		err = fmt.Errorf("forming the mesh: %w", err)
-	}
-	var pl *peerLostError
-	if errors.As(context.Cause(fctx), &pl) {
-		// Also when Start got every answer before the loss: the peer
-		// is gone before the job could be used.
-		err = pl
 		if errors.Is(pl.err, transport.ErrPeerClosed) {
 			// A peer that left on purpose while the job formed most
 			// likely heard from the seed that another was lost; the
 			// same notice is on its way here: name that rank.
 			t := time.NewTimer(formationNoticeGrace)
+			defer t.Stop()
 			select {
 			case first := <-seedLost:
-				err = first
+				return first
 			case <-t.C:
 			case <-ctx.Done():
 			}
-			t.Stop()
+		}
+		return pl
+	}
+	stopBeats := func() {}
+	m, err := ln.Connect(fctx, peers, adv, transport.Receiver{
+		Handle: nd.handle, Place: nd.place, Down: down, RelayLost: nd.relayLost,
+		Forming: func(ep transport.Endpoint) { stopBeats = nd.heartbeatWhileForming(ep) },
+		Formed: func() error {
+			if opts.dataDelay > 0 {
+				t := time.NewTimer(opts.dataDelay)
+				select {
+				case <-t.C:
+				case <-fctx.Done():
+				}
+				t.Stop()
+			}
+			return lostErr()
+		},
+	})
+	var pl *peerLostError
+	if err != nil && !errors.As(err, &pl) {
+		if lerr := lostErr(); lerr != nil {
+			err = lerr
 		}
 	}
 	if err != nil {
 		stopBeats()
-		bk.Close()
-		if nd.relay != nil {
-			nd.relay.Close()
-		}
 		cleanup()
-		if errors.As(err, &pl) {
+		var se *transport.SetupError
+		switch {
+		case errors.As(err, &pl):
 			return nil, &Error{Code: CodePeerDown, Op: "new", Rank: pl.peer, Msg: pl.Error(), Cause: pl.err}
+		case errors.As(err, &se) && se.Unavailable:
+			return nil, &Error{Code: CodeUnavailable, Op: "new", Rank: -1, Msg: err.Error(), Cause: err}
+		case errors.As(err, &se):
+			return nil, &Error{Code: CodeInternal, Op: "new", Rank: -1, Msg: err.Error(), Cause: err}
 		}
 		return nil, &Error{Code: CodePeerDown, Op: "new", Rank: -1, Msg: err.Error(), Cause: err}
 	}
@@ -282,12 +274,7 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 			go lobby.takeOver(seed, cfg)
 		}
 	}
-	var path transport.DataPath = bk
-	if nd.relay != nil {
-		nd.relay.Start(bk)
-		path = nd.relay
-	}
-	c := worldComm(nd, path)
+	c := worldComm(nd, m)
 	stopBeats() // nd.start's heartbeats take over
 	nd.start()
 	return c, nil

@@ -14,8 +14,6 @@ import (
 	"github.com/nexar-go/nexar/membership"
 	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport"
-	nquic "github.com/nexar-go/nexar/transport/quic"
-	"github.com/nexar-go/nexar/transport/relay"
 )
 
 // node is one rank's attachment to a transport mesh, shared by the world
@@ -32,6 +30,9 @@ type node struct {
 	size int                // world size
 	ep   transport.DataPath // set once, before start (worldComm)
 	caps transport.Caps     // ep's declaration, read on every hot path
+	// poll is ep's scheduling group (transport.Poller), or noPoller where
+	// ep has none; set with ep.
+	poll transport.Poller
 	// view is the world's first membership. Each communicator has the
 	// generation it was made in (Comm.gen: the world's is view.Gen, a
 	// shrunk communicator's one more than its parent's) and takes only
@@ -49,7 +50,7 @@ type node struct {
 	downSig        []downSignal   // per world rank: declared down (ends sends to it)
 	buffered       atomic.Int64   // payload bytes held for unmatched messages
 	heartbeats     atomic.Int64   // heartbeats sent (Stats.HeartbeatsSent)
-	ringBytes      func() int64   // the bulk endpoint's RingBytes; nil without one (set before start)
+	ringBytes      func() int64   // the mesh's RingBytes (transport.RingHolder); nil without rings (set before start)
 	// headers recycles the transport headers of outbound messages: one
 	// passed to the endpoint (an interface) escapes, and the hot path
 	// makes no allocation.
@@ -63,16 +64,20 @@ type node struct {
 	minWorld, maxWorld int
 
 	// Sparse topology (core/topo.go), set before start: the graph (nil:
-	// every pair talks directly) and the relaying path over it.
+	// every pair talks directly) and the relaying path's broadcast and
+	// forwarded bytes (the mesh's transport.Broadcaster and Forwarder;
+	// nil without a relay).
 	graph *topology.Graph
-	relay *relay.Endpoint
+	cast  transport.Broadcaster
+	fwd   transport.Forwarder
 	topo  topoState // under mu
 	// sched is the graph the collective schedules fit (Config.Schedules;
 	// nil: rank order), set before start.
 	sched *topology.Graph
-	// lazy is the QUIC node whose connections are made on demand
-	// ("ondemand:M"; nil otherwise), set before start.
-	lazy *nquic.Node
+	// onDemand is the mesh whose connections are made at first use
+	// ("ondemand:M": transport.OnDemand; nil otherwise), set before the
+	// mesh connects.
+	onDemand transport.OnDemand
 
 	done chan struct{} // closed by close
 	// life ends with done: the node's own sends derive from it (a

@@ -31,7 +31,7 @@ func (c *Comm) opError(op string, ctx context.Context, err error) error {
 	var pd *transport.PeerDownError
 	switch {
 	case errors.As(err, &pd):
-		r := c.of[pd.Peer]
+		r, _ := c.rankOfWorld(pd.Peer)
 		if isDeparture(err) {
 			e := withOp(c.departedError(r), op).(*Error)
 			e.Cause = err
@@ -198,7 +198,7 @@ func (c *Comm) isend(ctx context.Context, buf []byte, peer int, tag uint64, dev 
 	c.ops.Add(1)
 	req.fr = c.flight.startP2P(flightSend, peer, tag, len(buf))
 	c.mu.Unlock()
-	req.run = func() {
+	req.pendingOp = func() {
 		defer c.ops.Done()
 		defer close(done)
 		ctx, cancel := c.opContext(ctx)

@@ -177,7 +177,7 @@ func TestWaitDeadlineOnCollective(t *testing.T) {
 func TestBufferBudgetBackPressure(t *testing.T) {
 	cfg := testConfig()
 	cfg.MaxBufferedBytes = 4096
-	comms, err := NewLocal(2, cfg)
+	comms, err := testNewLocal(2, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

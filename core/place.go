@@ -35,8 +35,8 @@ func (n *node) place(from int, th *transport.Header, size int) ([]byte, func(err
 			}
 			n.placed.Store(c)
 		}
-		src := c.rankOfWorld(from)
-		if src < 0 {
+		src, ok := c.rankOfWorld(from)
+		if !ok {
 			return nil, nil
 		}
 		return c.placeColl(src, h, size)
@@ -45,7 +45,7 @@ func (n *node) place(from int, th *transport.Header, size int) ([]byte, func(err
 	if c == nil || h.gen != c.gen {
 		return nil, nil // the Handler drops another generation's
 	}
-	src, ok := c.of[from]
+	src, ok := c.rankOfWorld(from)
 	if !ok {
 		return nil, nil
 	}
@@ -70,7 +70,7 @@ func (n *node) resolveSpinWait() {
 	// Spin yielding the core (sched_yield), so that the rank being waited
 	// for gets it: a sleep and wake-up through the kernel costs more than
 	// the yields.
-	n.oversubscribed = n.ep != nil && n.ep.Oversubscribed()
+	n.oversubscribed = n.poll != nil && n.poll.Oversubscribed()
 	n.spinWait = n.cfg.SpinWait
 	if n.spinWait == 0 {
 		n.spinWait = spinWaitDedicated
@@ -88,12 +88,12 @@ func (c *Comm) blocking(src int) func() {
 		return func() {}
 	}
 	if src != AnySource {
-		return c.n.ep.Waiting(c.world[src])
+		return c.n.poll.Waiting(c.world[src])
 	}
 	dones := make([]func(), 0, c.size)
 	for r, w := range c.world {
 		if r != c.rank {
-			dones = append(dones, c.n.ep.Waiting(w))
+			dones = append(dones, c.n.poll.Waiting(w))
 		}
 	}
 	return func() {
@@ -109,7 +109,7 @@ func (c *Comm) pollOnce(src int) {
 	if !c.n.caps.Poll {
 		return
 	}
-	if poll, stop := c.n.ep.StartPolling(c.world[src]); poll != nil {
+	if poll, stop := c.n.poll.StartPolling(c.world[src]); poll != nil {
 		poll()
 		stop()
 	}
@@ -159,7 +159,7 @@ func (c *Comm) spinPolled(src int, done completion, pre polling) bool {
 	poll := pre.poll
 	if poll == nil {
 		var stop func()
-		if poll, stop = c.n.ep.StartPolling(peer); poll == nil {
+		if poll, stop = c.n.poll.StartPolling(peer); poll == nil {
 			return false
 		}
 		defer stop()
@@ -188,7 +188,7 @@ func (c *Comm) spinPolled(src int, done completion, pre polling) bool {
 			if i > 16 {
 				now = time.Now()
 			}
-			if p, ok := c.n.ep.PeerPresence(peer); ok {
+			if p, ok := c.n.poll.PeerPresence(peer); ok {
 				if !known || p.Beat != beat {
 					moved, still = now, 0
 				} else {
@@ -296,7 +296,7 @@ func (c *Comm) await(ctx context.Context, src int, done completion) bool {
 		if ctx != nil && ctx.Err() != nil {
 			return false
 		}
-		if !c.n.ep.Await(peer, done.firedFunc(), awaitSlot) {
+		if !c.n.poll.Await(peer, done.firedFunc(), awaitSlot) {
 			return false
 		}
 	}

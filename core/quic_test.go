@@ -15,7 +15,7 @@ import (
 func TestQUICCollectives(t *testing.T) {
 	for _, n := range []int{2, 3} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			comms, err := NewLocalQUIC(n, testConfig())
+			comms, err := testNewLocalQUIC(n, testConfig())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -30,7 +30,7 @@ func TestQUICLargeP2P(t *testing.T) {
 	if testing.Short() || race.Enabled {
 		size = 5 << 20 // QUIC's crypto is ~10x slower under the race detector
 	}
-	comms, err := NewLocalQUIC(2, testConfig())
+	comms, err := testNewLocalQUIC(2, testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestSeedRefusesWrongToken(t *testing.T) {
 		t.Fatalf("got %v, want CodeAuth", err)
 	}
 	// New with a wrong token fails the same way.
-	_, err = New(ctx, Config{Rank: 1, WorldSize: 2, Seed: seed.Addr().String(), Token: []byte("nope"),
+	_, err = testNew(ctx, Config{Rank: 1, WorldSize: 2, Seed: seed.Addr().String(), Token: []byte("nope"),
 		BindAddr: "127.0.0.1:0", Logger: testConfig().Logger})
 	if CodeOf(err) != CodeAuth {
 		t.Fatalf("New: got %v, want CodeAuth", err)
@@ -194,7 +194,7 @@ func TestStandaloneSeedOnRankZerosHost(t *testing.T) {
 	errs := make(chan error, 2)
 	for r := range comms {
 		go func() {
-			c, err := New(ctx, Config{Rank: r, WorldSize: 2, Seed: seed.Addr().String(), Token: token,
+			c, err := testNew(ctx, Config{Rank: r, WorldSize: 2, Seed: seed.Addr().String(), Token: token,
 				BindAddr: "127.0.0.1:0", Logger: testConfig().Logger, NormalSysmon: true})
 			comms[r] = c
 			errs <- err
@@ -245,7 +245,7 @@ func TestSeedPortHeldByStranger(t *testing.T) {
 	defer other.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	_, err = New(ctx, Config{Rank: 0, WorldSize: 2, Seed: other.Addr().String(), Token: []byte("this job's token"),
+	_, err = testNew(ctx, Config{Rank: 0, WorldSize: 2, Seed: other.Addr().String(), Token: []byte("this job's token"),
 		BindAddr: "127.0.0.1:0", Logger: testConfig().Logger})
 	if CodeOf(err) != CodeAuth {
 		t.Fatalf("New: got %v, want CodeAuth", err)

@@ -357,7 +357,7 @@ func (c *Comm) agreeMessage(src int, k uint64, payload []byte) {
 // whatever error c reported for it (a rank that was stalled reports its
 // own stall, yet cannot reach the peers it lost). Called with node.mu held.
 func (c *Comm) suspectWorldLocked(w int) {
-	r, ok := c.of[w]
+	r, ok := c.rankOfWorld(w)
 	if !ok {
 		return
 	}

@@ -22,7 +22,7 @@ func recoverConfig(p FailurePolicy) Config {
 
 func newRecoverLocal(t *testing.T, n int, p FailurePolicy) []*Comm {
 	t.Helper()
-	comms, err := NewLocal(n, recoverConfig(p))
+	comms, err := testNewLocal(n, recoverConfig(p))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,7 +312,7 @@ func TestAgreeThenClose(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		cfg := recoverConfig(PolicyManual)
 		cfg.Bulk = "shm"
-		comms, err := NewLocalQUIC(2, cfg)
+		comms, err := testNewLocalQUIC(2, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -26,13 +26,13 @@ type Request struct {
 	finishing atomic.Bool
 	err       error
 	st        Status
-	// run, when set, performs the operation; it is taken (by the goroutine
-	// that created the request, before the request is shared) by start or
-	// wait, and runs exactly once.
-	run  func()
-	coll *collCall // a collective not yet started: run by start or wait like run
+	// pendingOp, when set, is the operation, not begun yet; it is taken
+	// (by the goroutine that created the request, before the request is
+	// shared) by start or wait, and runs exactly once.
+	pendingOp func()
+	coll      *collCall // a collective not yet started: run by start or wait like pendingOp
 	// started is the collective that start deferred (call.go, deferCall):
-	// Wait runs it itself if no goroutine has begun it (runOnce), as a
+	// Wait runs it itself if no goroutine has begun it (executeOnce), as a
 	// blocking call would. Set before the request is shared.
 	started *collCall
 	src     int    // a receive's source (AnySource allowed), else noSource
@@ -141,14 +141,14 @@ func (r *Request) Wait(ctx context.Context) error {
 	}
 }
 
-// start begins a non-blocking call: an operation with its own run function
+// start begins a non-blocking call: an operation with its own pendingOp
 // in a goroutine of its own; a small collective is deferred (call.go,
 // deferCall): run by its waiter, or in a goroutine once anything else
 // happens on the communicator or a short while has passed; a large one in
 // a goroutine of its own.
 func (r *Request) start() *Request {
-	if f := r.run; f != nil {
-		r.run = nil
+	if f := r.pendingOp; f != nil {
+		r.pendingOp = nil
 		go f()
 	}
 	if cc := r.coll; cc != nil {
@@ -157,7 +157,7 @@ func (r *Request) start() *Request {
 		if sig := &cc.l.sig; sig.count*uint64(sig.dt.Size()) < deferMax {
 			r.c.deferCall(cc)
 		} else {
-			go cc.runOnce()
+			go cc.executeOnce()
 		}
 	}
 	return r
@@ -169,7 +169,7 @@ func (r *Request) launch() *Request {
 	if cc := r.coll; cc != nil {
 		r.coll = nil
 		r.started = cc
-		go cc.runOnce()
+		go cc.executeOnce()
 	}
 	return r.start()
 }
@@ -178,13 +178,13 @@ func (r *Request) launch() *Request {
 // (blocking calls: no goroutine hand-off), then blocks until it completes;
 // the operation bounds itself.
 func (r *Request) wait() error {
-	if f := r.run; f != nil {
-		r.run = nil
+	if f := r.pendingOp; f != nil {
+		r.pendingOp = nil
 		f()
 	}
 	if cc := r.coll; cc != nil {
 		r.coll = nil
-		cc.run() // finishes r, which is &cc.req: the call is over
+		cc.execute() // finishes r, which is &cc.req: the call is over
 		err := r.err
 		cc.recycle(err) // r is not to be touched after this
 		return err

@@ -52,7 +52,7 @@ func TestBufPool(t *testing.T) {
 func TestRPCLent(t *testing.T) {
 	t.Run("mem", func(t *testing.T) { testRPCLent(t, newLocal(t, 2)) })
 	t.Run("quic", func(t *testing.T) {
-		comms, err := NewLocalQUIC(2, testConfig())
+		comms, err := testNewLocalQUIC(2, testConfig())
 		if err != nil {
 			t.Fatal(err)
 		}

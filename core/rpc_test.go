@@ -27,7 +27,7 @@ func echo(rank int) RPCHandler {
 func TestRPCCalls(t *testing.T) {
 	t.Run("mem", func(t *testing.T) { testRPCCalls(t, newLocal(t, 3)) })
 	t.Run("quic", func(t *testing.T) {
-		comms, err := NewLocalQUIC(3, testConfig())
+		comms, err := testNewLocalQUIC(3, testConfig())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -135,7 +135,7 @@ func TestRPCErrors(t *testing.T) {
 // A call to a rank that dies before it replies fails naming that rank,
 // and so does a call made after.
 func TestRPCPeerDown(t *testing.T) {
-	comms, err := NewLocal(3, testConfig())
+	comms, err := testNewLocal(3, testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +168,7 @@ func TestRPCPeerDown(t *testing.T) {
 func TestRPCHandlerBound(t *testing.T) {
 	cfg := testConfig()
 	cfg.RPCHandlers = 2
-	comms, err := NewLocal(2, cfg)
+	comms, err := testNewLocal(2, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

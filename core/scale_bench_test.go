@@ -65,9 +65,9 @@ func scaleOnce(b *testing.B, tr string, n int, spec topology.Spec) {
 	var err error
 	switch tr {
 	case "mem":
-		comms, err = NewLocal(n, cfg)
+		comms, err = testNewLocal(n, cfg)
 	case "quic":
-		comms, err = NewLocalQUIC(n, cfg)
+		comms, err = testNewLocalQUIC(n, cfg)
 	default:
 		b.Fatalf("NEXAR_SCALE_TRANSPORT=%q: want mem or quic", tr)
 	}

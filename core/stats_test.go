@@ -46,7 +46,7 @@ func TestMemoryProfileResolution(t *testing.T) {
 	if err := (Config{RingSize: 3 << 20}).validateMemory(); err == nil {
 		t.Fatal("a ring size not a power of two was accepted")
 	}
-	if _, err := NewLocal(2, Config{MemoryProfile: "huge"}); err == nil {
+	if _, err := testNewLocal(2, Config{MemoryProfile: "huge"}); err == nil {
 		t.Fatal("NewLocal accepted an unknown memory profile")
 	}
 }
@@ -119,7 +119,7 @@ func TestMemoryProfileFromEnv(t *testing.T) {
 // An early message is counted as buffered until it is received; traffic
 // counters move on both sides.
 func TestStatsBuffered(t *testing.T) {
-	comms, err := NewLocal(2, testConfig())
+	comms, err := testNewLocal(2, testConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ func TestStatsRingsAndScratch(t *testing.T) {
 	cfg.Bulk = "shm"
 	cfg.MemoryProfile = "inference"
 	cfg.ScratchIdleBytes = 8 << 20
-	comms, err := NewLocalQUIC(2, cfg)
+	comms, err := testNewLocalQUIC(2, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +207,7 @@ func TestStatsScratchByProfile(t *testing.T) {
 		t.Run(tc.profile, func(t *testing.T) {
 			cfg := testConfig()
 			cfg.MemoryProfile = tc.profile
-			comms, err := NewLocal(2, cfg)
+			comms, err := testNewLocal(2, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -15,16 +15,15 @@ import (
 	"github.com/nexar-go/nexar/membership"
 	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport"
-	"github.com/nexar-go/nexar/transport/mem"
-	"github.com/nexar-go/nexar/transport/relay"
 )
 
 // Sparse topologies (Config.Topology, docs/scale.md). Under one, a node
 // heartbeats and watches its neighbours only, a failure it detects (or
 // hears of) is passed on to its neighbours (ctlFailed: flooding, once per
 // rank and node, so every live rank hears in at most the graph's diameter
-// of hops), and its endpoint is a transport/relay path that carries
-// messages for non-neighbours through neighbours. The full mesh keeps the
+// of hops), and its endpoint is the relaying path the mesh builder makes
+// (transport/relay), which carries messages for non-neighbours through
+// neighbours. The full mesh keeps the
 // direct behaviour: every rank watches every other itself.
 
 // ctlFailed (node level, comm 0, LaneControl, to neighbours only): the
@@ -50,70 +49,12 @@ func topologyGraph(spec topology.Spec, size int) (*topology.Graph, error) {
 	return g, nil
 }
 
-// localMesh makes the in-memory paths of nodes: under a sparse topology
-// each is a relay over an in-memory mesh that the relay uses between
-// neighbours only.
-func localMesh(nodes []*node, g *topology.Graph) []transport.DataPath {
-	n := len(nodes)
-	hs := make([]transport.Handler, n)
-	ds := make([]transport.DownHandler, n)
-	if g == nil {
-		for i, nd := range nodes {
-			hs[i], ds[i] = nd.handle, nd.onDown
-		}
-		return mem.NewMesh(n, hs, ds)
-	}
-	rs := make([]*relay.Endpoint, n)
-	for i, nd := range nodes {
-		rs[i] = nd.newRelay(g, nd.onDown)
-		hs[i], ds[i] = rs[i].Handler(), rs[i].DownHandler()
-	}
-	inner := mem.NewMeshLinked(n, hs, ds, g.IsNeighbor)
-	out := make([]transport.DataPath, n)
-	for i, r := range rs {
-		r.Start(inner[i])
-		out[i] = r
-	}
-	return out
-}
-
-// newRelay makes this node's relaying endpoint over g, telling down of
-// lost peers (start it with the inner path made from its Handler and
-// DownHandler).
-func (n *node) newRelay(g *topology.Graph, down transport.DownHandler) *relay.Endpoint {
-	n.graph = g
-	// A closing rank relays for the others for a while (relay.Options.Linger):
-	// less than the heartbeat timeout, within which its neighbours,
-	// which no longer get its heartbeats, would declare it down.
-	linger := min(max(n.cfg.HeartbeatTimeout/2, time.Second), 10*time.Second)
-	n.relay = relay.New(g, n.rank, n.handle, down, relay.Options{Lost: n.relayLost, Linger: linger})
-	return n.relay
-}
-
-// bulkHandler is what the bulk path delivers to: the relay under a sparse
-// topology, else the node.
-func (n *node) bulkHandler() transport.Handler {
-	if n.relay != nil {
-		return n.relay.Handler()
-	}
-	return n.handle
-}
-
-// bulkDown is what the bulk path reports lost peers to: the relay (which
-// tells down) under a sparse topology, else down.
-func (n *node) bulkDown(down transport.DownHandler) transport.DownHandler {
-	if n.relay != nil {
-		return n.relay.DownHandler()
-	}
-	return down
-}
-
 // watched returns the ranks this node heartbeats and watches: its
 // neighbours under a sparse topology, none on demand (a connection's
 // keep-alives and idle timeout watch a peer while it is open, a dial that
 // fails finds one that died meanwhile), else every other rank.
 func (n *node) watched() []int {
-	if n.lazy != nil {
+	if n.onDemand != nil {
 		return nil
 	}
 	if n.graph != nil {
@@ -130,7 +71,7 @@ func (n *node) watched() []int {
 
 // watches reports whether the monitor checks world rank p's silence.
 func (n *node) watches(p int) bool {
-	return p != n.rank && n.lazy == nil && (n.graph == nil || n.graph.IsNeighbor(n.rank, p))
+	return p != n.rank && n.onDemand == nil && (n.graph == nil || n.graph.IsNeighbor(n.rank, p))
 }
 
 // onDemand checks Config.Topology's "ondemand:M" where connections are
@@ -147,7 +88,7 @@ func onDemand(cfg Config, size int, local bool) error {
 // connection open now; false when p's connection is closed on demand (a
 // goodbye or notice that is not needed then would open one).
 func (n *node) connectedOnDemand(p int) bool {
-	return n.lazy == nil || n.lazy.Connected(p)
+	return n.onDemand == nil || n.onDemand.Connected(p)
 }
 
 // gossipFailedLocked tells the neighbours, in the background, that world
@@ -211,7 +152,7 @@ func (n *node) relayLost(src, via int) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, c := range n.comms {
-		r, ok := c.of[src]
+		r, ok := c.rankOfWorld(src)
 		if !ok || src == n.rank {
 			continue
 		}
@@ -219,7 +160,7 @@ func (n *node) relayLost(src, via int) {
 			continue
 		}
 		rank := -1
-		if vr, ok := c.of[via]; ok {
+		if vr, ok := c.rankOfWorld(via); ok {
 			rank = vr
 		}
 		c.fail(&Error{Code: CodePeerDown, Op: "comm", Rank: rank,
@@ -258,13 +199,13 @@ func (n *node) noteRegisteredLocked(c *Comm) {
 }
 
 // byeByCast reports whether a goodbye to world rank w goes in the relay's
-// broadcast (transport/relay/cast.go): w is no neighbour and this node
+// broadcast (transport.Broadcaster: transport/relay/cast.go): w is no neighbour and this node
 // relayed nothing to it, so no message of this rank is on a route to w for
 // the goodbye to stay behind. One broadcast costs N-1 one-hop sends where
 // relaying to every member costs the sum of their distances: with every
 // rank closing at once, O(N^2) relayed hops in all.
 func (n *node) byeByCast(w int) bool {
-	return n.relay != nil && !n.graph.IsNeighbor(n.rank, w) && !n.relay.Talked(w)
+	return n.cast != nil && !n.graph.IsNeighbor(n.rank, w) && !n.cast.Talked(w)
 }
 
 // byeSkipped reports whether a goodbye to world rank w is left out: on
@@ -277,8 +218,8 @@ func (n *node) byeSkipped(w int) bool { return !n.connectedOnDemand(w) }
 // (Stats.Connections).
 func (n *node) connections() int {
 	switch {
-	case n.lazy != nil:
-		open, _ := n.lazy.OpenConns()
+	case n.onDemand != nil:
+		open, _ := n.onDemand.OpenConns()
 		return open
 	case n.graph != nil:
 		return len(n.graph.Neighbors(n.rank))
@@ -288,10 +229,10 @@ func (n *node) connections() int {
 
 // relayedBytes is the payload this node forwarded for other ranks.
 func (n *node) relayedBytes() int64 {
-	if n.relay == nil {
+	if n.fwd == nil {
 		return 0
 	}
-	return n.relay.Stats().ForwardedBytes
+	return n.fwd.ForwardedBytes()
 }
 
 // joinOptions is what the seed checks that every rank agrees on, the

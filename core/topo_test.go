@@ -20,6 +20,7 @@ import (
 	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport/bulk"
 	"github.com/nexar-go/nexar/transport/mem"
+	"github.com/nexar-go/nexar/transport/relay"
 )
 
 var sparseSpecs = []topology.Spec{{Kind: topology.KRegular, N: 2}, {Kind: topology.KRegular, N: 4}, {Kind: topology.Hypercube}}
@@ -39,7 +40,7 @@ func newLocalTopo(t testing.TB, n int, spec topology.Spec) []*Comm {
 	t.Helper()
 	cfg := topoTestConfig()
 	cfg.Topology = spec
-	comms, err := NewLocal(n, cfg)
+	comms, err := testNewLocal(n, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +235,7 @@ func TestTopologyCollectivesMatchFullMesh(t *testing.T) {
 		// 20 s while make test ran another package's race tests beside
 		// these; this test is about results, not timeouts.
 		cfg.Timeout = 2 * time.Minute
-		comms, err := NewLocal(n, cfg)
+		comms, err := testNewLocal(n, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -303,7 +304,7 @@ func TestTopologySchedulesRelayNothing(t *testing.T) {
 		for _, schedules := range []string{"fit", "rank"} {
 			cfg := topoTestConfig()
 			cfg.Topology, cfg.Schedules = tc.spec, schedules
-			comms, err := NewLocal(tc.n, cfg)
+			comms, err := testNewLocal(tc.n, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -399,7 +400,7 @@ func TestTopologyRelayFailureNamesDeadRank(t *testing.T) {
 	// a short timeout would only let a starved live rank be declared down.
 	cfg.HeartbeatInterval, cfg.HeartbeatTimeout = 100*time.Millisecond, 10*time.Second
 	cfg.Topology = topology.Spec{Kind: topology.KRegular, N: 2}
-	comms, err := NewLocal(n, cfg)
+	comms, err := testNewLocal(n, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -441,7 +442,7 @@ func TestTopologyRelayFailureNamesDeadRank(t *testing.T) {
 }
 
 // innerOf is the in-memory endpoint under c's relay (tests kill it).
-func innerOf(c *Comm) *mem.Endpoint { return c.n.relay.Inner().(*mem.Endpoint) }
+func innerOf(c *Comm) *mem.Endpoint { return c.n.ep.(*relay.Endpoint).Inner().(*mem.Endpoint) }
 
 func TestTopologyConfig(t *testing.T) {
 	env := map[string]string{"NEXAR_RANK": "0", "NEXAR_WORLD_SIZE": "4", "NEXAR_SEED": "127.0.0.1:1", "NEXAR_TOKEN": "x"}
@@ -457,11 +458,11 @@ func TestTopologyConfig(t *testing.T) {
 	}
 	bad := testConfig()
 	bad.Topology = topology.Spec{Kind: topology.KRegular, N: 3}
-	if _, err := NewLocal(4, bad); CodeOf(err) != CodeInvalidArgument {
+	if _, err := testNewLocal(4, bad); CodeOf(err) != CodeInvalidArgument {
 		t.Fatalf("NewLocal with kregular:3: %v, want CodeInvalidArgument", err)
 	}
 	bad.Topology = topology.Spec{Kind: topology.OnDemand, N: 4}
-	if _, err := NewLocal(8, bad); CodeOf(err) != CodeInvalidArgument || !strings.Contains(err.Error(), "ondemand:4") {
+	if _, err := testNewLocal(8, bad); CodeOf(err) != CodeInvalidArgument || !strings.Contains(err.Error(), "ondemand:4") {
 		t.Fatalf("NewLocal with ondemand:4: %v, want CodeInvalidArgument naming it (not built)", err)
 	}
 }
@@ -477,7 +478,7 @@ func TestTopologyQUIC(t *testing.T) {
 		// The same schedules on the in-memory full mesh give the bits.
 		fcfg := topoTestConfig()
 		fcfg.Schedules = spec.String()
-		full, err := NewLocal(n, fcfg)
+		full, err := testNewLocal(n, fcfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -485,7 +486,7 @@ func TestTopologyQUIC(t *testing.T) {
 		closeAll(t, full)
 		cfg := testConfig()
 		cfg.Topology = spec
-		comms, err := NewLocalQUIC(n, cfg)
+		comms, err := testNewLocalQUIC(n, cfg)
 		if err != nil {
 			t.Fatalf("%s: %v", spec, err)
 		}
@@ -538,7 +539,7 @@ func TestTopologySeedMismatch(t *testing.T) {
 				cfg.Topology = topology.Spec{Kind: topology.Hypercube}
 				time.Sleep(300 * time.Millisecond) // join last
 			}
-			c, err := newQUIC(context.Background(), cfg, false)
+			c, err := testNewQUIC(context.Background(), cfg, false)
 			if c != nil {
 				c.Close()
 			}
@@ -562,7 +563,7 @@ func TestTopologyRelayKilledShrink(t *testing.T) {
 	cfg := recoverConfig(PolicyShrink)
 	cfg.HeartbeatTimeout = 10 * time.Second // found by Kill; see TestTopologyRelayFailureNamesDeadRank
 	cfg.Topology = topology.Spec{Kind: topology.KRegular, N: 2}
-	comms, err := NewLocal(n, cfg)
+	comms, err := testNewLocal(n, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -635,7 +636,7 @@ func TestTopologySplit(t *testing.T) {
 // ever holds more than 3 connections.
 func TestTopologyOnDemand(t *testing.T) {
 	const n, m = 8, 3
-	full, err := NewLocal(n, topoTestConfig())
+	full, err := testNewLocal(n, topoTestConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -643,7 +644,7 @@ func TestTopologyOnDemand(t *testing.T) {
 	closeAll(t, full)
 	cfg := topoTestConfig()
 	cfg.Topology = topology.Spec{Kind: topology.OnDemand, N: m}
-	comms, err := NewLocalQUIC(n, cfg)
+	comms, err := testNewLocalQUIC(n, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -679,7 +680,7 @@ func TestTopologyOnDemand(t *testing.T) {
 		return c.Barrier(ctx)
 	}))
 	for _, c := range comms {
-		open, most := c.n.lazy.OpenConns()
+		open, most := c.n.onDemand.OpenConns()
 		t.Logf("rank %d: %d connections open, at most %d", c.Rank(), open, most)
 		if most > m || most == 0 {
 			t.Errorf("rank %d held %d connections at once, room for %d", c.Rank(), most, m)
@@ -693,7 +694,7 @@ func TestTopologyOnDemandDeadFoundAtNextUse(t *testing.T) {
 	cfg := topoTestConfig()
 	cfg.Topology = topology.Spec{Kind: topology.OnDemand, N: 1}
 	cfg.HeartbeatTimeout = 2 * time.Second // dials give up after 10 s (the handshake's)
-	comms, err := NewLocalQUIC(3, cfg)
+	comms, err := testNewLocalQUIC(3, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -715,10 +716,10 @@ func TestTopologyOnDemandDeadFoundAtNextUse(t *testing.T) {
 	}
 	talk(0, 1)
 	talk(0, 2) // rank 0's one connection moves from 1 to 2
-	for comms[0].n.lazy.Connected(1) && ctx.Err() == nil {
+	for comms[0].n.onDemand.Connected(1) && ctx.Err() == nil {
 		time.Sleep(10 * time.Millisecond)
 	}
-	comms[1].n.lazy.Kill()
+	comms[1].n.onDemand.(interface{ Kill() }).Kill() // the QUIC node (transport/mesh)
 	start := time.Now()
 	err = comms[0].Send(ctx, []byte("x"), 1, 0)
 	var e *Error

@@ -14,7 +14,7 @@ import (
 func TestTuningPerComm(t *testing.T) {
 	cfg := testConfig()
 	cfg.Tuning = collective.Tuning{ChunkSize: 256, Force: collective.Forced{Allreduce: collective.AlgoRing}}
-	comms, err := NewLocal(3, cfg)
+	comms, err := testNewLocal(3, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestTuningMismatch(t *testing.T) {
 		{64 << 10, func(t *collective.Tuning) { t.AllreduceRingThreshold = 1 }},
 	} {
 		size := tc.size
-		comms, err := NewLocal(3, testConfig())
+		comms, err := testNewLocal(3, testConfig())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -81,7 +81,7 @@ func TestTuningMismatch(t *testing.T) {
 func TestTuningInvalid(t *testing.T) {
 	cfg := testConfig()
 	cfg.Tuning.ChunkSize = 1 << 30
-	_, err := NewLocal(2, cfg)
+	_, err := testNewLocal(2, cfg)
 	if CodeOf(err) != CodeInvalidArgument || !strings.Contains(err.Error(), "chunk size") {
 		t.Fatalf("NewLocal with a 1 GiB chunk: %v, want an invalid argument naming the chunk size", err)
 	}

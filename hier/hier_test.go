@@ -26,6 +26,7 @@ import (
 	"github.com/nexar-go/nexar/hw/nccl"
 	"github.com/nexar-go/nexar/tests/fakes/cudart"
 	fakenccl "github.com/nexar-go/nexar/tests/fakes/nccl"
+	"github.com/nexar-go/nexar/transport/mesh"
 )
 
 // These tests run jobs of several processes (this test binary again, one
@@ -239,6 +240,7 @@ func joinErr(t *testing.T, mode Mode) (*member, error) {
 		t.Fatal(err)
 	}
 	m := &member{t: t}
+	cfg.Mesh = mesh.Builder{} // the transports (package transport/mesh)
 	if m.c, err = core.New(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/nexar-go/nexar/hw/cuda"
 	"github.com/nexar-go/nexar/hw/cuda/stage"
 	"github.com/nexar-go/nexar/hw/nccl"
+	"github.com/nexar-go/nexar/transport/mesh"
 )
 
 // TestRealNCCLHier runs the hierarchical collectives on real GPUs with real
@@ -75,6 +76,7 @@ func realRank(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg.Mesh = mesh.Builder{} // the transports (package transport/mesh)
 	c, err := core.New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -21,7 +21,7 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/nexar-go/nexar/internal/abi"
-	nquic "github.com/nexar-go/nexar/transport/quic"
+	"github.com/nexar-go/nexar/internal/identity"
 )
 
 // Lobby protocol (docs/wire-format.md): a process that wants to join a
@@ -362,11 +362,11 @@ func awaitAdmission(ctx context.Context, addrs []string, token []byte, o awaitOp
 	if _, err := rand.Read(id); err != nil {
 		return Admission{}, errorf(abi.ErrInternal, "join", err, "%v", err)
 	}
-	ident, err := nquic.NewIdentity()
+	ident, err := identity.New()
 	if err != nil {
 		return Admission{}, errorf(abi.ErrInternal, "join", err, "%v", err)
 	}
-	tc := nquic.ClientTLSConfig(ident, func([32]byte) error { return nil }) // the lobby proves the token instead
+	tc := identity.ClientTLSConfig(ident, func([32]byte) error { return nil }) // the lobby proves the token instead
 	tc.NextProtos = []string{lobbyALPN}
 	var tried []string
 	backoff := 100 * time.Millisecond

@@ -3,13 +3,19 @@
 // a payload, delivered in order per (peer, lane).
 //
 // Endpoint is what every transport provides; DataPath is the contract core
-// drives (Endpoint plus polling, progress sends and the path's declared
-// Caps). Implementations: transport/mem (in-process, for tests; a
+// drives (Endpoint plus progress sends, device data and the path's
+// declared Caps; how a waiter polls it is the optional Poller). Implementations: transport/mem (in-process, for tests; a
 // DataPath), transport/quic (quic-go, TLS 1.3 with mutual authentication
 // and pinned certificates; an Endpoint) and transport/bulk (a DataPath that
 // carries LaneData over shared-memory rings or TCP and the rest over a
 // wrapped Endpoint). All pass the conformance suite in
 // transport/transporttest, the DataPaths its RunDataPath too.
+//
+// A Builder (mesh.go; package transport/mesh implements it) assembles
+// them into one rank's Mesh, so that core names no concrete transport;
+// optional behaviour is a small interface found by type assertion, as
+// net/http's http.Flusher is: Poller on a path, and Broadcaster,
+// Forwarder, OnDemand and RingHolder on a Mesh's parts (As).
 package transport
 
 import (
@@ -149,11 +155,13 @@ type Presence struct {
 
 // DataPath is the contract between core and the path that carries its
 // messages: an Endpoint plus what core needs to drive a data path well.
-// Every implementation (transport/mem, and transport/bulk over the QUIC
-// mesh with shared-memory rings or TCP) implements all of it, doing
-// nothing where its Caps says it cannot, and transporttest.RunDataPath
-// checks that each does what it declares. Core consumes nothing else of an
-// endpoint. All methods are safe for concurrent use.
+// Every implementation (transport/mem, transport/relay, and
+// transport/bulk over the QUIC mesh with shared-memory rings or TCP)
+// implements all of it, doing nothing where its Caps says it cannot, and
+// transporttest.RunDataPath checks that each does what it declares. How a
+// waiter may poll and sleep on a path is the optional Poller; the other
+// optional interfaces (mesh.go) are found on a Mesh's parts. All methods
+// are safe for concurrent use.
 type DataPath interface {
 	Endpoint
 	// Caps declares the optional behaviours; constant for the endpoint's
@@ -164,30 +172,6 @@ type DataPath interface {
 	// goroutine keeps both directions of an exchange moving; with
 	// !Caps().ProgressSend it is Send.
 	SendProgress(ctx context.Context, peer int, h *Header, payload []byte, progress func() bool) error
-	// StartPolling lets the calling goroutine, about to wait for data
-	// from peer, consume what arrived itself: poll delivers the frames it
-	// completes and reports whether it consumed anything; stop ends the
-	// polling (call it once). Both are nil when peer's data cannot be
-	// polled (always, with !Caps().Poll).
-	StartPolling(peer int) (poll func() bool, stop func())
-	// Waiting tells the path that the caller is about to block until
-	// data from peer is delivered; call done when the wait ends. A no-op
-	// where it changes nothing.
-	Waiting(peer int) (done func())
-	// Await sleeps until data from peer may have arrived, d passes or
-	// done is closed, and then consumes what arrived (as poll does); the
-	// sender wakes the sleeping thread itself, which costs microseconds
-	// where a hand-off through a reader goroutine costs a scheduler round
-	// trip. It reports false, without sleeping, where it cannot (no
-	// Caps().Poll, no pollable channel to peer, or that channel closed):
-	// the caller then blocks as usual (Waiting). Every Await ends by d.
-	// done is checked once the sleep is announced (a completion that a
-	// poll of another goroutine reports wakes the sleeper); it is a
-	// function, so that a waiter that never sleeps makes no channel.
-	Await(peer int, done func() bool, d time.Duration) bool
-	// PeerPresence reads what peer last published of its presence; ok is
-	// false where the path cannot tell (always, with !Caps().Presence).
-	PeerPresence(peer int) (p Presence, ok bool)
 	// PeerAlive reports whether peer's process is known to be running
 	// now: it is on this host and watched, so that its exit reaches the
 	// DownHandler at once. False where the path cannot tell (another
@@ -199,9 +183,6 @@ type DataPath interface {
 	// Paths names the path that carries LaneData to each peer, for
 	// diagnostics ("shm 8 MiB ring", "tcp x2 tls", "quic", "mem").
 	Paths() map[int]string
-	// Oversubscribed reports whether this host runs more ranks than it
-	// has cores, so that waiters should yield the core while they spin.
-	Oversubscribed() bool
 	// DataUnused reports whether no LaneData message was ever sent, or is
 	// being sent, to peer; a message that must only stay behind LaneData
 	// may then take another lane. Never true without Caps().LazyData.
@@ -228,6 +209,42 @@ type DataPath interface {
 	// send or receive blocked on it ends at once and peer, if alive,
 	// learns it was declared down (ErrDeclaredDown).
 	Abandon(peer int, cause error)
+}
+
+// Poller is the scheduling group of a DataPath, optional as net/http's
+// http.Flusher is for a ResponseWriter: how a goroutine that waits for a
+// peer's data may poll for it, sleep on it and yield its core. core asks
+// for it once, by type assertion, when a node starts, and waits the plain
+// way (the Handler delivers) on a path without it (transport/mem).
+// Caps.Poll and Caps.Presence declare what a Poller can do for some peers.
+type Poller interface {
+	// StartPolling lets the calling goroutine, about to wait for data
+	// from peer, consume what arrived itself: poll delivers the frames it
+	// completes and reports whether it consumed anything; stop ends the
+	// polling (call it once). Both are nil when peer's data cannot be
+	// polled (always, with !Caps().Poll).
+	StartPolling(peer int) (poll func() bool, stop func())
+	// Waiting tells the path that the caller is about to block until
+	// data from peer is delivered; call done when the wait ends. A no-op
+	// where it changes nothing.
+	Waiting(peer int) (done func())
+	// Await sleeps until data from peer may have arrived, d passes or
+	// done is closed, and then consumes what arrived (as poll does); the
+	// sender wakes the sleeping thread itself, which costs microseconds
+	// where a hand-off through a reader goroutine costs a scheduler round
+	// trip. It reports false, without sleeping, where it cannot (no
+	// Caps().Poll, no pollable channel to peer, or that channel closed):
+	// the caller then blocks as usual (Waiting). Every Await ends by d.
+	// done is checked once the sleep is announced (a completion that a
+	// poll of another goroutine reports wakes the sleeper); it is a
+	// function, so that a waiter that never sleeps makes no channel.
+	Await(peer int, done func() bool, d time.Duration) bool
+	// PeerPresence reads what peer last published of its presence; ok is
+	// false where the path cannot tell (always, with !Caps().Presence).
+	PeerPresence(peer int) (p Presence, ok bool)
+	// Oversubscribed reports whether this host runs more ranks than it
+	// has cores, so that waiters should yield the core while they spin.
+	Oversubscribed() bool
 }
 
 // ErrNoDevicePath is wrapped by SendDevice's error when the channel to

@@ -19,6 +19,7 @@ import (
 
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/core"
+	"github.com/nexar-go/nexar/transport/mesh"
 )
 
 func main() {
@@ -27,6 +28,7 @@ func main() {
 		panic(err)
 	}
 	ctx := context.Background()
+	cfg.Mesh = mesh.Builder{} // the transports (package transport/mesh)
 	c, err := core.New(ctx, cfg)
 	if err != nil {
 		panic(err)

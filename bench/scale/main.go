@@ -30,6 +30,7 @@ import (
 
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/core"
+	"github.com/nexar-go/nexar/transport/mesh"
 )
 
 // figures is one rank's measurements.
@@ -211,6 +212,7 @@ func rank() {
 		return
 	}
 	ctx := context.Background()
+	cfg.Mesh = mesh.Builder{} // the transports (package transport/mesh)
 	c, err := core.New(ctx, cfg)
 	if err != nil {
 		f.Err = err.Error()

@@ -27,6 +27,7 @@ import (
 
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/core"
+	"github.com/nexar-go/nexar/transport/mesh"
 )
 
 func envInt(name string, def int) int {
@@ -51,6 +52,7 @@ func main() {
 		os.Exit(1)
 	}
 	ctx := context.Background()
+	cfg.Mesh = mesh.Builder{} // the transports (package transport/mesh)
 	c, err := core.New(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "tail:", err)

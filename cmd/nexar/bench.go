@@ -22,6 +22,7 @@ import (
 
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/core"
+	"github.com/nexar-go/nexar/transport/mesh"
 )
 
 const benchSynopsis = "bench [-n N] [--ops LIST] [--sizes LIST | --min B --max B] [--iters K] [--dtype T] [--op OP] [--json] [--inproc] [--inplace]"
@@ -212,7 +213,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 
 	switch {
 	case o.inproc:
-		comms, err := core.NewLocalQUIC(o.n, core.Config{Tuning: collective.Tuning{Force: o.force}})
+		comms, err := core.NewLocalQUIC(o.n, core.Config{Tuning: collective.Tuning{Force: o.force}, Mesh: mesh.Builder{}})
 		if err != nil {
 			return err
 		}
@@ -240,6 +241,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 			defer pprof.StopCPUProfile()
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), cfg.ConnectTimeout+time.Minute)
+		cfg.Mesh = mesh.Builder{} // the transports (package transport/mesh)
 		c, err := core.New(ctx, cfg)
 		cancel()
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/core"
+	"github.com/nexar-go/nexar/transport/mesh"
 )
 
 // testRank is this test binary started as a rank by nexar run (TestMain,
@@ -24,6 +25,7 @@ func testRank(mode string) int {
 		return 1
 	}
 	ctx := context.Background()
+	cfg.Mesh = mesh.Builder{} // the transports (package transport/mesh)
 	c, err := core.New(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/internal/inbox"
@@ -284,7 +283,8 @@ func (e *Endpoint) notifyDown(peer int, cause error) {
 // rings to poll, sends never wait for ring room, and every path exists
 // from the start.
 
-// Caps declares none of the optional behaviours.
+// Caps declares none of the optional behaviours; the endpoint is no
+// transport.Poller (its Handler delivers every message).
 func (e *Endpoint) Caps() transport.Caps { return transport.Caps{} }
 
 // SendProgress is Send on LaneData; progress is not run.
@@ -292,20 +292,8 @@ func (e *Endpoint) SendProgress(ctx context.Context, peer int, h *transport.Head
 	return e.Send(ctx, peer, transport.LaneData, h, payload)
 }
 
-// Await returns false: nothing here can be waited on but the delivery.
-func (e *Endpoint) Await(int, func() bool, time.Duration) bool { return false }
-
-// PeerPresence: nothing is published here (no Caps().Presence).
-func (e *Endpoint) PeerPresence(int) (transport.Presence, bool) { return transport.Presence{}, false }
-
 // PeerAlive: the ranks of a mesh in one process watch no processes.
 func (e *Endpoint) PeerAlive(int) bool { return false }
-
-// StartPolling returns nil, nil: nothing here can be polled.
-func (e *Endpoint) StartPolling(int) (poll func() bool, stop func()) { return nil, nil }
-
-// Waiting returns a no-op.
-func (e *Endpoint) Waiting(int) (done func()) { return func() {} }
 
 // SharedMemory reports false: messages are handed over in process.
 func (e *Endpoint) SharedMemory(int) bool { return false }
@@ -328,9 +316,6 @@ func (e *Endpoint) Paths() map[int]string {
 	}
 	return m
 }
-
-// Oversubscribed reports false: the ranks are goroutines of one process.
-func (e *Endpoint) Oversubscribed() bool { return false }
 
 // DataUnused reports false: every path exists from the start.
 func (e *Endpoint) DataUnused(int) bool { return false }

@@ -3,6 +3,8 @@ package rdma
 import (
 	"log/slog"
 	"time"
+
+	"github.com/nexar-go/nexar/transport"
 )
 
 // Limits and defaults.
@@ -26,38 +28,11 @@ const (
 	probeEvery = time.Second
 )
 
-// Options configures a Device. Zero values select the defaults.
-type Options struct {
-	// Library is the libibverbs to load; "" for hw/rdma's default
-	// (libibverbs.so.1). core fills Library, Device, Port and GIDIndex
-	// from its configuration (NEXAR_IBVERBS, NEXAR_IB_HCA,
-	// NEXAR_IB_GID_INDEX).
-	Library string
-	// Device and Port select the port ("", 0: the first active one).
-	Device string
-	Port   int
-	// GIDIndex is the RoCE source GID index when SetGIDIndex; otherwise
-	// Open chooses (the first RoCE v2 GID of an IPv4 address, else the
-	// first RoCE v2 one, else index 0).
-	GIDIndex    int
-	SetGIDIndex bool
-	// Slots is the number of receive buffers a receiving end posts (the
-	// sender's credits); SlotSize their size. Default DefaultSlots and
-	// DefaultSlotSize.
-	Slots, SlotSize int
-	// WriteMin is the smallest buffer sent by RDMA WRITE into the
-	// receiver's destination; shorter ones go by SEND. Default
-	// DefaultWriteMin.
-	WriteMin int
-	// RegCacheSize bounds the registrations held at once. Default 256.
-	RegCacheSize int
-	// GPU, when set, lets the channel register device memory with the NIC
-	// (GPUDirect) or stage it (gpu.go).
-	GPU    GPUMemory
-	Logger *slog.Logger
-}
+// Options configures a Device (transport.RDMAOptions, where core's
+// configuration names it). Zero values select the defaults.
+type Options = transport.RDMAOptions
 
-func (o Options) withDefaults() Options {
+func withDefaults(o Options) Options {
 	if o.Slots <= 0 {
 		o.Slots = DefaultSlots
 	}

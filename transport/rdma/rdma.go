@@ -42,7 +42,7 @@ type Device struct {
 // Open opens the device and port opt names (by default the first active
 // port of the first device that has one) and picks its GID.
 func Open(opt Options) (*Device, error) {
-	opt = opt.withDefaults()
+	opt = withDefaults(opt)
 	lib, err := hw.Default()
 	if opt.Library != "" {
 		lib, err = hw.Open(opt.Library)

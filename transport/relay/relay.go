@@ -124,9 +124,12 @@ type Endpoint struct {
 	opts  Options
 	frag  int                // payload bytes per frame
 	inner transport.DataPath // set by Start
-	start chan struct{}      // closed by Start
-	done  chan struct{}      // closed by Close
-	kill  chan struct{}      // closed by Close once forwards had their drain time
+	// poller is inner's scheduling group (transport.Poller), or one that
+	// polls nothing where inner has none; set by Start.
+	poller transport.Poller
+	start  chan struct{} // closed by Start
+	done   chan struct{} // closed by Close
+	kill   chan struct{} // closed by Close once forwards had their drain time
 	// doneCtx and killCtx end with done and kill: real contexts, so that
 	// a send derives from them without a goroutine per frame (a context
 	// over a bare channel costs one in context.AfterFunc).
@@ -232,8 +235,26 @@ func New(g *topology.Graph, rank int, h transport.Handler, down transport.DownHa
 // without them (transport/bulk: Options.Forwards).
 func (e *Endpoint) Start(inner transport.DataPath) {
 	e.inner = inner
+	if p, ok := inner.(transport.Poller); ok {
+		e.poller = p
+	} else {
+		e.poller = noPoller{}
+	}
 	close(e.start)
 }
+
+// noPoller is the scheduling group of an inner path without one: nothing
+// to poll or sleep on, the Handler delivers.
+type noPoller struct{}
+
+func (noPoller) StartPolling(int) (func() bool, func())      { return nil, nil }
+func (noPoller) Waiting(int) func()                          { return func() {} }
+func (noPoller) Await(int, func() bool, time.Duration) bool  { return false }
+func (noPoller) PeerPresence(int) (transport.Presence, bool) { return transport.Presence{}, false }
+func (noPoller) Oversubscribed() bool                        { return false }
+
+// ForwardedBytes is Stats().ForwardedBytes (transport.Forwarder).
+func (e *Endpoint) ForwardedBytes() int64 { return e.fwdBytes.Load() }
 
 // Stats returns the relay counters.
 func (e *Endpoint) Stats() Stats {
@@ -910,12 +931,12 @@ func (e *Endpoint) StartPolling(peer int) (poll func() bool, stop func()) {
 	}
 	<-e.start
 	if e.direct(peer) {
-		return e.inner.StartPolling(peer)
+		return e.poller.StartPolling(peer)
 	}
 	var polls []func() bool
 	var stops []func()
 	for _, n := range e.g.Neighbors(e.rank) {
-		if p, s := e.inner.StartPolling(n); p != nil {
+		if p, s := e.poller.StartPolling(n); p != nil {
 			polls, stops = append(polls, p), append(stops, s)
 		}
 	}
@@ -944,11 +965,11 @@ func (e *Endpoint) Waiting(peer int) (done func()) {
 	}
 	<-e.start
 	if e.direct(peer) {
-		return e.inner.Waiting(peer)
+		return e.poller.Waiting(peer)
 	}
 	var dones []func()
 	for _, n := range e.g.Neighbors(e.rank) {
-		dones = append(dones, e.inner.Waiting(n))
+		dones = append(dones, e.poller.Waiting(n))
 	}
 	return func() {
 		for _, d := range dones {
@@ -965,7 +986,7 @@ func (e *Endpoint) Await(peer int, done func() bool, d time.Duration) bool {
 		return false
 	}
 	<-e.start
-	return e.inner.Await(peer, done, d)
+	return e.poller.Await(peer, done, d)
 }
 
 // PeerPresence is the inner path's for a neighbour; for another peer it
@@ -975,7 +996,7 @@ func (e *Endpoint) PeerPresence(peer int) (transport.Presence, bool) {
 		return transport.Presence{}, false
 	}
 	<-e.start
-	return e.inner.PeerPresence(peer)
+	return e.poller.PeerPresence(peer)
 }
 
 // PeerAlive is the inner path's for a neighbour; for another peer it
@@ -1052,7 +1073,7 @@ func (e *Endpoint) Paths() map[int]string {
 // Oversubscribed is the inner path's.
 func (e *Endpoint) Oversubscribed() bool {
 	<-e.start
-	return e.inner.Oversubscribed()
+	return e.poller.Oversubscribed()
 }
 
 // DataUnused is the inner path's for a neighbour; false for others (a

@@ -42,6 +42,23 @@ func closePaths(t *testing.T, eps []transport.DataPath) {
 	}
 }
 
+// pollerOf is e's scheduling group (transport.Poller), or one that polls
+// nothing for a path without it.
+func pollerOf(e transport.DataPath) transport.Poller {
+	if p, ok := e.(transport.Poller); ok {
+		return p
+	}
+	return noPoller{}
+}
+
+type noPoller struct{}
+
+func (noPoller) StartPolling(int) (func() bool, func())      { return nil, nil }
+func (noPoller) Waiting(int) func()                          { return func() {} }
+func (noPoller) Await(int, func() bool, time.Duration) bool  { return false }
+func (noPoller) PeerPresence(int) (transport.Presence, bool) { return transport.Presence{}, false }
+func (noPoller) Oversubscribed() bool                        { return false }
+
 // testDeclarations: Caps and Oversubscribed are constant; Paths names every
 // peer; a path that cannot poll returns no poll function; DataUnused is
 // never true without LazyData and false once a message went; Waiting's
@@ -55,8 +72,11 @@ func testDeclarations(t *testing.T, newPaths NewDataPaths) {
 	ctx := ctxT(t)
 	for i, e := range eps {
 		caps := e.Caps()
-		if e.Caps() != caps || e.Oversubscribed() != e.Oversubscribed() {
+		if e.Caps() != caps || pollerOf(e).Oversubscribed() != pollerOf(e).Oversubscribed() {
 			t.Fatalf("rank %d: Caps or Oversubscribed changed between two calls", i)
+		}
+		if _, ok := e.(transport.Poller); !ok && (caps.Poll || caps.Presence) {
+			t.Errorf("rank %d: Caps() = %+v declares polling or presence, but the path is no transport.Poller", i, caps)
 		}
 		paths := e.Paths()
 		for p := range n {
@@ -72,7 +92,7 @@ func testDeclarations(t *testing.T, newPaths NewDataPaths) {
 			if e.SharedMemory(p) && !caps.Poll {
 				t.Errorf("rank %d: SharedMemory(%d) but Caps().Poll is false: core would not poll it", i, p)
 			}
-			done := e.Waiting(p)
+			done := pollerOf(e).Waiting(p)
 			if done == nil {
 				t.Fatalf("rank %d: Waiting(%d) returned nil", i, p)
 			}
@@ -102,7 +122,7 @@ func testDeclarations(t *testing.T, newPaths NewDataPaths) {
 			if e.DataUnused(p) {
 				t.Errorf("rank %d: DataUnused(%d) after a LaneData message went to it", i, p)
 			}
-			poll, stop := e.StartPolling(p)
+			poll, stop := pollerOf(e).StartPolling(p)
 			if (poll == nil) != (stop == nil) {
 				t.Fatalf("rank %d: StartPolling(%d) returned one of poll and stop nil", i, p)
 			}
@@ -120,7 +140,7 @@ func testDeclarations(t *testing.T, newPaths NewDataPaths) {
 			// already reported, and can sleep only where it can poll.
 			for _, done := range []func() bool{func() bool { return false }, func() bool { return true }} {
 				t0 := time.Now()
-				slept := e.Await(p, done, 20*time.Millisecond)
+				slept := pollerOf(e).Await(p, done, 20*time.Millisecond)
 				if took := time.Since(t0); took > 2*time.Second {
 					t.Errorf("rank %d: Await(%d) took %v with a 20ms bound", i, p, took)
 				}
@@ -142,7 +162,7 @@ func testDeclarations(t *testing.T, newPaths NewDataPaths) {
 			if p == i {
 				continue
 			}
-			pres, ok := e.PeerPresence(p)
+			pres, ok := pollerOf(e).PeerPresence(p)
 			if ok && !caps.Presence {
 				t.Errorf("rank %d: PeerPresence(%d) = %+v without Caps().Presence", i, p, pres)
 			}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/core"
+	"github.com/nexar-go/nexar/transport/mesh"
 )
 
 func main() {
@@ -31,6 +32,7 @@ func run() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	cfg.Mesh = mesh.Builder{} // the transports (package transport/mesh)
 	comm, err := core.New(ctx, cfg)
 	if err != nil {
 		return err

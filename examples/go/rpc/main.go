@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/nexar-go/nexar/core"
+
+	"github.com/nexar-go/nexar/transport/mesh"
 )
 
 const square = 1 // the function id
@@ -31,6 +33,7 @@ func run() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	cfg.Mesh = mesh.Builder{} // the transports (package transport/mesh)
 	comm, err := core.New(ctx, cfg)
 	if err != nil {
 		return err

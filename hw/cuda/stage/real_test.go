@@ -20,6 +20,7 @@ import (
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/core"
 	"github.com/nexar-go/nexar/hw/cuda"
+	"github.com/nexar-go/nexar/transport/mesh"
 )
 
 // TestRealCUDAAllreduce2Proc runs staged allreduce of real device memory
@@ -74,6 +75,7 @@ func realRank(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg.Mesh = mesh.Builder{} // the transports (package transport/mesh)
 	c, err := core.New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)

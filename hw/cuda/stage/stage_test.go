@@ -21,6 +21,7 @@ import (
 	"github.com/nexar-go/nexar/core"
 	"github.com/nexar-go/nexar/hw/cuda"
 	"github.com/nexar-go/nexar/tests/fakes/cudart"
+	"github.com/nexar-go/nexar/transport/mesh"
 )
 
 // fakePath is the fake libcudart built for this test binary, on first
@@ -72,7 +73,7 @@ func fake(t testing.TB) *cuda.Runtime {
 
 func testConfig() core.Config {
 	return core.Config{Timeout: 20 * time.Second, HeartbeatInterval: 200 * time.Millisecond, HeartbeatTimeout: 5 * time.Second,
-		Logger: slog.New(slog.DiscardHandler)}
+		Logger: slog.New(slog.DiscardHandler), Mesh: mesh.Builder{}}
 }
 
 func local(t *testing.T, n int) []*core.Comm {

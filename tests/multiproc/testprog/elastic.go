@@ -12,6 +12,7 @@ import (
 
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/core"
+	"github.com/nexar-go/nexar/transport/mesh"
 )
 
 // elastic is the chaos suite's rank: it allreduces (rank+1, world rank)
@@ -31,6 +32,7 @@ func elastic(ctx context.Context, cfg core.Config, args []string) error {
 		return errors.New("elastic needs NEXAR_ON_FAILURE=shrink")
 	}
 	baseG, baseFD := runtime.NumGoroutine(), countFDs()
+	cfg.Mesh = mesh.Builder{} // the transports (package transport/mesh)
 	world, err := core.New(ctx, cfg)
 	if err != nil {
 		return err

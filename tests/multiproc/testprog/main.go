@@ -45,6 +45,7 @@ import (
 
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/core"
+	"github.com/nexar-go/nexar/transport/mesh"
 )
 
 func main() {
@@ -85,6 +86,7 @@ func run(mode string, args []string) error {
 		signal.Ignore(syscall.SIGTERM)
 	}
 	t0 := time.Now()
+	cfg.Mesh = mesh.Builder{} // the transports (package transport/mesh)
 	c, err := core.New(ctx, cfg)
 	if err != nil {
 		return err
@@ -130,6 +132,7 @@ func settle(ctx context.Context, c *core.Comm) error {
 
 func expectAuth(ctx context.Context, cfg core.Config) error {
 	cfg.ConnectTimeout = 20 * time.Second
+	cfg.Mesh = mesh.Builder{} // the transports (package transport/mesh)
 	c, err := core.New(ctx, cfg)
 	if err == nil {
 		c.Close()
@@ -151,6 +154,7 @@ func leave(ctx context.Context, cfg core.Config, args []string) error {
 		return err
 	}
 	t0 := time.Now()
+	cfg.Mesh = mesh.Builder{} // the transports (package transport/mesh)
 	c, err := core.New(ctx, cfg)
 	newMS := time.Since(t0).Milliseconds()
 	if cfg.Rank == r {

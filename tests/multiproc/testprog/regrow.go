@@ -14,6 +14,7 @@ import (
 
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/core"
+	"github.com/nexar-go/nexar/transport/mesh"
 )
 
 // regrow is the grow chaos suite's rank (NEXAR_ON_FAILURE=manual): it
@@ -39,6 +40,7 @@ func regrow(ctx context.Context, cfg core.Config, args []string) error {
 	joiner := cfg.Join
 	baseG, baseFD := runtime.NumGoroutine(), countFDs()
 	t0 := time.Now()
+	cfg.Mesh = mesh.Builder{} // the transports (package transport/mesh)
 	c, err := core.New(ctx, cfg)
 	if err != nil {
 		if joiner && core.CodeOf(err) == core.CodeTimeout {

@@ -1,11 +1,25 @@
-package core
+package mesh
 
 import (
+	"log/slog"
 	"testing"
 
 	"github.com/nexar-go/nexar/tests/fakes/ibverbs"
+	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/bulk"
 )
+
+// TestBulkModes: the modes transport.CheckBulkMode accepts (core checks a
+// Config with it) are exactly those bulk.ParseMode reads.
+func TestBulkModes(t *testing.T) {
+	for _, s := range []string{"", "auto", "AUTO", " off ", "quic", "tcp", "shm", "rdma", "Rdma", "fast", "ring", "on", "tcp,shm"} {
+		_, perr := bulk.ParseMode(s)
+		cerr := transport.CheckBulkMode(s)
+		if (perr == nil) != (cerr == nil) {
+			t.Errorf("%q: bulk.ParseMode says %v, transport.CheckBulkMode %v", s, perr, cerr)
+		}
+	}
+}
 
 // TestRDMAOnlyWhereTrusted: RDMA carries data in the clear, so the auto
 // mode opens the device only when the job declared its network trusted
@@ -26,10 +40,9 @@ func TestRDMAOnlyWhereTrusted(t *testing.T) {
 		{bulk.ModeRDMA, false, true},
 		{bulk.ModeTCP, true, false},
 	} {
-		cfg := testConfig()
-		cfg.BulkPlaintext = tc.plaintext
-		cfg.RDMA.Library = lib // NEXAR_IBVERBS, which New reads into it
-		rd, err := openRDMA(cfg, tc.mode)
+		o := transport.MeshOptions{BulkPlaintext: tc.plaintext, Logger: slog.Default()}
+		o.RDMA.Library = lib // NEXAR_IBVERBS, which core reads into it
+		rd, err := openRDMA(o, tc.mode)
 		if err != nil {
 			t.Fatalf("mode %v, plaintext %v: %v", tc.mode, tc.plaintext, err)
 		}

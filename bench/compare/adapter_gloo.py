@@ -54,13 +54,14 @@ def main():
             for _ in range(2):
                 call()
             times = []
+            cpu0 = common.cpu_seconds()
             for _ in range(common.iterations(S)):
                 dist.barrier()
                 t = time.perf_counter()
                 call()
                 times.append(time.perf_counter() - t)
             if rank == 0:
-                common.report(name, op, S, n, times)
+                common.report(name, op, S, n, times, common.cpu_seconds() - cpu0)
     dist.destroy_process_group()
 
 

@@ -4,6 +4,7 @@ different interpreters (the project venv for torch, /usr/bin/python3 for
 mpi4py)."""
 
 import json
+import resource
 import statistics
 import sys
 
@@ -52,17 +53,27 @@ def p99(times):
     return s[(99 * len(s) + 99) // 100 - 1]
 
 
-def report(system, op, size, n, times):
+def cpu_seconds():
+    """This process's CPU time so far (user + system, every thread)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def report(system, op, size, n, times, cpu=None):
     """Print one JSON line from rank 0's per-iteration times (seconds):
-    median (time_us), 99th percentile and mean."""
+    median (time_us), 99th percentile and mean; cpu, rank 0's CPU seconds
+    over the timed iterations, as cpu_us per call."""
     t = statistics.median(times)
     alg = size / t / 1e9
-    print(json.dumps({
+    r = {
         "system": system, "op": op, "bytes": size, "ranks": n,
         "time_us": round(t * 1e6, 2), "p99_us": round(p99(times) * 1e6, 2),
         "mean_us": round(statistics.fmean(times) * 1e6, 2), "algbw_gbs": round(alg, 4),
         "busbw_gbs": round(alg * busbw_factor(op, n), 4), "iters": len(times),
-    }), flush=True)
+    }
+    if cpu is not None:
+        r["cpu_us"] = round(cpu / len(times) * 1e6, 2)
+    print(json.dumps(r), flush=True)
 
 
 def parse_args(argv):

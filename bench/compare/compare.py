@@ -28,10 +28,19 @@ Systems:
 A system that is not installed is skipped with a message (nexar-rs instead
 gets "—" rows saying why it could not be built).
 
---netns runs 2 ranks in two network namespaces joined by a veth pair (no
-shared memory between them; needs root), for gloo, mpi-tcp and nexar (its
-bulk path is then TCP: "nexar" with TLS, the default, and "nexar-plain"
-with NEXAR_BULK_PLAINTEXT=1). It also measures one plain TCP stream across
+--netns runs two "hosts", network namespaces joined by a veth pair (no
+shared memory between them; needs root), with --per-host ranks on each
+(default 1,2: 2 hosts x 1 and 2 hosts x 2 ranks), for gloo, mpi-tcp,
+nexar-torch and nexar with their default paths between and inside the
+hosts ("nexar" and "nexar-torch" with TLS, the default, and "nexar-plain",
+"nexar-torch-plain" with NEXAR_BULK_PLAINTEXT=1). Each system then runs a
+volume run (allreduce of 16 MiB, the iterations the adapters use) whose
+bytes on the veth pair (both ends' tx counters) are divided by the
+minimum an allreduce must move between 2 hosts (2 S per call: half of S
+each way for the reduce-scatter, half for the allgather); rank 0's CPU
+time per timed call (user + system, every thread: each adapter's
+getrusage, cpu_us in its JSON) times the ranks, divided by those bytes,
+is "CPU s per link GB". It also measures one plain TCP stream across
 the pair ("tcp-stream", bandwidth only) as the ceiling of that link, and two
 streams run at once, one each way, as the ceiling for collectives that send
 and receive at the same time (taken before and after the systems, their mean
@@ -64,7 +73,8 @@ import common  # noqa: E402
 VENV_PY = os.path.join(ROOT, ".venv", "bin", "python")
 SYS_PY = "/usr/bin/python3"
 NEXAR = os.path.join(ROOT, "build", "nexar")
-SYSTEMS = ("gloo", "mpi", "mpi-tcp", "nexar", "nexar-inplace", "nexar-py", "nexar-torch", "nexar-plain", "nexar-rs")
+SYSTEMS = ("gloo", "mpi", "mpi-tcp", "nexar", "nexar-inplace", "nexar-py", "nexar-torch", "nexar-plain",
+           "nexar-torch-plain", "nexar-rs")
 NEXAR_RS_DIR = os.path.join(HERE, "nexar-rs")
 NEXAR_RS = os.path.join(NEXAR_RS_DIR, "target", "release", "nexar-rs-bench")
 
@@ -161,17 +171,23 @@ def adapter_args(ops, sizes):
     return ["--ops", ",".join(ops), "--sizes", ",".join(map(str, sizes))]
 
 
-def gloo_procs(n, ops, sizes, wrap=None, addrs=None, ifname=None, backend="gloo"):
+def gloo_procs(n, ops, sizes, wrap=None, addrs=None, ifname=None, backend="gloo", name=None, per_host=None,
+               extra_env=None):
+    """torch.distributed ranks (adapter_gloo.py); wrap(r) prefixes rank r's
+    command (a namespace), per_host sets torchrun's LOCAL_* variables."""
     port = free_port()
     procs = []
     for r in range(n):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), MASTER_PORT=str(port),
                    MASTER_ADDR=addrs[0] if addrs else "127.0.0.1", OMP_NUM_THREADS="1")
+        if per_host:
+            env.update(LOCAL_RANK=str(r % per_host), LOCAL_WORLD_SIZE=str(per_host))
+        env.update(extra_env or {})
         if ifname:
             env["GLOO_SOCKET_IFNAME"] = ifname
         argv = [VENV_PY, os.path.join(HERE, "adapter_gloo.py")]
         if backend != "gloo":
-            argv += ["--backend", backend, "--name", f"{backend}-torch"]
+            argv += ["--backend", backend, "--name", name or f"{backend}-torch"]
         argv += adapter_args(ops, sizes)
         procs.append(((wrap(r) if wrap else []) + argv, env))
     return procs
@@ -284,9 +300,95 @@ class NetNS:
     def __exit__(self, *exc):
         for ns in self.ns:  # deleting a namespace deletes its veth end too
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        try:
+            os.unlink(rsh_agent_path())
+        except FileNotFoundError:
+            pass
 
     def wrap(self, r):
-        return ["ip", "netns", "exec", self.ns[r]]
+        # Each "host" has its own host name too (a UTS namespace): Open
+        # MPI tells nodes apart by name, and would take two namespaces
+        # named alike for one node (shared memory between them).
+        return ["ip", "netns", "exec", self.ns[r], "unshare", "--uts", "sh", "-c",
+                f'hostname {self.ns[r]} && exec "$@"', "sh"]
+
+
+VOLUME_SIZE = 16 << 20  # the volume run's allreduce
+
+
+def rsh_agent_path():
+    return os.path.join(tempfile.gettempdir(), f"nexar-compare-rsh-{os.getpid()}.sh")
+
+
+def link_bytes(net):
+    """Bytes sent so far by both ends of the veth pair (tx counters)."""
+    total = 0
+    for ns in net.ns:
+        out = subprocess.run(["ip", "-n", ns, "-j", "-s", "link", "show", "dev", net.IFNAME],
+                             check=True, capture_output=True, text=True).stdout
+        total += json.loads(out)[0]["stats64"]["tx"]["bytes"]
+    return total
+
+
+def run_measured(procs, timeout, system, net):
+    """run_adapter, and the bytes that crossed the veth pair meanwhile."""
+    wire = link_bytes(net)
+    res = run_adapter(procs, timeout, system)
+    return res, link_bytes(net) - wire
+
+
+def netns_procs(net, system, per, ops, sizes):
+    """The processes of one system across the two namespaces, per ranks on
+    each (ranks 0..per-1 on the first), or None and why not."""
+    n = 2 * per
+    wrap = (lambda r: net.wrap(r // per))
+    if system in ("gloo", "nexar-torch", "nexar-torch-plain"):
+        why = have_gloo() or (have_nexar_torch() if system != "gloo" else None)
+        if why:
+            return None, why
+        if system == "gloo":
+            return gloo_procs(n, ops, sizes, wrap, net.addrs, net.IFNAME, per_host=per), None
+        plain = "1" if system.endswith("-plain") else "0"
+        return gloo_procs(n, ops, sizes, wrap, net.addrs, None, backend="nexar", name=system, per_host=per,
+                          extra_env={"NEXAR_BULK_PLAINTEXT": plain}), None
+    if system == "mpi-tcp":
+        why = have_mpi()
+        if why:
+            return None, why
+        agent = rsh_agent_path()
+        with open(agent, "w") as f:
+            # mpirun starts the remote daemon through this "rsh": by
+            # entering the namespace that owns the host's address.
+            f.write("#!/bin/sh\nh=$1; shift\n" + "".join(
+                f'[ "$h" = "{a}" ] && exec ip netns exec {ns} unshare --uts sh -c "hostname {ns} && $*"\n'
+                for a, ns in zip(net.addrs, net.ns)) + "exit 1\n")
+        os.chmod(agent, 0o755)
+        # TCP between the hosts; shared memory (vader) between ranks of one.
+        btl = "tcp,self" if per == 1 else "tcp,vader,self"
+        extra = ["-H", f"{net.addrs[0]}:{per},{net.addrs[1]}:{per}", "--mca", "plm_rsh_agent", agent,
+                 "--mca", "btl", btl, "--mca", "btl_tcp_if_include", net.IFNAME,
+                 "--mca", "oob_tcp_if_include", net.IFNAME, "--mca", "mpi_yield_when_idle", "1"]
+        procs = mpi_procs(n, ops, sizes, "mpi-tcp", extra)
+        return [(net.wrap(0) + procs[0][0], procs[0][1])], None
+    if system in ("nexar", "nexar-plain"):
+        if not os.access(NEXAR, os.X_OK):
+            return None, f"{NEXAR} not built (make build)"
+        # The launcher's job by hand, as on two real hosts: rank 0 embeds
+        # the seed on its own address; the default data paths (shared
+        # memory inside a host, TCP between them).
+        token, port = os.urandom(16).hex(), free_port()
+        procs = []
+        for r in range(n):
+            env = dict(os.environ, NEXAR_RANK=str(r), NEXAR_WORLD_SIZE=str(n),
+                       NEXAR_SEED=f"{net.addrs[0]}:{port}", NEXAR_TOKEN=token,
+                       NEXAR_BIND_ADDR=f"{net.addrs[r // per]}:0",
+                       NEXAR_BULK_PLAINTEXT="1" if system == "nexar-plain" else "0")
+            procs.append((wrap(r) + [NEXAR, "bench"] + nexar_bench_args(ops, sizes), env))
+        return procs, None
+    return None, "not run across namespaces"
+
+
+NETNS_SYSTEMS = ("gloo", "mpi-tcp", "nexar", "nexar-plain", "nexar-torch", "nexar-torch-plain")
 
 
 def netns_runs(args, ops, sizes, results):
@@ -304,49 +406,41 @@ def netns_runs(args, ops, sizes, results):
                 log(f"  netns two TCP streams, one each way at once (before): {both_before:.2f} GB/s per direction")
             if cold_before:
                 log(f"  netns the same, out of cache (before): {cold_before:.2f} GB/s per direction")
-            if "gloo" in args.systems and not have_gloo():
-                for r in run_adapter(gloo_procs(2, ops, sizes, net.wrap, net.addrs, net.IFNAME),
-                                     args.timeout, "gloo"):
-                    log(f"  netns gloo {r['op']} {human(r['bytes'])}: {r['time_us']} µs, busbw {r['busbw_gbs']} GB/s")
-                    r["netns"] = True
-                    results.append(r)
-            if "mpi-tcp" in args.systems and not have_mpi():
-                agent = tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False)
-                # mpirun starts the remote daemon through this "rsh": by
-                # entering the namespace that owns the host's address.
-                agent.write("#!/bin/sh\nh=$1; shift\n" + "".join(
-                    f'[ "$h" = "{a}" ] && exec ip netns exec {ns} sh -c "$*"\n'
-                    for a, ns in zip(net.addrs, net.ns)) + "exit 1\n")
-                agent.close()
-                os.chmod(agent.name, 0o755)
-                extra = ["-H", f"{net.addrs[0]},{net.addrs[1]}", "--mca", "plm_rsh_agent", agent.name,
-                         "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", net.IFNAME,
-                         "--mca", "oob_tcp_if_include", net.IFNAME, "--mca", "mpi_yield_when_idle", "1"]
-                procs = mpi_procs(2, ops, sizes, "mpi-tcp", extra)
-                procs = [(net.wrap(0) + procs[0][0], procs[0][1])]
-                for r in run_adapter(procs, args.timeout, "mpi-tcp"):
-                    log(f"  netns mpi-tcp {r['op']} {human(r['bytes'])}: {r['time_us']} µs, busbw {r['busbw_gbs']} GB/s")
-                    r["netns"] = True
-                    results.append(r)
-                os.unlink(agent.name)
-            if os.access(NEXAR, os.X_OK):
-                for name, plain in (("nexar", "0"), ("nexar-plain", "1")):
-                    if name not in args.systems and not (name == "nexar-plain" and "nexar" in args.systems):
+            for per in args.per_host:
+                for system in NETNS_SYSTEMS:
+                    wanted = system in args.systems or (system.endswith("-plain") and system[:-6] in args.systems)
+                    if not wanted:
                         continue
-                    # The launcher's job by hand, as on two real hosts:
-                    # rank 0 embeds the seed on its own address.
-                    token, port = os.urandom(16).hex(), free_port()
-                    procs = []
-                    for r in range(2):
-                        env = dict(os.environ, NEXAR_RANK=str(r), NEXAR_WORLD_SIZE="2",
-                                   NEXAR_SEED=f"{net.addrs[0]}:{port}", NEXAR_TOKEN=token,
-                                   NEXAR_BIND_ADDR=f"{net.addrs[r]}:0", NEXAR_BULK="tcp",
-                                   NEXAR_BULK_PLAINTEXT=plain)
-                        procs.append((net.wrap(r) + [NEXAR, "bench"] + nexar_bench_args(ops, sizes), env))
-                    for r in run_adapter(procs, args.timeout, name):
-                        log(f"  netns {name} {r['op']} {human(r['bytes'])}: {r['time_us']} µs, busbw {r['busbw_gbs']} GB/s ({r.get('path')})")
-                        r["netns"] = True
+                    procs, why = netns_procs(net, system, per, ops, sizes)
+                    if why:
+                        log(f"  netns {system}: skipped: {why}")
+                        continue
+                    log(f"netns {system}: 2 hosts x {per} ranks, {len(ops)} ops x {len(sizes)} sizes")
+                    for r in run_adapter(procs, args.timeout, system):
+                        log(f"  netns {system} n={r['ranks']} {r['op']} {human(r['bytes'])}: {result_text(r)}"
+                            + (f" ({r['path']})" if r.get("path") else ""))
+                        r.update(netns=True, per_host=per)
                         results.append(r)
+                    if args.no_volume:
+                        continue
+                    procs, _ = netns_procs(net, system, per, ["allreduce"], [VOLUME_SIZE])
+                    got, wire = run_measured(procs, args.timeout, system, net)
+                    if not got:
+                        continue
+                    calls = 2 + common.iterations(VOLUME_SIZE)  # warm-up and timed, as every adapter
+                    per_call = wire / calls
+                    # The job's CPU per call: rank 0's (the timed calls,
+                    # barriers included) times the ranks, which a ring
+                    # allreduce keeps equally busy.
+                    cpu = got[0].get("cpu_us", 0) * 1e-6 * 2 * per
+                    v = {"system": system, "op": "volume", "bytes": VOLUME_SIZE, "ranks": 2 * per, "netns": True,
+                         "per_host": per, "calls": calls, "link_bytes": wire, "link_ratio": per_call / (2 * VOLUME_SIZE),
+                         "cpu_s_call": cpu, "cpu_s_per_link_gb": cpu / (per_call / 1e9) if wire and cpu else None,
+                         "time_us": got[0]["time_us"]}
+                    log(f"  netns {system} 2x{per} allreduce 16 MiB x {calls}: {per_call / VOLUME_SIZE:.2f} S "
+                        f"on the link per call ({v['link_ratio']:.2f}x the minimum), CPU {cpu * 1e3:.1f} ms per call "
+                        f"({v['cpu_s_per_link_gb'] or 0:.2f} s per link GB)")
+                    results.append(v)
             stream = tcp_stream(net)
             if stream:
                 log(f"  netns one TCP stream: {stream:.2f} GB/s")
@@ -395,7 +489,14 @@ if mode == "server":
     c.sendall(b"k")
 else:
     mv = memoryview(bytes(chunk) if span == chunk else bytearray(span))
-    c = socket.create_connection((addr, port))
+    for attempt in range(300):  # the server may not listen yet on a busy host
+        try:
+            c = socket.create_connection((addr, port))
+            break
+        except ConnectionRefusedError:
+            time.sleep(0.1)
+    else:
+        sys.exit("no server at %s:%d" % (addr, port))
     t = time.perf_counter()
     for i in range(total // chunk):
         off = i * chunk % span
@@ -464,7 +565,7 @@ def human(b):
     return f"{b} B"
 
 
-NEXARS = ("nexar", "nexar-inplace", "nexar-py", "nexar-torch", "nexar-plain")
+NEXARS = ("nexar", "nexar-inplace", "nexar-py", "nexar-torch", "nexar-plain", "nexar-torch-plain")
 OTHERS = ("gloo", "mpi", "mpi-tcp", "nexar-rs")
 P99_RATIOS = ("nexar-rs",)  # others whose p99 ratio gets its own column too
 
@@ -472,7 +573,8 @@ P99_RATIOS = ("nexar-rs",)  # others whose p99 ratio gets its own column too
 def write_table(results, path, meta):
     lines = [f"<!-- generated by bench/compare/compare.py; {meta} -->", ""]
     for netns in (False, True):
-        sub = [r for r in results if bool(r.get("netns")) == netns and not r["op"].startswith("stream")]
+        sub = [r for r in results if bool(r.get("netns")) == netns and not r["op"].startswith("stream")
+               and r["op"] != "volume"]
         if not sub:
             continue
         systems = [s for s in SYSTEMS if any(r["system"] == s for r in sub)]
@@ -530,6 +632,20 @@ def write_table(results, path, meta):
         lines.append("")
         for i, e in enumerate(notes):
             lines += [f"Note {i + 1}: {' '.join(e.split())}", ""]
+        vol = [r for r in results if r["op"] == "volume" and bool(r.get("netns")) == netns]
+        if vol:
+            lines += [f"Volume runs: allreduce of {human(VOLUME_SIZE)}, {vol[0]['calls']} calls. \"link / min\" "
+                      "is the bytes both veth ends sent per call divided by the least an allreduce must move "
+                      "between 2 hosts (2 S: half of S each way for the reduce-scatter, half for the allgather); "
+                      "\"CPU ms / call\" is rank 0's CPU time (user + system, every thread, barrier included) per "
+                      "timed call times the ranks; \"CPU s / link GB\" divides it by the link bytes per call.", "",
+                      "| system | ranks per host | link bytes per call | link / min | CPU ms / call | CPU s / link GB |",
+                      "|---|---|---|---|---|---|"]
+            for r in sorted(vol, key=lambda r: (r["per_host"], SYSTEMS.index(r["system"]))):
+                per_gb = f"{r['cpu_s_per_link_gb']:.2f}" if r.get("cpu_s_per_link_gb") else "–"
+                lines.append(f"| {r['system']} | {r['per_host']} | {r['link_bytes'] / r['calls'] / (1 << 20):.1f} MiB "
+                             f"| {r['link_ratio']:.2f} | {r['cpu_s_call'] * 1e3:.1f} | {per_gb} |")
+            lines.append("")
     lines.append("Times are medians over iterations on rank 0, each iteration started after a barrier, "
                  "with the 99th percentile in parentheses; "
                  "busbw in GB/s as nccl-tests; \"A vs B\" is B's time divided by A's (above 1: A is faster). "
@@ -549,6 +665,7 @@ def write_plot(results, path):
         log("plot: matplotlib not installed in this interpreter; no PNG")
         return
     results = [r for r in results if "error" not in r]
+    results = [r for r in results if r["op"] != "volume"]
     keys = sorted({(r["ranks"], bool(r.get("netns"))) for r in results if not r["op"].startswith("stream")})
     ops = [o for o in common.OPS if any(r["op"] == o for r in results)]
     fig, axes = plt.subplots(len(ops), len(keys), figsize=(4.5 * len(keys), 3 * len(ops)), squeeze=False)
@@ -587,9 +704,12 @@ def main():
     ap.add_argument("--timeout", type=float, default=120, help="seconds per system and world size")
     ap.add_argument("--netns", action="store_true", help="also run 2 ranks across two network namespaces")
     ap.add_argument("--netns-only", action="store_true", help="only the runs across two network namespaces")
+    ap.add_argument("--per-host", default="1,2", help="ranks per namespace in the --netns runs (default 1,2)")
+    ap.add_argument("--no-volume", action="store_true", help="skip the --netns volume runs (link bytes, CPU)")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "compare"), help="output directory")
     args = ap.parse_args()
     args.systems = args.systems.split(",")
+    args.per_host = [int(x) for x in args.per_host.split(",")]
     ops = args.ops.split(",")
     sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else SWEEPS[args.sweep]
     for s in args.systems:
@@ -624,7 +744,7 @@ def main():
                     continue
                 why, procs = None, nexar_rs_procs(n, ops, sizes)
             else:
-                continue  # nexar-plain: only across namespaces
+                continue  # nexar-plain, nexar-torch-plain: only across namespaces
             if why:
                 log(f"{s}: skipped: {why}")
                 continue

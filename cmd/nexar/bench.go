@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nexar-go/nexar/collective"
@@ -334,7 +335,7 @@ func benchSweep(comms []*core.Comm, o *benchOpts, stdout io.Writer) error {
 				line, _ := json.Marshal(map[string]any{
 					"system": "nexar", "op": op.name, "bytes": r.used, "ranks": n,
 					"dtype": o.dt.String(), "time_us": round2(med * 1e6), "p99_us": round2(r.p99.Seconds() * 1e6), "mean_us": round2(r.mean.Seconds() * 1e6),
-					"algbw_gbs": round4(alg), "busbw_gbs": round4(alg * op.factor(n)),
+					"algbw_gbs": round4(alg), "busbw_gbs": round4(alg * op.factor(n)), "cpu_us": round2(r.cpu.Seconds() * 1e6),
 					"iters": r.iters, "wrong": r.wrong, "path": lead.Paths()[min(1, n-1)], "inplace": o.inplace && op.name == "allreduce",
 					"stats": statsJSON(lead.Stats()),
 				})
@@ -375,6 +376,7 @@ func itersDesc(o *benchOpts) string {
 type benchResult struct {
 	used         int
 	median, mean time.Duration
+	cpu          time.Duration // this process's CPU time per timed call, barrier included
 	p99          time.Duration // nearest rank: the ceil(0.99 n)-th smallest
 	iters        int
 	wrong        int64 // over all ranks
@@ -413,6 +415,7 @@ func benchOne(ctx context.Context, c *core.Comm, op benchOp, size int, o *benchO
 		}
 	}
 	times := make([]time.Duration, iters)
+	cpu0 := cpuTime()
 	for i := range times {
 		if op.name == "broadcast" && rank != 0 {
 			fill(b.recv, o.dt, -1) // a stale result must not pass the check
@@ -426,6 +429,7 @@ func benchOne(ctx context.Context, c *core.Comm, op benchOp, size int, o *benchO
 		}
 		times[i] = time.Since(t)
 	}
+	cpu := cpuTime() - cpu0
 	if o.inplace && op.name == "allreduce" {
 		// The timed calls reduced the result into itself: check one call
 		// on fresh input.
@@ -453,7 +457,17 @@ func benchOne(ctx context.Context, c *core.Comm, op benchOp, size int, o *benchO
 	}
 	sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
 	return benchResult{used: used, median: times[len(times)/2], p99: times[(99*len(times)+99)/100-1], mean: sum / time.Duration(iters),
-		iters: iters, wrong: int64(binary.LittleEndian.Uint64(w))}, nil
+		iters: iters, wrong: int64(binary.LittleEndian.Uint64(w)), cpu: cpu / time.Duration(iters)}, nil
+}
+
+// cpuTime is this process's CPU time so far, user and system, all threads
+// (zero where getrusage fails).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // forceAlgorithms fills force from "op=algo,..." (every rank parses the

@@ -56,3 +56,18 @@ def test_no_cold_column_without_its_ceiling(tmp_path):
     got, _ = table(tmp_path, [ceiling("stream-both", 2.0, 2.0, None), run("nexar-plain", 1.0)])
     assert got["nexar-plain / 2-way"] == "50 %"
     assert not any(k.endswith("2-way cold") for k in got)
+
+
+def test_volume_table(tmp_path):
+    """The volume runs' table: link bytes per call against the minimum
+    (2 S between 2 hosts), and CPU per call and per link GB."""
+    S = 16 << 20
+    vol = {"system": "nexar", "op": "volume", "bytes": S, "ranks": 4, "netns": True, "per_host": 2,
+           "calls": 18, "link_bytes": 3 * S * 18, "link_ratio": 1.5, "cpu_s_call": 0.012,
+           "cpu_s_per_link_gb": 0.012 / (3 * S / 1e9), "time_us": 9000.0}
+    out = tmp_path / "results.md"
+    load_compare().write_table([run("gloo", 0.5), vol], str(out), "test")
+    text = out.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| nexar | 2 |"))
+    assert [c.strip() for c in row.strip("|").split("|")] == ["nexar", "2", "48.0 MiB", "1.50", "12.0", "0.24"]
+    assert "| volume |" not in text  # not a row of the main table

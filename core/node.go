@@ -283,6 +283,7 @@ func (n *node) monitor() {
 	// nothing about them, and a notice that they declared this rank
 	// unreachable may be waiting to be read. Count their silence afresh.
 	stall := n.stallGap()
+	var stalled []stalledPeer
 	prev := time.Now()
 	det := newDetector(n.size, detectorParamsOf(n.cfg), int64(prev.Sub(n.born)))
 	for {
@@ -307,20 +308,51 @@ func (n *node) monitor() {
 		}
 		prev = now
 		n.tick.Store(now.UnixNano())
+		stalled = stalled[:0]
 		for p := range n.lastSeen {
 			if n.watches(p) {
 				det.arrived(p, n.lastSeen[p].Load())
-				n.judge(det, p, seen)
+				if s, ok := n.judge(det, p, seen); ok {
+					stalled = append(stalled, s)
+				}
 			}
+		}
+		if len(stalled) > 0 {
+			// One line per check, not per peer: when the whole host is
+			// oversubscribed, every rank sees most of the others stall
+			// at once.
+			// Info, not Warn: on a host with more ranks than cores this is
+			// common and harmless (a call that waits on it names it).
+			n.log.Info("nexar: peers stalled: silent, but their processes on this host are alive", "rank", n.rank,
+				"peers", stalledPeers(stalled))
 		}
 	}
 }
 
+// stalledPeer is a peer that the detector found stalled, and how long it
+// had been silent.
+type stalledPeer struct {
+	rank   int
+	silent time.Duration
+}
+
+// stalledPeers formats peers as "3 (3.1s), 7 (3s)".
+func stalledPeers(ps []stalledPeer) string {
+	var b strings.Builder
+	for i, p := range ps {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%d (%v)", p.rank, p.silent.Round(100*time.Millisecond))
+	}
+	return b.String()
+}
+
 // judge acts on the detector's verdict on world rank p at now (mono's
 // reading): a dead peer is declared down; a stalled one (on this host, its
-// process alive) is logged once per silence and recorded in quiet, where
-// a call that times out finds it (timeoutError).
-func (n *node) judge(det *detector, p int, now int64) {
+// process alive) is recorded in quiet, where a call that times out finds
+// it (timeoutError), and returned once per silence, for the caller to log.
+func (n *node) judge(det *detector, p int, now int64) (stalledPeer, bool) {
 	v, silent, first := det.check(p, now, n.ep.PeerAlive)
 	switch v {
 	case verdictDead:
@@ -328,16 +360,14 @@ func (n *node) judge(det *detector, p int, now int64) {
 	case verdictStalled:
 		if first {
 			n.quiet[p].Store(max(now-int64(silent), 1))
-			// Info, not Warn: on a host with more ranks than cores this is
-			// common and harmless (a call that waits on it names it).
-			n.log.Info("nexar: peer stalled: silent, but its process on this host is alive", "rank", n.rank, "peer", p,
-				"for", silent.Round(100*time.Millisecond))
+			return stalledPeer{p, silent}, true
 		}
 	default:
 		if n.quiet[p].Swap(0) != 0 {
 			n.log.Debug("nexar: stalled peer heard from again", "rank", n.rank, "peer", p)
 		}
 	}
+	return stalledPeer{}, false
 }
 
 // stallGap is the gap between monitor checks that counts as a stall.

@@ -67,7 +67,7 @@ func stopLocalRank(t *testing.T, stopFor time.Duration) {
 	if err != nil || soaked != n || ok != n {
 		t.Fatalf("job failed (%v): %d ranks soaked, %d finished, want %d\n%s", err, soaked, ok, n, report)
 	}
-	stalled := strings.Count(errOut.String(), "peer stalled")
+	stalled := strings.Count(errOut.String(), "peers stalled")
 	if stalled == 0 {
 		t.Fatalf("no rank reported rank %d stalled: the stop did not outlast the heartbeat timeout\n%s", victim, report)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/nexar-go/nexar/hw/cuda"
 	"github.com/nexar-go/nexar/hw/cuda/cudatest"
 	"github.com/nexar-go/nexar/tests/fakes/cudart"
+	"github.com/nexar-go/nexar/transport/mesh"
 )
 
 // countingProber answers from a table and counts the questions.
@@ -129,7 +130,7 @@ func TestRouterStaged(t *testing.T) {
 	}
 	t.Setenv("NEXAR_FAKE_CUDA_DELAY_US", "0")
 	cfg := core.Config{Timeout: 20 * time.Second, HeartbeatInterval: 200 * time.Millisecond, HeartbeatTimeout: 5 * time.Second,
-		Logger: slog.New(slog.DiscardHandler), CUDARuntime: rtPath, NCCLHier: "off"}
+		Logger: slog.New(slog.DiscardHandler), CUDARuntime: rtPath, NCCLHier: "off", Mesh: mesh.Builder{}}
 	comms, err := core.NewLocal(2, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -236,7 +236,9 @@ def _slurm_local_size(env: Mapping[str, str], errors: List[str]) -> Tuple[Option
     return (v, "SLURM_NTASKS_PER_NODE") if v is not None else (None, "")
 
 
-def _resolves_to_loopback(host: str) -> bool:
+def unroutable(host: str) -> bool:
+    """Whether host is (or resolves only to) a loopback or link-local
+    address, which no other host can dial."""
     try:
         ips = [ipaddress.ip_address(host)]
     except ValueError:
@@ -272,7 +274,7 @@ def detect(env: Optional[Mapping[str, str]] = None, *, rank: Optional[int] = Non
            world_size: Optional[int] = None, local_rank: Optional[int] = None,
            local_world_size: Optional[int] = None, seed: Optional[str] = None,
            nexar_seed: Optional[str] = None,
-           loopback: Callable[[str], bool] = _resolves_to_loopback,
+           loopback: Callable[[str], bool] = unroutable,
            global_addrs: Callable[[], List[str]] = global_addrs) -> Launcher:
     """This process's Launcher from env (default os.environ) and the
     explicit arguments, which beat every variable. nexar_seed stands for

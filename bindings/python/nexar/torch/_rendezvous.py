@@ -31,7 +31,6 @@ a DeprecationWarning.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import os
@@ -45,6 +44,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 from .. import _comm, _errors
 from .._knobs import env
 from .._launcher import global_addrs as _global_addrs
+from .._launcher import unroutable
 
 __all__ = ["Rendezvous", "rendezvous", "advertise_host"]
 
@@ -143,19 +143,6 @@ def _derived_host(store=None) -> str:
     except OSError:
         pass
     return "127.0.0.1"
-
-
-def unroutable(host: str) -> bool:
-    """Whether host is (or resolves only to) a loopback or link-local
-    address, which no other host can dial."""
-    try:
-        ips = [ipaddress.ip_address(host)]
-    except ValueError:
-        try:
-            ips = [ipaddress.ip_address(i[4][0].split("%", 1)[0]) for i in socket.getaddrinfo(host, None)]
-        except (OSError, UnicodeError, ValueError):
-            return False
-    return bool(ips) and all(ip.is_loopback or ip.is_link_local for ip in ips)
 
 
 def _is_mine(ip: str) -> bool:

@@ -21,6 +21,12 @@ func newElasticQUIC(t *testing.T, n int, p FailurePolicy, maxWorld int) ([]*Comm
 	t.Helper()
 	cfg := recoverConfig(p)
 	cfg.MaxWorldSize = maxWorld
+	return newElasticQUICConfig(t, n, cfg)
+}
+
+// newElasticQUICConfig is newElasticQUIC with the members' whole config.
+func newElasticQUICConfig(t *testing.T, n int, cfg Config) ([]*Comm, Config) {
+	t.Helper()
 	comms, err := testNewLocalQUIC(n, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -399,20 +405,8 @@ func TestGrowJoinerTakesJobTopology(t *testing.T) {
 			cfg := recoverConfig(PolicyManual)
 			cfg.MaxWorldSize = 5
 			cfg.Topology = topology.Spec{Kind: topology.KRegular, N: 2}
-			comms, err := testNewLocalQUIC(4, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				for _, c := range comms {
-					_ = c.CloseChain()
-				}
-			})
-			jc := cfg
+			comms, jc := newElasticQUICConfig(t, 4, cfg)
 			jc.Topology = own
-			jc.Token = comms[0].cfg.Token
-			jc.BindAddr, jc.AdvertiseAddr = "127.0.0.1:0", ""
-			jc.Timeout = 60 * time.Second
 			joined := startJoiners(t, 1, jc, comms[0].JoinAddrs()[:1], comms)
 			world := growAll(t, comms, joined, 1)
 			if got := world[4].cfg.Topology; got != cfg.Topology {

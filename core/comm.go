@@ -233,7 +233,7 @@ func worldComm(nd *node, m transport.Mesh) *Comm {
 	}
 	poll, ok := m.Path.(transport.Poller)
 	if !ok {
-		poll = noPoller{}
+		poll = transport.NoPoller{}
 	}
 	nd.mu.Lock() // a transport goroutine may be in peerDown already
 	nd.ep, nd.caps, nd.poll = m.Path, m.Path.Caps(), poll

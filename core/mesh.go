@@ -1,8 +1,6 @@
 package core
 
 import (
-	"time"
-
 	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport"
 )
@@ -39,16 +37,6 @@ func meshOptions(cfg Config, g *topology.Graph) transport.MeshOptions {
 func errNoMesh() error {
 	return invalidArg("new", "Config.Mesh is nil: set it to mesh.Builder{} (package github.com/nexar-go/nexar/transport/mesh), which assembles the transports")
 }
-
-// noPoller is the scheduling group of a path that has none
-// (transport.Poller): nothing to poll or sleep on, the Handler delivers.
-type noPoller struct{}
-
-func (noPoller) StartPolling(int) (func() bool, func())      { return nil, nil }
-func (noPoller) Waiting(int) func()                          { return func() {} }
-func (noPoller) Await(int, func() bool, time.Duration) bool  { return false }
-func (noPoller) PeerPresence(int) (transport.Presence, bool) { return transport.Presence{}, false }
-func (noPoller) Oversubscribed() bool                        { return false }
 
 // Paths says which path carries this rank's data to each member of c, by
 // comm rank: e.g. "shm 8 MiB ring", "tcp x2 tls", "rdma mlx5_0:1 roce v2",

@@ -30,7 +30,7 @@ type node struct {
 	size int                // world size
 	ep   transport.DataPath // set once, before start (worldComm)
 	caps transport.Caps     // ep's declaration, read on every hot path
-	// poll is ep's scheduling group (transport.Poller), or noPoller where
+	// poll is ep's scheduling group (transport.Poller), or transport.NoPoller where
 	// ep has none; set with ep.
 	poll transport.Poller
 	// view is the world's first membership. Each communicator has the

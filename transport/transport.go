@@ -247,6 +247,17 @@ type Poller interface {
 	Oversubscribed() bool
 }
 
+// NoPoller is the scheduling group of a path that has none (transport/mem,
+// a relay over such a path): nothing to poll or sleep on, the Handler
+// delivers. Safe for concurrent use.
+type NoPoller struct{}
+
+func (NoPoller) StartPolling(int) (func() bool, func())     { return nil, nil }
+func (NoPoller) Waiting(int) func()                         { return func() {} }
+func (NoPoller) Await(int, func() bool, time.Duration) bool { return false }
+func (NoPoller) PeerPresence(int) (Presence, bool)          { return Presence{}, false }
+func (NoPoller) Oversubscribed() bool                       { return false }
+
 // ErrNoDevicePath is wrapped by SendDevice's error when the channel to
 // the peer cannot read device memory: the caller copies the payload to
 // host memory and sends that.

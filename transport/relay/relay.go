@@ -238,20 +238,10 @@ func (e *Endpoint) Start(inner transport.DataPath) {
 	if p, ok := inner.(transport.Poller); ok {
 		e.poller = p
 	} else {
-		e.poller = noPoller{}
+		e.poller = transport.NoPoller{}
 	}
 	close(e.start)
 }
-
-// noPoller is the scheduling group of an inner path without one: nothing
-// to poll or sleep on, the Handler delivers.
-type noPoller struct{}
-
-func (noPoller) StartPolling(int) (func() bool, func())      { return nil, nil }
-func (noPoller) Waiting(int) func()                          { return func() {} }
-func (noPoller) Await(int, func() bool, time.Duration) bool  { return false }
-func (noPoller) PeerPresence(int) (transport.Presence, bool) { return transport.Presence{}, false }
-func (noPoller) Oversubscribed() bool                        { return false }
 
 // ForwardedBytes is Stats().ForwardedBytes (transport.Forwarder).
 func (e *Endpoint) ForwardedBytes() int64 { return e.fwdBytes.Load() }

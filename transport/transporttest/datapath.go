@@ -48,16 +48,8 @@ func pollerOf(e transport.DataPath) transport.Poller {
 	if p, ok := e.(transport.Poller); ok {
 		return p
 	}
-	return noPoller{}
+	return transport.NoPoller{}
 }
-
-type noPoller struct{}
-
-func (noPoller) StartPolling(int) (func() bool, func())      { return nil, nil }
-func (noPoller) Waiting(int) func()                          { return func() {} }
-func (noPoller) Await(int, func() bool, time.Duration) bool  { return false }
-func (noPoller) PeerPresence(int) (transport.Presence, bool) { return transport.Presence{}, false }
-func (noPoller) Oversubscribed() bool                        { return false }
 
 // testDeclarations: Caps and Oversubscribed are constant; Paths names every
 // peer; a path that cannot poll returns no poll function; DataUnused is

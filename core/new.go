@@ -220,7 +220,7 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 		return pl
 	}
 	stopBeats := func() {}
-	m, err := ln.Connect(fctx, peers, adv, transport.Receiver{
+	m, err := ln.Connect(fctx, rank, peers, adv, transport.Receiver{
 		Handle: nd.handle, Place: nd.place, Down: down, RelayLost: nd.relayLost,
 		Forming: func(ep transport.Endpoint) { stopBeats = nd.heartbeatWhileForming(ep) },
 		Formed: func() error {

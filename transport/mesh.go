@@ -33,11 +33,12 @@ type Listener interface {
 	Addr() net.Addr
 	// Fingerprint is the node's TLS identity, which peers pin.
 	Fingerprint() [32]byte
-	// Connect forms the mesh with peers (the rendezvous' table; advertise
-	// is this rank's advertised host:port) and negotiates the data paths
+	// Connect forms the mesh with peers (the rendezvous' table; rank is
+	// this rank in it, which the seed may have chosen after Listen, and
+	// advertise its advertised host:port) and negotiates the data paths
 	// over it, delivering to r. On failure it closes what it made but the
 	// Listener, which the caller closes.
-	Connect(ctx context.Context, peers []Peer, advertise string, r Receiver) (Mesh, error)
+	Connect(ctx context.Context, rank int, peers []Peer, advertise string, r Receiver) (Mesh, error)
 	// Close releases the node: after the Mesh's path is closed, or
 	// without Connect. Idempotent.
 	Close() error
@@ -46,6 +47,8 @@ type Listener interface {
 // MeshOptions is what a Builder needs of the layer above's configuration,
 // as plain values.
 type MeshOptions struct {
+	// Rank is this rank for Listen, or -1 when the rendezvous assigns it
+	// (Connect then has it); Size the world's size.
 	Rank, Size int
 	// BindAddr is the node's host:port (port 0: any free one).
 	BindAddr string

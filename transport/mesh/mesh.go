@@ -115,8 +115,9 @@ func (l *listener) Fingerprint() [32]byte { return l.id.Fingerprint }
 // Connect forms the QUIC mesh, then negotiates the bulk path over it; the
 // relay, under a sparse topology, wraps the bulk path and starts once
 // r.Formed accepted the mesh.
-func (l *listener) Connect(ctx context.Context, peers []transport.Peer, advertise string, r transport.Receiver) (transport.Mesh, error) {
+func (l *listener) Connect(ctx context.Context, rank int, peers []transport.Peer, advertise string, r transport.Receiver) (transport.Mesh, error) {
 	o := l.o
+	o.Rank = rank // Listen's may be -1: the seed chose
 	h, down := r.Handle, r.Down
 	var rl *relay.Endpoint
 	if o.Graph != nil {
@@ -128,7 +129,7 @@ func (l *listener) Connect(ctx context.Context, peers []transport.Peer, advertis
 			rl.Close()
 		}
 	}
-	bk, err := l.newBulk(peers, advertise, r.Place, h, down)
+	bk, err := l.newBulk(o, peers, advertise, r.Place, h, down)
 	if err != nil {
 		closeRelay()
 		return transport.Mesh{}, err
@@ -163,8 +164,7 @@ func (l *listener) Connect(ctx context.Context, peers []transport.Peer, advertis
 
 // newBulk prepares the composite endpoint that carries LaneData over
 // shared memory, TCP or RDMA and everything else over the QUIC mesh.
-func (l *listener) newBulk(peers []transport.Peer, advertise string, place transport.PlaceFunc, h transport.Handler, down transport.DownHandler) (*bulk.Endpoint, error) {
-	o := l.o
+func (l *listener) newBulk(o transport.MeshOptions, peers []transport.Peer, advertise string, place transport.PlaceFunc, h transport.Handler, down transport.DownHandler) (*bulk.Endpoint, error) {
 	fps := make([][32]byte, o.Size)
 	for _, p := range peers {
 		if p.Rank >= 0 && p.Rank < len(fps) {

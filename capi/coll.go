@@ -76,7 +76,7 @@ func nxgo_allreduce(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.in
 	if !a.ok() {
 		return a.fail()
 	}
-	return a.run(func() error { return x.c.Allreduce(bg, x.send, x.recv, x.dt, x.op) })
+	return a.callWithBuffers(func() error { return x.c.Allreduce(bg, x.send, x.recv, x.dt, x.op) })
 }
 
 //export nxgo_iallreduce
@@ -103,7 +103,7 @@ func nxgo_reduce(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, 
 	if !a.ok() {
 		return a.fail()
 	}
-	return a.run(func() error { return x.c.Reduce(bg, x.send, x.recv, x.dt, x.op, x.root) })
+	return a.callWithBuffers(func() error { return x.c.Reduce(bg, x.send, x.recv, x.dt, x.op, x.root) })
 }
 
 //export nxgo_ireduce
@@ -130,7 +130,7 @@ func nxgo_scan(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, co
 	if !a.ok() {
 		return a.fail()
 	}
-	return a.run(func() error { return x.c.Scan(bg, x.send, x.recv, x.dt, x.op) })
+	return a.callWithBuffers(func() error { return x.c.Scan(bg, x.send, x.recv, x.dt, x.op) })
 }
 
 //export nxgo_exscan
@@ -143,7 +143,7 @@ func nxgo_exscan(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, 
 	if !a.ok() {
 		return a.fail()
 	}
-	return a.run(func() error { return x.c.Exscan(bg, x.send, x.recv, x.dt, x.op) })
+	return a.callWithBuffers(func() error { return x.c.Exscan(bg, x.send, x.recv, x.dt, x.op) })
 }
 
 //export nxgo_iscan
@@ -197,7 +197,7 @@ func nxgo_broadcast(buf unsafe.Pointer, count C.size_t, dt, root C.int, comm C.u
 	if !a.ok() {
 		return a.fail()
 	}
-	return a.run(func() error { return c.Broadcast(bg, b, t, rt) })
+	return a.callWithBuffers(func() error { return c.Broadcast(bg, b, t, rt) })
 }
 
 //export nxgo_ibroadcast
@@ -255,7 +255,7 @@ func nxgo_allgather(sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, dt C.in
 	if !a.ok() {
 		return a.fail()
 	}
-	return a.run(func() error { return x.c.Allgather(bg, x.send, x.recv, x.dt) })
+	return a.callWithBuffers(func() error { return x.c.Allgather(bg, x.send, x.recv, x.dt) })
 }
 
 //export nxgo_iallgather
@@ -282,7 +282,7 @@ func nxgo_alltoall(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt C.int, co
 	if !a.ok() {
 		return a.fail()
 	}
-	return a.run(func() error { return x.c.Alltoall(bg, x.send, x.recv, x.dt) })
+	return a.callWithBuffers(func() error { return x.c.Alltoall(bg, x.send, x.recv, x.dt) })
 }
 
 //export nxgo_ialltoall
@@ -338,7 +338,7 @@ func nxgo_reduce_scatter(sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, dt
 	if !a.ok() {
 		return a.fail()
 	}
-	return a.run(func() error { x.aside(); return x.c.ReduceScatter(bg, x.send, x.recv, x.dt, x.op) })
+	return a.callWithBuffers(func() error { x.aside(); return x.c.ReduceScatter(bg, x.send, x.recv, x.dt, x.op) })
 }
 
 //export nxgo_ireduce_scatter
@@ -400,7 +400,7 @@ func nxgo_gather(sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, dt, root C
 	if !a.ok() {
 		return a.fail()
 	}
-	return a.run(func() error { return x.c.Gather(bg, x.send, x.recv, x.dt, x.root) })
+	return a.callWithBuffers(func() error { return x.c.Gather(bg, x.send, x.recv, x.dt, x.root) })
 }
 
 //export nxgo_igather
@@ -449,7 +449,7 @@ func nxgo_scatter(sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, dt, root 
 	if !a.ok() {
 		return a.fail()
 	}
-	return a.run(func() error { return x.c.Scatter(bg, x.send, x.recv, x.dt, x.root) })
+	return a.callWithBuffers(func() error { return x.c.Scatter(bg, x.send, x.recv, x.dt, x.root) })
 }
 
 //export nxgo_iscatter
@@ -495,7 +495,7 @@ func nxgo_allgatherv(sendbuf unsafe.Pointer, sendcount C.size_t, recvbuf unsafe.
 	if !a.ok() {
 		return a.fail()
 	}
-	return a.run(func() error { return x.c.Allgatherv(bg, x.send, x.recv, x.counts, x.displs, x.dt) })
+	return a.callWithBuffers(func() error { return x.c.Allgatherv(bg, x.send, x.recv, x.counts, x.displs, x.dt) })
 }
 
 //export nxgo_iallgatherv
@@ -546,7 +546,7 @@ func nxgo_gatherv(sendbuf unsafe.Pointer, sendcount C.size_t, recvbuf unsafe.Poi
 	if !a.ok() {
 		return a.fail()
 	}
-	return a.run(func() error { return x.c.Gatherv(bg, x.send, x.recv, x.counts, x.displs, x.dt, x.root) })
+	return a.callWithBuffers(func() error { return x.c.Gatherv(bg, x.send, x.recv, x.counts, x.displs, x.dt, x.root) })
 }
 
 //export nxgo_igatherv
@@ -597,7 +597,7 @@ func nxgo_scatterv(sendbuf unsafe.Pointer, sendcounts, displs *C.size_t, recvbuf
 	if !a.ok() {
 		return a.fail()
 	}
-	return a.run(func() error { return x.c.Scatterv(bg, x.send, x.counts, x.displs, x.recv, x.dt, x.root) })
+	return a.callWithBuffers(func() error { return x.c.Scatterv(bg, x.send, x.counts, x.displs, x.recv, x.dt, x.root) })
 }
 
 //export nxgo_iscatterv
@@ -643,7 +643,7 @@ func nxgo_alltoallv(sendbuf unsafe.Pointer, sendcounts, sdispls *C.size_t, recvb
 	if !a.ok() {
 		return a.fail()
 	}
-	return a.run(func() error { return x.c.Alltoallv(bg, x.send, x.counts, x.displs, x.recv, x.rcounts, x.rdispls, x.dt) })
+	return a.callWithBuffers(func() error { return x.c.Alltoallv(bg, x.send, x.counts, x.displs, x.recv, x.rcounts, x.rdispls, x.dt) })
 }
 
 //export nxgo_ialltoallv

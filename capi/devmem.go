@@ -83,8 +83,9 @@ func (a *args) p2pBuf(name string, p unsafe.Pointer, n int, in, out bool, direct
 	return b
 }
 
-// run makes the call around its device buffers (hier.Call.Run).
-func (a *args) run(call func() error) C.int {
+// callWithBuffers makes the call around its device buffers (hier.Call.Run):
+// staged, or given device memory as it is, per the router.
+func (a *args) callWithBuffers(call func() error) C.int {
 	return a.result(a.call().Run(call))
 }
 

@@ -16,7 +16,7 @@ func BenchmarkBufHost(b *testing.B) {
 		a.allowDevice(false, nil)
 		s := a.buf("sendbuf", p, 8)
 		r := a.buf("recvbuf", p, 8)
-		if a.run(func() error { return nil }) != resSuccess || len(s)+len(r) != 16 {
+		if a.callWithBuffers(func() error { return nil }) != resSuccess || len(s)+len(r) != 16 {
 			b.Fatal("unexpected")
 		}
 	}

@@ -33,9 +33,9 @@ func send(a *args, buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag
 		return a.fail()
 	}
 	if a.dev.Direct() {
-		return a.run(func() error { return c.SendDevice(bg, b, p, uint64(tag)) })
+		return a.callWithBuffers(func() error { return c.SendDevice(bg, b, p, uint64(tag)) })
 	}
-	return a.run(func() error { return c.Send(bg, b, p, uint64(tag)) })
+	return a.callWithBuffers(func() error { return c.Send(bg, b, p, uint64(tag)) })
 }
 
 //export nxgo_recv
@@ -75,7 +75,7 @@ func recv(a *args, buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, tag
 		recv = c.RecvDevice
 	}
 	var st core.Status
-	if r := a.run(func() (err error) { st, err = recv(bg, b, p, uint64(tag)); return err }); r != resSuccess {
+	if r := a.callWithBuffers(func() (err error) { st, err = recv(bg, b, p, uint64(tag)); return err }); r != resSuccess {
 		return r
 	}
 	writeStatus(status, st, t.Size())

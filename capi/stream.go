@@ -29,7 +29,7 @@ func nxgo_allreduce_stream(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, 
 	if !a.ok() {
 		return a.fail()
 	}
-	return a.run(func() error { return x.c.Allreduce(bg, x.send, x.recv, x.dt, x.op) })
+	return a.callWithBuffers(func() error { return x.c.Allreduce(bg, x.send, x.recv, x.dt, x.op) })
 }
 
 //export nxgo_broadcast_stream
@@ -45,7 +45,7 @@ func nxgo_broadcast_stream(buf unsafe.Pointer, count C.size_t, dt, root C.int, c
 	if !a.ok() {
 		return a.fail()
 	}
-	return a.run(func() error { return c.Broadcast(bg, b, t, rt) })
+	return a.callWithBuffers(func() error { return c.Broadcast(bg, b, t, rt) })
 }
 
 //export nxgo_allgather_stream
@@ -61,7 +61,7 @@ func nxgo_allgather_stream(sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, 
 	if !a.ok() {
 		return a.fail()
 	}
-	return a.run(func() error { return x.c.Allgather(bg, x.send, x.recv, x.dt) })
+	return a.callWithBuffers(func() error { return x.c.Allgather(bg, x.send, x.recv, x.dt) })
 }
 
 //export nxgo_reduce_scatter_stream
@@ -77,7 +77,7 @@ func nxgo_reduce_scatter_stream(sendbuf, recvbuf unsafe.Pointer, recvcount C.siz
 	if !a.ok() {
 		return a.fail()
 	}
-	return a.run(func() error { x.aside(); return x.c.ReduceScatter(bg, x.send, x.recv, x.dt, x.op) })
+	return a.callWithBuffers(func() error { x.aside(); return x.c.ReduceScatter(bg, x.send, x.recv, x.dt, x.op) })
 }
 
 //export nxgo_send_stream

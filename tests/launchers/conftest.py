@@ -55,8 +55,11 @@ class Hosts:
             self.ip("-n", ns, "addr", "add", self.addrs[i] + "/24", "dev", IFNAME)
             self.ip("-n", ns, "link", "set", IFNAME, "up")
             self.ip("-n", ns, "link", "set", "lo", "up")
+            # The pods' own names too, as Kubernetes writes a pod's hosts
+            # file (its address, then its host name): torchrun's c10d
+            # rendezvous finds it hosts the store by resolving both.
             text = (f"127.0.0.1 localhost\n127.0.1.1 {self.names[i]}\n{self.addrs[1 - i]} {self.names[1 - i]}\n"
-                    + (f"{self.addrs[0]} {POD_NAMES}\n"))
+                    + f"{self.addrs[0]} {POD_NAMES} ddp-0\n{self.addrs[1]} ddp-1\n")
             d = f"/etc/netns/{ns}"
             os.makedirs(d, exist_ok=True)
             with open(f"{d}/hosts", "w") as f:
@@ -68,10 +71,11 @@ class Hosts:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
             shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
 
-    def argv(self, i, argv):
-        """argv on host i, under its host name and hosts file."""
+    def argv(self, i, argv, hostname=None):
+        """argv on host i, under its host name (or hostname, as a pod's)
+        and hosts file."""
         return ["ip", "netns", "exec", self.ns[i], "unshare", "--uts", "sh", "-c",
-                f'hostname {self.names[i]} && exec "$@"', "sh", *argv]
+                f'hostname {hostname or self.names[i]} && exec "$@"', "sh", *argv]
 
     def daemon_argv(self, i, argv):
         """argv on host i outside ip netns exec (which remounts /sys, where
@@ -80,8 +84,8 @@ class Hosts:
         return ["nsenter", f"--net=/run/netns/{self.ns[i]}", "unshare", "--mount", "--uts", "sh", "-c",
                 f'mount --bind {self.hostsfiles[i]} /etc/hosts && hostname {self.names[i]} && exec "$@"', "sh", *argv]
 
-    def popen(self, i, argv, env, cwd, daemon=False, out=None):
-        cmd = self.daemon_argv(i, argv) if daemon else self.argv(i, argv)
+    def popen(self, i, argv, env, cwd, daemon=False, out=None, hostname=None):
+        cmd = self.daemon_argv(i, argv) if daemon else self.argv(i, argv, hostname)
         return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out or subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
 

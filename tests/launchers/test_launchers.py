@@ -475,12 +475,13 @@ def test_k8s_torchrun_job_env_on_two_hosts(hosts, tmp_path):
     t0 = time.monotonic()
     for i in range(n):
         env, argv = _pod_env(c, i, override={"NPROC_PER_NODE": "1"})
-        procs.append(hosts.popen(i, argv, base_env(OUT_DIR=str(d), **env), str(d)))
+        # Each pod runs under its own name, as an indexed Job's pods do.
+        procs.append(hosts.popen(i, argv, base_env(OUT_DIR=str(d), **env), str(d), hostname=f"ddp-{i}"))
     rcs, outs = wait_all(procs, CASE_TIMEOUT)
     wall = time.monotonic() - t0
     assert rcs == [0] * n, "\n".join(outs)[-8000:]
     rows = check_ddp("".join(outs), n, "nexar")
-    assert hosts_of(rows) == ["host0", "host1"]
+    assert hosts_of(rows) == ["ddp-0", "ddp-1"]
     report("k8s torchrun Job env (no cluster)", wall_s=f"{wall:.1f}", nexar_20steps_ms=rows[0]["steps_ms"])
 
 

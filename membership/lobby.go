@@ -171,19 +171,21 @@ func (l *Lobby) Ready(ctx context.Context, window time.Duration) [][]byte {
 			}
 		}
 	}
-	t := time.NewTimer(window)
-	defer t.Stop()
+	// One deadline for all: a timer's channel fires once, and the waiters
+	// after the first silent one must see the window closed too.
+	wctx, cancel := context.WithTimeout(ctx, window)
+	defer cancel()
 	answered := func(w *lobbyWaiter) bool { return w.echoed.Load() == n }
+wait:
 	for _, w := range ws {
 		for !answered(w) {
 			select {
 			case <-w.echo:
-				continue
-			case <-t.C:
-			case <-ctx.Done():
+			case <-wctx.Done():
+				break wait
 			case <-l.done:
+				break wait
 			}
-			break
 		}
 	}
 	var ids [][]byte
@@ -393,9 +395,8 @@ func awaitAdmission(ctx context.Context, addrs []string, token []byte, o awaitOp
 		if ctx.Err() != nil {
 			return Admission{}, errorf(abi.ErrTimeout, "join", ctx.Err(), "not admitted to the job in time (%v); last tries: %s", ctx.Err(), strings.Join(tried, "; "))
 		}
-		if lc != nil {
-			continue // a lobby that went away: the others at once
-		}
+		// Also after a lobby that went away: one that takes connections
+		// and drops them must not make this a busy loop.
 		select {
 		case <-ctx.Done():
 		case <-time.After(backoff):

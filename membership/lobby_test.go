@@ -142,18 +142,29 @@ func TestLobbyReadyLeavesAStoppedJoiner(t *testing.T) {
 		stopped <- a
 	}()
 	first := waitWaiting(t, l, 1)[0]
-	go func() { _, _ = AwaitAdmission(ctx, []string{l.Addr().String()}, token) }()
+	// A second stopped joiner: the window must close for it too, not
+	// only for the first one silent (Ready's ctx here is 30 s).
+	go func() { _, _ = AwaitAdmissionPaused(ctx, []string{l.Addr().String()}, token, make(chan struct{})) }()
 	waitWaiting(t, l, 2)
-	ready := l.Ready(ctx, 300*time.Millisecond)
-	if len(ready) != 1 || string(ready[0]) == string(first) {
-		t.Fatalf("Ready returned %d joiners (the stopped one among them: %v), want only the live one", len(ready), len(ready) > 0 && string(ready[0]) == string(first))
+	go func() { _, _ = AwaitAdmission(ctx, []string{l.Addr().String()}, token) }()
+	waitWaiting(t, l, 3)
+	got := make(chan [][]byte, 1)
+	go func() { got <- l.Ready(ctx, 300*time.Millisecond) }()
+	var ready [][]byte
+	select {
+	case ready = <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Ready with two stopped joiners did not end at its window")
 	}
-	if n := len(l.Waiting()); n != 2 {
-		t.Fatalf("%d joiners waiting after Ready, want both", n)
+	if len(ready) != 1 || string(ready[0]) == string(first) {
+		t.Fatalf("Ready returned %d joiners (the first stopped one among them: %v), want only the live one", len(ready), len(ready) > 0 && string(ready[0]) == string(first))
+	}
+	if n := len(l.Waiting()); n != 3 {
+		t.Fatalf("%d joiners waiting after Ready, want all three", n)
 	}
 	close(resume)
-	if ready = l.Ready(ctx, 10*time.Second); len(ready) != 2 || string(ready[0]) != string(first) {
-		t.Fatalf("after the stopped joiner resumed, Ready returned %d joiners, want both, oldest first", len(ready))
+	if ready = l.Ready(ctx, 300*time.Millisecond); len(ready) != 2 || string(ready[0]) != string(first) {
+		t.Fatalf("after the first stopped joiner resumed, Ready returned %d joiners, want it and the live one, oldest first", len(ready))
 	}
 	want := Admission{Seed: "127.0.0.1:4242", Rank: 2, Size: 3, Gen: 2, Topology: "kregular:2"}
 	if !l.Admit(first, want) {

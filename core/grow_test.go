@@ -88,6 +88,23 @@ func startJoinersVia(t *testing.T, lists [][]string, jc Config, members []*Comm)
 	}
 }
 
+// lobbyOf is the lobby c's node holds now (nil: none).
+func lobbyOf(c *Comm) *membership.Lobby {
+	c.n.mu.Lock()
+	defer c.n.mu.Unlock()
+	return c.n.lobby.get()
+}
+
+// waitWaiting waits until n joiners wait in c's lobby.
+func waitWaiting(t *testing.T, c *Comm, n int, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); len(lobbyOf(c).Waiting()) != n; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d joiners waiting in rank %d's lobby, want %d", what, len(lobbyOf(c).Waiting()), c.Rank(), n)
+		}
+	}
+}
+
 type joinResult struct {
 	c   *Comm
 	err error
@@ -432,31 +449,14 @@ func TestGrowLeavesAStoppedJoinerWaiting(t *testing.T) {
 	resume := make(chan struct{})
 	defer close(resume)
 	go func() { _, _ = membership.AwaitAdmissionPaused(ctx, addrs, jc.Token, resume) }()
-	lobby0 := func() *membership.Lobby {
-		comms[0].n.mu.Lock()
-		defer comms[0].n.mu.Unlock()
-		return comms[0].n.lobby.get()
-	}
-	for deadline := time.Now().Add(20 * time.Second); len(lobby0().Waiting()) != 1; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the stopped joiner never waited in the lobby")
-		}
-	}
+	waitWaiting(t, comms[0], 1, "the stopped joiner")
 	joined := startJoiners(t, 1, jc, addrs, comms[:1])
-	// startJoiners counted the stopped one: wait for both.
-	for deadline := time.Now().Add(20 * time.Second); len(lobby0().Waiting()) != 2; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the live joiner never waited in the lobby")
-		}
-	}
+	waitWaiting(t, comms[0], 2, "the live joiner") // startJoiners counted the stopped one
 	start := time.Now()
 	world := growAll(t, comms, joined, 1)
 	t.Logf("grow with a stopped joiner in the lobby: %v", time.Since(start).Round(time.Millisecond))
 	sumCheck(t, world)
-	world[0].n.mu.Lock()
-	lb := world[0].n.lobby.get() // the grown world's node has the lobby now
-	world[0].n.mu.Unlock()
-	if n := len(lb.Waiting()); n != 1 {
+	if n := len(lobbyOf(world[0]).Waiting()); n != 1 { // the grown world's node has the lobby now
 		t.Fatalf("%d joiners wait in rank 0's lobby after the grow, want the stopped one", n)
 	}
 }

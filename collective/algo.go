@@ -86,13 +86,19 @@ type Tuning struct {
 	// Layout, when set, fits the schedules to a sparse graph of who talks
 	// directly (layout.go); nil: rank order. Part of Digest.
 	Layout Layout
+
+	// Hosts, when set, says which host each rank runs on (hosts.go):
+	// allreduces in the ring's size range then take the two-level schedule
+	// (AlgoHier) where every host runs the same number of ranks, at least
+	// two. core fills it from where the ranks run. Part of Digest.
+	Hosts *HostMap
 }
 
 // Forced names an algorithm per collective; AlgoAuto lets the size decide.
 // A value that a collective does not implement makes its calls fail with an
 // error naming both.
 type Forced struct {
-	Allreduce Algorithm // AlgoRecursiveDoubling, AlgoRing, AlgoTree
+	Allreduce Algorithm // AlgoRecursiveDoubling, AlgoRing, AlgoTree, AlgoHier
 	Reduce    Algorithm // AlgoBinomial, AlgoRing
 	Broadcast Algorithm // AlgoBinomial, AlgoPipeline
 	Allgather Algorithm // AlgoBruck, AlgoRing
@@ -183,6 +189,9 @@ func (t Tuning) Digest() uint16 {
 	if t.Layout != nil {
 		mix(t.Layout.Digest())
 	}
+	if t.Hosts != nil {
+		mix(t.Hosts.Digest())
+	}
 	return uint16(h ^ h>>16)
 }
 
@@ -200,9 +209,10 @@ const (
 	AlgoLinear
 	AlgoPairwise
 	AlgoTree // a reduction up a spanning tree and a broadcast down it (Layout.Tree, else binomial)
+	AlgoHier // two levels: within each host, then between hosts (Tuning.Hosts)
 )
 
-var algoNames = [...]string{"auto", "recursive-doubling", "ring", "binomial", "pipeline", "bruck", "linear", "pairwise", "tree"}
+var algoNames = [...]string{"auto", "recursive-doubling", "ring", "binomial", "pipeline", "bruck", "linear", "pairwise", "tree", "hier"}
 
 func (a Algorithm) String() string {
 	if int(a) < len(algoNames) {
@@ -330,11 +340,16 @@ func sendChunks(ctx context.Context, l Link, peer int, base uint32, data []byte,
 }
 
 func (s *steps) recvMsg(ctx context.Context, l Link, peer int, base uint32, buf []byte) error {
-	if len(buf) <= s.chunk {
+	return recvChunks(ctx, l, peer, base, buf, s.chunk)
+}
+
+// recvChunks receives buf as consecutive chunks starting at step base.
+func recvChunks(ctx context.Context, l Link, peer int, base uint32, buf []byte, chunk int) error {
+	if len(buf) <= chunk {
 		return l.Recv(ctx, peer, base, buf)
 	}
-	for off, i := 0, uint32(0); off < len(buf); off, i = off+s.chunk, i+1 {
-		end := min(off+s.chunk, len(buf))
+	for off, i := 0, uint32(0); off < len(buf); off, i = off+chunk, i+1 {
+		end := min(off+chunk, len(buf))
 		if err := l.Recv(ctx, peer, base+i, buf[off:end]); err != nil {
 			return err
 		}
@@ -362,18 +377,23 @@ func (s *steps) exchange(ctx context.Context, l Link, to int, data []byte, from 
 	if x, ok := l.(Exchanger); ok {
 		return x.Exchange(ctx, to, sb, data, from, rb, buf, s.chunk)
 	}
+	return exchangeChunks(ctx, l, to, sb, data, from, rb, buf, s.chunk)
+}
+
+// exchangeChunks is exchange over a Link that is not an Exchanger, with
+// the steps reserved (sb, rb) and the chunk size given.
+func exchangeChunks(ctx context.Context, l Link, to int, sb uint32, data []byte, from int, rb uint32, buf []byte, chunk int) error {
 	if len(data) <= InlineSendMax {
-		if err := s.sendMsg(ctx, l, to, sb, data); err != nil {
+		if err := sendChunks(ctx, l, to, sb, data, chunk); err != nil {
 			return err
 		}
-		return s.recvMsg(ctx, l, from, rb, buf)
+		return recvChunks(ctx, l, from, rb, buf, chunk)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 1)
-	chunk := s.chunk
 	go func() { errc <- sendChunks(ctx, l, to, sb, data, chunk) }()
-	rerr := s.recvMsg(ctx, l, from, rb, buf)
+	rerr := recvChunks(ctx, l, from, rb, buf, chunk)
 	if rerr != nil {
 		cancel()
 	}

@@ -31,21 +31,34 @@ func Allreduce(ctx context.Context, l Link, send, recv []byte, dt DType, op Op) 
 		threshold = l.Tuning().AllreduceRingThresholdMany
 	}
 	lay := l.Tuning().Layout
+	hosts, hier := twoLevel(l)
 	switch {
+	case len(recv) >= threshold && count >= size && hier && lay == nil:
+		auto = AlgoHier
 	case len(recv) >= threshold && count >= size:
 		auto = AlgoRing
 	case lay != nil && !lay.Cube():
 		auto = AlgoTree // recursive doubling's partners would be relayed
 	}
-	algo, err := choose("allreduce", l.Tuning().Force.Allreduce, auto, AlgoRecursiveDoubling, AlgoRing, AlgoTree)
+	algo, err := choose("allreduce", l.Tuning().Force.Allreduce, auto, AlgoRecursiveDoubling, AlgoRing, AlgoTree, AlgoHier)
 	if err != nil {
 		return err
+	}
+	if algo == AlgoHier && !hier {
+		return fmt.Errorf("collective: allreduce's hier algorithm needs Tuning.Hosts with at least two hosts of equal rank counts (two or more each); have %v", hostsDesc(l))
 	}
 	if size == 1 || count == 0 {
 		if send != nil {
 			copy(recv, send)
 		}
 		return nil
+	}
+	if algo == AlgoHier {
+		in := send
+		if in == nil {
+			in = recv
+		}
+		return hierAllreduce(ctx, l, hosts, in, recv, dt, op)
 	}
 	var st steps
 	st.init(l)

@@ -1,0 +1,210 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+)
+
+// HostMap says which host each rank of a Link runs on (Tuning.Hosts), so
+// that a collective can cross the link between hosts the least number of
+// times: the two-level allreduce (AlgoHier) reduces inside each host over
+// its local paths (shared memory), allreduces between hosts only the
+// block each local rank owns, and gathers the blocks inside each host
+// again. With H hosts of L ranks each, the bytes that leave a host per
+// allreduce of S bytes are 2(H-1)/H·S, the least any schedule sends; the
+// flat ring in rank order sends L times that when the hosts' ranks are
+// contiguous (each of a host's ring edges carries 2(n-1)/n·S, and a ring
+// crosses between hosts at least H times).
+//
+// A HostMap is immutable after NewHostMap and safe for concurrent use;
+// rank numbers are the Link's.
+type HostMap struct {
+	of     []int   // rank -> host index (0..hosts-1, by first rank)
+	groups [][]int // host index -> its ranks, ascending
+	digest uint64
+}
+
+// NewHostMap builds the map from each rank's host key (any string that is
+// equal for ranks on one host and different otherwise). Hosts are numbered
+// in the order of their lowest rank, so every rank builds the same map
+// from the same keys.
+func NewHostMap(keys []string) *HostMap {
+	h := &HostMap{of: make([]int, len(keys))}
+	idx := make(map[string]int, len(keys))
+	d := uint64(14695981039346656037)
+	for r, k := range keys {
+		i, ok := idx[k]
+		if !ok {
+			i = len(h.groups)
+			idx[k] = i
+			h.groups = append(h.groups, nil)
+		}
+		h.of[r] = i
+		h.groups[i] = append(h.groups[i], r)
+		d ^= uint64(i) + 1
+		d *= 1099511628211
+	}
+	h.digest = d
+	return h
+}
+
+// Size is the number of ranks the map covers.
+func (h *HostMap) Size() int { return len(h.of) }
+
+// Hosts is the number of distinct hosts.
+func (h *HostMap) Hosts() int { return len(h.groups) }
+
+// Of returns the host index of rank r.
+func (h *HostMap) Of(r int) int { return h.of[r] }
+
+// Digest identifies the grouping (not the keys): two maps that group the
+// ranks alike have equal digests.
+func (h *HostMap) Digest() uint64 { return h.digest }
+
+// String is the grouping, e.g. "2 hosts x 2 ranks" or "3 hosts (1-4 ranks)".
+func (h *HostMap) String() string {
+	if l, ok := h.uniform(); ok {
+		return fmt.Sprintf("%d hosts x %d ranks", len(h.groups), l)
+	}
+	lo, hi := len(h.of), 0
+	for _, g := range h.groups {
+		lo, hi = min(lo, len(g)), max(hi, len(g))
+	}
+	return fmt.Sprintf("%d hosts (%d-%d ranks)", len(h.groups), lo, hi)
+}
+
+// uniform returns the ranks per host when every host has the same number.
+func (h *HostMap) uniform() (int, bool) {
+	if len(h.groups) == 0 {
+		return 0, false
+	}
+	l := len(h.groups[0])
+	for _, g := range h.groups[1:] {
+		if len(g) != l {
+			return 0, false
+		}
+	}
+	return l, true
+}
+
+// twoLevel reports whether the two-level schedules apply to l: a HostMap
+// of l's size with at least two hosts, every host running the same number
+// (at least two) of l's ranks. Hosts with unequal rank counts keep the
+// flat schedules (a block per local rank would not line up across hosts).
+func twoLevel(l Link) (*HostMap, bool) {
+	h := l.Tuning().Hosts
+	if h == nil || h.Size() != l.Size() || h.Hosts() < 2 {
+		return nil, false
+	}
+	if n, ok := h.uniform(); !ok || n < 2 {
+		return nil, false
+	}
+	return h, true
+}
+
+// levels returns rank's two sub-links: the ranks on its host, and the
+// ranks at its position (local index) on every host, by host index.
+func (h *HostMap) levels(l Link) (local, across *subLink) {
+	rank := l.Rank()
+	mine := h.groups[h.of[rank]]
+	li := 0
+	for i, r := range mine {
+		if r == rank {
+			li = i
+		}
+	}
+	peers := make([]int, len(h.groups))
+	for i, g := range h.groups {
+		peers[i] = g[li]
+	}
+	return newSubLink(l, mine, li), newSubLink(l, peers, h.of[rank])
+}
+
+// hierAllreduce is the two-level allreduce: a ring reduce-scatter among
+// the L ranks of each host leaves local rank i the host's sum of block i;
+// the ranks at position i on every host allreduce that block between
+// hosts (Allreduce over them: their own size decides the schedule); a ring
+// allgather inside each host completes every rank's result. Every element
+// is combined by one expression tree (its host sums in local ring order,
+// then the hosts' sums in the between-host schedule's order), so all ranks
+// get the same bits. The local and between-host peers are disjoint, so
+// their step counters cannot collide.
+func hierAllreduce(ctx context.Context, l Link, h *HostMap, in, recv []byte, dt DType, op Op) error {
+	local, across := h.levels(l)
+	var st steps
+	st.init(local)
+	es := dt.Size()
+	blocks := balanced(recv, local.Size(), es)
+	mine := blocks[local.Rank()]
+	if err := st.ringReduceScatter(ctx, local, balanced(in, local.Size(), es), mine, dt, redOp(op)); err != nil {
+		return err
+	}
+	if err := Allreduce(ctx, across, nil, mine, dt, redOp(op)); err != nil {
+		return err
+	}
+	if op == Avg {
+		FinishAvg(mine, dt, l.Size())
+	}
+	return st.ringAllgather(ctx, local, blocks)
+}
+
+// subLink is a Link over some of another Link's ranks: rank i of the
+// subLink is rank members[i] of the parent. It carries the parent's tuning
+// without Layout and Hosts (both are about the parent's ranks) and passes
+// the parent's extensions through, mapping ranks.
+type subLink struct {
+	parent  Link
+	members []int
+	rank    int
+	tuning  Tuning
+}
+
+func newSubLink(parent Link, members []int, rank int) *subLink {
+	t := *parent.Tuning()
+	t.Layout, t.Hosts = nil, nil
+	t.Force = Forced{}
+	return &subLink{parent: parent, members: members, rank: rank, tuning: t}
+}
+
+func (s *subLink) Rank() int             { return s.rank }
+func (s *subLink) Size() int             { return len(s.members) }
+func (s *subLink) Tuning() *Tuning       { return &s.tuning }
+func (s *subLink) Scratch() *ScratchPool { return scratchOf(s.parent) }
+
+func (s *subLink) Send(ctx context.Context, peer int, step uint32, data []byte) error {
+	return s.parent.Send(ctx, s.members[peer], step, data)
+}
+
+func (s *subLink) Recv(ctx context.Context, peer int, step uint32, buf []byte) error {
+	return s.parent.Recv(ctx, s.members[peer], step, buf)
+}
+
+func (s *subLink) Stream(peer int) bool { return streams(s.parent, s.members[peer]) }
+
+func (s *subLink) Exchange(ctx context.Context, to int, sbase uint32, data []byte, from int, rbase uint32, buf []byte, chunk int) error {
+	to, from = s.members[to], s.members[from]
+	if x, ok := s.parent.(Exchanger); ok {
+		return x.Exchange(ctx, to, sbase, data, from, rbase, buf, chunk)
+	}
+	return exchangeChunks(ctx, s.parent, to, sbase, data, from, rbase, buf, chunk)
+}
+
+func (s *subLink) Post(ctx context.Context, peer int, step uint32, buf []byte) (func() error, error) {
+	w, err := post(ctx, s.parent, s.members[peer], step, [][]byte{buf})
+	if err != nil {
+		return nil, err
+	}
+	return w[0], nil
+}
+
+// hostsDesc describes l's HostMap for an error.
+func hostsDesc(l Link) string {
+	h := l.Tuning().Hosts
+	if h == nil {
+		return "none"
+	}
+	if h.Size() != l.Size() {
+		return fmt.Sprintf("a map of %d ranks for %d", h.Size(), l.Size())
+	}
+	return h.String()
+}

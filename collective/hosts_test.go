@@ -1,0 +1,199 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// withHosts sets testTuning.Hosts from comma-separated host keys (one per
+// rank) for the duration of f.
+func withHosts(keys string, f func()) {
+	old := testTuning.Hosts
+	testTuning.Hosts = NewHostMap(strings.Split(keys, ","))
+	defer func() { testTuning.Hosts = old }()
+	f()
+}
+
+func TestHostMap(t *testing.T) {
+	h := NewHostMap([]string{"b", "a", "b", "c", "a", "c"})
+	if h.Hosts() != 3 || h.Of(0) != 0 || h.Of(1) != 1 || h.Of(3) != 2 || h.Of(4) != 1 {
+		t.Fatalf("hosts numbered by lowest rank: got %v", h.of)
+	}
+	if got := h.String(); got != "3 hosts x 2 ranks" {
+		t.Fatalf("String: %q", got)
+	}
+	if NewHostMap([]string{"x", "y", "x", "z", "y", "z"}).Digest() != h.Digest() {
+		t.Fatal("the same grouping under other keys has another digest")
+	}
+	if NewHostMap([]string{"a", "a", "b", "b", "c", "c"}).Digest() == h.Digest() {
+		t.Fatal("another grouping has the same digest")
+	}
+	if got := NewHostMap([]string{"a", "a", "a", "b"}).String(); got != "2 hosts (1-3 ranks)" {
+		t.Fatalf("String: %q", got)
+	}
+}
+
+// hierLayouts are host assignments (rank order) the two-level allreduce
+// must handle: contiguous, interleaved, and scattered ranks.
+var hierLayouts = []string{"A,A,B,B", "A,B,A,B", "A,A,A,B,B,B", "A,B,C,A,B,C", "B,A,A,C,C,B", "A,B,B,A,A,B,B,A"}
+
+func TestAllreduceHier(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	combos := someCombos()
+	if !quick() {
+		combos = allCombos()
+	}
+	for _, keys := range hierLayouts {
+		n := strings.Count(keys, ",") + 1
+		t.Run(keys, func(t *testing.T) {
+			withHosts(keys, func() {
+				withForce(&testTuning.Force.Allreduce, AlgoHier, func() {
+					for _, count := range []int{0, 1, n, 7, 1000} {
+						for _, c := range combos {
+							checkAllreduce(t, rng, n, count, c, false)
+							checkAllreduce(t, rng, n, count, c, true)
+						}
+					}
+				})
+				// Auto: a payload in the ring's range takes the two
+				// levels (TestAllreduceHierCrossesLeast checks that it did).
+				for _, c := range quickCombos {
+					checkAllreduce(t, rng, n, largeCount/4, c, false)
+					checkAllreduce(t, rng, n, largeCount/4, c, true)
+				}
+			})
+		})
+	}
+}
+
+// TestAllreduceHierStreams: the between-host step over links that stream
+// takes the fused pair schedule (2 hosts), with other ranks not streaming.
+func TestAllreduceHierStreams(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	old := testStream
+	testStream = func(rank int) bool { return rank%2 == 0 }
+	defer func() { testStream = old }()
+	withHosts("A,B,A,B", func() {
+		for _, c := range quickCombos {
+			checkAllreduce(t, rng, 4, largeCount/4, c, false)
+		}
+	})
+}
+
+func TestAllreduceHierBitIdentical(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	for _, keys := range []string{"A,B,A,B,A,B", "A,A,B,B,C,C"} {
+		withHosts(keys, func() {
+			withForce(&testTuning.Force.Allreduce, AlgoHier, func() {
+				n := 6
+				for _, c := range []combo{{Float32, Sum}, {Float64, Avg}, {BFloat16, Prod}} {
+					count := 4001
+					ins := make([][]byte, n)
+					outs := make([][]byte, n)
+					for r := range ins {
+						ins[r] = make([]byte, count*c.dt.Size())
+						for i := 0; i < count; i++ {
+							putFloat(ins[r], c.dt, i, rng.NormFloat64()*1e3)
+						}
+						outs[r] = make([]byte, len(ins[r]))
+					}
+					runRanks(t, n, func(ctx context.Context, l Link) error {
+						return Allreduce(ctx, l, ins[l.Rank()], outs[l.Rank()], c.dt, c.op)
+					})
+					for r := 1; r < n; r++ {
+						equalBytes(t, fmt.Sprintf("%s %v rank %d vs 0", keys, c, r), outs[r], outs[0])
+					}
+				}
+			})
+		})
+	}
+}
+
+// crossLink counts the payload bytes its rank sends to ranks on other
+// hosts.
+type crossLink struct {
+	*memLink
+	hosts *HostMap
+	cross *atomic.Int64
+}
+
+func (c crossLink) Send(ctx context.Context, peer int, step uint32, data []byte) error {
+	if c.hosts.Of(peer) != c.hosts.Of(c.rank) {
+		c.cross.Add(int64(len(data)))
+	}
+	return c.memLink.Send(ctx, peer, step, data)
+}
+
+// crossBytes runs one float32 sum allreduce of count elements on the hosts
+// keys and returns the bytes that crossed between hosts.
+func crossBytes(t *testing.T, keys string, count int, force Algorithm) int64 {
+	t.Helper()
+	var cross atomic.Int64
+	withHosts(keys, func() {
+		withForce(&testTuning.Force.Allreduce, force, func() {
+			n := strings.Count(keys, ",") + 1
+			net := newMemNet(n)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			var wg sync.WaitGroup
+			errs := make([]error, n)
+			for r := 0; r < n; r++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					l := crossLink{&memLink{net, r}, net.tuning.Hosts, &cross}
+					buf := make([]byte, 4*count)
+					errs[r] = Allreduce(ctx, l, nil, buf, Float32, Sum)
+				}()
+			}
+			wg.Wait()
+			for r, err := range errs {
+				if err != nil {
+					t.Fatalf("%s rank %d: %v", keys, r, err)
+				}
+			}
+		})
+	})
+	return cross.Load()
+}
+
+// TestAllreduceHierCrossesLeast: with H hosts the least a schedule can
+// send between hosts per allreduce of S bytes is 2(H-1)·S in all (each
+// host must send its contribution to every element once and receive the
+// others' once); the automatic choice reaches it, the flat ring does not.
+func TestAllreduceHierCrossesLeast(t *testing.T) {
+	count := 1 << 20 // 4 MiB: in the ring's range
+	s := int64(4 * count)
+	for _, keys := range []string{"A,A,B,B", "A,B,A,B", "A,A,A,B,B,B", "A,B,C,A,B,C"} {
+		hosts := int64(NewHostMap(strings.Split(keys, ",")).Hosts())
+		least := 2 * (hosts - 1) * s
+		if got := crossBytes(t, keys, count, AlgoAuto); got != least {
+			t.Errorf("%s: auto sent %d bytes between hosts, the least is %d (%.2fx)", keys, got, least, float64(got)/float64(least))
+		}
+		if got := crossBytes(t, keys, count, AlgoRing); got <= least {
+			t.Errorf("%s: the flat ring sent %d bytes between hosts, no more than the least %d: the check cannot tell", keys, got, least)
+		}
+	}
+}
+
+func TestAllreduceHierUnusable(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	// Unequal hosts: auto keeps the flat ring, forcing hier is an error.
+	withHosts("A,A,A,B", func() {
+		checkAllreduce(t, rng, 4, largeCount/4, combo{Float32, Sum}, false)
+		withForce(&testTuning.Force.Allreduce, AlgoHier, func() {
+			err := tryRanks(4, 10*time.Second, func(ctx context.Context, l Link) error {
+				return Allreduce(ctx, l, nil, make([]byte, 64), Float32, Sum)
+			})
+			if err == nil || !strings.Contains(err.Error(), "2 hosts (1-3 ranks)") {
+				t.Fatalf("forced hier on unequal hosts: %v", err)
+			}
+		})
+	})
+}

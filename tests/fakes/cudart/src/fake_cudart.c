@@ -16,10 +16,23 @@
 //   other blocking streams is NOT modelled (the fake is stricter: only
 //   explicit events order streams). cudaMemcpy runs on it and waits.
 //
+// - Kernels: cudaLaunchKernel runs the fake's one "kernel",
+//   nexarFakeCudaKernel(long long us, const char* label), which occupies its
+//   stream for us microseconds (compute that tests place on a stream).
+// - cuStreamWaitValue32 (driver API): the stream waits until a 32-bit word
+//   in host memory meets the condition, polled by the stream's thread.
+// - A timeline, when NEXAR_FAKE_CUDA_TIMELINE is set (its value: how many
+//   entries to keep): each copy, kernel, event record, stream wait, memory
+//   wait and host function with its stream, addresses, size, when it was
+//   enqueued, when the enqueuing call returned to the host, and when it
+//   started and ended on its stream (CLOCK_MONOTONIC ns, Python's
+//   time.monotonic_ns). Read with nexarFakeCudaTimeline; tests add host
+//   marks with nexarFakeCudaTimelineMark.
+//
 // Only entry points of the real runtime, with their real signatures
 // (CUDA 12 runtime API); enum arguments are passed as int, which is their
-// ABI. One exception, for the other fakes only: nexarFakeCudaDeviceAlias
-// (at the end). Thread-safe throughout.
+// ABI. Exceptions, for the other fakes and tests only: nexarFakeCudaDeviceAlias,
+// nexarFakeCudaKernel and the timeline's (at the end). Thread-safe throughout.
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -42,6 +55,7 @@ enum {
     cudaSuccess = 0,
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidDeviceFunction = 98,
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
@@ -342,10 +356,72 @@ const char* cudaGetErrorName(cudaError_t error) {
 
 // ---- streams and events -----------------------------------------------------
 
-enum { opCopy, opRecord, opWait, opHost, opMarker };
+enum { opCopy, opRecord, opWait, opHost, opMarker, opKernel, opWaitValue };
+
+// ---- timeline (NEXAR_FAKE_CUDA_TIMELINE) --------------------------------------
+
+struct tl_rec {
+    int kind;     // an op kind, or -1 for a host mark
+    int dir;      // a copy's cudaMemcpyKind as resolved: memHost2Device...
+    uintptr_t stream, dst, src;
+    size_t n;
+    int64_t enq, ret, start, end;  // CLOCK_MONOTONIC ns; 0: not (yet)
+    char label[32];
+};
+
+static pthread_once_t tl_once = PTHREAD_ONCE_INIT;
+static struct tl_rec* tl;  // NULL: no timeline
+static size_t tl_cap;
+static size_t tl_len;  // entries taken (atomic); past tl_cap they are dropped
+
+static void tl_init(void) {
+    const char* v = getenv("NEXAR_FAKE_CUDA_TIMELINE");
+    long n = v ? atol(v) : 0;
+    if (v && *v && n <= 0) n = 65536;
+    if (n > 0) {
+        tl = calloc((size_t)n, sizeof *tl);
+        tl_cap = tl ? (size_t)n : 0;
+    }
+}
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+// tl_new takes an entry (enqueued now) and returns its index + 1, or 0
+// when there is no timeline or it is full.
+static size_t tl_new(int kind, const void* stream, const void* dst, const void* src, size_t n, const char* label) {
+    pthread_once(&tl_once, tl_init);
+    if (tl == NULL) return 0;
+    size_t i = __atomic_fetch_add(&tl_len, 1, __ATOMIC_RELAXED);
+    if (i >= tl_cap) return 0;
+    struct tl_rec* r = &tl[i];
+    r->kind = kind;
+    r->stream = (uintptr_t)stream;
+    r->dst = (uintptr_t)dst;
+    r->src = (uintptr_t)src;
+    r->n = n;
+    if (label) snprintf(r->label, sizeof r->label, "%s", label);
+    __atomic_store_n(&r->enq, now_ns(), __ATOMIC_RELEASE);
+    return i + 1;
+}
+
+static void tl_set(size_t id, int64_t* (*field)(struct tl_rec*)) {
+    if (id) __atomic_store_n(field(&tl[id - 1]), now_ns(), __ATOMIC_RELEASE);
+}
+static int64_t* f_ret(struct tl_rec* r) { return &r->ret; }
+static int64_t* f_start(struct tl_rec* r) { return &r->start; }
+static int64_t* f_end(struct tl_rec* r) { return &r->end; }
 
 struct op {
     int kind;
+    size_t tl;  // timeline entry + 1, or 0
+    long long us;        // opKernel: how long it runs
+    uint32_t* word;      // opWaitValue: the word, its value and condition
+    uint32_t value;
+    unsigned int cond;
     char *dst;
     const char* src;
     size_t n;
@@ -383,6 +459,24 @@ static long delay_us(void) {
     return s ? atol(s) : 2000;
 }
 
+// The conditions of cuStreamWaitValue32 (CU_STREAM_WAIT_VALUE_GEQ is a
+// cyclic comparison, as CUDA's).
+enum { waitGEQ = 0, waitEQ = 1, waitAND = 2, waitNOR = 3 };
+
+static int wait_value_met(uint32_t have, uint32_t want, unsigned int cond) {
+    switch (cond) {
+        case waitGEQ:
+            return (int32_t)(have - want) >= 0;
+        case waitEQ:
+            return have == want;
+        case waitAND:
+            return (have & want) != 0;
+        case waitNOR:
+            return ~(have | want) != 0;
+    }
+    return 1;
+}
+
 static void* stream_main(void* arg) {
     struct fstream* s = arg;
     long d = delay_us();
@@ -399,11 +493,24 @@ static void* stream_main(void* arg) {
         s->busy = 1;
         pthread_mutex_unlock(&s->mu);
 
+        tl_set(o->tl, f_start);
         if (d > 0 && o->kind == opCopy) {
             struct timespec ts = {d / 1000000, (d % 1000000) * 1000};
             nanosleep(&ts, NULL);
         }
         switch (o->kind) {
+            case opKernel:
+                if (o->us > 0) {
+                    struct timespec ts = {o->us / 1000000, (o->us % 1000000) * 1000};
+                    nanosleep(&ts, NULL);
+                }
+                break;
+            case opWaitValue:
+                while (!wait_value_met(__atomic_load_n(o->word, __ATOMIC_ACQUIRE), o->value, o->cond)) {
+                    struct timespec ts = {0, 20000};
+                    nanosleep(&ts, NULL);
+                }
+                break;
             case opCopy:
                 memmove(o->dst, o->src, o->n);
                 break;
@@ -428,6 +535,7 @@ static void* stream_main(void* arg) {
             case opMarker:
                 break;
         }
+        tl_set(o->tl, f_end);
         pthread_mutex_lock(&s->mu);
         s->head = o->next;
         if (s->head == NULL) {
@@ -581,10 +689,12 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t st) {
     struct op* o = calloc(1, sizeof *o);
     o->kind = opRecord;
     o->ev = event;
+    o->tl = tl_new(opRecord, s, event, NULL, 0, NULL);
     pthread_mutex_lock(&emu);
     o->gen = ++event->recorded;
     pthread_mutex_unlock(&emu);
     enqueue(s, o);
+    tl_set(o->tl, f_ret);
     return cudaSuccess;
 }
 
@@ -620,10 +730,12 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t event, unsigned int
     struct op* o = calloc(1, sizeof *o);
     o->kind = opWait;
     o->ev = event;
+    o->tl = tl_new(opWait, s, NULL, event, 0, NULL);
     pthread_mutex_lock(&emu);
     o->gen = event->recorded;  // the record current at the call, as CUDA
     pthread_mutex_unlock(&emu);
     enqueue(s, o);
+    tl_set(o->tl, f_ret);
     return cudaSuccess;
 }
 
@@ -636,7 +748,9 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t st, cudaHostFn_t fn, void* userData)
     o->kind = opHost;
     o->fn = fn;
     o->user = userData;
+    o->tl = tl_new(opHost, s, NULL, NULL, 0, NULL);
     enqueue(s, o);
+    tl_set(o->tl, f_ret);
     return cudaSuccess;
 }
 
@@ -682,7 +796,16 @@ static cudaError_t memcpy_async(void* dst, const void* src, size_t count, int ki
     o->dst = d;
     o->src = sp;
     o->n = count;
+    // The timeline names the caller's addresses (a device pointer, not its
+    // alias) and the direction the addresses have.
+    int ddev, sdev;
+    char* ignore;
+    resolve(dst, count, &ignore, &ddev);
+    resolve(src, count, &ignore, &sdev);
+    o->tl = tl_new(opCopy, s, dst, src, count, NULL);
+    if (o->tl) tl[o->tl - 1].dir = ddev ? (sdev ? memDevice2Device : memHost2Device) : (sdev ? memDevice2Host : memHost2Host);
     enqueue(s, o);
+    tl_set(o->tl, f_ret);
     return cudaSuccess;
 }
 
@@ -691,11 +814,19 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, int kind, 
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, int kind) {
+    size_t before = tl ? __atomic_load_n(&tl_len, __ATOMIC_RELAXED) : 0;
     cudaError_t e = memcpy_async(dst, src, count, kind, NULL);
     if (e != cudaSuccess) {
         return e;
     }
-    return stream_sync(NULL);
+    e = stream_sync(NULL);
+    // A synchronous copy returns to the host after it ran: its entry (the
+    // first taken since the call began, by this thread's copy) says so.
+    if (tl && before < tl_cap && before < __atomic_load_n(&tl_len, __ATOMIC_RELAXED) && tl[before].kind == opCopy &&
+        tl[before].dst == (uintptr_t)dst) {
+        tl_set(before + 1, f_ret);
+    }
+    return e;
 }
 
 cudaError_t cudaMemset(void* devPtr, int value, size_t count) {
@@ -789,4 +920,131 @@ int cuMemGetHandleForAddressRange(void* handle, unsigned long long dptr, size_t 
 // asks it for the memory behind a device range it is told to register.
 int nexar_fake_cuda_export(const void* p, size_t n, int* fd, uint64_t* off) {
     return export_range((uintptr_t)p, n, fd, off);
+}
+
+// ---- kernels, stream memory operations, timeline (tests only) ----------------
+
+// dim3 as CUDA declares it; passed by value.
+typedef struct {
+    unsigned int x, y, z;
+} dim3;
+
+// nexarFakeCudaKernel is the fake's one kernel: launched with
+// cudaLaunchKernel(nexarFakeCudaKernel, grid, block, args, 0, stream), where
+// args[0] points to a long long (microseconds it runs) and args[1] to a
+// const char* (its label on the timeline, may be NULL), it occupies its
+// stream that long. Called directly, it does nothing: kernels run on streams.
+void nexarFakeCudaKernel(long long us, const char* label) {
+    (void)us;
+    (void)label;
+}
+
+cudaError_t cudaLaunchKernel(const void* func, dim3 gridDim, dim3 blockDim, void** args, size_t sharedMem,
+                             cudaStream_t st) {
+    (void)sharedMem;
+    struct fstream* s = stream(st);
+    if (s == NULL) {
+        return ret(cudaErrorInvalidResourceHandle);
+    }
+    if (func != (const void*)nexarFakeCudaKernel) {
+        return ret(cudaErrorInvalidDeviceFunction);
+    }
+    if (args == NULL || args[0] == NULL || gridDim.x * gridDim.y * gridDim.z == 0 ||
+        blockDim.x * blockDim.y * blockDim.z == 0) {
+        return ret(cudaErrorInvalidValue);
+    }
+    struct op* o = calloc(1, sizeof *o);
+    o->kind = opKernel;
+    o->us = *(const long long*)args[0];
+    const char* label = args[1] ? *(const char* const*)args[1] : NULL;
+    o->tl = tl_new(opKernel, s, NULL, NULL, 0, label);
+    enqueue(s, o);
+    tl_set(o->tl, f_ret);
+    return cudaSuccess;
+}
+
+// cuStreamWaitValue32 (driver API; CUDA 12 names it cuStreamWaitValue32_v2):
+// work enqueued on stream after it waits until the 32-bit word at addr
+// meets flags' condition against value. addr is host memory (pinned, as
+// CUDA needs) or device memory of the fake's.
+int cuStreamWaitValue32(cudaStream_t st, unsigned long long addr, uint32_t value, unsigned int flags) {
+    struct fstream* s = stream(st);
+    if (s == NULL) {
+        return 400;  // CUDA_ERROR_INVALID_HANDLE
+    }
+    if (addr == 0 || addr % 4 != 0 || (flags & 0x3) != flags) {
+        return cuErrorInvalidValue;
+    }
+    char* p;
+    int isdev;
+    if (resolve((const void*)(uintptr_t)addr, 4, &p, &isdev) != 0) {
+        return cuErrorInvalidValue;
+    }
+    struct op* o = calloc(1, sizeof *o);
+    o->kind = opWaitValue;
+    o->word = (uint32_t*)p;
+    o->value = value;
+    o->cond = flags;
+    o->tl = tl_new(opWaitValue, s, (const void*)(uintptr_t)addr, NULL, 4, NULL);
+    enqueue(s, o);
+    tl_set(o->tl, f_ret);
+    return cuSuccess;
+}
+
+int cuStreamWaitValue32_v2(cudaStream_t st, unsigned long long addr, uint32_t value, unsigned int flags) {
+    return cuStreamWaitValue32(st, addr, value, flags);
+}
+
+// nexarFakeCudaTimelineMark adds a host mark (label) at the current time.
+void nexarFakeCudaTimelineMark(const char* label) {
+    size_t id = tl_new(-1, NULL, NULL, NULL, 0, label);
+    if (id) {
+        tl[id - 1].ret = tl[id - 1].start = tl[id - 1].end = tl[id - 1].enq;
+    }
+}
+
+// nexarFakeCudaTimeline writes the timeline, one entry a line, into buf (at
+// most cap bytes, NUL-terminated when cap > 0) and returns the length of
+// the whole text (call again with a larger buf when it is >= cap):
+//   kind stream dst src bytes enq ret start end label
+// kind: copy_h2d, copy_d2h, copy_d2d, copy_h2h, kernel, record, wait,
+// host, waitvalue, mark; addresses in hex; times in CLOCK_MONOTONIC ns, 0
+// where not reached yet; label "-" when none. A last line "dropped N"
+// counts entries past the capacity.
+size_t nexarFakeCudaTimeline(char* buf, size_t cap) {
+    pthread_once(&tl_once, tl_init);
+    size_t len = 0, written = 0, n = __atomic_load_n(&tl_len, __ATOMIC_RELAXED);
+    size_t have = n < tl_cap ? n : tl_cap;
+    static const char* dirs[] = {"copy_h2h", "copy_h2d", "copy_d2h", "copy_d2d"};
+    for (size_t i = 0; i < have; i++) {
+        struct tl_rec* r = &tl[i];
+        int64_t enq = __atomic_load_n(&r->enq, __ATOMIC_ACQUIRE);
+        if (enq == 0) continue;  // being written
+        const char* kind = "?";
+        switch (r->kind) {
+            case opCopy: kind = dirs[r->dir & 3]; break;
+            case opKernel: kind = "kernel"; break;
+            case opRecord: kind = "record"; break;
+            case opWait: kind = "wait"; break;
+            case opHost: kind = "host"; break;
+            case opWaitValue: kind = "waitvalue"; break;
+            case -1: kind = "mark"; break;
+        }
+        char line[256];
+        int k = snprintf(line, sizeof line, "%s %#lx %#lx %#lx %zu %lld %lld %lld %lld %s\n", kind,
+                         (unsigned long)r->stream, (unsigned long)r->dst, (unsigned long)r->src, r->n, (long long)enq,
+                         (long long)__atomic_load_n(&r->ret, __ATOMIC_ACQUIRE),
+                         (long long)__atomic_load_n(&r->start, __ATOMIC_ACQUIRE),
+                         (long long)__atomic_load_n(&r->end, __ATOMIC_ACQUIRE), r->label[0] ? r->label : "-");
+        if (len + k < cap) memcpy(buf + len, line, k), written = len + k;
+        len += k;
+    }
+    if (n > tl_cap) {
+        char line[64];
+        int k = snprintf(line, sizeof line, "dropped %zu\n", n - tl_cap);
+        if (len + k < cap) memcpy(buf + len, line, k), written = len + k;
+        len += k;
+    }
+    if (cap > 0) buf[written] = 0;
+    return len;
 }

@@ -640,6 +640,45 @@ public:
     }
     void barrier() { detail::check(nexar_barrier(h_)); }
 
+    // --- stream-ordered: the _stream variants (CUDA) ----------------------
+    // Each is the blocking call ordered on stream, a cudaStream_t (nullptr:
+    // the legacy default stream); buffers may be device or host memory. The
+    // call waits for the work enqueued on stream before it and returns once
+    // its host part is done: device results reach the buffers in stream
+    // order (synchronize the stream before reading them on the host). A
+    // non-null stream where libnexar found no CUDA runtime throws
+    // nexar::Error (NEXAR_ERR_INVALID_ARGUMENT, saying why). nexar.h has the
+    // rest: staging, NCCL within a host, GPUDirect for send and recv.
+    template <class T>
+    void allreduce_stream(const T* send, T* recv, std::size_t count, Op op, void* stream) {
+        detail::check(nexar_allreduce_stream(send, recv, count, datatype_v<T>, detail::op(op), h_, stream));
+    }
+    template <class T>
+    void broadcast_stream(T* buf, std::size_t count, int root, void* stream) {
+        detail::check(nexar_broadcast_stream(buf, count, datatype_v<T>, root, h_, stream));
+    }
+    // allgather_stream: recv holds size() * sendcount elements.
+    template <class T>
+    void allgather_stream(const T* send, T* recv, std::size_t sendcount, void* stream) {
+        detail::check(nexar_allgather_stream(send, recv, sendcount, datatype_v<T>, h_, stream));
+    }
+    // reduce_scatter_stream: send holds size() * recvcount elements.
+    template <class T>
+    void reduce_scatter_stream(const T* send, T* recv, std::size_t recvcount, Op op, void* stream) {
+        detail::check(
+            nexar_reduce_scatter_stream(send, recv, recvcount, datatype_v<T>, detail::op(op), h_, stream));
+    }
+    template <class T>
+    void send_stream(const T* buf, std::size_t count, int peer, std::uint64_t tag, void* stream) {
+        detail::check(nexar_send_stream(buf, count, datatype_v<T>, peer, tag, h_, stream));
+    }
+    // recv_stream reports no Status (nexar_recv_stream has none): a message
+    // longer than count elements throws, as recv does.
+    template <class T>
+    void recv_stream(T* buf, std::size_t count, int peer, std::uint64_t tag, void* stream) {
+        detail::check(nexar_recv_stream(buf, count, datatype_v<T>, peer, tag, h_, stream));
+    }
+
     // --- collectives: contiguous containers -------------------------------
 
     // allreduce in place.

@@ -136,6 +136,10 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 		c.cfg.Tuning.Layout = lay
 		c.tuningDigest = c.cfg.Tuning.Digest()
 	}
+	if h := n.hosts(world); h != nil && c.cfg.Tuning.Hosts == nil { // core/topo.go
+		c.cfg.Tuning.Hosts = h
+		c.tuningDigest = c.cfg.Tuning.Digest()
+	}
 	c.filled = sync.NewCond(&c.mu)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.deferWait = deferWindow

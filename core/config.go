@@ -225,7 +225,8 @@ type Config struct {
 	// ABI's device paths load (the first communicator's choice holds for
 	// the process: a library is loaded once); NCCLHier (NEXAR_NCCL_HIER:
 	// auto, on, off) and HierHostID (NEXAR_HIER_HOST_ID) steer its NCCL
-	// hierarchy (docs/device-memory.md). RDMA selects the RDMA data path's
+	// hierarchy (docs/device-memory.md); HierHostID also names this rank's
+	// host to the host-aware schedules (core/topo.go hostKey). RDMA selects the RDMA data path's
 	// library, device, port and GID index (NEXAR_IBVERBS, NEXAR_IB_HCA,
 	// NEXAR_IB_GID_INDEX; its Logger and GPU are set by New).
 	CUDARuntime, NCCLLibrary string

@@ -247,7 +247,7 @@ func knobSections() []struct {
 				Forms: "auto, on or off", Doc: "whether device collectives use NCCL within a host",
 				set: setString(func(c *Config) *string { return &c.NCCLHier }, checkHierMode)},
 			{Name: "NEXAR_HIER_HOST_ID", Field: "HierHostID", Scope: ScopeProcess, Default: "this host's identity",
-				Forms: "a string", Doc: "the host the NCCL hierarchy groups this rank with (tests simulate hosts with it)",
+				Forms: "a string", Doc: "the host this rank is grouped with by the host-aware schedules and the NCCL hierarchy (tests simulate hosts with it)",
 				set: setString(func(c *Config) *string { return &c.HierHostID }, nil)},
 			{Name: "NEXAR_IBVERBS", Field: "RDMA.Library", Scope: ScopeProcess, Default: "libibverbs.so.1",
 				Forms: "a library path or soname", Doc: "the libibverbs of the RDMA data path",

@@ -179,6 +179,7 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 		nd.view.Gen = opts.gen
 	}
 	nd.adv, nd.lobbies = adv, lobbies
+	nd.hostKeys = hostKeys(peers)
 	// A peer lost while the mesh and the data path form ends formation at
 	// once: nothing it has not sent yet will come. The transport tells of
 	// peers it was connected to; the seed of those lost before that.

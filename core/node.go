@@ -63,6 +63,10 @@ type node struct {
 	lobbies            []string
 	minWorld, maxWorld int
 
+	// hostKeys names each world rank's host (core/topo.go hostKey), nil
+	// where unknown (NewLocal, an older peer). Set before start.
+	hostKeys []string
+
 	// Sparse topology (core/topo.go), set before start: the graph (nil:
 	// every pair talks directly) and the relaying path's broadcast and
 	// forwarded bytes (the mesh's transport.Broadcaster and Forwarder;

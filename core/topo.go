@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 
 	"github.com/nexar-go/nexar/collective"
+	"github.com/nexar-go/nexar/internal/hostid"
 	"github.com/nexar-go/nexar/membership"
 	"github.com/nexar-go/nexar/topology"
 	"github.com/nexar-go/nexar/transport"
@@ -244,7 +245,50 @@ func joinOptions(cfg Config) membership.JoinOptions {
 	if cfg.Topology != (topology.Spec{}) {
 		o.Topology = cfg.Topology.String()
 	}
+	o.Host = hostKey(cfg)
 	return o
+}
+
+// hostKey names this rank's host to the others, through the seed: equal
+// keys put ranks on one host for the host-aware schedules
+// (collective.HostMap). Config.HierHostID where set (tests simulate hosts
+// with it), else this host and boot (internal/hostid), the identity the
+// shared-memory path trusts.
+func hostKey(cfg Config) string {
+	if cfg.HierHostID != "" {
+		return cfg.HierHostID
+	}
+	return hostid.Local()
+}
+
+// hostKeys returns every world rank's host key from the seed's table, nil
+// when some rank did not send one (a peer built before keys existed).
+func hostKeys(peers []transport.Peer) []string {
+	keys := make([]string, len(peers))
+	for i, p := range peers {
+		if p.Host == "" {
+			return nil
+		}
+		keys[i] = p.Host
+	}
+	return keys
+}
+
+// hosts is the collective.HostMap of a communicator of the world ranks
+// world, nil where its ranks all run on one host or the hosts are unknown.
+func (n *node) hosts(world []int) *collective.HostMap {
+	if n.hostKeys == nil || len(world) < 3 {
+		return nil
+	}
+	keys := make([]string, len(world))
+	for i, w := range world {
+		keys[i] = n.hostKeys[w]
+	}
+	h := collective.NewHostMap(keys)
+	if h.Hosts() < 2 {
+		return nil
+	}
+	return h
 }
 
 // parseSchedules reads Config.Schedules: nil for "fit" (or "": the

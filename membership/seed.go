@@ -57,6 +57,8 @@ type joinMsg struct {
 	// Idle is the idle timeout (ms) of the joiner's connection to the
 	// seed, for the seed's messages; absent: IdleTimeout.
 	Idle int64 `cbor:"idle,omitempty"`
+	// Host names the joiner's host (JoinOptions.Host); absent: unknown.
+	Host string `cbor:"host,omitempty"`
 }
 
 type peerMsg struct {
@@ -64,6 +66,7 @@ type peerMsg struct {
 	Addr  string `cbor:"addr"`
 	FP    []byte `cbor:"fp"`
 	Lobby string `cbor:"lobby,omitempty"`
+	Host  string `cbor:"host,omitempty"`
 }
 
 type welcomeMsg struct {
@@ -210,6 +213,7 @@ type member struct {
 	rank  int // assigned
 	addr  string
 	lobby string
+	host  string // its host's name (joinMsg.Host)
 	fp    []byte
 	topo  string        // its topology ("": full mesh)
 	from  net.IP        // the address it joined from
@@ -326,7 +330,7 @@ func (s *Seed) serve(conn *quic.Conn) {
 			return
 		}
 	}
-	m := &member{want: j.Rank, addr: j.Addr, lobby: j.Lobby, fp: j.FP, topo: j.Topo, idle: IdleTimeout, gone: make(chan struct{})}
+	m := &member{want: j.Rank, addr: j.Addr, lobby: j.Lobby, host: j.Host, fp: j.FP, topo: j.Topo, idle: IdleTimeout, gone: make(chan struct{})}
 	if ua, ok := conn.RemoteAddr().(*net.UDPAddr); ok {
 		m.from = ua.IP
 	}
@@ -540,7 +544,7 @@ func (s *Seed) add(m *member) error {
 	}
 	s.table = make([]peerMsg, s.size)
 	for _, o := range s.members {
-		s.table[o.rank] = peerMsg{Rank: o.rank, Addr: o.addr, FP: o.fp, Lobby: o.lobby}
+		s.table[o.rank] = peerMsg{Rank: o.rank, Addr: o.addr, FP: o.fp, Lobby: o.lobby, Host: o.host}
 	}
 	close(s.formed)
 	return nil
@@ -692,6 +696,9 @@ type JoinOptions struct {
 	// MaxIdleTimeout). Longer suits a world of many ranks on few cores,
 	// where a busy joiner may not be scheduled for seconds.
 	IdleTimeout time.Duration
+	// Host names this rank's host, for the members' host-aware schedules
+	// (transport.Peer.Host); "" says nothing.
+	Host string
 	// Log (nil: slog.Default()) receives the waits: a joiner that has not
 	// reached the seed, or waits for the other ranks, says so after
 	// WaitLogFirst and every WaitLogEvery after, at Warn level.
@@ -896,7 +903,7 @@ func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, r
 	if err != nil {
 		return fail(abi.ErrInternal, "%v", err)
 	}
-	if err := writeFrame(st, joinMsg{V: rdvVersion, Rank: rank, Addr: advertise, FP: fp[:], Proof: p, Lobby: o.Lobby, Topo: o.Topology, Idle: o.idle().Milliseconds()}); err != nil {
+	if err := writeFrame(st, joinMsg{V: rdvVersion, Rank: rank, Addr: advertise, FP: fp[:], Proof: p, Lobby: o.Lobby, Topo: o.Topology, Idle: o.idle().Milliseconds(), Host: o.Host}); err != nil {
 		return fail(abi.ErrInternal, "seed %s: %v", addr, err)
 	}
 	var w welcomeMsg
@@ -937,7 +944,7 @@ func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, r
 		if pm.Rank != i || len(pm.FP) != 32 {
 			return fail(abi.ErrInternal, "seed %s sent a bad peer table row %d", addr, i)
 		}
-		peers[i] = transport.Peer{Rank: i, Addr: pm.Addr}
+		peers[i] = transport.Peer{Rank: i, Addr: pm.Addr, Host: pm.Host}
 		copy(peers[i].Fingerprint[:], pm.FP)
 		lobbies[i] = pm.Lobby
 	}

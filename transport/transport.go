@@ -84,6 +84,9 @@ type Peer struct {
 	Rank        int
 	Addr        string   // host:port of the peer's node; needed for ranks above self
 	Fingerprint [32]byte // the peer's identity fingerprint
+	// Host names the host the peer runs on, as it told the seed (equal
+	// for ranks on one host); "" when it did not say.
+	Host string
 }
 
 // PlaceFunc, when a transport is given one, lets the layer above receive a

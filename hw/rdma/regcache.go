@@ -26,6 +26,14 @@ func (s span) overlaps(addr, n uintptr) bool {
 // used one is released when the bound is exceeded, but only once no Handle
 // for it is outstanding.
 //
+// Made with a Lasting (NewLastingRegCache), a registration outlives its
+// uses only while the Lasting vouches for its memory: Hold when it is made,
+// Still before every reuse (a registration whose memory changed is dropped
+// and made anew), Release when it is dropped. A registration Hold refuses
+// lasts as long as it is in use. Without one (NewRegCache) every
+// registration lasts until evicted or invalidated: for memory whose
+// lifetime the caller controls.
+//
 // RegCache knows nothing of verbs: reg and dereg are supplied by the caller
 // (PD.NewRegCache in an rdma build), which is what lets it be tested without
 // hardware. A RegCache is safe for concurrent use.
@@ -34,8 +42,10 @@ type RegCache[V any] struct {
 	lru     *simplelru.LRU[span, *regEntry[V]]
 	reg     func(addr, n uintptr) (V, error)
 	dereg   func(V) error
+	lasting Lasting // nil: every registration lasts unchecked
 	closed  bool
 	deregEr error // first deregistration error, reported by Close
+	stats   RegStats
 }
 
 type regEntry[V any] struct {
@@ -43,6 +53,30 @@ type regEntry[V any] struct {
 	val     V
 	refs    int
 	evicted bool
+	held    Held // the Lasting's hold; nil for one use (or without a Lasting)
+	once    bool // made for its uses only: dropped when the last ends
+}
+
+// Lasting decides whether registrations outlive their uses (Pages for host
+// memory on Linux). Hold is called with the range of each new registration:
+// ok false makes it last one use only. Implementations are safe for
+// concurrent use.
+type Lasting interface {
+	Hold(addr, n uintptr) (h Held, ok bool)
+}
+
+// Held is a registration's hold on its memory. Still reports whether the
+// memory still holds the pages it held when registered; Release gives the
+// hold up (idempotent).
+type Held interface {
+	Still() bool
+	Release()
+}
+
+// RegStats counts what a RegCache did: registrations made, uses served by
+// an existing one, and registrations dropped because their memory changed.
+type RegStats struct {
+	Registered, Reused, Stale int64
 }
 
 // Handle is one use of a cached registration. Release it when the operation
@@ -62,8 +96,12 @@ func (h *Handle[V]) Release() {
 		h.c.mu.Lock()
 		defer h.c.mu.Unlock()
 		h.e.refs--
-		if h.e.refs == 0 && h.e.evicted {
+		switch {
+		case h.e.refs > 0:
+		case h.e.evicted:
 			h.c.deregLocked(h.e)
+		case h.e.once:
+			h.c.lru.Remove(h.e.key) // deregisters it
 		}
 	})
 }
@@ -71,11 +109,24 @@ func (h *Handle[V]) Release() {
 // NewRegCache returns a cache of at most size registrations made by reg and
 // undone by dereg.
 func NewRegCache[V any](size int, reg func(addr, n uintptr) (V, error), dereg func(V) error) (*RegCache[V], error) {
+	return newRegCache(size, reg, dereg, nil)
+}
+
+// NewLastingRegCache is NewRegCache whose registrations outlive their uses
+// as l allows.
+func NewLastingRegCache[V any](size int, reg func(addr, n uintptr) (V, error), dereg func(V) error, l Lasting) (*RegCache[V], error) {
+	if l == nil {
+		return nil, errors.New("hw/rdma: NewLastingRegCache without a Lasting")
+	}
+	return newRegCache(size, reg, dereg, l)
+}
+
+func newRegCache[V any](size int, reg func(addr, n uintptr) (V, error), dereg func(V) error, l Lasting) (*RegCache[V], error) {
 	if size < 1 {
 		return nil, fmt.Errorf("hw/rdma: registration cache size %d < 1", size)
 	}
-	c := &RegCache[V]{reg: reg, dereg: dereg}
-	l, err := simplelru.NewLRU[span, *regEntry[V]](size, func(_ span, e *regEntry[V]) {
+	c := &RegCache[V]{reg: reg, dereg: dereg, lasting: l}
+	l2, err := simplelru.NewLRU[span, *regEntry[V]](size, func(_ span, e *regEntry[V]) {
 		e.evicted = true
 		if e.refs == 0 {
 			c.deregLocked(e)
@@ -84,19 +135,46 @@ func NewRegCache[V any](size int, reg func(addr, n uintptr) (V, error), dereg fu
 	if err != nil {
 		return nil, fmt.Errorf("hw/rdma: %w", err)
 	}
-	c.lru = l
+	c.lru = l2
 	return c, nil
 }
 
+// deregLocked undoes the registration (an entry evicted with no use left),
+// then gives up its hold: the pages stay locked until the NIC lets go.
 func (c *RegCache[V]) deregLocked(e *regEntry[V]) {
 	if err := c.dereg(e.val); err != nil && c.deregEr == nil {
 		c.deregEr = err
 	}
+	if e.held != nil {
+		e.held.Release()
+	}
+}
+
+// usableLocked reports whether e may serve another use: with a Lasting,
+// an idle entry's memory must still be what was registered (an entry in
+// use is: its user keeps the memory). A stale one is dropped.
+func (c *RegCache[V]) usableLocked(e *regEntry[V]) bool {
+	if c.lasting == nil || e.refs > 0 || e.held == nil || e.held.Still() {
+		return true
+	}
+	c.stats.Stale++
+	c.lru.Remove(e.key) // deregisters it
+	return false
 }
 
 // Acquire returns a registration covering [addr, addr+n), registering the
 // range if no cached one covers it.
 func (c *RegCache[V]) Acquire(addr, n uintptr) (*Handle[V], error) {
+	return c.acquire(addr, n, true)
+}
+
+// AcquireOnce is Acquire for memory that is not used again (a temporary
+// buffer): a registration it makes lasts while it is in use only.
+func (c *RegCache[V]) AcquireOnce(addr, n uintptr) (*Handle[V], error) {
+	return c.acquire(addr, n, false)
+}
+
+func (c *RegCache[V]) acquire(addr, n uintptr, keep bool) (*Handle[V], error) {
 	if n == 0 {
 		return nil, errors.New("hw/rdma: cannot register an empty range")
 	}
@@ -108,8 +186,9 @@ func (c *RegCache[V]) Acquire(addr, n uintptr) (*Handle[V], error) {
 	if c.closed {
 		return nil, errors.New("hw/rdma: registration cache is closed")
 	}
-	if e, ok := c.lru.Get(span{addr, n}); ok {
+	if e, ok := c.lru.Get(span{addr, n}); ok && c.usableLocked(e) {
 		e.refs++
+		c.stats.Reused++
 		return &Handle[V]{c: c, e: e}, nil
 	}
 	// The cache is small (a few hundred entries), so a scan for a covering
@@ -117,17 +196,44 @@ func (c *RegCache[V]) Acquire(addr, n uintptr) (*Handle[V], error) {
 	for _, k := range c.lru.Keys() {
 		if k.contains(addr, n) {
 			e, _ := c.lru.Get(k) // marks it recently used
+			if !c.usableLocked(e) {
+				continue
+			}
 			e.refs++
+			c.stats.Reused++
 			return &Handle[V]{c: c, e: e}, nil
 		}
 	}
 	v, err := c.reg(addr, n)
+	if err != nil && c.lasting != nil && c.purgeIdleLocked() {
+		// Kept registrations count against the pinned-memory limit
+		// (RLIMIT_MEMLOCK): give the idle ones back and try once more.
+		v, err = c.reg(addr, n)
+	}
 	if err != nil {
 		return nil, err
 	}
+	c.stats.Registered++
 	e := &regEntry[V]{key: span{addr, n}, val: v, refs: 1}
+	if c.lasting != nil && keep {
+		e.held, _ = c.lasting.Hold(addr, n)
+	}
+	e.once = c.lasting != nil && e.held == nil || c.lasting == nil && !keep
 	c.lru.Add(e.key, e)
 	return &Handle[V]{c: c, e: e}, nil
+}
+
+// purgeIdleLocked drops every registration not in use; it reports whether
+// there was one.
+func (c *RegCache[V]) purgeIdleLocked() bool {
+	idle := false
+	for _, k := range c.lru.Keys() {
+		if e, ok := c.lru.Peek(k); ok && e.refs == 0 {
+			c.lru.Remove(k)
+			idle = true
+		}
+	}
+	return idle
 }
 
 // Invalidate drops every cached registration overlapping [addr, addr+n);
@@ -141,6 +247,13 @@ func (c *RegCache[V]) Invalidate(addr, n uintptr) {
 			c.lru.Remove(k) // runs the eviction callback
 		}
 	}
+}
+
+// Stats returns what the cache did so far.
+func (c *RegCache[V]) Stats() RegStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stats
 }
 
 // Len is the number of cached registrations.

@@ -209,3 +209,132 @@ func TestRegCacheConcurrent(t *testing.T) {
 		t.Errorf("%d registrations leaked", n)
 	}
 }
+
+// fakeLasting holds every range whose address is not in refuse, and calls
+// a hold stale once its range is in changed.
+type fakeLasting struct {
+	mu       sync.Mutex
+	refuse   map[uintptr]bool
+	changed  map[uintptr]bool
+	held     int // holds not released
+	checked  int
+	released int
+}
+
+type fakeHeld struct {
+	l    *fakeLasting
+	addr uintptr
+	once sync.Once
+}
+
+func (l *fakeLasting) Hold(addr, n uintptr) (Held, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.refuse[addr] {
+		return nil, false
+	}
+	l.held++
+	return &fakeHeld{l: l, addr: addr}, true
+}
+
+func (h *fakeHeld) Still() bool {
+	h.l.mu.Lock()
+	defer h.l.mu.Unlock()
+	h.l.checked++
+	return !h.l.changed[h.addr]
+}
+
+func (h *fakeHeld) Release() {
+	h.once.Do(func() {
+		h.l.mu.Lock()
+		defer h.l.mu.Unlock()
+		h.l.held--
+		h.l.released++
+	})
+}
+
+// TestRegCacheLasting: a registration its Lasting holds serves every later
+// use of its range, checked each time; one whose memory changed is dropped
+// (deregistered, its hold released) and made anew; one the Lasting
+// refuses, or one acquired for a single use, ends with its use.
+func TestRegCacheLasting(t *testing.T) {
+	f := newFake()
+	l := &fakeLasting{refuse: map[uintptr]bool{0x9000: true}, changed: map[uintptr]bool{}}
+	c, err := NewLastingRegCache(8, f.reg, f.dereg, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	use := func(a uintptr, once bool) {
+		t.Helper()
+		acq := c.Acquire
+		if once {
+			acq = c.AcquireOnce
+		}
+		h, err := acq(a, 0x1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Release()
+	}
+	for range 1000 {
+		use(0x1000, false)
+	}
+	if s := c.Stats(); s.Registered != 1 || s.Reused != 999 || f.calls != 1 || l.checked != 999 {
+		t.Fatalf("1000 uses of one buffer: %+v, %d ibv_reg_mr, %d checks; want 1 registration, 999 checked reuses", s, f.calls, l.checked)
+	}
+	l.changed[0x1000] = true // freed and mapped anew
+	use(0x1000, false)
+	if s := c.Stats(); s.Registered != 2 || s.Stale != 1 || f.nlive() != 1 || l.held != 1 || l.released != 1 {
+		t.Fatalf("after the memory changed: %+v, %d live, %d held, %d released; want a fresh registration, the stale one gone", s, f.nlive(), l.held, l.released)
+	}
+	delete(l.changed, 0x1000)
+	// Refused by the Lasting, or not to be kept: registered per use.
+	for _, tc := range []struct {
+		a    uintptr
+		once bool
+	}{{0x9000, false}, {0x5000, true}} {
+		before := f.calls
+		use(tc.a, tc.once)
+		use(tc.a, tc.once)
+		if f.calls != before+2 || f.nlive() != 1 {
+			t.Errorf("%#x (once %v): %d registrations for 2 uses, %d live; want 2 and only the kept one live", tc.a, tc.once, f.calls-before, f.nlive())
+		}
+	}
+	// An entry in use is shared without a check.
+	h1, _ := c.Acquire(0x9000, 0x1000)
+	h2, _ := c.Acquire(0x9000, 0x800)
+	if f.nlive() != 2 {
+		t.Errorf("a registration in use was not shared: %d live", f.nlive())
+	}
+	h1.Release()
+	h2.Release()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if f.nlive() != 0 || l.held != 0 {
+		t.Errorf("after Close: %d registrations, %d holds left", f.nlive(), l.held)
+	}
+}
+
+// TestRegCacheLastingRetry: a registration that fails (the pinned-memory
+// limit) is tried again once the idle kept ones are given back.
+func TestRegCacheLastingRetry(t *testing.T) {
+	f := newFake()
+	l := &fakeLasting{changed: map[uintptr]bool{}}
+	c, _ := NewLastingRegCache(8, f.reg, f.dereg, l)
+	h, _ := c.Acquire(0x1000, 8)
+	h.Release()
+	regs := 0
+	c.reg = func(addr, n uintptr) (fakeMR, error) {
+		if regs++; f.nlive() > 0 {
+			return fakeMR{}, errors.New("fake: ENOMEM")
+		}
+		return f.reg(addr, n)
+	}
+	h, err := c.Acquire(0x5000, 8)
+	if err != nil || regs != 2 || f.nlive() != 1 {
+		t.Fatalf("Acquire over the limit: %v after %d tries, %d live", err, regs, f.nlive())
+	}
+	h.Release()
+	_ = c.Close()
+}

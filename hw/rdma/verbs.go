@@ -285,13 +285,16 @@ func (m *MR) Deregister() error {
 }
 
 // NewRegCache returns a registration cache of at most size regions in p,
-// registered with local write and remote read/write access.
-func (p *PD) NewRegCache(size int) (*RegCache[*MR], error) {
-	return NewRegCache(size,
-		func(addr, n uintptr) (*MR, error) {
-			return p.Register(addr, n, AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead)
-		},
-		(*MR).Deregister)
+// registered with local write and remote read/write access, which outlive
+// their uses as l allows (nil: every one until evicted or invalidated).
+func (p *PD) NewRegCache(size int, l Lasting) (*RegCache[*MR], error) {
+	reg := func(addr, n uintptr) (*MR, error) {
+		return p.Register(addr, n, AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead)
+	}
+	if l == nil {
+		return NewRegCache(size, reg, (*MR).Deregister)
+	}
+	return NewLastingRegCache(size, reg, (*MR).Deregister, l)
 }
 
 // Contains reports whether [addr, addr+n) lies in the region.

@@ -615,7 +615,7 @@ func (e *End) writeSmall(ctx context.Context, b []byte) (int, error) {
 // writeLarge announces b, waits for the receiver's destination and writes
 // b there.
 func (e *End) writeLarge(ctx context.Context, b []byte) (int, error) {
-	src, err := e.d.register(b, false)
+	src, err := e.d.register(b, false, true)
 	if err != nil {
 		return 0, fmt.Errorf("transport/rdma: send to rank %d: %w", e.peer, err)
 	}
@@ -740,7 +740,7 @@ func (e *End) readLarge(p []byte) (int, error) {
 	if e.d.stage != nil {
 		e.d.stage("rts")
 	}
-	r, err := e.d.register(dst, true)
+	r, err := e.d.register(dst, true, tmp == nil)
 	e.mu.Lock()
 	if err != nil {
 		err = fmt.Errorf("transport/rdma: receive from rank %d: %w", e.peer, err)

@@ -93,7 +93,7 @@ func (g *gpuPath) register(b []byte, recv bool) (*region, bool, error) {
 			return nil, true, fmt.Errorf("staging %d bytes of device memory: %w", n, err)
 		}
 	}
-	r, err := g.d.registerHost(host)
+	r, err := g.d.registerHost(host, false)
 	if err != nil {
 		return nil, true, err
 	}

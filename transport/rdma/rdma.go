@@ -26,8 +26,8 @@ type Device struct {
 	port hw.Port
 	gid  hw.GID // the source GID (RoCE)
 	desc string
-	reg  *hw.RegCache[*hw.MR]
-	gpu  *gpuPath // nil without Options.GPU
+	reg  *hw.RegCache[*hw.MR] // host memory; lasting as hw.Pages allows
+	gpu  *gpuPath             // nil without Options.GPU
 	// stage, when set (tests), is called by a receiving end's Read without
 	// its lock: "rts" once it took an announced buffer, "cts" once it
 	// answered with the buffer's address.
@@ -77,7 +77,13 @@ func Open(opt Options) (*Device, error) {
 		d.ctx.Close()
 		return nil, err
 	}
-	if d.reg, err = d.pd.NewRegCache(opt.RegCacheSize); err != nil {
+	// Host registrations last across operations where Pages can vouch
+	// for their memory before each reuse, else one operation.
+	pages := hw.NewPages()
+	if err := pages.Usable(); err != nil {
+		d.log.Debug("nexar: rdma: registrations last one operation", "dev", d.desc, "why", err)
+	}
+	if d.reg, err = d.pd.NewRegCache(opt.RegCacheSize, pages); err != nil {
 		d.pd.Close()
 		d.ctx.Close()
 		return nil, err

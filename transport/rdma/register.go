@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"runtime"
 	"unsafe"
+
+	hw "github.com/nexar-go/nexar/hw/rdma"
 )
 
 // region is a buffer as the NIC reaches it: registered, or (device memory
@@ -18,25 +20,29 @@ type region struct {
 	release func()
 }
 
-// register makes b reachable by the NIC for the length of one operation.
-// Host memory is registered through the registration cache and the
-// registration dropped afterwards: a buffer's pages may be freed and
-// reused once the operation returns (the Go heap, a caller's allocator),
-// and a registration kept across that would pin the old pages, so the
-// NIC would read and write memory the process no longer has at that
-// address. Device memory goes through the GPU path (gpu.go).
-func (d *Device) register(b []byte, recv bool) (*region, error) {
+// register makes b reachable by the NIC for one operation. Host memory
+// goes through the registration cache, whose registrations outlive the
+// operation where hw/rdma's Pages can vouch for them before each reuse (the
+// memory locked, its mappings unchanged: docs/bulk-path.md, "Registrations
+// that last"); keep is false for a buffer that is not used again (a
+// temporary), whose registration ends with the operation. Device memory
+// goes through the GPU path (gpu.go).
+func (d *Device) register(b []byte, recv, keep bool) (*region, error) {
 	if r, ok, err := d.gpu.register(b, recv); ok || err != nil {
 		return r, err
 	}
-	return d.registerHost(b)
+	return d.registerHost(b, keep)
 }
 
-func (d *Device) registerHost(b []byte) (*region, error) {
+func (d *Device) registerHost(b []byte, keep bool) (*region, error) {
 	var pin runtime.Pinner
 	pin.Pin(&b[0]) // a no-op for memory outside the Go heap
 	a, n := uintptr(unsafe.Pointer(&b[0])), uintptr(len(b))
-	h, err := d.reg.Acquire(a, n)
+	acquire := d.reg.Acquire
+	if !keep {
+		acquire = d.reg.AcquireOnce
+	}
+	h, err := acquire(a, n)
 	if err != nil {
 		pin.Unpin()
 		return nil, fmt.Errorf("registering %d bytes at %#x: %w", n, a, err)
@@ -45,7 +51,11 @@ func (d *Device) registerHost(b []byte) (*region, error) {
 	return &region{addr: uint64(a), lkey: mr.LKey, rkey: mr.RKey, finish: func() error { return nil },
 		release: func() {
 			h.Release()
-			d.reg.Invalidate(a, n)
 			pin.Unpin()
 		}}, nil
 }
+
+// RegStats says what the device's registration cache of host memory did:
+// registrations made, uses served by one made before, and registrations
+// dropped because their memory had changed. Safe for concurrent use.
+func (d *Device) RegStats() hw.RegStats { return d.reg.Stats() }

@@ -8,12 +8,22 @@ package ibverbs
 #include <stdlib.h>
 
 typedef int (*nx_live_fn)(int);
+typedef long long (*nx_regs_fn)(void);
 
 static int nx_live(const char *lib, int kind) {
 	void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
 	if (!h) return -2;
 	nx_live_fn f = (nx_live_fn)dlsym(h, "nexar_fake_ibv_live");
 	int n = f ? f(kind) : -3;
+	dlclose(h);
+	return n;
+}
+
+static long long nx_regs(const char *lib) {
+	void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+	if (!h) return -2;
+	nx_regs_fn f = (nx_regs_fn)dlsym(h, "nexar_fake_ibv_regs");
+	long long n = f ? f() : -3;
 	dlclose(h);
 	return n;
 }
@@ -44,4 +54,17 @@ func Live(lib string) (Counts, error) {
 		v[k] = n
 	}
 	return Counts{v[0], v[1], v[2], v[3], v[4], v[5]}, nil
+}
+
+// Registrations reads how many memory registrations (ibv_reg_mr and
+// ibv_reg_dmabuf_mr that succeeded) the fake at lib has made in this
+// process, which must have loaded it already.
+func Registrations(lib string) (int64, error) {
+	cl := C.CString(lib)
+	defer C.free(unsafe.Pointer(cl))
+	n := int64(C.nx_regs(cl))
+	if n < 0 {
+		return 0, fmt.Errorf("fakes/ibverbs: %s is not loaded or is not the fake (%d)", lib, n)
+	}
+	return n, nil
 }

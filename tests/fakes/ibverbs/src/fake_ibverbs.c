@@ -17,7 +17,12 @@
 //   the process can read (and write, with LOCAL_WRITE) according to
 //   /proc/self/maps: anything else is EFAULT, as get_user_pages makes it,
 //   unless it is fake-CUDA device memory and NEXAR_FAKE_IBV_PEERMEM=1
-//   (nvidia-peermem loaded). ibv_reg_dmabuf_mr takes the dma-buf fd of the
+//   (nvidia-peermem loaded). Registration pins the pages as the kernel
+//   does: where the memory is a shared mapping (memfd, shm, a file), the
+//   NIC keeps reaching the pages registered through a mapping of its own
+//   (mremap of size 0), so memory unmapped and mapped anew at the same
+//   address is not what a stale MR reaches, as on hardware; private
+//   (anonymous) memory the fake can only reach through its address. ibv_reg_dmabuf_mr takes the dma-buf fd of the
 //   fake CUDA (tests/fakes/cudart); NEXAR_FAKE_IBV_DMABUF=0 makes it fail
 //   with EOPNOTSUPP (a kernel without dma-buf support for the NIC).
 // - CQs with completion channels: ibv_req_notify_cq arms, the next
@@ -64,7 +69,9 @@
 // hardware frees them with the next signaled completion).
 //
 // nexar_fake_ibv_live reports the live objects of each kind, for tests
-// that check nothing leaked; nexar_fake_ibv_bytes the bytes the NIC moved
+// that check nothing leaked; nexar_fake_ibv_regs the registrations ever
+// made (ibv_reg_mr and ibv_reg_dmabuf_mr that succeeded), for tests of
+// registration caching; nexar_fake_ibv_bytes the bytes the NIC moved
 // through host, peer-memory and dma-buf registrations.
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
@@ -111,6 +118,15 @@ static void count(int kind, int d) {
     pthread_mutex_lock(&live_mu);
     live[kind] += d;
     pthread_mutex_unlock(&live_mu);
+}
+
+static long long regs_made;  // under live_mu
+
+EXPORT long long nexar_fake_ibv_regs(void) {
+    pthread_mutex_lock(&live_mu);
+    long long n = regs_made;
+    pthread_mutex_unlock(&live_mu);
+    return n;
 }
 
 EXPORT int nexar_fake_ibv_live(int kind) {
@@ -461,6 +477,20 @@ static int map_fd(int fd, uint64_t off, size_t n, struct fmr* m) {
     return 0;
 }
 
+// pin_shared makes the NIC reach the pages of [addr, addr+n) as they are
+// now, as pinning does, where they are a shared mapping: mremap with an
+// old size of 0 maps the same pages a second time (it fails for private
+// mappings, which the fake then reaches through their address).
+static void pin_shared(struct fmr* m, void* addr, size_t n) {
+    uintptr_t lo = (uintptr_t)addr & ~(uintptr_t)4095;
+    size_t len = ((uintptr_t)addr + n - lo + 4095) & ~(size_t)4095;
+    void* p = mremap((void*)lo, 0, len, MREMAP_MAYMOVE);
+    if (p == MAP_FAILED) return;
+    m->map = p;
+    m->maplen = len;
+    m->base = (char*)p + ((uintptr_t)addr - lo);
+}
+
 static struct ibv_mr* add_mr(struct fmr* m, struct ibv_pd* pd, void* addr, size_t n, int access) {
     m->mr.context = pd->context;
     m->mr.pd = pd;
@@ -476,6 +506,9 @@ static struct ibv_mr* add_mr(struct fmr* m, struct ibv_pd* pd, void* addr, size_
     pthread_mutex_unlock(&mr_mu);
     pd_use(pd, 1);
     count(liveMR, 1);
+    pthread_mutex_lock(&live_mu);
+    regs_made++;
+    pthread_mutex_unlock(&live_mu);
     return &m->mr;
 }
 
@@ -496,6 +529,7 @@ EXPORT struct ibv_mr* ibv_reg_mr(struct ibv_pd* pd, void* addr, size_t n, int ac
     }
     if (accessible((uintptr_t)addr, n, access & IBV_ACCESS_LOCAL_WRITE)) {
         m->base = addr;
+        pin_shared(m, addr, n);
         return add_mr(m, pd, addr, n, access);
     }
     // Not host memory the process can touch: get_user_pages fails, unless

@@ -39,6 +39,11 @@ func Allgather(ctx context.Context, l Link, send, recv []byte) error {
 	if size == 1 || blk == 0 {
 		return nil
 	}
+	if algo == AlgoRing && l.Tuning().Force.Allgather == AlgoAuto {
+		if h, ok := twoLevel(l); ok && l.Tuning().Layout == nil {
+			return hierAllgather(ctx, l, h, recv, blk)
+		}
+	}
 	var st steps
 	st.init(l)
 	if algo == AlgoRing {

@@ -253,6 +253,9 @@ func ReduceScatter(ctx context.Context, l Link, send, recv []byte, dt DType, op 
 	if len(recv) == 0 {
 		return nil
 	}
+	if h, ok := twoLevel(l); ok && l.Tuning().Layout == nil {
+		return hierReduceScatter(ctx, l, h, send, recv, dt, op)
+	}
 	var st steps
 	st.init(l)
 	return st.ringReduceScatter(ctx, l, eqblocks(send, size, len(recv)), recv, dt, op)
@@ -280,6 +283,9 @@ func ReduceScatterInPlace(ctx context.Context, l Link, buf []byte, dt DType, op 
 		return nil
 	}
 	blocks := eqblocks(buf, size, blk)
+	if h, ok := twoLevel(l); ok && l.Tuning().Layout == nil {
+		return hierReduceScatter(ctx, l, h, buf, blocks[rank], dt, op)
+	}
 	var st steps
 	st.init(l)
 	return st.ringReduceScatter(ctx, l, blocks, blocks[rank], dt, op)

@@ -208,3 +208,72 @@ func hostsDesc(l Link) string {
 	}
 	return h.String()
 }
+
+// byPosition copies the rank-ordered blocks of src (blk bytes each) to dst
+// ordered by local position, then host: dst's super-block j holds the
+// blocks of the ranks at position j on hosts 0, 1, ... With toRanks, the
+// other way round.
+func (h *HostMap) byPosition(dst, src []byte, blk int, toRanks bool) {
+	nh := len(h.groups)
+	for hi, g := range h.groups {
+		for j, r := range g {
+			p := (j*nh + hi) * blk
+			if toRanks {
+				copy(dst[r*blk:(r+1)*blk], src[p:p+blk])
+			} else {
+				copy(dst[p:p+blk], src[r*blk:(r+1)*blk])
+			}
+		}
+	}
+}
+
+// hierReduceScatter is the two-level reduce-scatter of send (a block of
+// len(recv) bytes per rank): with the blocks regrouped by the local
+// position of the rank they are for, a ring reduce-scatter inside each
+// host leaves local rank j its host's sums of the blocks of every host's
+// position-j rank; a reduce-scatter between the ranks at position j then
+// leaves each its own block. Each host sends the others (H-1)/H of the
+// data once, the least.
+func hierReduceScatter(ctx context.Context, l Link, h *HostMap, send, recv []byte, dt DType, op Op) error {
+	local, across := h.levels(l)
+	blk := len(recv)
+	tmp := scratchOf(l).Get(len(send))
+	defer scratchOf(l).Put(tmp)
+	h.byPosition(tmp, send, blk, false)
+	supers := eqblocks(tmp, local.Size(), across.Size()*blk)
+	mine := supers[local.Rank()]
+	var st steps
+	st.init(local)
+	if err := st.ringReduceScatter(ctx, local, supers, mine, dt, redOp(op)); err != nil {
+		return err
+	}
+	if err := ReduceScatter(ctx, across, mine, recv, dt, redOp(op)); err != nil {
+		return err
+	}
+	if op == Avg {
+		FinishAvg(recv, dt, l.Size())
+	}
+	return nil
+}
+
+// hierAllgather is the two-level allgather of recv's rank-ordered blocks
+// (this rank's filled): the ranks at each local position allgather theirs
+// between hosts, then each host's ranks allgather what their positions
+// gathered, and the blocks go back to rank order.
+func hierAllgather(ctx context.Context, l Link, h *HostMap, recv []byte, blk int) error {
+	local, across := h.levels(l)
+	rank := l.Rank()
+	tmp := scratchOf(l).Get(len(recv))
+	defer scratchOf(l).Put(tmp)
+	supers := eqblocks(tmp, local.Size(), across.Size()*blk)
+	if err := Allgather(ctx, across, recv[rank*blk:(rank+1)*blk], supers[local.Rank()]); err != nil {
+		return err
+	}
+	var st steps
+	st.init(local)
+	if err := st.ringAllgather(ctx, local, supers); err != nil {
+		return err
+	}
+	h.byPosition(recv, tmp, blk, true)
+	return nil
+}

@@ -130,37 +130,45 @@ func (c crossLink) Send(ctx context.Context, peer int, step uint32, data []byte)
 	return c.memLink.Send(ctx, peer, step, data)
 }
 
-// crossBytes runs one float32 sum allreduce of count elements on the hosts
-// keys and returns the bytes that crossed between hosts.
-func crossBytes(t *testing.T, keys string, count int, force Algorithm) int64 {
+// crossBytes runs call on every rank of the hosts keys, over links that
+// count, and returns the payload bytes that crossed between hosts.
+func crossBytes(t *testing.T, keys string, call func(ctx context.Context, l Link) error) int64 {
 	t.Helper()
 	var cross atomic.Int64
 	withHosts(keys, func() {
-		withForce(&testTuning.Force.Allreduce, force, func() {
-			n := strings.Count(keys, ",") + 1
-			net := newMemNet(n)
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			var wg sync.WaitGroup
-			errs := make([]error, n)
-			for r := 0; r < n; r++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					l := crossLink{&memLink{net, r}, net.tuning.Hosts, &cross}
-					buf := make([]byte, 4*count)
-					errs[r] = Allreduce(ctx, l, nil, buf, Float32, Sum)
-				}()
+		n := strings.Count(keys, ",") + 1
+		net := newMemNet(n)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var wg sync.WaitGroup
+		errs := make([]error, n)
+		for r := 0; r < n; r++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[r] = call(ctx, crossLink{&memLink{net, r}, net.tuning.Hosts, &cross})
+			}()
+		}
+		wg.Wait()
+		for r, err := range errs {
+			if err != nil {
+				t.Fatalf("%s rank %d: %v", keys, r, err)
 			}
-			wg.Wait()
-			for r, err := range errs {
-				if err != nil {
-					t.Fatalf("%s rank %d: %v", keys, r, err)
-				}
-			}
-		})
+		}
 	})
 	return cross.Load()
+}
+
+// allreduceCross is crossBytes of one float32 sum allreduce of count
+// elements with the allreduce algorithm force.
+func allreduceCross(t *testing.T, keys string, count int, force Algorithm) int64 {
+	var got int64
+	withForce(&testTuning.Force.Allreduce, force, func() {
+		got = crossBytes(t, keys, func(ctx context.Context, l Link) error {
+			return Allreduce(ctx, l, nil, make([]byte, 4*count), Float32, Sum)
+		})
+	})
+	return got
 }
 
 // TestAllreduceHierCrossesLeast: with H hosts the least a schedule can
@@ -173,10 +181,10 @@ func TestAllreduceHierCrossesLeast(t *testing.T) {
 	for _, keys := range []string{"A,A,B,B", "A,B,A,B", "A,A,A,B,B,B", "A,B,C,A,B,C"} {
 		hosts := int64(NewHostMap(strings.Split(keys, ",")).Hosts())
 		least := 2 * (hosts - 1) * s
-		if got := crossBytes(t, keys, count, AlgoAuto); got != least {
+		if got := allreduceCross(t, keys, count, AlgoAuto); got != least {
 			t.Errorf("%s: auto sent %d bytes between hosts, the least is %d (%.2fx)", keys, got, least, float64(got)/float64(least))
 		}
-		if got := crossBytes(t, keys, count, AlgoRing); got <= least {
+		if got := allreduceCross(t, keys, count, AlgoRing); got <= least {
 			t.Errorf("%s: the flat ring sent %d bytes between hosts, no more than the least %d: the check cannot tell", keys, got, least)
 		}
 	}
@@ -196,4 +204,92 @@ func TestAllreduceHierUnusable(t *testing.T) {
 			}
 		})
 	})
+}
+
+// TestReduceScatterAllgatherHier: on hosts of equal rank counts the
+// reduce-scatter and the ring-sized allgather take two levels; results as
+// the flat schedules', in and out of place, and each host sends the others
+// (H-1)/H of the data once: (H-1)·S between hosts in all.
+func TestReduceScatterAllgatherHier(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	combos := quickCombos
+	if !quick() {
+		combos = someCombos()
+	}
+	for _, keys := range hierLayouts {
+		n := strings.Count(keys, ",") + 1
+		hosts := int64(NewHostMap(strings.Split(keys, ",")).Hosts())
+		t.Run(keys, func(t *testing.T) {
+			withHosts(keys, func() {
+				for _, count := range []int{1, 7, 1000, 70000} {
+					for _, c := range combos {
+						for _, inPlace := range []bool{false, true} {
+							ins := genInputs(rng, n, n*count, c.dt, c.op, false)
+							want := refFold(ins, c.dt, c.op)
+							blk := count * c.dt.Size()
+							bufs := make([][]byte, n)
+							outs := make([][]byte, n)
+							for r := range bufs {
+								bufs[r] = append([]byte(nil), ins[r]...)
+								outs[r] = make([]byte, blk)
+							}
+							runRanks(t, n, func(ctx context.Context, l Link) error {
+								r := l.Rank()
+								if inPlace {
+									return ReduceScatterInPlace(ctx, l, bufs[r], c.dt, c.op)
+								}
+								return ReduceScatter(ctx, l, bufs[r], outs[r], c.dt, c.op)
+							})
+							for r := range outs {
+								got := outs[r]
+								if inPlace {
+									got = bufs[r][r*blk : (r+1)*blk]
+								} else {
+									equalBytes(t, "reduce-scatter send modified", bufs[r], ins[r])
+								}
+								equalBytes(t, fmt.Sprintf("reduce-scatter %s count=%d %v inplace=%v rank %d", keys, count, c, inPlace, r), got, want[r*blk:(r+1)*blk])
+							}
+						}
+					}
+					blk := count * 4
+					ins := make([][]byte, n)
+					var want []byte
+					for r := range ins {
+						ins[r] = randBytes(rng, blk)
+						want = append(want, ins[r]...)
+					}
+					for _, inPlace := range []bool{false, true} {
+						outs := make([][]byte, n)
+						for r := range outs {
+							outs[r] = make([]byte, n*blk)
+							if inPlace {
+								copy(outs[r][r*blk:], ins[r])
+							}
+						}
+						runRanks(t, n, func(ctx context.Context, l Link) error {
+							if inPlace {
+								return Allgather(ctx, l, nil, outs[l.Rank()])
+							}
+							return Allgather(ctx, l, ins[l.Rank()], outs[l.Rank()])
+						})
+						for r := range outs {
+							equalBytes(t, fmt.Sprintf("allgather %s blk=%d inplace=%v rank %d", keys, blk, inPlace, r), outs[r], want)
+						}
+					}
+				}
+			})
+			blk := 1 << 20
+			s := int64(n * blk)
+			if got := crossBytes(t, keys, func(ctx context.Context, l Link) error {
+				return ReduceScatter(ctx, l, make([]byte, n*blk), make([]byte, blk), Float32, Sum)
+			}); got != (hosts-1)*s {
+				t.Errorf("%s: reduce-scatter sent %d bytes between hosts, the least is %d", keys, got, (hosts-1)*s)
+			}
+			if got := crossBytes(t, keys, func(ctx context.Context, l Link) error {
+				return Allgather(ctx, l, make([]byte, blk), make([]byte, n*blk))
+			}); got != (hosts-1)*s {
+				t.Errorf("%s: allgather sent %d bytes between hosts, the least is %d", keys, got, (hosts-1)*s)
+			}
+		})
+	}
 }

@@ -21,6 +21,7 @@ import (
 type HostMap struct {
 	of     []int   // rank -> host index (0..hosts-1, by first rank)
 	groups [][]int // host index -> its ranks, ascending
+	ring   []int   // the groups one after the other: the flat ring's order
 	digest uint64
 }
 
@@ -45,7 +46,29 @@ func NewHostMap(keys []string) *HostMap {
 		d *= 1099511628211
 	}
 	h.digest = d
+	for _, g := range h.groups {
+		h.ring = append(h.ring, g...)
+	}
 	return h
+}
+
+// chain is the order of a broadcast chain from root that crosses between
+// hosts once per other host: root's host first, from root, then each
+// other host's ranks in a row.
+func (h *HostMap) chain(root int) []int {
+	out := make([]int, 0, len(h.of))
+	out = append(out, root)
+	for _, r := range h.groups[h.of[root]] {
+		if r != root {
+			out = append(out, r)
+		}
+	}
+	for i, g := range h.groups {
+		if i != h.of[root] {
+			out = append(out, g...)
+		}
+	}
+	return out
 }
 
 // Size is the number of ranks the map covers.

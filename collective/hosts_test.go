@@ -293,3 +293,43 @@ func TestReduceScatterAllgatherHier(t *testing.T) {
 		})
 	}
 }
+
+// TestHostOrderedRings: with hosts and no Layout the ring schedules visit
+// each host's ranks in a row and a broadcast chain from any root crosses
+// once to each other host; results unchanged.
+func TestHostOrderedRings(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 16))
+	for _, keys := range []string{"A,B,A,B", "A,B,C,A,B,C", "A,A,A,B"} {
+		n := strings.Count(keys, ",") + 1
+		hosts := int64(NewHostMap(strings.Split(keys, ",")).Hosts())
+		size := 1 << 20
+		for root := 0; root < n; root++ {
+			want := randBytes(rng, size)
+			bufs := make([][]byte, n)
+			var cross int64
+			withForce(&testTuning.Force.Broadcast, AlgoPipeline, func() {
+				cross = crossBytes(t, keys, func(ctx context.Context, l Link) error {
+					b := make([]byte, size)
+					if l.Rank() == root {
+						copy(b, want)
+					}
+					bufs[l.Rank()] = b
+					return Broadcast(ctx, l, b, root)
+				})
+			})
+			for r := range bufs {
+				equalBytes(t, fmt.Sprintf("broadcast %s root %d rank %d", keys, root, r), bufs[r], want)
+			}
+			if cross != (hosts-1)*int64(size) {
+				t.Errorf("%s root %d: the broadcast chain sent %d bytes between hosts, want %d", keys, root, cross, (hosts-1)*int64(size))
+			}
+		}
+		// The flat ring allreduce crosses between hosts H times (each
+		// crossing edge carries 2(n-1)/n of the data), not at every edge.
+		count := 1 << 18
+		s := int64(4 * count)
+		if got, want := allreduceCross(t, keys, count, AlgoRing), hosts*2*int64(n-1)*s/int64(n); got != want {
+			t.Errorf("%s: the ring allreduce sent %d bytes between hosts, want %d", keys, got, want)
+		}
+	}
+}

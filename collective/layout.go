@@ -46,18 +46,26 @@ type Layout interface {
 }
 
 // ringPos is a ring order's view: at(p) is the rank at position p, pos
-// this rank's position. Without a Layout the ring is rank order.
+// this rank's position.
 type ringPos struct {
 	order []int // nil: rank order
 	size  int
 	pos   int
 }
 
+// ringOf is l's ring: the Layout's, else each host's ranks in a row
+// (Tuning.Hosts), else rank order.
 func ringOf(l Link) ringPos {
 	rank, size := l.Rank(), l.Size()
 	rp := ringPos{size: size, pos: rank}
+	order := []int(nil)
 	if lay := l.Tuning().Layout; lay != nil {
-		rp.order = lay.Ring()
+		order = lay.Ring()
+	} else if h := l.Tuning().Hosts; h != nil && h.Size() == size {
+		order = h.ring // each host's ranks in a row: the ring crosses between hosts H times
+	}
+	if order != nil {
+		rp.order = order
 		for p, r := range rp.order {
 			if r == rank {
 				rp.pos = p

@@ -66,6 +66,14 @@ func Broadcast(ctx context.Context, l Link, buf []byte, root int) error {
 			}
 			vr = mod(rp.pos-rootPos, size)
 			abs = func(v int) int { return rp.at(rootPos + v) }
+		} else if h := l.Tuning().Hosts; h != nil && h.Size() == size {
+			order := h.chain(root)
+			for p, r := range order {
+				if r == rank {
+					vr = p
+				}
+			}
+			abs = func(v int) int { return order[v] }
 		}
 		prev, next := -1, -1
 		if vr > 0 {

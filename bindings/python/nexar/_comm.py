@@ -7,7 +7,7 @@ import threading
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import _errors, _knobs, _launcher, _nexar as _lib
-from ._buffers import Buffer, as_buffer
+from ._buffers import Buffer, as_buffer, stream_handle
 from ._types import Datatype, Op
 
 __all__ = ["Comm", "Request", "Status", "init", "version", "ANY_SOURCE", "UNDEFINED"]
@@ -543,11 +543,11 @@ class Comm:
         return f"<nexar.Comm {state}>"
 
     # ---- helpers ----------------------------------------------------------
-    def _in(self, obj) -> Buffer:
-        return as_buffer(obj, False, _lib)
+    def _in(self, obj, stream=None) -> Buffer:
+        return as_buffer(obj, False, _lib, stream)
 
-    def _out(self, obj) -> Buffer:
-        return as_buffer(obj, True, _lib)
+    def _out(self, obj, stream=None) -> Buffer:
+        return as_buffer(obj, True, _lib, stream)
 
     @staticmethod
     def _same(what, a: Buffer, b: Buffer, factor: int = 1, exact: bool = True):
@@ -562,34 +562,47 @@ class Comm:
             return op.value
         return int(Op(op))
 
-    def _reduce_start(self, name, fn, sendbuf, recvbuf, op, *extra):
+    def _reduce_start(self, name, fn, sendbuf, recvbuf, op, *extra, stream=None):
         """fn (a reduction, blocking or not) on sendbuf into recvbuf (in place
-        when None): (what fn returned, the buffers, the result object)."""
+        when None): (what fn returned, the buffers, the result object).
+        stream: the cudaStream_t fn is ordered on, None for none."""
         h = self._check()
-        s = self._in(sendbuf) if recvbuf is not None else self._out(sendbuf)
-        r = self._out(recvbuf) if recvbuf is not None else s
+        s = self._in(sendbuf, stream) if recvbuf is not None else self._out(sendbuf, stream)
+        r = self._out(recvbuf, stream) if recvbuf is not None else s
         n, dt = s.typed(name)
         if r is not s:
             self._same(name, s, r)
         q = fn(s.addr, r.addr, n, int(dt), self._op(op), *extra, h)
         return q, ([s, r] if r is not s else [s]), r.obj
 
-    def _reduction(self, name, fn, sendbuf, recvbuf, op, *extra):
-        return _finish(*self._reduce_start(name, fn, sendbuf, recvbuf, op, *extra)[1:])
+    def _reduction(self, name, fn, sendbuf, recvbuf, op, *extra, stream=None):
+        return _finish(*self._reduce_start(name, fn, sendbuf, recvbuf, op, *extra, stream=stream)[1:])
 
     # ---- point-to-point -----------------------------------------------------
-    def send(self, buf, dest: int, tag: int = 0):
-        """Send buf to rank dest; returns when buf may be reused."""
+    def send(self, buf, dest: int, tag: int = 0, *, stream=None):
+        """Send buf to rank dest; returns when buf may be reused. stream (a
+        cudaStream_t or a torch/CuPy stream): nexar_send_stream, buf as the
+        stream has it once the work enqueued there before the call is done."""
         h = self._check()
-        b = self._in(buf)
+        st = None if stream is None else stream_handle(stream)
+        b = self._in(buf, st)
         n, dt = b.raw()
-        _lib.send(b.addr, n, int(dt), int(dest), int(tag), h)
+        if st is None:
+            _lib.send(b.addr, n, int(dt), int(dest), int(tag), h)
+        else:
+            _lib.send_stream(b.addr, n, int(dt), int(dest), int(tag), h, st)
 
-    def recv(self, buf, source: int = ANY_SOURCE, tag: int = 0) -> Status:
-        """Receive into buf from source (or any rank) with tag; returns the Status."""
+    def recv(self, buf, source: int = ANY_SOURCE, tag: int = 0, *, stream=None) -> Optional[Status]:
+        """Receive into buf from source (or any rank) with tag; returns the Status.
+        stream: nexar_recv_stream, the result reaching buf in stream order;
+        returns None then (that call reports no status)."""
         h = self._check()
-        b = self._out(buf)
+        st = None if stream is None else stream_handle(stream)
+        b = self._out(buf, st)
         n, dt = b.raw()
+        if st is not None:
+            _lib.recv_stream(b.addr, n, int(dt), int(source), int(tag), h, st)
+            return None
         src, tg, _, nbytes = _lib.recv(b.addr, n, int(dt), int(source), int(tag), h)
         b.finish()
         return Status(src, tg, nbytes // b.itemsize, nbytes)
@@ -613,12 +626,24 @@ class Comm:
     def ibarrier(self) -> Request:
         return Request(self, _lib.ibarrier(self._check()), [])
 
-    def allreduce(self, sendbuf, recvbuf=None, op=Op.SUM):
-        """recvbuf = op over ranks of sendbuf (in place when recvbuf is None). Returns the result buffer."""
+    def allreduce(self, sendbuf, recvbuf=None, op=Op.SUM, *, stream=None):
+        """recvbuf = op over ranks of sendbuf (in place when recvbuf is None). Returns the result buffer.
+
+        Buffers may be CUDA arrays (torch, CuPy, JAX: DLPack or
+        __cuda_array_interface__). stream (a cudaStream_t or a torch/CuPy
+        stream) orders the call on it (nexar_allreduce_stream): it returns
+        once its host part is done and device results reach recvbuf in
+        stream order. Without stream the call is blocking. The same holds
+        for broadcast, allgather, reduce_scatter, send and recv; the other
+        blocking calls take CUDA arrays without stream."""
         h = self._check()
-        if _lib.allreduce_fast(sendbuf, recvbuf, self._op(op), h):
-            return sendbuf if recvbuf is None else recvbuf
-        return self._reduction("allreduce", _lib.allreduce, sendbuf, recvbuf, op)
+        if stream is None:
+            if _lib.allreduce_fast(sendbuf, recvbuf, self._op(op), h):
+                return sendbuf if recvbuf is None else recvbuf
+            return self._reduction("allreduce", _lib.allreduce, sendbuf, recvbuf, op)
+        st = stream_handle(stream)
+        return self._reduction("allreduce", lambda s, r, n, dt, o, c: _lib.allreduce_stream(s, r, n, dt, o, c, st),
+                               sendbuf, recvbuf, op, stream=st)
 
     def iallreduce(self, sendbuf, recvbuf=None, op=Op.SUM) -> Request:
         h = self._check()
@@ -630,14 +655,18 @@ class Comm:
         q = _lib.iallreduce(s.addr, r.addr, n, int(dt), self._op(op), h)
         return Request(self, q, [s, r] if r is not s else [s])
 
-    def broadcast(self, buf, root: int = 0):
-        """Copy root's buf to every rank's buf. Returns buf."""
+    def broadcast(self, buf, root: int = 0, *, stream=None):
+        """Copy root's buf to every rank's buf. Returns buf. stream: as allreduce."""
         h = self._check()
-        if _lib.broadcast_fast(buf, int(root), self._rank == root, h):
+        st = None if stream is None else stream_handle(stream)
+        if st is None and _lib.broadcast_fast(buf, int(root), self._rank == root, h):
             return buf
-        b = self._out(buf) if self._rank != root else self._in(buf)
+        b = self._out(buf, st) if self._rank != root else self._in(buf, st)
         n, dt = b.raw()
-        _lib.broadcast(b.addr, n, int(dt), int(root), h)
+        if st is None:
+            _lib.broadcast(b.addr, n, int(dt), int(root), h)
+        else:
+            _lib.broadcast_stream(b.addr, n, int(dt), int(root), h, st)
         b.finish()
         return b.obj
 
@@ -671,23 +700,29 @@ class Comm:
         q = _lib.ireduce(s.addr, r.addr, n, int(dt), self._op(op), int(root), h)
         return Request(self, q, [s, r] if r is not s else [s])
 
-    def allgather(self, sendbuf, recvbuf):
+    def allgather(self, sendbuf, recvbuf, *, stream=None):
         """recvbuf (size x sendbuf) gets every rank's sendbuf in rank order.
-        sendbuf None: in place, this rank's block already in recvbuf."""
+        sendbuf None: in place, this rank's block already in recvbuf. stream: as allreduce."""
         h = self._check()
-        if sendbuf is not None and _lib.allgather_fast(sendbuf, recvbuf, self._size, h):
+        st = None if stream is None else stream_handle(stream)
+        if st is None and sendbuf is not None and _lib.allgather_fast(sendbuf, recvbuf, self._size, h):
             return recvbuf
-        r = self._out(recvbuf)
+        if st is None:
+            call = _lib.allgather
+        else:
+            def call(s, r, n, dt, c):
+                _lib.allgather_stream(s, r, n, dt, c, st)
+        r = self._out(recvbuf, st)
         if sendbuf is None:
             n, dt = r.raw()
             if n % self._size:
                 raise ValueError("nexar: allgather: receive buffer size is not a multiple of the world size")
-            _lib.allgather(r.addr, r.addr, n // self._size, int(dt), h)
+            call(r.addr, r.addr, n // self._size, int(dt), h)
         else:
-            s = self._in(sendbuf)
+            s = self._in(sendbuf, st)
             self._same("allgather", s, r, self._size)
             n, dt = s.raw()
-            _lib.allgather(s.addr, r.addr, n, int(dt), h)
+            call(s.addr, r.addr, n, int(dt), h)
         r.finish()
         return r.obj
 
@@ -708,24 +743,30 @@ class Comm:
         (packed when displs is None). sendbuf None: in place."""
         return _finish(*self._allgatherv(_lib.allgatherv, sendbuf, recvbuf, counts, displs)[1:])
 
-    def reduce_scatter(self, sendbuf, recvbuf=None, op=Op.SUM):
+    def reduce_scatter(self, sendbuf, recvbuf=None, op=Op.SUM, *, stream=None):
         """sendbuf holds size blocks; block r reduced over ranks goes to rank r's recvbuf.
-        recvbuf None: in place, the result is left in the first block of sendbuf."""
+        recvbuf None: in place, the result is left in the first block of sendbuf. stream: as allreduce."""
         h = self._check()
+        st = None if stream is None else stream_handle(stream)
+        if st is None:
+            call = _lib.reduce_scatter
+        else:
+            def call(s, r, n, dt, o, c):
+                _lib.reduce_scatter_stream(s, r, n, dt, o, c, st)
         if recvbuf is None:
-            s = self._out(sendbuf)
+            s = self._out(sendbuf, st)
             n, dt = s.typed("reduce_scatter")
             if n % self._size:
                 raise ValueError("nexar: reduce_scatter: buffer size is not a multiple of the world size")
-            _lib.reduce_scatter(s.addr, s.addr, n // self._size, int(dt), self._op(op), h)
+            call(s.addr, s.addr, n // self._size, int(dt), self._op(op), h)
             s.finish()
             return s.obj
-        if _lib.reduce_scatter_fast(sendbuf, recvbuf, self._op(op), self._size, h):
+        if st is None and _lib.reduce_scatter_fast(sendbuf, recvbuf, self._op(op), self._size, h):
             return recvbuf
-        s, r = self._in(sendbuf), self._out(recvbuf)
+        s, r = self._in(sendbuf, st), self._out(recvbuf, st)
         n, dt = r.typed("reduce_scatter")
         self._same("reduce_scatter", r, s, self._size)
-        _lib.reduce_scatter(s.addr, r.addr, n, int(dt), self._op(op), h)
+        call(s.addr, r.addr, n, int(dt), self._op(op), h)
         r.finish()
         return r.obj
 

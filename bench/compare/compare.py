@@ -48,7 +48,9 @@ reported; the table gives each nexar flavour's busbw as a share of it). Those
 streams send one 1 MiB buffer over and over, in cache (the sender's, never
 written, is the kernel's zero page); the same two streams cycling through 256
 MiB at each end ("out of cache", "2-way cold") are what a large collective's
-buffers allow.
+buffers allow. Two Go TLS 1.3 streams likewise (bench/compare/tlsstream,
+AES-128-GCM, out of cache, "2-way tls") are the ceiling of an encrypted
+path, which nexar's default (TLS) flavours are measured against.
 
 Run from the repository root:
   .venv/bin/python bench/compare/compare.py                 # quick sweep, 2 and 4 ranks
@@ -402,6 +404,12 @@ def netns_runs(args, ops, sizes, results):
             # (the host's load drifts on a shared machine): both are kept,
             # their mean is the ceiling the table compares with.
             both_before, cold_before = tcp_stream_both(net), tcp_stream_both(net, COLD_SPAN)
+            tls_why = build_tls_stream()
+            if tls_why:
+                log(f"  netns TLS ceiling: not measured: {tls_why}")
+            tls_before = None if tls_why else tcp_stream_both(net, COLD_SPAN, tls=True)
+            if tls_before:
+                log(f"  netns two TLS 1.3 streams, one each way, out of cache (before): {tls_before:.2f} GB/s per direction")
             if both_before:
                 log(f"  netns two TCP streams, one each way at once (before): {both_before:.2f} GB/s per direction")
             if cold_before:
@@ -447,12 +455,16 @@ def netns_runs(args, ops, sizes, results):
                 results.append({"system": "tcp-stream", "op": "stream", "bytes": 0, "ranks": 2,
                                 "time_us": 0, "algbw_gbs": stream, "busbw_gbs": stream, "netns": True})
             both_after, cold_after = tcp_stream_both(net), tcp_stream_both(net, COLD_SPAN)
+            tls_after = None if tls_why else tcp_stream_both(net, COLD_SPAN, tls=True)
+            if tls_after:
+                log(f"  netns two TLS 1.3 streams, one each way, out of cache (after): {tls_after:.2f} GB/s per direction")
             if both_after:
                 log(f"  netns two TCP streams, one each way at once (after): {both_after:.2f} GB/s per direction")
             if cold_after:
                 log(f"  netns the same, out of cache (after): {cold_after:.2f} GB/s per direction")
             for op, before, after in (("stream-both", both_before, both_after),
-                                      ("stream-both-cold", cold_before, cold_after)):
+                                      ("stream-both-cold", cold_before, cold_after),
+                                      ("stream-both-tls", tls_before, tls_after)):
                 got = [b for b in (before, after) if b]
                 if got:
                     both = sum(got) / len(got)
@@ -524,22 +536,35 @@ def tcp_stream(net):
 
 
 COLD_SPAN = 256 << 20
+TLS_STREAM = os.path.join(ROOT, "build", "tlsstream")
 
 
-def tcp_stream_both(net, span=None):
+def build_tls_stream():
+    """Build bench/compare/tlsstream into build/; None, or why not."""
+    go = shutil.which("go")
+    if go is None:
+        return "go not found"
+    r = subprocess.run([go, "build", "-o", TLS_STREAM, "./bench/compare/tlsstream"], cwd=ROOT,
+                       capture_output=True, text=True)
+    return None if r.returncode == 0 else "go build ./bench/compare/tlsstream failed: " + r.stderr.strip()[-400:]
+
+
+def tcp_stream_both(net, span=None, tls=False):
     """GB/s per direction of two TCP connections, one each way, run at once
     (1 GiB each): what an allreduce or all-to-all, which sends and receives
     at the same time, can reach on that link. Reported as the mean of the
     two directions. span: the bytes each end cycles through (default: one
-    1 MiB buffer, in cache; COLD_SPAN: out of cache, as a large collective's)."""
+    1 MiB buffer, in cache; COLD_SPAN: out of cache, as a large collective's).
+    tls: Go TLS 1.3 connections (bench/compare/tlsstream, AES-128-GCM)
+    instead of plain ones: the ceiling of an encrypted path."""
     port = free_port()
     extra = [str(span)] if span else []
-    srvs = [subprocess.Popen(net.wrap(i) + [SYS_PY, "-c", STREAM_SRC, "server", net.addrs[i], str(port)] + extra)
+    prog = [TLS_STREAM] if tls else [SYS_PY, "-c", STREAM_SRC]
+    srvs = [subprocess.Popen(net.wrap(i) + prog + ["server", net.addrs[i], str(port)] + extra)
             for i in (0, 1)]
     try:
         time.sleep(0.5)
-        clients = [subprocess.Popen(net.wrap(i) + [SYS_PY, "-c", STREAM_SRC, "client", net.addrs[1 - i], str(port)]
-                                    + extra,
+        clients = [subprocess.Popen(net.wrap(i) + prog + ["client", net.addrs[1 - i], str(port)] + extra,
                                     stdout=subprocess.PIPE, text=True) for i in (0, 1)]
         rates = []
         for c in clients:
@@ -590,11 +615,14 @@ def write_table(results, path, meta):
                 continue
             if r["op"] == "stream":
                 lines += [f"One TCP stream across the pair (1 GiB, 1 MiB writes): {r['busbw_gbs']:.2f} GB/s.", ""]
-            if r["op"] in ("stream-both", "stream-both-cold"):
+            if r["op"] in ("stream-both", "stream-both-cold", "stream-both-tls"):
                 cold = r["op"] == "stream-both-cold"
-                label = "2-way cold" if cold else "2-way"
+                tls = r["op"] == "stream-both-tls"
+                label = "2-way tls" if tls else "2-way cold" if cold else "2-way"
                 seen = [f"{r[k]:.2f}" for k in ("before_gbs", "after_gbs") if r.get(k)]
-                what = (f"The same two streams, each end cycling through {COLD_SPAN >> 20} MiB instead of one "
+                what = (f"Two Go TLS 1.3 streams (AES-128-GCM), one each way, each end cycling through "
+                        f"{COLD_SPAN >> 20} MiB (the ceiling of an encrypted path)" if tls else
+                        f"The same two streams, each end cycling through {COLD_SPAN >> 20} MiB instead of one "
                         "1 MiB buffer (out of cache, as a large collective's buffers)" if cold else
                         "Two TCP streams, one each way at once (what a collective that sends and receives "
                         "at the same time can use)")

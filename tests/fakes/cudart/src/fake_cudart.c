@@ -693,8 +693,9 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t st) {
     pthread_mutex_lock(&emu);
     o->gen = ++event->recorded;
     pthread_mutex_unlock(&emu);
+    size_t tl = o->tl;  // o is the stream's once enqueued: it may run and be freed at once
     enqueue(s, o);
-    tl_set(o->tl, f_ret);
+    tl_set(tl, f_ret);
     return cudaSuccess;
 }
 
@@ -734,8 +735,9 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t event, unsigned int
     pthread_mutex_lock(&emu);
     o->gen = event->recorded;  // the record current at the call, as CUDA
     pthread_mutex_unlock(&emu);
+    size_t tl = o->tl;  // o is the stream's once enqueued: it may run and be freed at once
     enqueue(s, o);
-    tl_set(o->tl, f_ret);
+    tl_set(tl, f_ret);
     return cudaSuccess;
 }
 
@@ -749,8 +751,9 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t st, cudaHostFn_t fn, void* userData)
     o->fn = fn;
     o->user = userData;
     o->tl = tl_new(opHost, s, NULL, NULL, 0, NULL);
+    size_t tl = o->tl;  // o is the stream's once enqueued: it may run and be freed at once
     enqueue(s, o);
-    tl_set(o->tl, f_ret);
+    tl_set(tl, f_ret);
     return cudaSuccess;
 }
 
@@ -804,8 +807,9 @@ static cudaError_t memcpy_async(void* dst, const void* src, size_t count, int ki
     resolve(src, count, &ignore, &sdev);
     o->tl = tl_new(opCopy, s, dst, src, count, NULL);
     if (o->tl) tl[o->tl - 1].dir = ddev ? (sdev ? memDevice2Device : memHost2Device) : (sdev ? memDevice2Host : memHost2Host);
+    size_t tl = o->tl;  // o is the stream's once enqueued: it may run and be freed at once
     enqueue(s, o);
-    tl_set(o->tl, f_ret);
+    tl_set(tl, f_ret);
     return cudaSuccess;
 }
 
@@ -958,8 +962,9 @@ cudaError_t cudaLaunchKernel(const void* func, dim3 gridDim, dim3 blockDim, void
     o->us = *(const long long*)args[0];
     const char* label = args[1] ? *(const char* const*)args[1] : NULL;
     o->tl = tl_new(opKernel, s, NULL, NULL, 0, label);
+    size_t tl = o->tl;  // o is the stream's once enqueued: it may run and be freed at once
     enqueue(s, o);
-    tl_set(o->tl, f_ret);
+    tl_set(tl, f_ret);
     return cudaSuccess;
 }
 
@@ -986,8 +991,9 @@ int cuStreamWaitValue32(cudaStream_t st, unsigned long long addr, uint32_t value
     o->value = value;
     o->cond = flags;
     o->tl = tl_new(opWaitValue, s, (const void*)(uintptr_t)addr, NULL, 4, NULL);
+    size_t tl = o->tl;  // o is the stream's once enqueued: it may run and be freed at once
     enqueue(s, o);
-    tl_set(o->tl, f_ret);
+    tl_set(tl, f_ret);
     return cuSuccess;
 }
 

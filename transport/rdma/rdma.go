@@ -79,7 +79,7 @@ func Open(opt Options) (*Device, error) {
 	}
 	// Host registrations last across operations where Pages can vouch
 	// for their memory before each reuse, else one operation.
-	pages := hw.NewPages()
+	pages := hw.ProcessPages()
 	if err := pages.Usable(); err != nil {
 		d.log.Debug("nexar: rdma: registrations last one operation", "dev", d.desc, "why", err)
 	}

@@ -17,7 +17,9 @@
 // the layer above's PlaceFunc) and answers with its address and rkey
 // (CTS), and the sender writes the payload there with one RDMA WRITE with
 // immediate, whose completion tells the receiver it has landed. Memory is
-// registered through hw/rdma's RegCache. Completions are polled briefly and
+// registered through hw/rdma's RegCache, whose registrations of the
+// caller's buffers last across operations while hw/rdma's Pages vouches
+// for their memory (docs/bulk-path.md, "Registrations that last"). Completions are polled briefly and
 // then waited for on a completion channel, in the Go poller.
 //
 // Device memory (hw/cuda pointers) is registered with the NIC by dma-buf

@@ -9,6 +9,7 @@ package ibverbs
 
 typedef int (*nx_live_fn)(int);
 typedef long long (*nx_regs_fn)(void);
+typedef long long (*nx_bytes_fn)(int);
 
 static int nx_live(const char *lib, int kind) {
 	void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
@@ -24,6 +25,15 @@ static long long nx_regs(const char *lib) {
 	if (!h) return -2;
 	nx_regs_fn f = (nx_regs_fn)dlsym(h, "nexar_fake_ibv_regs");
 	long long n = f ? f() : -3;
+	dlclose(h);
+	return n;
+}
+
+static long long nx_bytes(const char *lib, int kind) {
+	void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+	if (!h) return -2;
+	nx_bytes_fn f = (nx_bytes_fn)dlsym(h, "nexar_fake_ibv_bytes");
+	long long n = f ? f(kind) : -3;
 	dlclose(h);
 	return n;
 }
@@ -67,4 +77,25 @@ func Registrations(lib string) (int64, error) {
 		return 0, fmt.Errorf("fakes/ibverbs: %s is not loaded or is not the fake (%d)", lib, n)
 	}
 	return n, nil
+}
+
+// Bytes the fake NIC at lib moved in this process through registrations
+// of each kind: host memory, peer memory (device memory by its address)
+// and dma-buf (device memory by a dma-buf).
+type Bytes struct{ Host, PeerMem, DmaBuf int64 }
+
+// Moved reads Bytes of the fake at lib, which this process must have
+// loaded already.
+func Moved(lib string) (Bytes, error) {
+	cl := C.CString(lib)
+	defer C.free(unsafe.Pointer(cl))
+	var v [3]int64
+	for k := range v {
+		n := int64(C.nx_bytes(cl, C.int(k)))
+		if n < 0 {
+			return Bytes{}, fmt.Errorf("fakes/ibverbs: %s is not loaded or is not the fake (%d)", lib, n)
+		}
+		v[k] = n
+	}
+	return Bytes{v[0], v[1], v[2]}, nil
 }

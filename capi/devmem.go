@@ -104,3 +104,20 @@ func (a *args) result(err error) C.int {
 	}
 	return fail(a.fn, code, "%v", err)
 }
+
+//export nxgo_device_adapter_install
+func nxgo_device_adapter_install(adapter unsafe.Pointer) (r C.int) {
+	const fn = "nexar_device_adapter_install"
+	defer recoverToResult(fn, &r)
+	if adapter == nil {
+		return fail(fn, resInvalidArgument, "adapter is NULL")
+	}
+	rt, err := cuda.FromAdapter(adapter)
+	if err != nil {
+		return fail(fn, resInvalidArgument, "%v", err)
+	}
+	if err := router.Install(rt); err != nil {
+		return fail(fn, resUnavailable, "%v", err)
+	}
+	return resSuccess
+}

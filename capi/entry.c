@@ -578,4 +578,9 @@ nexar_result_t nexar_comm_get_stats(nexar_comm_t comm, nexar_stats_t* stats) {
     GUARD("communicator");
     return (nexar_result_t)nxgo_comm_get_stats((uintptr_t)comm, (void*)stats);
 }
+
+nexar_result_t nexar_device_adapter_install(const nexar_device_adapter_t* adapter) {
+    GUARD(NULL);
+    return (nexar_result_t)nxgo_device_adapter_install((void*)adapter);
+}
 // @end entry

@@ -1,6 +1,7 @@
 package hier
 
 import (
+	"errors"
 	"fmt"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -8,8 +9,9 @@ import (
 	"github.com/nexar-go/nexar/hw/cuda"
 )
 
-// Prober answers what memory an address is (cudaPointerGetAttributes);
-// *cuda.Runtime has it.
+// Prober answers what memory an address is (the device runtime's pointer
+// query, cudaPointerGetAttributes for CUDA); *cuda.Runtime and
+// *cuda.Driver have it.
 type Prober interface {
 	PointerType(p uintptr) (cuda.MemoryType, int, error)
 }
@@ -55,9 +57,16 @@ const KindCacheSize = 4096
 //     destroyed.
 //
 // An error from the runtime is not remembered.
+//
+// Memory the runtime does not know (Unregistered) is host memory only if
+// the host can read it: that is checked once per address (cuda.Readable,
+// which does not fault), and an address the host cannot read is an
+// *UnknownPointerError (memory of a runtime libnexar did not find: a
+// statically linked CUDA runtime, another GPU's), never a fault later.
 type Kinds struct {
-	probe Prober
-	cache *lru.Cache[uintptr, Place]
+	probe    Prober
+	readable func(p uintptr) bool
+	cache    *lru.Cache[uintptr, Place]
 }
 
 // NewKinds returns an empty cache over probe.
@@ -66,7 +75,24 @@ func NewKinds(probe Prober) *Kinds {
 	if err != nil {
 		panic(err) // only for a size <= 0
 	}
-	return &Kinds{probe: probe, cache: c}
+	return &Kinds{probe: probe, readable: cuda.Readable, cache: c}
+}
+
+// UnknownPointerError is a buffer that is not memory the host can read
+// and that no device runtime of this process claims.
+type UnknownPointerError struct {
+	Ptr uintptr
+	// Driver: the CUDA driver says it is device memory, but libnexar has
+	// no CUDA runtime to copy it with.
+	Driver bool
+	Device int
+}
+
+func (e *UnknownPointerError) Error() string {
+	if e.Driver {
+		return fmt.Sprintf("%#x is CUDA device memory (device %d, says the CUDA driver), but libnexar found no CUDA runtime to copy it with (a statically linked one, nvcc's default, exports none): set NEXAR_CUDART to a CUDA runtime library of the driver's version (libcudart.so.12, ...)", e.Ptr, e.Device)
+	}
+	return fmt.Sprintf("%#x is not memory the host can read, and no device runtime in this process claims it: if it is GPU memory, set NEXAR_CUDART to the CUDA runtime library the program uses (a statically linked one, nvcc's default, cannot be found), or install the runtime's adapter (nexar_device_adapter_install), before creating the communicator", e.Ptr)
 }
 
 // Of reports where the buffer at p lives; p 0 is host (a NULL buffer is
@@ -80,7 +106,11 @@ func (k *Kinds) Of(p uintptr) (Place, error) {
 	}
 	t, dev, err := k.probe.PointerType(p)
 	if err != nil {
-		return Host, fmt.Errorf("cudaPointerGetAttributes(%#x): %w", p, err)
+		var u *UnknownPointerError
+		if errors.As(err, &u) {
+			return Host, err
+		}
+		return Host, fmt.Errorf("pointer query (%#x): %w", p, err)
 	}
 	switch t {
 	case cuda.Device:
@@ -88,6 +118,9 @@ func (k *Kinds) Of(p uintptr) (Place, error) {
 		k.cache.Add(p, pl)
 		return pl, nil
 	case cuda.Unregistered:
+		if !k.readable(p) {
+			return Host, &UnknownPointerError{Ptr: p}
+		}
 		k.cache.Add(p, Host)
 	}
 	return Host, nil // page-locked or managed: the host may read it

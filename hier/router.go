@@ -43,6 +43,9 @@ import (
 //	... err = call.Run(func() error { return c.Allreduce(ctx, send, recv, dt, op) })
 type Router struct {
 	dev atomic.Pointer[devices] // nil: no CUDA device in this process
+	// none classifies buffers while dev is nil: host memory if the host
+	// can read it, through the CUDA driver where one is loaded (Probe).
+	none atomic.Pointer[Kinds]
 
 	mu    sync.Mutex // probing
 	why   string     // why dev is nil
@@ -73,7 +76,58 @@ type routed struct {
 }
 
 // NewRouter returns a router that has found no CUDA runtime yet (Probe).
-func NewRouter() *Router { return &Router{hiers: map[any]*routed{}} }
+func NewRouter() *Router {
+	r := &Router{hiers: map[any]*routed{}}
+	r.none.Store(NewKinds(noRuntime{}))
+	return r
+}
+
+// noRuntime classifies pointers where no device runtime was found: what
+// the CUDA driver says, where the process has one loaded, else host memory
+// (which Kinds then checks the host can read).
+type noRuntime struct{ drv *cuda.Driver }
+
+func (n noRuntime) PointerType(p uintptr) (cuda.MemoryType, int, error) {
+	if n.drv == nil {
+		return cuda.Unregistered, -1, nil
+	}
+	t, dev, err := n.drv.PointerType(p)
+	if err == nil && t == cuda.Device {
+		return t, dev, &UnknownPointerError{Ptr: p, Driver: true, Device: dev}
+	}
+	return t, dev, err
+}
+
+// InstallError is an adapter that Install cannot take: a runtime is in use
+// already, or it sees no device.
+type InstallError struct{ Msg string }
+
+func (e *InstallError) Error() string { return "hier: device adapter: " + e.Msg }
+
+// Install makes rt (a GPU runtime's adapter, cuda.FromAdapter) the device
+// runtime of the communicators made from now on, in place of the CUDA
+// runtime Probe would look for. Once per process, before any communicator
+// found a runtime: an *InstallError otherwise, and where rt sees no device.
+func (r *Router) Install(rt *cuda.Runtime) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if d := r.dev.Load(); d != nil {
+		if d.rt.IsCUDA() {
+			return &InstallError{fmt.Sprintf("a communicator uses the CUDA runtime %s already: install the adapter before creating communicators", d.rt.Path())}
+		}
+		return &InstallError{fmt.Sprintf("the adapter %q is installed already (one per process)", d.rt.Name())}
+	}
+	n, err := rt.DeviceCount()
+	if err != nil {
+		return &InstallError{fmt.Sprintf("%s: device_count: %v", rt.Name(), err)}
+	}
+	if n == 0 {
+		return &InstallError{fmt.Sprintf("%s: device_count says 0 devices", rt.Name())}
+	}
+	r.tried = true
+	r.dev.Store(&devices{rt: rt, st: stage.New(rt, stage.Options{}), kinds: NewKinds(rt)})
+	return nil
+}
 
 // Probe looks for the CUDA runtime that cfg names (Config.CUDARuntime),
 // else the one the process has loaded, and a device it sees. Cheap once one
@@ -96,6 +150,10 @@ func (r *Router) Probe(cfg core.Config) {
 		return
 	case rt == nil:
 		r.why = "no CUDA runtime is loaded in this process (set NEXAR_CUDART, or load libcudart before creating the communicator)"
+		if drv := cuda.LoadedDriver(); drv != nil {
+			r.why = "the CUDA driver is loaded but no CUDA runtime libnexar can use (a statically linked one exports none): set NEXAR_CUDART"
+			r.none.Store(NewKinds(noRuntime{drv: drv}))
+		}
 		return
 	}
 	n, err := rt.DeviceCount()
@@ -154,11 +212,12 @@ func (r *Router) Purge() {
 	}
 }
 
-// Place reports where the buffer at p lives.
+// Place reports where the buffer at p lives (an *UnknownPointerError for
+// one that is not host memory the host can read and no runtime claims).
 func (r *Router) Place(p uintptr) (Place, error) {
 	d := r.dev.Load()
 	if d == nil {
-		return Host, nil
+		return r.none.Load().Of(p)
 	}
 	return d.kinds.Of(p)
 }
@@ -168,12 +227,12 @@ func (r *Router) Place(p uintptr) (Place, error) {
 // libnccl.so. When the configuration names the CUDA runtime but no NCCL,
 // none is loaded: an NCCL found on the loader's path would not be built
 // for that runtime.
-func (r *Router) nccl(cfg core.Config) (*nccl.Library, string) {
-	r.ncclOnce.Do(func() { r.lib, r.libWhy = loadNCCL(cfg) })
+func (r *Router) nccl(cfg core.Config, rt *cuda.Runtime) (*nccl.Library, string) {
+	r.ncclOnce.Do(func() { r.lib, r.libWhy = loadNCCL(cfg, rt) })
 	return r.lib, r.libWhy
 }
 
-func loadNCCL(cfg core.Config) (*nccl.Library, string) {
+func loadNCCL(cfg core.Config, rt *cuda.Runtime) (*nccl.Library, string) {
 	if p := cfg.NCCLLibrary; p != "" {
 		l, err := nccl.Open(p)
 		if err != nil {
@@ -183,6 +242,9 @@ func loadNCCL(cfg core.Config) (*nccl.Library, string) {
 	}
 	if cfg.CUDARuntime != "" {
 		return nil, "NEXAR_CUDART names the CUDA runtime but NEXAR_NCCL names no NCCL to go with it"
+	}
+	if !rt.IsCUDA() {
+		return nil, fmt.Sprintf("the device runtime is the adapter %q: NEXAR_NCCL names no NCCL built for it (RCCL for HIP)", rt.Name())
 	}
 	var last error
 	for _, name := range []string{"libnccl.so.2", "libnccl.so"} {
@@ -263,7 +325,7 @@ func (r *Router) Route(ctx context.Context, key any, c *core.Comm, x Collective)
 	if x.Reduces && collective.Check(x.DType, x.Op) != nil || !Supports(x.DType, x.Op, x.Reduces) {
 		return nil, nil
 	}
-	lib, why := r.nccl(cfg)
+	lib, why := r.nccl(cfg, d.rt)
 	if lib == nil && mode == Auto {
 		return nil, nil // this process has no NCCL: the staged path
 	}
@@ -328,6 +390,7 @@ func (r *Router) Release(key any) {
 // takes host memory only: start one with Router.Begin.
 type Call struct {
 	d       *devices // nil: no CUDA device
+	none    *Kinds   // with d nil: what the host may read
 	stages  bool
 	stream  cuda.Stream
 	isStrm  bool
@@ -346,7 +409,7 @@ func (r *Router) Begin(stages, streamVariant bool, stream cuda.Stream) (Call, er
 	if streamVariant && stream != 0 && d == nil {
 		return Call{}, &ArgError{fmt.Sprintf("stream %#x given but CUDA is not usable: %s", uintptr(stream), r.Reason())}
 	}
-	return Call{d: d, stages: stages, stream: stream, isStrm: streamVariant}, nil
+	return Call{d: d, none: r.none.Load(), stages: stages, stream: stream, isStrm: streamVariant}, nil
 }
 
 // Direct reports whether a device buffer of the call goes to core as it is.
@@ -373,9 +436,18 @@ func (c *Call) P2PBuf(name string, p unsafe.Pointer, n int, in, out bool, direct
 		return nil, &ArgError{fmt.Sprintf("%s is NULL but must hold %d bytes", name, n)}
 	}
 	if c.d == nil {
+		if c.none != nil {
+			if _, err := c.none.Of(uintptr(p)); err != nil {
+				return nil, &ArgError{fmt.Sprintf("%s %v", name, err)}
+			}
+		}
 		return unsafe.Slice((*byte)(p), n), nil
 	}
 	pl, err := c.d.kinds.Of(uintptr(p))
+	var u *UnknownPointerError
+	if errors.As(err, &u) {
+		return nil, &ArgError{fmt.Sprintf("%s %v", name, err)}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s %p: %w", name, p, err)
 	}

@@ -979,6 +979,126 @@ nexar_result_t nexar_recv_stream(void* buf, size_t count, nexar_datatype_t dt, i
                                  uint64_t tag, nexar_comm_t comm, void* stream);
 
 /* ------------------------------------------------------------------------
+ * Device adapters (docs/device-memory.md, "Device adapters")
+ *
+ * A GPU runtime other than CUDA's (ROCm/HIP, a vendor's own) gives libnexar
+ * its device memory through a table of functions: what a pointer is,
+ * pinned host memory, copies (synchronous and on a stream), streams,
+ * events and stream waits, and optionally a dma-buf export for GPUDirect
+ * RDMA. libnexar's CUDA support is one such table, filled from the CUDA
+ * runtime it finds; a program installs its own with
+ * nexar_device_adapter_install before it creates the communicators that
+ * should use it. Everything said above of CUDA device memory and streams
+ * then holds of the adapter's: buffers are classified by pointer_query,
+ * staged through host_alloc'd memory with copy_async on the adapter's
+ * streams, and a _stream call's stream is the adapter's stream handle.
+ * The NCCL hierarchy (NEXAR_NCCL_HIER) needs an NCCL built for the same
+ * runtime (RCCL for HIP): set NEXAR_NCCL, or NEXAR_NCCL_HIER=off.
+ *
+ * Each function returns 0 on success and otherwise the runtime's own
+ * error code, which error_string describes (libnexar's message names the
+ * entry, the code and that text); NEXAR_DEVICE_NOT_SUPPORTED is reserved
+ * for "not possible on this system" where an entry says so. ctx is the
+ * table's ctx, passed as it is. Streams and events are the runtime's
+ * handles, carried opaquely; the NULL stream is the runtime's default
+ * stream. Every function may be called from any thread, concurrently; the
+ * current device (get_device, set_device) is per thread, as in CUDA and
+ * HIP. The table is copied by the install; ctx, name and the functions
+ * must stay valid for the life of the process.
+ * --------------------------------------------------------------------- */
+
+/* NEXAR_DEVICE_ADAPTER_VERSION is the version of nexar_device_adapter_t
+ * this header describes: set it in the table's version field. */
+#define NEXAR_DEVICE_ADAPTER_VERSION 1
+
+/* NEXAR_DEVICE_NOT_SUPPORTED: an entry's result for "not possible here". */
+#define NEXAR_DEVICE_NOT_SUPPORTED (-1)
+
+/* nexar_memory_kind_t: what pointer_query says an address is (the values
+ * of cudaMemoryType and hipMemoryType). Only NEXAR_MEMORY_DEVICE is
+ * memory the host must not read; the others are used as host memory. */
+typedef enum {
+    NEXAR_MEMORY_UNREGISTERED = 0, /* host memory the runtime does not know (malloc, mmap) */
+    NEXAR_MEMORY_PINNED = 1,       /* page-locked host memory */
+    NEXAR_MEMORY_DEVICE = 2,       /* device memory */
+    NEXAR_MEMORY_MANAGED = 3       /* managed memory, which the host may read */
+} nexar_memory_kind_t;
+
+/* nexar_copy_kind_t: the direction of a copy (the values of cudaMemcpyKind
+ * and hipMemcpyKind). */
+typedef enum {
+    NEXAR_COPY_HOST_TO_HOST = 0,
+    NEXAR_COPY_HOST_TO_DEVICE = 1,
+    NEXAR_COPY_DEVICE_TO_HOST = 2,
+    NEXAR_COPY_DEVICE_TO_DEVICE = 3,
+    NEXAR_COPY_DEFAULT = 4 /* inferred from the addresses (unified addressing) */
+} nexar_copy_kind_t;
+
+/* nexar_device_adapter_t: a GPU runtime's functions. Set size to
+ * sizeof(nexar_device_adapter_t) and version to
+ * NEXAR_DEVICE_ADAPTER_VERSION: a later libnexar reads a table of this
+ * version by its size (fields added later are appended and optional), and
+ * refuses a table from a later header than its own. Every entry up to
+ * error_string must be set; the others may be NULL. */
+typedef struct nexar_device_adapter {
+    size_t size;      /* sizeof(nexar_device_adapter_t) as the runtime compiled it */
+    int version;      /* NEXAR_DEVICE_ADAPTER_VERSION */
+    const char* name; /* the runtime, for messages and nexar info: "hip", ... */
+    void* ctx;        /* passed to every function */
+    /* *kind: a nexar_memory_kind_t; *device: the device of device memory.
+     * A host address the runtime does not know is NEXAR_MEMORY_UNREGISTERED
+     * and success, not an error. */
+    int (*pointer_query)(void* ctx, const void* ptr, int* kind, int* device);
+    int (*device_count)(void* ctx, int* count);
+    int (*get_device)(void* ctx, int* device);
+    int (*set_device)(void* ctx, int device);
+    /* Page-locked host memory for staging, which copy_async runs
+     * asynchronously from. */
+    int (*host_alloc)(void* ctx, void** ptr, size_t size);
+    int (*host_free)(void* ctx, void* ptr);
+    int (*device_alloc)(void* ctx, void** ptr, size_t size);
+    int (*device_free)(void* ctx, void* ptr);
+    /* copy: synchronous; copy_async: enqueued on stream. kind: a
+     * nexar_copy_kind_t. */
+    int (*copy)(void* ctx, void* dst, const void* src, size_t size, int kind);
+    int (*copy_async)(void* ctx, void* dst, const void* src, size_t size, int kind, void* stream);
+    /* stream_create: a stream that does not synchronize with the default
+     * stream (libnexar orders its streams by events only). */
+    int (*stream_create)(void* ctx, void** stream);
+    int (*stream_destroy)(void* ctx, void* stream);
+    int (*stream_synchronize)(void* ctx, void* stream);
+    /* Work enqueued on stream after the call waits for event's latest
+     * record made before the call. */
+    int (*stream_wait_event)(void* ctx, void* stream, void* event);
+    /* event_create: an event for ordering only (no timing). */
+    int (*event_create)(void* ctx, void** event);
+    int (*event_destroy)(void* ctx, void* event);
+    int (*event_record)(void* ctx, void* event, void* stream);
+    /* *done: 1 once the work before the latest record has completed, else
+     * 0 (not an error). */
+    int (*event_query)(void* ctx, void* event, int* done);
+    const char* (*error_string)(void* ctx, int code);
+    /* Optional: the device range [ptr, ptr+size) as a dma-buf, *fd (closed
+     * by libnexar) at *offset, for GPUDirect RDMA; NEXAR_DEVICE_NOT_SUPPORTED
+     * where this system cannot export it. NULL: never. */
+    int (*dmabuf_export)(void* ctx, const void* ptr, size_t size, int* fd, uint64_t* offset);
+} nexar_device_adapter_t;
+
+/* nexar_device_adapter_install: use adapter's runtime for device memory in
+ * the communicators created from now on, in place of the CUDA runtime
+ * libnexar would look for. Once per process, before a communicator found
+ * a CUDA runtime.
+ * Result: NEXAR_ERR_INVALID_ARGUMENT for a NULL adapter, a size smaller
+ * than version 1's table, a version later than this library's, a required
+ * entry that is NULL (the message names it); NEXAR_ERR_UNAVAILABLE when a
+ * runtime is in use already (an adapter installed before, or CUDA found
+ * by a communicator: the message names it), or when the adapter's
+ * device_count fails or reports no device.
+ * Thread-safety: safe to call from any thread; concurrent installs: one
+ * wins, the others fail as above. */
+nexar_result_t nexar_device_adapter_install(const nexar_device_adapter_t* adapter);
+
+/* ------------------------------------------------------------------------
  * Non-blocking operations
  *
  * Each takes the arguments of its blocking form, then req (out, non-NULL),

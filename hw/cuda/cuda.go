@@ -1,20 +1,27 @@
-// Package cuda is nexar's optional binding to the CUDA runtime, loaded at run
-// time with dlopen so that nexar builds and runs with no CUDA installed.
+// Package cuda is nexar's device layer: a device runtime reached through
+// the adapter table of the C ABI (include/nexar.h, nexar_device_adapter_t),
+// of which the CUDA runtime, loaded at run time with dlopen so that nexar
+// builds and runs with no CUDA installed, is one implementation.
 //
-// Only what a collective library needs is bound: the device count, device
-// and page-locked host memory, synchronous and stream-ordered copies,
-// streams and events, and cudaPointerGetAttributes to tell device pointers
-// from host ones (hw/cuda/stage builds staging on these). No CUDA header is needed to build: the few
-// function types are declared here. The library is looked up as
-// the configured path (capi: NEXAR_CUDART), then libcudart.so, libcudart.so.13, .12 and .11.0 on the
-// dynamic linker's path.
+// Only what a collective library needs is in the table: the device count,
+// device and page-locked host memory, synchronous and stream-ordered
+// copies, streams and events, a pointer query to tell device pointers from
+// host ones (hw/cuda/stage builds staging on these), and optionally a
+// dma-buf export. No CUDA header is needed to build: the few function
+// types are declared here. The CUDA runtime is looked up as the configured
+// path (capi: NEXAR_CUDART), then libcudart.so, libcudart.so.13, .12 and
+// .11.0 on the dynamic linker's path, then among the objects the process
+// has loaded (FindLoaded: torch's bundled runtime, a renamed one); the
+// CUDA driver (libcuda.so.1) can classify pointers where no runtime is
+// reachable (Driver).
 //
-// A Runtime is one loaded library (Default: the process-wide one, loaded
-// once on first use; Open: a given path; InProcess: the one the process has
-// loaded already, if any). The package-level functions use Default.
+// A Runtime is one device runtime (Default: the process-wide CUDA runtime,
+// loaded once on first use; Open: a given path; InProcess: the one the
+// process has loaded already, if any; FromAdapter and LoadAdapter: a table
+// another GPU runtime supplies). The package-level functions use Default.
 // Device pointers are carried as DevicePtr (a uintptr), never as Go
 // pointers. All functions are safe for concurrent use (the CUDA runtime is
-// thread-safe).
+// thread-safe, and an adapter's table must be).
 package cuda
 
 import (
@@ -85,13 +92,18 @@ type Event uintptr
 // errNotReady is cudaErrorNotReady: an event or stream with work pending.
 const errNotReady = 600
 
-// Error is a CUDA runtime error code with its message.
+// Error is a device runtime's error code with its message. Func is the
+// CUDA function for a CUDA runtime, else the adapter's name and entry.
 type Error struct {
-	Func string
-	Code int
-	Msg  string
+	Func    string
+	Code    int
+	Msg     string
+	Runtime string // "cuda", or the adapter's name
 }
 
 func (e *Error) Error() string {
-	return fmt.Sprintf("hw/cuda: %s: %s (cudaError %d)", e.Func, e.Msg, e.Code)
+	if e.Runtime == "" || e.Runtime == "cuda" {
+		return fmt.Sprintf("hw/cuda: %s: %s (cudaError %d)", e.Func, e.Msg, e.Code)
+	}
+	return fmt.Sprintf("hw/cuda: %s: %s (%s error %d)", e.Func, e.Msg, e.Runtime, e.Code)
 }

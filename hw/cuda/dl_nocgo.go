@@ -2,7 +2,11 @@
 
 package cuda
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+)
 
 var errNoCgo = fmt.Errorf("%w (built without cgo)", ErrNoLibrary)
 
@@ -17,6 +21,32 @@ func Open(path string) (*Runtime, error) { return nil, errNoCgo }
 
 // InProcess reports no runtime: without cgo none can be reached.
 func InProcess(override string) (*Runtime, error) { return nil, nil }
+
+// FindLoaded reports no runtime: without cgo none can be reached.
+func FindLoaded() (*Runtime, error) { return nil, nil }
+
+// AdapterError is a table that FromAdapter refuses.
+type AdapterError struct{ Msg string }
+
+func (e *AdapterError) Error() string { return "hw/cuda: device adapter: " + e.Msg }
+
+// FromAdapter fails: a build without cgo cannot call C.
+func FromAdapter(table unsafe.Pointer) (*Runtime, error) { return nil, errNoCgo }
+
+// LoadAdapter fails: a build without cgo cannot dlopen.
+func LoadAdapter(path, fill string) (*Runtime, error) { return nil, errNoCgo }
+
+// Driver is the CUDA driver's pointer query; none without cgo.
+type Driver struct{}
+
+// LoadedDriver reports no driver without cgo.
+func LoadedDriver() *Driver { return nil }
+
+// PointerType cannot be answered without cgo.
+func (d *Driver) PointerType(p uintptr) (MemoryType, int, error) { return Unregistered, -1, errNoCgo }
+
+// Readable reports true: without cgo the probe is not built.
+func Readable(p uintptr) bool { return true }
 
 // LibraryPath fails: a build without cgo cannot dlopen.
 func LibraryPath() (string, error) { return "", errNoCgo }
@@ -49,7 +79,10 @@ func PointerType(p uintptr) (MemoryType, int, error) { return Unregistered, -1, 
 func IsDevicePointer(p uintptr) bool { return false }
 
 // ErrNotSupported is what DmaBuf returns where the driver cannot export.
-var ErrNotSupported = fmt.Errorf("hw/cuda: not supported by the CUDA driver")
+var ErrNotSupported = errors.New("hw/cuda: not supported by the device driver")
 
 // DmaBuf fails: a build without cgo cannot reach the driver.
 func (l *Runtime) DmaBuf(p DevicePtr, n int) (int, error) { return -1, errNoCgo }
+
+// DmaBufAt fails: a build without cgo cannot reach the driver.
+func (l *Runtime) DmaBufAt(p DevicePtr, n int) (int, uint64, error) { return -1, 0, errNoCgo }

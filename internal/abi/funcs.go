@@ -102,4 +102,5 @@ var funcs = []Func{
 	{Name: "request_free", Params: "nexar_request_t req"},
 	{Name: "comm_dump_flight_record", Params: "nexar_comm_t comm, const char* path"},
 	{Name: "comm_get_stats", Params: "nexar_comm_t comm, nexar_stats_t* stats"},
+	{Name: "device_adapter_install", Params: "const nexar_device_adapter_t* adapter"},
 }

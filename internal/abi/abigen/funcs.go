@@ -119,7 +119,7 @@ var casts = map[string]string{
 	"nexar_rpc_lent_handler_t": "(uintptr_t)", "nexar_rpc_alloc_t": "(uintptr_t)",
 	"nexar_comm_t*": "(uintptr_t*)", "nexar_request_t*": "(uintptr_t*)", "nexar_seed_t*": "(uintptr_t*)",
 	"const void*": "(void*)", "const nexar_config_t*": "(void*)", "nexar_status_t*": "(void*)",
-	"nexar_stats_t*": "(void*)", "const void* const*": "(void*)", "void* const*": "(void*)",
+	"nexar_stats_t*": "(void*)", "const nexar_device_adapter_t*": "(void*)", "const void* const*": "(void*)", "void* const*": "(void*)",
 	"const char*": "(char*)", "const size_t*": "(size_t*)",
 	"nexar_result_t*": "(int*)", "nexar_failure_policy_t*": "(int*)",
 	"nexar_failure_policy_t": "(int)", "nexar_compress_t": "(int)",

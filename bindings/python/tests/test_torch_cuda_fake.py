@@ -23,8 +23,10 @@ def build_fake(tmp_path, name="cudart", libs=()) -> str:
 def test_torch_cuda_path_against_fake(tmp_path):
     # 3 ranks: the send/recv ring has distinct neighbours.
     fake = build_fake(tmp_path)
-    outs = run_ranks(3, ["workers/cuda_fake_worker.py"], timeout=240, torchrun_env=True,
-                     env={"NEXAR_CUDART": fake})
+    # The fake's timeline (NEXAR_FAKE_CUDA_TIMELINE) shows DDP's and FSDP2's
+    # communication overlapping their compute.
+    outs = run_ranks(3, ["workers/cuda_fake_worker.py"], timeout=300, torchrun_env=True,
+                     env={"NEXAR_CUDART": fake, "NEXAR_FAKE_CUDA_TIMELINE": "200000"})
     for r, out in enumerate(outs):
         assert f"rank {r}: cuda fake ok" in out, out
 

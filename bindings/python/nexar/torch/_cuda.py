@@ -1,56 +1,147 @@
-"""CUDA tensors in the "nexar" backend.
+"""CUDA tensors in the "nexar" backend (docs/device-memory.md, "torch").
 
-A CUDA tensor's memory goes through libnexar's stream-ordered entry points
-(nexar_allreduce_stream and the like, docs/device-memory.md): the call is
-ordered after the work on torch's current stream, libnexar stages the
-device memory through pinned host buffers, runs the operation on the host
-and queues the copies back on its own stream, which the current stream is
-made to wait for. The calling thread is busy for the host part of the
-operation; the copies back complete in stream order. A Work then holds an
-event recorded on that stream: wait() makes the waiting thread's current
-stream wait for it (no host block), is_completed() queries it.
+Every collective takes CUDA tensors, asynchronously, the way
+ProcessGroupNCCL orders its work:
 
-What of CUDA the backend uses is this module's CudaOps, one per group
+- at issue, in the caller's thread: an event recorded on torch's current
+  stream, which the group's side stream for the device waits for (the
+  operation is ordered after the work queued so far, not after what the
+  caller queues next); the Work is returned at once;
+- on the group's worker thread, in issue order with its other
+  collectives: the operation on the side stream, through libnexar's
+  stream-ordered entry point where there is one (allreduce, broadcast,
+  allgather, reduce-scatter; libnexar stages or uses NCCL), else staged
+  here: copies to pinned host tensors on the side stream, the CPU
+  implementation on them, copies back. The worker then waits for the side
+  stream and writes the operation's number into a pinned word;
+- Work.wait() makes the current stream wait for an event recorded at issue
+  on the group's completion stream behind a stream memory wait on that word
+  (cuStreamWaitValue32): no host block, as NCCL's. Where the driver has no
+  stream memory operations, wait() waits on the host for the worker, then
+  makes the stream wait.
+
+Send and receive run on a helper thread each (a posted receive must not
+hold back the worker), on a side stream of their own; their wait() waits
+for the host part, then the stream.
+
+What of CUDA the backend uses is a CudaOps, one per group
 (ProcessGroupNexar._cuda): tests on machines without a GPU replace it with
 a stand-in over the fake CUDA runtime (tests/fakes/cudart), and drive the
 backend's CUDA code path with objects standing in for CUDA tensors. That
 proves the backend's calls, ordering and Work semantics against the fake;
-it does not prove torch's own CUDA objects behave as the stand-in does
-(docs/device-memory.md says what ran where).
+it does not prove torch's own CUDA objects behave as the stand-in does.
 """
 
 from __future__ import annotations
 
+import ctypes
+import threading
+from typing import Optional
+
 import torch
-import torch.distributed as dist
 
 from ._work import NexarWork
 
-__all__ = ["CudaOps", "CudaWork", "CudaP2PWork", "is_cuda", "check_cuda"]
+__all__ = ["CudaOps", "CudaWork", "CudaP2PWork", "CudaBatchWork", "Side", "is_cuda", "stream_dtype"]
 
 
 class CudaOps:
-    """The CUDA operations the backend needs, through torch.cuda.
+    """The CUDA operations the backend needs, through torch.cuda (and, for
+    the stream memory wait, the driver's cuStreamWaitValue32). Streams are
+    cudaStream_t as int; events are opaque.
 
-    stream(device) -> int: the current stream's cudaStream_t.
-    record(stream, device) -> event: an event recorded on that stream.
-    wait(event, device): the calling thread's current stream waits for it.
-    query(event) -> bool: whether the event has completed.
+    stream(device): the current stream. new_stream(device): a stream of
+    the group's own (kept alive here). record(stream, device) -> event.
+    wait(event, device): the current stream waits. stream_wait(stream,
+    event, device). query(event) -> bool. synchronize(event): the host
+    waits (GIL released). host_like(t): a pinned CPU tensor of t's shape
+    and dtype. d2h(host, t, stream), h2d(t, host, stream): asynchronous
+    copies. word(device) -> address of a pinned, zeroed 32-bit word;
+    wait_word(stream, addr, value) -> bool: stream waits until the word
+    reaches value (cyclic), False where the driver cannot;
+    set_word(addr, value). future(result, device, stream): a Future
+    completed now whose CUDA events are on stream, or None (the Work's
+    host-completion future).
     """
+
+    def __init__(self):
+        self._keep = []  # streams and words made for the group: live as long as it
+        self._mu = threading.Lock()
+        self._cu = None  # the driver's cuStreamWaitValue32, once looked up; False: none
 
     def stream(self, device) -> int:
         return int(torch.cuda.current_stream(device).cuda_stream)
 
+    def new_stream(self, device) -> int:
+        s = torch.cuda.Stream(device=device)
+        with self._mu:
+            self._keep.append(s)
+        return int(s.cuda_stream)
+
+    def _ext(self, stream, device):
+        return torch.cuda.ExternalStream(stream, device=device)
+
     def record(self, stream: int, device):
         ev = torch.cuda.Event()
-        ev.record(torch.cuda.ExternalStream(stream, device=device))
+        ev.record(self._ext(stream, device))
         return ev
 
     def wait(self, event, device) -> None:
         torch.cuda.current_stream(device).wait_event(event)
 
+    def stream_wait(self, stream: int, event, device) -> None:
+        self._ext(stream, device).wait_event(event)
+
     def query(self, event) -> bool:
         return bool(event.query())
+
+    def synchronize(self, event) -> None:
+        event.synchronize()
+
+    def host_like(self, t):
+        return torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+
+    def d2h(self, host, t, stream: int) -> None:
+        with torch.cuda.stream(self._ext(stream, t.device)):
+            host.copy_(t, non_blocking=True)
+
+    def h2d(self, t, host, stream: int) -> None:
+        with torch.cuda.stream(self._ext(stream, t.device)):
+            t.copy_(host, non_blocking=True)
+
+    def word(self, device) -> int:
+        # Pinned memory is mapped at the same address for the device under
+        # unified addressing, which cuStreamWaitValue32 reads.
+        w = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+        with self._mu:
+            self._keep.append(w)
+        return w.data_ptr()
+
+    def _wait_value(self):
+        if self._cu is None:
+            fn = False
+            try:
+                cu = ctypes.CDLL("libcuda.so.1")
+                fn = getattr(cu, "cuStreamWaitValue32_v2", None) or cu.cuStreamWaitValue32
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_uint32, ctypes.c_uint]
+                fn.restype = ctypes.c_int
+            except (OSError, AttributeError):
+                fn = False
+            self._cu = fn
+        return self._cu
+
+    def wait_word(self, stream: int, addr: int, value: int) -> bool:
+        fn = self._wait_value()
+        return bool(fn) and fn(stream, addr, value & 0xFFFFFFFF, 0) == 0  # CU_STREAM_WAIT_VALUE_GEQ
+
+    def set_word(self, addr: int, value: int) -> None:
+        ctypes.c_uint32.from_address(addr).value = value & 0xFFFFFFFF
+
+    def future(self, result, device, stream: int):
+        fut = torch.futures.Future(devices=[device])
+        with torch.cuda.stream(self._ext(stream, device)):
+            fut.set_result(result)
+        return fut
 
 
 def is_cuda(tensors) -> bool:
@@ -68,60 +159,79 @@ def is_cuda(tensors) -> bool:
     return True
 
 
-def check_cuda(name: str, t, fast_dt) -> int:
-    """The nexar dtype of a CUDA tensor the staged path takes as it is, or a
-    ValueError naming the call and what is wrong (no staging of CUDA tensors
-    through host copies in Python: that would read device memory)."""
+def stream_dtype(t, fast_dt) -> Optional[int]:
+    """The nexar dtype with which libnexar's stream-ordered calls take the
+    CUDA tensor t as it is, or None (staged here instead)."""
     dt = fast_dt.get(t.dtype)
-    if dt is None:
-        raise ValueError(f"nexar: {name}: CUDA tensors of dtype {t.dtype} are not supported "
-                         f"(supported: {', '.join(str(d) for d in fast_dt)})")
-    if not t.is_contiguous():
-        raise ValueError(f"nexar: {name}: CUDA tensors must be contiguous")
+    if dt is None or not t.is_contiguous():
+        return None
     return dt
 
 
-class CudaWork(dist.Work):
-    """Completion of a CUDA operation: the event recorded after it on the
-    caller's stream. wait() makes the current stream wait (no host block;
-    with a timeout... as NCCL's, the timeout is not applied to the stream);
-    is_completed() queries the event. An operation that failed raises its
-    error from wait(). Safe from any thread."""
+class Side:
+    """A group's streams for one CUDA device: stream, where its operations
+    run; done, where each operation's completion event is recorded behind
+    a wait on word reaching the operation's number; seq, the last number
+    given (under lock, with the submission, so numbers follow issue
+    order); gated: False once the driver refused a stream memory wait."""
 
-    def __init__(self, result, op_name, ops: CudaOps, event, device, exc=None):
-        super().__init__()
-        self._result = result
-        self._op_name = op_name
+    __slots__ = ("stream", "done", "word", "seq", "gated", "lock", "p2p")
+
+    def __init__(self, ops, device):
+        self.stream = ops.new_stream(device)
+        self.done = ops.new_stream(device)
+        self.word = ops.word(device)
+        self.seq = 0
+        self.gated = True
+        self.lock = threading.Lock()
+        self.p2p = []  # idle side streams of sends and receives
+
+
+class CudaWork(NexarWork):
+    """A collective on CUDA tensors. The host part completes the NexarWork
+    (on the group's worker); done, when not None, is an event recorded at
+    issue that completes once the results are on the device. wait() makes
+    the current stream wait for it (no host block), raising the host part's
+    error if it is known by then; without done, wait() waits for the host
+    part first, then makes the stream wait for after (recorded by the
+    worker). Safe from any thread."""
+
+    def __init__(self, result, op_name, ops, device, done, done_stream):
+        super().__init__(result, op_name)
         self._ops = ops
-        self._ev = event
         self._device = device
-        self._exc = exc
-        self._fut = torch.futures.Future()
-        if exc is None:
-            self._fut.set_result(result)
-        else:
-            self._fut.set_exception(exc)
+        self._done = done
+        self._done_stream = done_stream
+        self._after = None  # event recorded on the side stream after the operation
+        self._cuda_fut = None
 
     def wait(self, timeout=None):
+        if self._done is None:
+            super().wait(timeout)
+            self._ops.wait(self._after, self._device)
+            return True
         if self._exc is not None:
             raise self._exc
-        self._ops.wait(self._ev, self._device)
+        self._ops.wait(self._done, self._device)
         return True
 
     def is_completed(self):
-        return self._exc is not None or self._ops.query(self._ev)
+        if self._done is None:
+            return self._event.is_set() and (self._exc is not None or self._ops.query(self._after))
+        return self._exc is not None or self._ops.query(self._done)
 
     def is_success(self):
-        return self._exc is None and self._ops.query(self._ev)
-
-    def exception(self):
-        return self._exc
+        return self.is_completed() and self._exc is None
 
     def get_future(self):
-        return self._fut
-
-    def synchronize(self):
-        self.wait()
+        # A CUDA future completed at issue, whose wait() makes the current
+        # stream wait (as NCCL's); the host-completion future without one.
+        if self._done is not None:
+            if self._cuda_fut is None:
+                self._cuda_fut = self._ops.future(self._result, self._device, self._done_stream) or False
+            if self._cuda_fut is not False:
+                return self._cuda_fut
+        return super().get_future()
 
 
 class CudaP2PWork(NexarWork):
@@ -129,7 +239,7 @@ class CudaP2PWork(NexarWork):
     waits for its host part (the message sent or received), then makes the
     current stream wait for the event recorded after the call."""
 
-    def __init__(self, result, op_name, ops: CudaOps, device):
+    def __init__(self, result, op_name, ops, device):
         super().__init__(result, op_name)
         self._ops = ops
         self._device = device
@@ -142,3 +252,33 @@ class CudaP2PWork(NexarWork):
 
     def is_completed(self):
         return super().is_completed() and (self._exc is not None or self._ops.query(self._ev))
+
+
+class CudaBatchWork(NexarWork):
+    """The Work of a coalesced batch (_end_coalescing) that holds CUDA
+    operations: wait() calls each one's wait() in the waiting thread, so
+    that its current stream is the one made to wait. The host-completion
+    future completes once every host part has, with the first error."""
+
+    def __init__(self, works):
+        super().__init__([], "coalesced")
+        self._works = works
+
+        def host_parts():
+            err = None
+            for w in works:
+                w._event.wait()
+                err = err or w._exc
+            self._complete(err)
+        threading.Thread(target=host_parts, name="nexar-coalesced-cuda", daemon=True).start()
+
+    def wait(self, timeout=None):
+        for w in self._works:
+            w.wait(timeout)
+        return True
+
+    def is_completed(self):
+        return all(w.is_completed() for w in self._works)
+
+    def is_success(self):
+        return all(w.is_success() for w in self._works)

@@ -31,6 +31,7 @@ import json
 import os
 import secrets
 import sys
+import threading
 import time
 import weakref
 from datetime import timedelta
@@ -44,9 +45,9 @@ from ._options import Options, comm_kwargs
 from .._types import AVG, BAND, BOR, BXOR, SUM, Datatype
 from ._rendezvous import advertise_host, rendezvous
 from ._staging import (_OPS, BYTE, Reduction, Staged, bytes_cat, copy_blocks, flat_cat, nbytes, offsets,
-                       op_of, tag64)
-from ._cuda import CudaOps, CudaP2PWork, CudaWork, check_cuda, is_cuda
-from ._work import Completer, DoneWork, NexarWork, StartedWork, WorkQueue, complete_in_thread
+                       op_of, reduction_error, tag64)
+from ._cuda import CudaBatchWork, CudaOps, CudaP2PWork, CudaWork, Side, is_cuda, stream_dtype
+from ._work import Completer, DoneWork, NexarWork, StartedWork, WorkQueue, complete_in_thread, run_now
 
 
 def _close_at_exit(comm, queue, completer, seed):
@@ -197,6 +198,8 @@ class ProcessGroupNexar(dist.ProcessGroup):
         # What of CUDA the CUDA tensor path uses (_cuda.py); tests without
         # a GPU put a stand-in over the fake CUDA runtime here.
         self._cuda = CudaOps()
+        self._sides = {}  # CUDA device -> Side (_cuda.py)
+        self._sides_mu = threading.Lock()
         self._closed = False
         self._coalescing: Optional[list] = None
         # Open (0) while a collective may start in the caller's thread: no
@@ -583,6 +586,11 @@ class ProcessGroupNexar(dist.ProcessGroup):
             raise _errors.ClosedError(7, f"nexar: {name} on a process group that was shut down")
         self._comm.check()
         w = NexarWork(result, name)
+        if self._queue.on_worker():
+            # The host part of a CUDA operation staged on the worker: the
+            # CPU implementation runs here (queued behind itself, it would
+            # never run).
+            return run_now(fn, w)
         self._queue.submit(fn, w)
         if self._coalescing is not None:
             self._coalescing.append(w)
@@ -638,57 +646,154 @@ class ProcessGroupNexar(dist.ProcessGroup):
     def _root(self, opts) -> int:
         return opts.rootRank if opts is not None else 0
 
+    @staticmethod
+    def _count(name: str, tensors, n: int) -> None:
+        """Checked at issue for CUDA tensors (the host part runs later)."""
+        if len(tensors) != n:
+            raise ValueError(f"nexar: {name} needs {n} tensors in each list, got {len(tensors)}")
+
     # ---- CUDA tensors (_cuda.py, docs/device-memory.md) --------------------------
-    def _on_cuda(self, name: str, tensors, run) -> dist.Work:
-        """Run run(stream), which makes the libnexar _stream calls of a
-        collective on CUDA tensors, with stream torch's current stream at
-        issue: in the caller's thread when no queued collective is ahead of
-        it, else after them on the worker (the caller waits for its host
-        part either way, as the staged path must). The Work holds an event
-        recorded on that stream after the call."""
+    def _side(self, dev) -> Side:
+        """This group's streams for CUDA device dev (made at first use)."""
+        side = self._sides.get(dev)
+        if side is None:
+            with self._sides_mu:
+                side = self._sides.get(dev)
+                if side is None:
+                    side = self._sides[dev] = Side(self._cuda, dev)
+        return side
+
+    def _on_cuda(self, name: str, result, dev, body) -> CudaWork:
+        """Issue a collective on CUDA tensors of device dev and return its
+        Work at once. body(stream, hold) runs on the worker, in issue
+        order, and queues the operation on the side stream (ordered at
+        issue after the current stream's work); what it puts in hold lives
+        until the side stream has passed the operation. Then the
+        operation's number goes into the side's word, which opens the
+        completion event recorded now (_cuda.py)."""
         if self._closed:
             raise _errors.ClosedError(7, f"nexar: {name} on a process group that was shut down")
         self._comm.check()
-        ops, dev = self._cuda, tensors[0].device
-        stream = ops.stream(dev)
-        exc = None
-        if self._fast():
-            try:
-                run(stream)
-            except _errors.Error as e:
-                exc = e
-        else:
-            w = self._enqueue(name, tensors, lambda: run(stream))
-            try:
-                w.wait()
-            except _errors.Error as e:
-                exc = e
-        w = CudaWork(tensors, name, ops, None if exc else ops.record(stream, dev), dev, exc)
+        ops = self._cuda
+        side = self._side(dev)
+        issued = ops.record(ops.stream(dev), dev)
+        with side.lock:
+            side.seq = k = (side.seq + 1) & 0xFFFFFFFF
+            done = None
+            if side.gated:
+                if ops.wait_word(side.done, side.word, k):
+                    done = ops.record(side.done, dev)
+                else:
+                    side.gated = False  # no stream memory operations: wait() waits on the host
+            w = CudaWork(result, name, ops, dev, done, side.done)
+
+            def fn():
+                hold = []
+                try:
+                    # Here, not at issue: the side stream must hold all of
+                    # the operations before this one first. Waiting at
+                    # issue would put this wait ahead of their work, and a
+                    # current stream that waited for them before this
+                    # issue would never get there (a cycle).
+                    ops.stream_wait(side.stream, issued, dev)
+                    body(side.stream, hold)
+                finally:
+                    # Also after a failure: copies queued so far must end
+                    # before hold goes, and the word must move on.
+                    try:
+                        after = ops.record(side.stream, dev)
+                        ops.synchronize(after)
+                        w._after = after
+                    finally:
+                        ops.set_word(side.word, k)
+            self._queue.submit(fn, w)
         if self._coalescing is not None:
             self._coalescing.append(w)
         return w
 
+    def _staged_cuda(self, dev, ins, outs, call):
+        """The body (_on_cuda) of an operation staged here: ins copied to
+        pinned host tensors on the side stream, call(h) runs the CPU
+        implementation on the worker (h(t): t's host tensor), outs copied
+        back. A tensor may be in both."""
+        ops = self._cuda
+
+        def body(stream, hold):
+            hosts = {}
+            for t in (*ins, *outs):
+                if id(t) not in hosts:
+                    hosts[id(t)] = ops.host_like(t)
+            hold.append(hosts)
+            copied = set()
+            for t in ins:
+                if id(t) not in copied:
+                    copied.add(id(t))
+                    ops.d2h(hosts[id(t)], t, stream)
+            if copied:
+                ops.synchronize(ops.record(stream, dev))
+            w = call(lambda t: hosts[id(t)])
+            if w is not None:
+                w.wait()
+            copied = set()
+            for t in outs:
+                if id(t) not in copied:
+                    copied.add(id(t))
+                    ops.h2d(t, hosts[id(t)], stream)
+        return body
+
     def _p2p_cuda(self, name, t, peer, tag, recv) -> dist.Work:
         """A send or receive of a CUDA tensor on a helper thread (a receive
-        must not block the caller, who may send next), ordered on the
-        caller's current stream at issue."""
-        dt = check_cuda(name, t, _FAST_DT)
+        must not block the caller, who may send next), on a side stream of
+        its own ordered at issue after the current stream's work."""
+        if not t.is_contiguous():
+            raise ValueError(f"nexar: {name}: CUDA tensors must be contiguous")
         self._comm.check()
         ops, dev = self._cuda, t.device
-        stream = ops.stream(dev)
+        dt = stream_dtype(t, _FAST_DT)
+        a, tg = t.data_ptr(), tag64(tag)
+        n = t.numel() if dt is not None else t.numel() * t.element_size()
+        if dt is None:
+            dt = BYTE  # other dtypes move as bytes
+        side = self._side(dev)
+        with side.lock:
+            p = side.p2p.pop() if side.p2p else ops.new_stream(dev)
+        ops.stream_wait(p, ops.record(ops.stream(dev), dev), dev)
         w = CudaP2PWork([t], name, ops, dev)
-        a, n, tg = t.data_ptr(), t.numel(), tag64(tag)
 
         def fn():
-            if recv:
-                self._raw.recv_stream(a, n, dt, int(peer), tg, stream)
-            else:
-                self._raw.send_stream(a, n, dt, int(peer), tg, stream)
-            w._ev = ops.record(stream, dev)
+            try:
+                if recv:
+                    self._raw.recv_stream(a, n, dt, int(peer), tg, p)
+                else:
+                    self._raw.send_stream(a, n, dt, int(peer), tg, p)
+            finally:
+                ev = ops.record(p, dev)
+                ops.synchronize(ev)
+                w._ev = ev
+                with side.lock:
+                    side.p2p.append(p)
         complete_in_thread(f"nexar-{name}", fn, w)
         if self._coalescing is not None:
             self._coalescing.append(w)
         return w
+
+    def _reduce_ok(self, name: str, tensors, op):
+        """Raise now what a reduction of tensors under op would raise in
+        its host part (which runs later)."""
+        for t in tensors:
+            e = reduction_error(t.dtype, op)
+            if e is not None:
+                raise type(e)(f"{e} ({name})")
+
+    def _stream_reduce(self, tensors, op, factor):
+        """The nexar dtypes with which libnexar's stream-ordered reductions
+        take tensors as they are, or None."""
+        if factor is not None:
+            return None
+        dts = [stream_dtype(t, _FAST_DT) for t in tensors]
+        if any(d is None for d in dts):
+            return None
+        return dts
 
     # ---- allreduce -------------------------------------------------------
     # all_reduce and broadcast of one plain CPU tensor go through C first
@@ -697,14 +802,8 @@ class ProcessGroupNexar(dist.ProcessGroup):
         op, factor = op_of(opts)
         raw = self._raw
         if is_cuda(tensors):
-            if factor is not None:
-                raise ValueError("nexar: allreduce: PREMUL_SUM is not supported for CUDA tensors")
-            args = [(t.data_ptr(), t.numel(), check_cuda("allreduce", t, _FAST_DT)) for t in tensors]
-
-            def run(stream):
-                for a, n, dt in args:
-                    raw.allreduce_stream(a, a, n, dt, int(op), stream)
-            return self._on_cuda("allreduce", tensors, run)
+            return self._allreduce_cuda("allreduce", tensors, op, factor,
+                                        lambda h: self.allreduce([h(t) for t in tensors], opts))
 
         def fn():
             for t in tensors:
@@ -715,6 +814,23 @@ class ProcessGroupNexar(dist.ProcessGroup):
                 raw.allreduce(r.addr, r.addr, r.count, r.dt, r.op)
                 r.s.back()
         return self._enqueue("allreduce", tensors, fn)
+
+    def _allreduce_cuda(self, name, tensors, op, factor, staged):
+        """allreduce and allreduce_coalesced of CUDA tensors: libnexar's
+        stream-ordered allreduce per tensor where it takes them as they are,
+        else staged(h) (the CPU method on host copies)."""
+        self._reduce_ok(name, tensors, op)
+        dev, raw = tensors[0].device, self._raw
+        dts = self._stream_reduce(tensors, op, factor)
+        if dts is None:
+            return self._on_cuda(name, tensors, dev, self._staged_cuda(dev, tensors, tensors, staged))
+        args = [(t.data_ptr(), t.numel(), d) for t, d in zip(tensors, dts)]
+        o = int(op)
+
+        def body(stream, hold):
+            for a, n, d in args:
+                raw.allreduce_stream(a, a, n, d, o, stream)
+        return self._on_cuda(name, tensors, dev, body)
 
     def _sparse_allreduce(self, t: torch.Tensor, op):
         """Sum of sparse COO tensors, as gloo does it: every rank gathers
@@ -761,6 +877,9 @@ class ProcessGroupNexar(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors, opts=None):
         op, factor = op_of(opts)
         raw, bucket = self._raw, int(self.bucket_bytes)
+        if tensors and is_cuda(tensors):
+            return self._allreduce_cuda("allreduce_coalesced", tensors, op, factor,
+                                        lambda h: self.allreduce_coalesced([h(t) for t in tensors], opts))
         if tensors and factor is None and self._fast():
             dt = _FAST_DT.get(tensors[0].dtype)
             t0 = tensors[0].dtype
@@ -801,14 +920,17 @@ class ProcessGroupNexar(dist.ProcessGroup):
         raw = self._raw
         me = self._rank_
         if is_cuda(tensors):
-            for t in tensors:
-                check_cuda("broadcast", t, _FAST_DT)
+            dev = tensors[0].device
+            if not all(t.is_contiguous() for t in tensors):
+                return self._on_cuda("broadcast", tensors, dev, self._staged_cuda(
+                    dev, tensors if me == root else [], [] if me == root else tensors,
+                    lambda h: self.broadcast([h(t) for t in tensors], opts)))
             args = [(t.data_ptr(), t.numel() * t.element_size()) for t in tensors]
 
-            def run(stream):
+            def body(stream, hold):
                 for a, n in args:
                     raw.broadcast_stream(a, n, BYTE, root, stream)
-            return self._on_cuda("broadcast", tensors, run)
+            return self._on_cuda("broadcast", tensors, dev, body)
 
         def fn():
             for t in tensors:
@@ -823,6 +945,11 @@ class ProcessGroupNexar(dist.ProcessGroup):
         op, factor = op_of(opts)
         raw = self._raw
         me = self._rank_
+        if is_cuda(tensors):
+            self._reduce_ok("reduce", tensors, op)
+            dev = tensors[0].device
+            return self._on_cuda("reduce", tensors, dev, self._staged_cuda(
+                dev, tensors, tensors if me == root else [], lambda h: self.reduce([h(t) for t in tensors], opts)))
 
         def fn():
             for t in tensors:
@@ -850,12 +977,31 @@ class ProcessGroupNexar(dist.ProcessGroup):
         copy_blocks(outs, tmp, displs, sizes)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
+        outs = [o for os_ in output_tensors for o in os_]
+        if is_cuda([*input_tensors, *outs]):
+            for os_ in output_tensors:
+                self._count("allgather", os_, self._size_)
+            dev = input_tensors[0].device
+            return self._on_cuda("allgather", output_tensors, dev, self._staged_cuda(
+                dev, input_tensors, outs,
+                lambda h: self.allgather([[h(o) for o in os_] for os_ in output_tensors],
+                                         [h(t) for t in input_tensors], opts)))
+
         def fn():
             for outs, inp in zip(output_tensors, input_tensors):
                 self._allgather_into_list(outs, inp)
         return self._enqueue("allgather", output_tensors, fn)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
+        outs = [o for os_ in output_lists for o in os_]
+        if is_cuda([*input_list, *outs]):
+            self._count("allgather_coalesced", output_lists, self._size_)
+            dev = input_list[0].device
+            return self._on_cuda("allgather_coalesced", output_lists, dev, self._staged_cuda(
+                dev, input_list, outs,
+                lambda h: self.allgather_coalesced([[h(o) for o in os_] for os_ in output_lists],
+                                                   [h(t) for t in input_list], opts)))
+
         def fn():
             for i, inp in enumerate(input_list):
                 self._allgather_into_list([output_lists[r][i] for r in range(self._size_)], inp)
@@ -870,19 +1016,38 @@ class ProcessGroupNexar(dist.ProcessGroup):
 
     def _allgather_base(self, output, input, opts=None):
         if is_cuda([output, input]):
-            check_cuda("all_gather_into_tensor", input, _FAST_DT)
-            check_cuda("all_gather_into_tensor", output, _FAST_DT)
-            ns, no = input.numel() * input.element_size(), output.numel() * output.element_size()
-            if no != self._size_ * ns:
-                raise ValueError(f"nexar: all_gather_into_tensor: output has {no} bytes, expected {self._size_} x {ns}")
-            a, b, raw = input.data_ptr(), output.data_ptr(), self._raw
-            return self._on_cuda("_allgather_base", [output], lambda stream: raw.allgather_stream(a, b, ns, BYTE, stream))
+            return self._allgather_tensors_cuda("all_gather_into_tensor", [output], [input],
+                                                lambda h: self._allgather_base(h(output), h(input), opts))
         return self._enqueue("_allgather_base", [output],
                              lambda: self._allgather_tensor("all_gather_into_tensor", output, input))
 
     all_gather_single = _allgather_base
 
+    def _allgather_tensors_cuda(self, name, outputs, inputs, staged):
+        """all_gather_into_tensor and its coalesced form on CUDA tensors:
+        libnexar's stream-ordered allgather per pair, of bytes, where the
+        tensors are contiguous, else staged(h)."""
+        for o, i in zip(outputs, inputs):
+            ns, no = nbytes(i), nbytes(o)
+            if no != self._size_ * ns:
+                raise ValueError(f"nexar: {name}: output has {no} bytes, expected {self._size_} x {ns}")
+        dev = outputs[0].device
+        if not all(t.is_contiguous() for t in (*outputs, *inputs)):
+            return self._on_cuda(name, outputs, dev, self._staged_cuda(dev, inputs, outputs, staged))
+        args = [(i.data_ptr(), o.data_ptr(), nbytes(i)) for o, i in zip(outputs, inputs)]
+        raw = self._raw
+
+        def body(stream, hold):
+            for a, b, n in args:
+                raw.allgather_stream(a, b, n, BYTE, stream)
+        return self._on_cuda(name, outputs, dev, body)
+
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        if outputs and is_cuda([*outputs, *inputs]):
+            return self._allgather_tensors_cuda(
+                "allgather_into_tensor_coalesced", outputs, inputs,
+                lambda h: self.allgather_into_tensor_coalesced([h(o) for o in outputs], [h(i) for i in inputs], opts))
+
         def fn():
             for output, input in zip(outputs, inputs):
                 self._allgather_tensor("allgather_into_tensor_coalesced", output, input)
@@ -903,6 +1068,16 @@ class ProcessGroupNexar(dist.ProcessGroup):
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         op, factor = op_of(opts)
+        ins = [t for ts in input_lists for t in ts]
+        if is_cuda([*output_tensors, *ins]):
+            for ts in input_lists:
+                self._count("reduce_scatter", ts, self._size_)
+            self._reduce_ok("reduce_scatter", output_tensors, op)
+            dev = output_tensors[0].device
+            return self._on_cuda("reduce_scatter", output_tensors, dev, self._staged_cuda(
+                dev, ins, output_tensors,
+                lambda h: self.reduce_scatter([h(t) for t in output_tensors], [[h(t) for t in ts] for ts in input_lists],
+                                              opts)))
 
         def fn():
             for out, ins in zip(output_tensors, input_lists):
@@ -914,23 +1089,40 @@ class ProcessGroupNexar(dist.ProcessGroup):
     def _reduce_scatter_base(self, output, input, opts=None):
         op, factor = op_of(opts)
         if is_cuda([output, input]):
-            if factor is not None:
-                raise ValueError("nexar: reduce_scatter_tensor: PREMUL_SUM is not supported for CUDA tensors")
-            dt = check_cuda("reduce_scatter_tensor", output, _FAST_DT)
-            check_cuda("reduce_scatter_tensor", input, _FAST_DT)
-            if input.dtype != output.dtype or input.numel() != self._size_ * output.numel():
-                raise ValueError(f"nexar: reduce_scatter_tensor: input has {input.numel()} {input.dtype} elements, "
-                                 f"expected {self._size_} x {output.numel()} {output.dtype}")
-            a, b, n, raw = input.data_ptr(), output.data_ptr(), output.numel(), self._raw
-            return self._on_cuda("_reduce_scatter_base", [output],
-                                 lambda stream: raw.reduce_scatter_stream(a, b, n, dt, int(op), stream))
+            return self._reduce_scatter_cuda("reduce_scatter_tensor", [output], [input], op, factor,
+                                             lambda h: self._reduce_scatter_base(h(output), h(input), opts))
         return self._enqueue("_reduce_scatter_base", [output],
                              lambda: self._reduce_scatter_one(output, input, op, factor))
 
     reduce_scatter_single = _reduce_scatter_base
 
+    def _reduce_scatter_cuda(self, name, outputs, inputs, op, factor, staged):
+        """reduce_scatter_tensor and its coalesced form on CUDA tensors:
+        libnexar's stream-ordered reduce-scatter per pair where it takes
+        them as they are, else staged(h)."""
+        for o, i in zip(outputs, inputs):
+            if i.dtype != o.dtype or i.numel() != self._size_ * o.numel():
+                raise ValueError(f"nexar: {name}: input has {i.numel()} {i.dtype} elements, "
+                                 f"expected {self._size_} x {o.numel()} {o.dtype}")
+        self._reduce_ok(name, outputs, op)
+        dev = outputs[0].device
+        dts = self._stream_reduce([*outputs, *inputs], op, factor)
+        if dts is None:
+            return self._on_cuda(name, outputs, dev, self._staged_cuda(dev, inputs, outputs, staged))
+        args = [(i.data_ptr(), o.data_ptr(), o.numel(), d) for o, i, d in zip(outputs, inputs, dts)]
+        raw, o_ = self._raw, int(op)
+
+        def body(stream, hold):
+            for a, b, n, d in args:
+                raw.reduce_scatter_stream(a, b, n, d, o_, stream)
+        return self._on_cuda(name, outputs, dev, body)
+
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         op, factor = op_of(opts)
+        if outputs and is_cuda([*outputs, *inputs]):
+            return self._reduce_scatter_cuda(
+                "reduce_scatter_tensor_coalesced", outputs, inputs, op, factor,
+                lambda h: self.reduce_scatter_tensor_coalesced([h(o) for o in outputs], [h(i) for i in inputs], opts))
 
         def fn():
             for out, inp in zip(outputs, inputs):
@@ -956,6 +1148,16 @@ class ProcessGroupNexar(dist.ProcessGroup):
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         n = self._size_
+        if is_cuda([output, input]):
+            if output_split_sizes or input_split_sizes:
+                self._split_bytes(input, input_split_sizes)
+                self._split_bytes(output, output_split_sizes)
+            elif nbytes(input) != nbytes(output) or nbytes(input) % n:
+                raise ValueError("nexar: all_to_all_single: input and output must have the same size, "
+                                 f"a multiple of {n}")
+            return self._on_cuda("alltoall_base", [output], output.device, self._staged_cuda(
+                output.device, [input], [output],
+                lambda h: self.alltoall_base(h(output), h(input), output_split_sizes, input_split_sizes, opts)))
 
         def fn():
             s, o = Staged(input, writable=False), Staged(output)
@@ -975,6 +1177,13 @@ class ProcessGroupNexar(dist.ProcessGroup):
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         n = self._size_
+        if is_cuda([*output_tensors, *input_tensors]):
+            self._count("all_to_all", output_tensors, n)
+            self._count("all_to_all", input_tensors, n)
+            dev = output_tensors[0].device
+            return self._on_cuda("alltoall", output_tensors, dev, self._staged_cuda(
+                dev, input_tensors, output_tensors,
+                lambda h: self.alltoall([h(t) for t in output_tensors], [h(t) for t in input_tensors], opts)))
 
         def fn():
             if len(output_tensors) != n or len(input_tensors) != n:
@@ -993,6 +1202,14 @@ class ProcessGroupNexar(dist.ProcessGroup):
     def gather(self, output_tensors, input_tensors, opts=None):
         root = self._root(opts)
         n = self._size_
+        outs = [o for os_ in output_tensors for o in os_]
+        if is_cuda([*input_tensors, *outs]):
+            if self._rank_ == root:
+                self._count("gather", output_tensors[0] if output_tensors else [], n)
+            dev = input_tensors[0].device
+            return self._on_cuda("gather", output_tensors, dev, self._staged_cuda(
+                dev, input_tensors[:1], outs,
+                lambda h: self.gather([[h(o) for o in os_] for os_ in output_tensors], [h(input_tensors[0])], opts)))
 
         def fn():
             s = Staged(input_tensors[0], writable=False)
@@ -1012,6 +1229,14 @@ class ProcessGroupNexar(dist.ProcessGroup):
     def scatter(self, output_tensors, input_tensors, opts=None):
         root = self._root(opts)
         n = self._size_
+        ins = [t for ts in input_tensors for t in ts]
+        if is_cuda([*output_tensors, *ins]):
+            if self._rank_ == root:
+                self._count("scatter", input_tensors[0] if input_tensors else [], n)
+            dev = output_tensors[0].device
+            return self._on_cuda("scatter", output_tensors, dev, self._staged_cuda(
+                dev, ins, output_tensors[:1],
+                lambda h: self.scatter([h(output_tensors[0])], [[h(t) for t in ts] for ts in input_tensors], opts)))
 
         def fn():
             o = Staged(output_tensors[0])
@@ -1137,6 +1362,8 @@ class ProcessGroupNexar(dist.ProcessGroup):
             works = []
         else:
             self._gate.blocked -= 1
+        if any(isinstance(w, (CudaWork, CudaP2PWork)) for w in works):
+            return CudaBatchWork(works)
         agg = NexarWork([], "coalesced")
 
         def fn():

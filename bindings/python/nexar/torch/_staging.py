@@ -18,8 +18,8 @@ import torch.distributed as dist
 from .._buffers import Buffer
 from .._types import AVG, BAND, BOR, BXOR, MAX, MIN, PROD, SUM, Datatype, from_torch_dtype
 
-__all__ = ["BYTE", "Staged", "Reduction", "op_of", "offsets", "flat_cat", "bytes_cat", "copy_blocks", "nbytes",
-           "tag64"]
+__all__ = ["BYTE", "Staged", "Reduction", "op_of", "reduction_error", "offsets", "flat_cat", "bytes_cat",
+           "copy_blocks", "nbytes", "tag64"]
 
 BYTE = int(Datatype.UINT8)  # byte-moving calls pass nbytes elements of this
 
@@ -55,9 +55,8 @@ class Staged(Buffer):
     def __init__(self, t: torch.Tensor, dtype: Optional[torch.dtype] = None, force_copy: bool = False,
                  writable: bool = True):
         if t.device.type != "cpu":
-            raise ValueError(f"nexar: this call takes CPU tensors only, got one on {t.device} (CUDA tensors go "
-                             f"through all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor, "
-                             f"send and recv)")
+            raise ValueError(f"nexar: a call's tensors must all be CPU tensors or all CUDA tensors of one "
+                             f"device, got one on {t.device} among CPU tensors")
         w = t.detach()
         if w.is_conj():
             w = w.resolve_conj()
@@ -109,6 +108,24 @@ def _premul_factor(rop):
     return f
 
 
+def reduction_error(dt: torch.dtype, op) -> Optional[Exception]:
+    """The error Reduction raises for a tensor of dtype dt under op, or
+    None: checked when a CUDA operation is issued, whose host part runs
+    later."""
+    if dt == torch.bool:
+        return ValueError("nexar: ReduceOp.AVG is not defined for bool tensors") if op == AVG else None
+    if dt.is_complex:
+        return None if op in (SUM, AVG) else ValueError(f"nexar: {op.name} is not defined for complex tensors")
+    ndt = from_torch_dtype(torch.int32 if dt in _SMALL_INTS else dt)
+    if ndt is None:
+        return TypeError(f"nexar: reductions on {dt} are not supported")
+    if op == AVG and not ndt.is_float:
+        return ValueError(f"nexar: ReduceOp.AVG needs a floating-point tensor, got {dt}")
+    if op in (BAND, BOR, BXOR) and ndt.is_float:
+        return ValueError(f"nexar: {op.name} needs an integer tensor, got {dt}")
+    return None
+
+
 class Reduction:
     """A tensor prepared for a reduction: the staged tensor s, the memory to
     pass (addr, count elements of dt) and the op, all as the C ABI takes them.
@@ -121,6 +138,8 @@ class Reduction:
 
     def __init__(self, t: torch.Tensor, op, factor=None):
         dt = t.dtype
+        if isinstance(factor, torch.Tensor) and factor.device.type != "cpu":
+            factor = factor.cpu()  # PREMUL_SUM's factor on the device of a staged CUDA tensor
         s = Staged(t, torch.int32 if dt in _SMALL_INTS else None, force_copy=factor is not None)
         if factor is not None:
             with torch.no_grad():

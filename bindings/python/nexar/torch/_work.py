@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from .. import _errors
 
-__all__ = ["NexarWork", "DoneWork", "StartedWork", "Completer", "WorkQueue", "complete_in_thread"]
+__all__ = ["NexarWork", "DoneWork", "StartedWork", "Completer", "WorkQueue", "complete_in_thread", "run_now"]
 
 
 class NexarWork(dist.Work):
@@ -111,6 +111,12 @@ def _outcome(src):
     if exc is not None:
         raise exc
     return result
+
+
+def run_now(fn: Callable[[], None], work: NexarWork) -> NexarWork:
+    """fn() in this thread, then work completed with its outcome; work."""
+    _run(fn, work)
+    return work
 
 
 def _run(fn: Callable[[], None], work: NexarWork):
@@ -429,6 +435,10 @@ class WorkQueue:
             if self._gate is not None:
                 self._gate.blocked += 1
         self._q.put((fn, work))
+
+    def on_worker(self) -> bool:
+        """Whether the calling thread is this queue's worker."""
+        return threading.current_thread() is self._thread
 
     def idle(self) -> bool:
         """True when every submitted fn has returned: an operation started

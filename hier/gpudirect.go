@@ -306,3 +306,29 @@ func (ds *Directs) Release(key any) {
 		f.mu.Unlock()
 	}
 }
+
+// Direct returns the Direct that carries device collective x on c by
+// GPUDirect RDMA (see Directs), or nil when the call takes the staged
+// path. It is for a call Route left to the usual path: with the buffers
+// all device memory of one device, on a communicator made with a GPU
+// runtime (core.Config.GPU), every member calls it for the call (it agrees
+// over c); otherwise it returns nil at once. key and c are Route's.
+func (r *Router) Direct(ctx context.Context, key any, c *core.Comm, x Collective) (*Direct, error) {
+	d := r.dev.Load()
+	if d == nil || x.Count == 0 || c.Config().GPU == nil || !x.DType.Valid() || !x.Op.Valid() ||
+		x.Reduces && collective.Check(x.DType, x.Op) != nil {
+		return nil, nil // the usual path takes it, and reports what is wrong
+	}
+	dev := -1
+	for _, p := range x.Bufs {
+		if p == 0 {
+			return nil, nil
+		}
+		pl, err := d.kinds.Of(p)
+		if err != nil || !pl.OnDevice || (dev >= 0 && pl.Device != dev) {
+			return nil, nil
+		}
+		dev = pl.Device
+	}
+	return r.direct.Choose(ctx, key, c, d.rt)
+}

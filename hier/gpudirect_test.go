@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -82,9 +83,9 @@ func firstErr(errs []error) error {
 
 // TestDirect: device allreduce (uneven blocks), broadcast and allgather
 // between 3 ranks whose paths are RDMA channels of the fake NIC. Where the
-// NIC reaches device memory (dma-buf), Directs.Choose picks GPUDirect on
+// NIC reaches device memory (dma-buf), Router.Direct picks GPUDirect on
 // every rank at every call, the NIC moves device memory and the paths say
-// so; where it cannot, Choose picks it only until the first device buffer
+// so; where it cannot, it picks it only until the first device buffer
 // showed that (the channel stages that one itself), then staging (here as
 // Router's staged path does it: a copy to the host, the host collective, a
 // copy back). The results are the host's, element by element, either way,
@@ -101,10 +102,15 @@ func TestDirect(t *testing.T) {
 			lib, _ := ibverbs.Cached()
 			const p = 3
 			comms := directWorld(t, rt, p, gpudirect)
-			dirs := make([]Directs, p)
+			// One router per process, as capi has; here the ranks share it.
+			router := NewRouter()
+			router.Probe(core.Config{CUDARuntime: os.Getenv("NEXAR_CUDART")})
+			if router.Runtime() == nil {
+				t.Fatal(router.Reason())
+			}
 			defer func() {
-				for r := range dirs {
-					dirs[r].Release("handle")
+				for _, c := range comms {
+					router.Release(c)
 				}
 			}()
 			before, err := ibverbs.Moved(lib)
@@ -116,11 +122,13 @@ func TestDirect(t *testing.T) {
 			// call runs one device collective on every rank: direct, or
 			// staged through host buffers of n bytes (host runs the host
 			// collective on them).
-			call := func(direct func(r int, d *Direct) error, n int, stage func(r int, c *core.Comm, host []byte) error) {
+			call := func(x Collective, direct func(r int, d *Direct) error, n int, stage func(r int, c *core.Comm, host []byte) error) {
 				t.Helper()
 				var got [p]bool
 				if err := firstErr(each(comms, func(r int, c *core.Comm) error {
-					d, err := dirs[r].Choose(ctx, "handle", c, rt)
+					x := x
+					x.Bufs = []uintptr{x.Bufs[r]}
+					d, err := router.Direct(ctx, c, c, x)
 					if err != nil {
 						return err
 					}
@@ -149,7 +157,8 @@ func TestDirect(t *testing.T) {
 					bufs[r] = cudatest.Upload(t, rt, cudatest.Encode(tc.dt, in[r]))
 				}
 				nb := tc.count * tc.dt.Size()
-				call(func(r int, d *Direct) error { return d.Allreduce(ctx, bufs[r], tc.count, tc.dt, tc.op) }, nb,
+				x := Collective{Count: tc.count, DType: tc.dt, Op: tc.op, Reduces: true, Bufs: ptrs(bufs)}
+				call(x, func(r int, d *Direct) error { return d.Allreduce(ctx, bufs[r], tc.count, tc.dt, tc.op) }, nb,
 					func(r int, c *core.Comm, host []byte) error {
 						if err := rt.CopyFromDevice(host, bufs[r]); err != nil {
 							return err
@@ -191,7 +200,7 @@ func TestDirect(t *testing.T) {
 				src[r] = cudatest.Upload(t, rt, pattern(r, n))
 				dst[r] = cudatest.Upload(t, rt, make([]byte, p*n))
 			}
-			call(func(r int, d *Direct) error { return d.Broadcast(ctx, src[r], n, 1) }, n,
+			call(Collective{Count: n, DType: collective.Uint8, Bufs: ptrs(src)}, func(r int, d *Direct) error { return d.Broadcast(ctx, src[r], n, 1) }, n,
 				func(r int, c *core.Comm, host []byte) error {
 					if err := rt.CopyFromDevice(host, src[r]); err != nil {
 						return err
@@ -201,7 +210,7 @@ func TestDirect(t *testing.T) {
 					}
 					return rt.CopyToDevice(src[r], host)
 				})
-			call(func(r int, d *Direct) error { return d.Allgather(ctx, src[r], dst[r], n) }, p*n,
+			call(Collective{Count: n, DType: collective.Uint8, Bufs: ptrs(src)}, func(r int, d *Direct) error { return d.Allgather(ctx, src[r], dst[r], n) }, p*n,
 				func(r int, c *core.Comm, host []byte) error {
 					own := make([]byte, n)
 					if err := rt.CopyFromDevice(own, src[r]); err != nil {
@@ -241,6 +250,14 @@ func TestDirect(t *testing.T) {
 			}
 		})
 	}
+}
+
+func ptrs(b []cuda.DevicePtr) []uintptr {
+	out := make([]uintptr, len(b))
+	for i, p := range b {
+		out[i] = uintptr(p)
+	}
+	return out
 }
 
 func pattern(seed, n int) []byte {

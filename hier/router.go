@@ -57,6 +57,8 @@ type Router struct {
 
 	hmu   sync.Mutex
 	hiers map[any]*routed // by the caller's handle
+
+	direct Directs // GPUDirect collectives by the caller's handle (gpudirect.go)
 }
 
 // devices is what a process with a CUDA device has.
@@ -380,6 +382,7 @@ func (r *Router) Release(key any) {
 		}
 		s.mu.Unlock()
 	}
+	r.direct.Release(key)
 	r.Purge()
 }
 

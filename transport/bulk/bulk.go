@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/nexar-go/nexar/internal/hostid"
+	"github.com/nexar-go/nexar/internal/procwatch"
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/internal/record"
 	nquic "github.com/nexar-go/nexar/transport/quic"
@@ -166,7 +167,7 @@ type Endpoint struct {
 	ready      chan struct{}   // closed (under mu) once every outbound data path is fixed
 	probe      []byte          // what a peer reads from our memory to test cross-memory attach
 	unuseFn    func()          // StartPolling's stop
-	me         procID          // this process; PID 0 when /proc cannot tell
+	me         procwatch.ID    // this process; PID 0 when /proc cannot tell
 	drainMax   time.Duration   // how long a dead peer's ring may take to drain (procExited)
 	settled    []chan struct{} // per peer, closed (under mu) once it will not call this process's exit a death
 	rpc        *rpcPaths       // LaneRPC channels (rpcchan.go), guarded by rpc.mu
@@ -222,12 +223,12 @@ type Endpoint struct {
 	// says goodbye to it on the control lane (bye) and waits until it
 	// acknowledges (settled), so that this process's exit after a graceful
 	// Close is never taken for a death.
-	watch     *procWatch // made for the first same-host peer
-	watchErr  error      // why there is no watch
-	sameProc  []bool     // per peer: proven on this host, in this PID namespace
-	departing []bool     // per peer: said bye, so its exit is a departure
-	exited    []error    // per peer: why its process is dead, once its watch said so
-	settledOK []bool     // per peer: settled is closed
+	watch     *procwatch.Watch // made for the first same-host peer
+	watchErr  error            // why there is no watch
+	sameProc  []bool           // per peer: proven on this host, in this PID namespace
+	departing []bool           // per peer: said bye, so its exit is a departure
+	exited    []error          // per peer: why its process is dead, once its watch said so
+	settledOK []bool           // per peer: settled is closed
 }
 
 // New prepares the composite endpoint for rank self of size; h and down
@@ -281,8 +282,8 @@ func New(self, size int, opt Options, h transport.Handler, down transport.DownHa
 	for r := range e.settled {
 		e.settled[r] = make(chan struct{})
 	}
-	if opt.Mode != ModeOff && procWatchSupported && size > 1 {
-		e.me, _ = selfProcID()
+	if opt.Mode != ModeOff && procwatch.Supported && size > 1 {
+		e.me, _ = procwatch.Self()
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.unuseFn = func() {
@@ -489,7 +490,7 @@ func (e *Endpoint) Close() error {
 		e.offers = nil
 		e.mu.Unlock()
 		if watch != nil {
-			watch.close()
+			watch.Close()
 		}
 		e.rpcCloseAll()
 		for _, ch := range chans {

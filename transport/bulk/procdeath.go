@@ -4,13 +4,15 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/nexar-go/nexar/internal/procwatch"
 )
 
 // Same-host deaths in milliseconds. Every hello and offer carries the
 // sender's host id and process identity (pid, start time, PID namespace),
 // so each rank learns at mesh formation, before any data flows and whether
 // or not a ring is ever made, the process of every peer on its host. It
-// watches those processes (procWatch: a pidfd each, one goroutine) and
+// watches those processes (internal/procwatch: a pidfd each, one goroutine) and
 // reports an exit through the DownHandler, the path a lost connection
 // takes, with a cause that says the process exited.
 //
@@ -39,7 +41,7 @@ func (e *Endpoint) notePeerProc(from int, m procClaim) {
 	}
 	e.sameProc[from] = true
 	if e.watch == nil && e.watchErr == nil {
-		e.watch, e.watchErr = newProcWatch(e.procExited)
+		e.watch, e.watchErr = procwatch.New(e.procExited)
 		if e.watchErr != nil {
 			e.log.Debug("nexar: bulk: local peers' processes are not watched", "rank", e.self, "err", e.watchErr)
 		}
@@ -49,7 +51,7 @@ func (e *Endpoint) notePeerProc(from int, m procClaim) {
 	if w == nil {
 		return
 	}
-	if err := w.add(from, procID{PID: m.PID, Start: m.Start, PIDNS: m.PIDNS}); err != nil {
+	if err := w.Add(from, procwatch.ID{PID: m.PID, Start: m.Start, PIDNS: m.PIDNS}); err != nil {
 		e.log.Debug("nexar: bulk: not watching a local peer's process", "rank", e.self, "peer", from, "pid", m.PID, "err", err)
 		return
 	}
@@ -152,5 +154,5 @@ func (e *Endpoint) PeerAlive(peer int) bool {
 	e.mu.Lock()
 	w, exited := e.watch, e.exited[peer] != nil
 	e.mu.Unlock()
-	return w != nil && !exited && w.watching(peer)
+	return w != nil && !exited && w.Watching(peer)
 }

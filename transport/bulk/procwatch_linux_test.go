@@ -12,12 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nexar-go/nexar/internal/procwatch"
 	"github.com/nexar-go/nexar/transport"
 )
 
 // child starts a process that sleeps until killed and returns it with its
 // identity; it is killed and reaped at the end of the test.
-func child(t *testing.T) (*exec.Cmd, procID) {
+func child(t *testing.T) (*exec.Cmd, procwatch.ID) {
 	t.Helper()
 	cmd := exec.Command("sleep", "600")
 	if err := cmd.Start(); err != nil {
@@ -26,7 +27,7 @@ func child(t *testing.T) (*exec.Cmd, procID) {
 	var once sync.Once
 	reap := func() { once.Do(func() { cmd.Process.Kill(); cmd.Wait() }) }
 	t.Cleanup(reap)
-	st, err := procStart(cmd.Process.Pid)
+	st, err := procwatch.StartTime(cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,100 +35,7 @@ func child(t *testing.T) (*exec.Cmd, procID) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cmd, procID{PID: cmd.Process.Pid, Start: st, PIDNS: ns}
-}
-
-func newTestWatch(t *testing.T) (*procWatch, chan [2]int) {
-	t.Helper()
-	exits := make(chan [2]int, 8)
-	w, err := newProcWatch(func(peer, pid int) { exits <- [2]int{peer, pid} })
-	if err != nil {
-		t.Skipf("no process watch here: %v", err)
-	}
-	t.Cleanup(w.close)
-	return w, exits
-}
-
-// TestProcWatch: each watched process's exit is reported once, naming its
-// peer and pid; a pid whose start time does not match is refused.
-func TestProcWatch(t *testing.T) {
-	w, exits := newTestWatch(t)
-	c1, id1 := child(t)
-	c2, id2 := child(t)
-	if err := w.add(1, id1); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.add(2, id2); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.add(1, id1); err != nil {
-		t.Fatalf("adding a peer again: %v", err)
-	}
-	reused := id1
-	reused.Start++
-	if err := w.add(3, reused); err == nil || !strings.Contains(err.Error(), "another process") {
-		t.Fatalf("a pid with another start time was watched (err %v)", err)
-	}
-	if !w.watching(1) || !w.watching(2) || w.watching(3) {
-		t.Fatal("watching the wrong peers")
-	}
-	for _, c := range []struct {
-		cmd  *exec.Cmd
-		peer int
-	}{{c2, 2}, {c1, 1}} {
-		c.cmd.Process.Kill()
-		select {
-		case got := <-exits:
-			if got != [2]int{c.peer, c.cmd.Process.Pid} {
-				t.Fatalf("reported %v, want peer %d pid %d", got, c.peer, c.cmd.Process.Pid)
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatalf("exit of peer %d not reported", c.peer)
-		}
-		if w.watching(c.peer) {
-			t.Fatalf("peer %d still watched after its exit", c.peer)
-		}
-	}
-	// Reaped: the pid is gone (or another process's).
-	c1.Wait()
-	if err := w.add(4, id1); err == nil {
-		t.Fatal("a reaped process was watched")
-	}
-	select {
-	case got := <-exits:
-		t.Fatalf("reported %v twice", got)
-	default:
-	}
-}
-
-// TestProcWatchExitedBeforeAdd: a process that exits (unreaped) before it is
-// watched is reported too.
-func TestProcWatchExitedBeforeAdd(t *testing.T) {
-	w, exits := newTestWatch(t)
-	c, id := child(t)
-	c.Process.Kill()
-	// Not reaped: the pid and its start time stay until Wait.
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		b, _ := os.ReadFile("/proc/" + strconv.Itoa(id.PID) + "/stat")
-		if strings.Contains(string(b), ") Z ") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("child did not die")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if err := w.add(1, id); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case got := <-exits:
-		if got != [2]int{1, id.PID} {
-			t.Fatalf("reported %v", got)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("exit not reported")
-	}
+	return cmd, procwatch.ID{PID: cmd.Process.Pid, Start: st, PIDNS: ns}
 }
 
 // TestLocalPeerExitReported: rank 1 of a two-rank mesh claims the identity
@@ -147,7 +55,7 @@ func TestLocalPeerExitReported(t *testing.T) {
 		})
 	defer eps[0].Close()
 	defer eps[1].Close()
-	if eps[0].watch == nil || !eps[0].watch.watching(1) {
+	if eps[0].watch == nil || !eps[0].watch.Watching(1) {
 		t.Skipf("rank 0 does not watch rank 1's process (%v)", eps[0].watchErr)
 	}
 	c.Process.Kill()
@@ -181,7 +89,7 @@ func TestLocalPeerExitAfterCloseIsDeparture(t *testing.T) {
 			}
 		})
 	defer eps[0].Close()
-	if eps[0].watch == nil || !eps[0].watch.watching(1) {
+	if eps[0].watch == nil || !eps[0].watch.Watching(1) {
 		t.Skipf("rank 0 does not watch rank 1's process (%v)", eps[0].watchErr)
 	}
 	eps[1].Close()
@@ -192,7 +100,7 @@ func TestLocalPeerExitAfterCloseIsDeparture(t *testing.T) {
 		t.Fatal("rank 1's Close returned before rank 0 had its goodbye")
 	}
 	c.Process.Kill()
-	for deadline := time.Now().Add(30 * time.Second); eps[0].watch.watching(1); {
+	for deadline := time.Now().Add(30 * time.Second); eps[0].watch.Watching(1); {
 		if time.Now().After(deadline) {
 			t.Fatal("exit not seen")
 		}
@@ -251,7 +159,7 @@ func TestLocalPeerExitDrainsRing(t *testing.T) {
 		})
 	defer eps[0].Close()
 	defer eps[1].Close()
-	if eps[0].watch == nil || !eps[0].watch.watching(1) {
+	if eps[0].watch == nil || !eps[0].watch.Watching(1) {
 		t.Skipf("rank 0 does not watch rank 1's process (%v)", eps[0].watchErr)
 	}
 	for _, m := range []string{"one", "two"} {
@@ -268,7 +176,7 @@ func TestLocalPeerExitDrainsRing(t *testing.T) {
 		t.Fatal("nothing delivered")
 	}
 	c.Process.Kill()
-	for deadline := time.Now().Add(30 * time.Second); eps[0].watch.watching(1); {
+	for deadline := time.Now().Add(30 * time.Second); eps[0].watch.Watching(1); {
 		if time.Now().After(deadline) {
 			t.Fatal("exit not seen")
 		}

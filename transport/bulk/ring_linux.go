@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"github.com/nexar-go/nexar/internal/procwatch"
 )
 
 // Ring layout (all fields little-endian, the machine's own order: both
@@ -211,30 +213,11 @@ func ringOwner(pid int) (string, error) {
 	if _, err := strconv.ParseUint(ns, 10, 64); err != nil {
 		return "", fmt.Errorf("bulk: PID namespace %q", ns)
 	}
-	start, err := procStart(pid)
+	start, err := procwatch.StartTime(pid)
 	if err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("%s-%d-%d", ns, pid, start), nil
-}
-
-// procStart reads the start time of process pid (field 22 of
-// /proc/pid/stat, clock ticks since boot).
-func procStart(pid int) (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name (field 2) is in parentheses and may hold spaces.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return 0, errors.New("bulk: malformed /proc stat")
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return 0, errors.New("bulk: malformed /proc stat")
-	}
-	return strconv.ParseUint(f[19], 10, 64) // field 22: the 20th after ')'
 }
 
 // sweepStaleRings removes the ring files (and the RPC rings' doorbell
@@ -275,7 +258,7 @@ func sweepStaleRings() []string {
 		if err1 != nil || err2 != nil || pid <= 0 {
 			continue
 		}
-		now, err := procStart(pid)
+		now, err := procwatch.StartTime(pid)
 		if err == nil && now == start {
 			continue // the creator lives
 		}

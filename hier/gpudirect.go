@@ -101,14 +101,14 @@ func block(count, es, p, r int) (off, n int) {
 	return first * es, k * es
 }
 
-// Allreduce reduces count elements of dt at buf (device memory) with op
-// across the members, in place.
-func (d *Direct) Allreduce(ctx context.Context, buf cuda.DevicePtr, count int, dt collective.DType, op collective.Op) error {
+// Allreduce reduces count elements of dt at send (device memory) with op
+// across the members into recv (device memory; send itself for in place).
+func (d *Direct) Allreduce(ctx context.Context, send, recv cuda.DevicePtr, count int, dt collective.DType, op collective.Op) error {
 	if err := collective.Check(dt, op); err != nil {
 		return err
 	}
 	p, me, es := d.c.Size(), d.c.Rank(), dt.Size()
-	dev := devBytes(buf, count*es)
+	src, dst := devBytes(send, count*es), devBytes(recv, count*es)
 	off, n := block(count, es, p, me)
 	parts := make([][]byte, p) // the members' parts of this rank's block, in host memory
 	var reqs []*core.Request
@@ -121,13 +121,13 @@ func (d *Direct) Allreduce(ctx context.Context, buf cuda.DevicePtr, count int, d
 			reqs = append(reqs, d.c.IRecv(parts[q], q, tagDirectReduce))
 		}
 		if qo, qn := block(count, es, p, q); qn > 0 {
-			reqs = append(reqs, d.c.ISendDevice(dev[qo:qo+qn], q, tagDirectReduce))
+			reqs = append(reqs, d.c.ISendDevice(src[qo:qo+qn], q, tagDirectReduce))
 		}
 	}
 	var err error
 	if n > 0 {
 		parts[me] = make([]byte, n)
-		err = d.rt.CopyFromDevice(parts[me], buf+cuda.DevicePtr(off))
+		err = d.rt.CopyFromDevice(parts[me], send+cuda.DevicePtr(off))
 	}
 	if err = errors.Join(err, wait(ctx, reqs)); err != nil {
 		return fmt.Errorf("hier: direct allreduce, reduce-scatter: %w", err)
@@ -145,14 +145,14 @@ func (d *Direct) Allreduce(ctx context.Context, buf cuda.DevicePtr, count int, d
 			continue
 		}
 		if qo, qn := block(count, es, p, q); qn > 0 {
-			reqs = append(reqs, d.c.IRecvDevice(dev[qo:qo+qn], q, tagDirectGather))
+			reqs = append(reqs, d.c.IRecvDevice(dst[qo:qo+qn], q, tagDirectGather))
 		}
 		if n > 0 {
 			reqs = append(reqs, d.c.ISend(acc, q, tagDirectGather))
 		}
 	}
 	if n > 0 {
-		err = d.rt.CopyToDevice(buf+cuda.DevicePtr(off), acc)
+		err = d.rt.CopyToDevice(recv+cuda.DevicePtr(off), acc)
 	}
 	if err = errors.Join(err, wait(ctx, reqs)); err != nil {
 		return fmt.Errorf("hier: direct allreduce, allgather: %w", err)

@@ -157,8 +157,15 @@ func TestDirect(t *testing.T) {
 					bufs[r] = cudatest.Upload(t, rt, cudatest.Encode(tc.dt, in[r]))
 				}
 				nb := tc.count * tc.dt.Size()
+				outs := bufs // in place, but for Max: into buffers of their own
+				if tc.op == collective.Max {
+					outs = make([]cuda.DevicePtr, p)
+					for r := range outs {
+						outs[r] = cudatest.Upload(t, rt, make([]byte, nb))
+					}
+				}
 				x := Collective{Count: tc.count, DType: tc.dt, Op: tc.op, Reduces: true, Bufs: ptrs(bufs)}
-				call(x, func(r int, d *Direct) error { return d.Allreduce(ctx, bufs[r], tc.count, tc.dt, tc.op) }, nb,
+				call(x, func(r int, d *Direct) error { return d.Allreduce(ctx, bufs[r], outs[r], tc.count, tc.dt, tc.op) }, nb,
 					func(r int, c *core.Comm, host []byte) error {
 						if err := rt.CopyFromDevice(host, bufs[r]); err != nil {
 							return err
@@ -166,7 +173,7 @@ func TestDirect(t *testing.T) {
 						if err := c.Allreduce(ctx, host, host, tc.dt, tc.op); err != nil {
 							return err
 						}
-						return rt.CopyToDevice(bufs[r], host)
+						return rt.CopyToDevice(outs[r], host)
 					})
 				want := make([]float64, tc.count)
 				for i := range want {
@@ -186,8 +193,14 @@ func TestDirect(t *testing.T) {
 				}
 				wb := cudatest.Encode(tc.dt, want)
 				for r := range p {
-					if got := cudatest.Download(t, rt, 0, bufs[r], len(wb)); string(got) != string(wb) {
+					if got := cudatest.Download(t, rt, 0, outs[r], len(wb)); string(got) != string(wb) {
 						t.Fatalf("allreduce %v %v of %d: rank %d's result differs from the host's", tc.dt, tc.op, tc.count, r)
+					}
+					if outs[r] != bufs[r] {
+						if got := cudatest.Download(t, rt, 0, bufs[r], nb); string(got) != string(cudatest.Encode(tc.dt, in[r])) {
+							t.Fatalf("allreduce %v %v of %d: rank %d's send buffer changed", tc.dt, tc.op, tc.count, r)
+						}
+						rt.Free(outs[r])
 					}
 					rt.Free(bufs[r])
 				}

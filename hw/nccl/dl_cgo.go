@@ -57,6 +57,13 @@ static int nx_coll(void *f, int kind, uintptr_t send, uintptr_t recv, size_t cou
 	}
 	return 4; // ncclInvalidArgument
 }
+
+// ncclSend(sendbuff, count, datatype, peer, comm, stream) and ncclRecv
+// (recvbuff, ...): NCCL 2.7 and later.
+typedef int (*nx_p2p_fn)(void *, size_t, int, int, nx_comm, void *);
+static int nx_p2p(void *f, uintptr_t buf, size_t count, int dt, int peer, uintptr_t comm, uintptr_t stream) {
+	return ((nx_p2p_fn)f)((void *)buf, count, dt, peer, (nx_comm)comm, (void *)stream);
+}
 */
 import "C"
 
@@ -78,6 +85,7 @@ type Library struct {
 	f    struct {
 		version, getID, initRank, destroy, abort, asyncErr, errstr, lastErr unsafe.Pointer
 		groupStart, groupEnd                                                unsafe.Pointer
+		send, recv                                                          unsafe.Pointer // nil before NCCL 2.7
 		coll                                                                [numKinds]unsafe.Pointer
 	}
 }
@@ -171,9 +179,17 @@ func bind(h unsafe.Pointer, path string) (*Library, error) {
 			return nil, fmt.Errorf("hw/nccl: %s lacks %s: %s", path, s.name, dlerror())
 		}
 	}
-	cs := C.CString("ncclGetLastError") // NCCL 2.13 and later; optional
-	l.f.lastErr = C.dlsym(h, cs)
-	C.free(unsafe.Pointer(cs))
+	for _, o := range []struct {
+		name string
+		dst  *unsafe.Pointer
+	}{
+		{"ncclGetLastError", &l.f.lastErr}, // NCCL 2.13 and later; optional
+		{"ncclSend", &l.f.send}, {"ncclRecv", &l.f.recv}, // NCCL 2.7 and later
+	} {
+		cs := C.CString(o.name)
+		*o.dst = C.dlsym(h, cs)
+		C.free(unsafe.Pointer(cs))
+	}
 	return l, nil
 }
 
@@ -302,6 +318,35 @@ func (c *Comm) AllGather(send, recv cuda.DevicePtr, sendcount int, dt dtype.DTyp
 // rank*recvcount).
 func (c *Comm) ReduceScatter(send, recv cuda.DevicePtr, recvcount int, dt dtype.DType, op dtype.Op, stream cuda.Stream) error {
 	return c.coll(kReduceScatter, send, recv, recvcount, dt, op, 0, stream)
+}
+
+// HasP2P reports whether the library has ncclSend and ncclRecv.
+func (l *Library) HasP2P() bool { return l.f.send != nil && l.f.recv != nil }
+
+// Send enqueues on stream the sending of count elements of dt at buf
+// (device memory) to peer (a rank of c), which must enqueue the matching
+// Recv: NCCL matches a pair's sends and receives in the order they were
+// enqueued, with no tag, and a Send waits for its Recv (group a pair's
+// exchange in one Library.Group). Safe as the collectives are.
+func (c *Comm) Send(buf cuda.DevicePtr, count int, dt dtype.DType, peer int, stream cuda.Stream) error {
+	return c.p2p("ncclSend", c.l.f.send, buf, count, dt, peer, stream)
+}
+
+// Recv enqueues on stream the receipt of count elements of dt from peer
+// into buf (device memory); see Send.
+func (c *Comm) Recv(buf cuda.DevicePtr, count int, dt dtype.DType, peer int, stream cuda.Stream) error {
+	return c.p2p("ncclRecv", c.l.f.recv, buf, count, dt, peer, stream)
+}
+
+func (c *Comm) p2p(name string, f unsafe.Pointer, buf cuda.DevicePtr, count int, dt dtype.DType, peer int, stream cuda.Stream) error {
+	if f == nil {
+		return fmt.Errorf("%w: %s lacks %s (NCCL 2.7 or later has it)", ErrNoLibrary, c.l.path, name)
+	}
+	ndt, err := DType(dt)
+	if err != nil {
+		return err
+	}
+	return c.l.check(name, C.nx_p2p(f, C.uintptr_t(buf), C.size_t(count), C.int(ndt), C.int(peer), c.comm, C.uintptr_t(stream)), c.comm)
 }
 
 // AsyncError returns the error NCCL found while running the communicator's

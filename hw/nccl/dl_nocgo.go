@@ -83,3 +83,16 @@ func (c *Comm) Abort() error { return errNoCgo }
 
 // Close fails: a build without cgo cannot dlopen.
 func (c *Comm) Close() error { return errNoCgo }
+
+// HasP2P is false without cgo.
+func (l *Library) HasP2P() bool { return false }
+
+// Send fails: a build without cgo cannot reach NCCL.
+func (c *Comm) Send(buf cuda.DevicePtr, count int, dt dtype.DType, peer int, stream cuda.Stream) error {
+	return errNoCgo
+}
+
+// Recv fails: a build without cgo cannot reach NCCL.
+func (c *Comm) Recv(buf cuda.DevicePtr, count int, dt dtype.DType, peer int, stream cuda.Stream) error {
+	return errNoCgo
+}

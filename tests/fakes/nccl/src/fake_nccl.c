@@ -27,6 +27,14 @@
 //   themselves. A rank that died is not reported: only its absence shows.
 // - Groups (ncclGroupStart/End) launch their operations together at
 //   ncclGroupEnd, one host function per stream, run in call order.
+// - ncclSend and ncclRecv move a message between two ranks through a slot
+//   of the segment per ordered pair (64 KiB at a time), matched in launch
+//   order per pair, as NCCL matches them (no tags). A run of sends and
+//   receives in one launch (a group) progresses together, so a ring
+//   exchange in a group does not deadlock; one outside a group waits for
+//   its peer. Sizes that differ between the two sides hang, as NCCL does.
+//   Collectives are matched by their own count, which point-to-point work
+//   does not shift.
 //
 // Limits of the fake: at most 16 ranks per communicator; one device (the
 // fake runtime's); operations of one communicator run in the order they
@@ -68,10 +76,11 @@ typedef void* cudaStream_t;
 
 enum { tInt8, tUint8, tInt32, tUint32, tInt64, tUint64, tFloat16, tFloat32, tFloat64, tBfloat16, numTypes };
 enum { rSum, rProd, rMax, rMin, rAvg, numOps };
-enum { kAllReduce = 1, kReduce, kBroadcast, kAllGather, kReduceScatter };
+enum { kAllReduce = 1, kReduce, kBroadcast, kAllGather, kReduceScatter, kSend, kRecv };
 
 #define MAXR 16
 #define SLOT (256 << 10)
+#define PSLOT (64 << 10)  // a pair's point-to-point slot
 #define ID_MAGIC "nexar-fake-nccl"
 
 static const size_t type_size[numTypes] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
@@ -151,6 +160,16 @@ struct sig {
     int32_t kind, dtype, op, root;
 };
 
+// pchan carries point-to-point messages from one rank to another, a slot
+// at a time: the sender fills it when sent == taken, the receiver empties
+// it when sent > taken.
+struct pchan {
+    _Atomic uint64_t sent, taken;
+    uint64_t total;  // bytes of the message the slot's chunk belongs to
+    uint64_t len;    // bytes in the slot
+    _Alignas(64) char data[PSLOT];
+};
+
 // shared is the segment the ranks of one communicator map.
 struct shared {
     _Atomic int32_t joined[MAXR];   // the rank's nranks once it joined
@@ -158,6 +177,7 @@ struct shared {
     _Atomic int32_t aborted[MAXR];  // the rank called ncclCommAbort
     struct sig sig[MAXR];
     _Alignas(64) char slot[MAXR][SLOT];
+    struct pchan p2p[MAXR][MAXR];  // [from][to]; pages touched only when used
 };
 
 #define COMM_MAGIC 0xfacecc1u
@@ -172,6 +192,7 @@ struct fcomm {
     pthread_mutex_t mu;  // next_seq, done
     pthread_cond_t cv;
     uint64_t next_seq;  // operations launched
+    uint64_t next_cseq; // collectives launched (all ranks make each)
     uint64_t done;      // operations finished (in launch order)
     uint64_t gen;       // barrier generation (the running operation's thread only)
 };
@@ -358,7 +379,10 @@ struct op {
     size_t count;
     const char* send;  // aliases of the device buffers (NULL where unused)
     char* recv;
-    uint64_t seq;
+    int peer;          // kSend, kRecv
+    size_t moved;      // kSend, kRecv: bytes moved so far
+    uint64_t seq;      // launch order on this rank
+    uint64_t cseq;     // collectives: the same on every rank
     cudaStream_t stream;
     int skip;  // its launch failed: it takes its turn and does nothing
     struct op* next;
@@ -558,14 +582,14 @@ static int run(struct op* o) {
     struct shared* sh = c->sh;
     int me = c->rank, n = c->nranks;
     size_t es = type_size[o->dtype];
-    sh->sig[me] = (struct sig){.seq = o->seq, .count = o->count, .kind = o->kind, .dtype = o->dtype,
+    sh->sig[me] = (struct sig){.seq = o->cseq, .count = o->count, .kind = o->kind, .dtype = o->dtype,
                                .op = o->redop, .root = o->root};
     if (wait_all(c) != 0) {
         return -1;
     }
     for (int i = 0; i < n; i++) {
         struct sig s = sh->sig[i];
-        if (s.seq != o->seq || s.count != o->count || s.kind != o->kind || s.dtype != o->dtype ||
+        if (s.seq != o->cseq || s.count != o->count || s.kind != o->kind || s.dtype != o->dtype ||
             s.op != o->redop || s.root != o->root) {
             hang(c);  // ranks made different calls: NCCL's kernels wait for ever
             return -1;
@@ -635,6 +659,81 @@ static int run(struct op* o) {
     return 0;
 }
 
+// p2p_step moves what it can of a send or receive without waiting: 1 once
+// the operation is complete, 0 if it waits for its peer, -1 where the
+// sizes of the two sides differ (NCCL would hang or corrupt: the fake
+// hangs).
+static int p2p_step(struct op* o) {
+    struct fcomm* c = o->c;
+    size_t total = o->count * type_size[o->dtype];
+    if (o->kind == kSend) {
+        struct pchan* ch = &c->sh->p2p[c->rank][o->peer];
+        if (atomic_load_explicit(&ch->sent, memory_order_acquire) != atomic_load_explicit(&ch->taken, memory_order_acquire)) {
+            return 0;
+        }
+        size_t k = total - o->moved < PSLOT ? total - o->moved : PSLOT;
+        memcpy(ch->data, o->send + o->moved, k);
+        ch->len = k;
+        ch->total = total;
+        o->moved += k;
+        atomic_fetch_add_explicit(&ch->sent, 1, memory_order_release);
+        return o->moved == total;
+    }
+    struct pchan* ch = &c->sh->p2p[o->peer][c->rank];
+    if (atomic_load_explicit(&ch->sent, memory_order_acquire) == atomic_load_explicit(&ch->taken, memory_order_acquire)) {
+        return 0;
+    }
+    if (ch->total != total) {
+        return -1;
+    }
+    memcpy(o->recv + o->moved, ch->data, ch->len);
+    o->moved += ch->len;
+    atomic_fetch_add_explicit(&ch->taken, 1, memory_order_release);
+    return o->moved == total;
+}
+
+// run_p2p progresses the sends and receives of list (up to end) together,
+// as NCCL runs the point-to-point operations of a group: one waiting for
+// its peer does not hold up the others. -1 once aborted.
+static int run_p2p(struct op* list, struct op* end) {
+    struct fcomm* c = list->c;
+    unsigned spins = 0;
+    for (;;) {
+        int pending = 0, moved = 0;
+        for (struct op* o = list; o != end; o = o->next) {
+            if (o->skip || o->moved == o->count * type_size[o->dtype]) {
+                continue;
+            }
+            size_t before = o->moved;
+            int r = p2p_step(o);
+            if (r < 0) {
+                hang(c);
+                return -1;
+            }
+            moved |= o->moved != before;
+            pending |= r == 0;
+        }
+        if (!pending) {
+            return 0;
+        }
+        if (atomic_load(&c->abort)) {
+            return -1;
+        }
+        for (int i = 0; i < c->nranks; i++) {
+            if (atomic_load(&c->sh->aborted[i])) {
+                atomic_store(&c->async, ncclRemoteError);
+            }
+        }
+        if (moved) {
+            spins = 0;
+        } else {
+            backoff(&spins);
+        }
+    }
+}
+
+static int is_p2p(const struct op* o) { return o->kind == kSend || o->kind == kRecv; }
+
 // run_batch is the host function a launch enqueues: its operations in order.
 static void run_batch(void* arg) {
     long d = delay_us();
@@ -651,19 +750,32 @@ static void run_batch(void* arg) {
             pthread_cond_wait(&c->cv, &c->mu);
         }
         pthread_mutex_unlock(&c->mu);
-        if (!atomic_load(&c->abort) && !o->skip) {
-            run(o);
+        // A run of sends and receives of this communicator goes together.
+        struct op* end = o->next;
+        if (is_p2p(o)) {
+            while (end != NULL && is_p2p(end) && end->c == c) {
+                end = end->next;
+            }
         }
-        pthread_mutex_lock(&c->mu);
-        if (c->done < o->seq) {
-            c->done = o->seq;
+        if (!atomic_load(&c->abort)) {
+            if (is_p2p(o)) {
+                run_p2p(o, end);
+            } else if (!o->skip) {
+                run(o);
+            }
         }
-        pthread_cond_broadcast(&c->cv);
-        pthread_mutex_unlock(&c->mu);
-        atomic_fetch_sub(&c->inflight, 1);
-        struct op* next = o->next;
-        free(o);
-        o = next;
+        while (o != end) {
+            pthread_mutex_lock(&c->mu);
+            if (c->done < o->seq) {
+                c->done = o->seq;
+            }
+            pthread_cond_broadcast(&c->cv);
+            pthread_mutex_unlock(&c->mu);
+            atomic_fetch_sub(&c->inflight, 1);
+            struct op* next = o->next;
+            free(o);
+            o = next;
+        }
     }
 }
 
@@ -679,6 +791,9 @@ static ncclResult_t launch(struct op* list) {
         struct fcomm* c = o->c;
         pthread_mutex_lock(&c->mu);
         o->seq = ++c->next_seq;
+        if (!is_p2p(o)) {
+            o->cseq = ++c->next_cseq;
+        }
         pthread_mutex_unlock(&c->mu);
         atomic_fetch_add(&c->inflight, 1);
         atomic_fetch_add(&ops_launched, 1);
@@ -708,6 +823,9 @@ static int dev(const void* p, size_t n, const char* what, char** out) {
 
 static ncclResult_t enqueue(int kind, const void* send, void* recv, size_t count, int dtype, int redop, int root,
                             ncclComm_t c, cudaStream_t stream) {
+    if (kind == kSend || kind == kRecv) {
+        redop = rSum;  // unused; root carries the peer
+    }
     ncclResult_t r = ncclSuccess;
     struct op* o = NULL;
     if (!valid(c)) {
@@ -722,6 +840,10 @@ static ncclResult_t enqueue(int kind, const void* send, void* recv, size_t count
         r = fail(ncclInvalidArgument, "%s out of range", "root");
         goto out;
     }
+    if ((kind == kSend || kind == kRecv) && (root < 0 || root >= c->nranks || root == c->rank)) {
+        r = fail(ncclInvalidArgument, "%s out of range (or this rank)", "peer");
+        goto out;
+    }
     if (count == 0) {
         goto out;  // NCCL launches nothing for an empty operation
     }
@@ -731,8 +853,9 @@ static ncclResult_t enqueue(int kind, const void* send, void* recv, size_t count
     o = calloc(1, sizeof *o);
     *o = (struct op){.c = c, .kind = kind, .dtype = dtype, .redop = redop, .root = root, .count = count,
                      .stream = stream};
-    int needSend = kind != kBroadcast || c->rank == root;
-    int needRecv = kind != kReduce || c->rank == root;
+    int needSend = kind != kRecv && (kind != kBroadcast || c->rank == root);
+    int needRecv = kind != kSend && (kind != kReduce || c->rank == root);
+    o->peer = root;
     char* sp = NULL;
     if ((needSend && dev(send, sbytes, "sendbuff", &sp) != 0) ||
         (needRecv && dev(recv, rbytes, "recvbuff", &o->recv) != 0)) {
@@ -833,4 +956,13 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, int datatype, int op,
                                ncclComm_t comm, cudaStream_t stream) {
     return enqueue(kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream);
+}
+
+ncclResult_t ncclSend(const void* sendbuff, size_t count, int datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+    return enqueue(kSend, sendbuff, NULL, count, datatype, rSum, peer, comm, stream);
+}
+
+ncclResult_t ncclRecv(void* recvbuff, size_t count, int datatype, int peer, ncclComm_t comm, cudaStream_t stream) {
+    return enqueue(kRecv, NULL, recvbuff, count, datatype, rSum, peer, comm, stream);
 }

@@ -147,6 +147,14 @@ func form(ctx context.Context, cfg Config, opts formOpts) (*Comm, error) {
 	// Every rank keeps a lobby for processes that join later (grow.go);
 	// a grown world's members bring theirs along.
 	jo := joinOptions(cfg)
+	if isLocalAddr(ctx, cfg.Seed) {
+		// The seed runs on this machine and watches this process
+		// (membership: its exit ends the formation at once), so its
+		// silence, a starved process's on a host with more ranks than
+		// cores, need not count as a loss for long: up to the connect
+		// timeout, which bounds the formation anyway.
+		jo.IdleTimeout = max(jo.IdleTimeout, min(cfg.ConnectTimeout, membership.MaxIdleTimeout))
+	}
 	jo.SeedUp = opts.seedUp
 	jo.Log = cfg.Logger.With("subsys", SubsysInit)
 	if opts.lobby != nil {

@@ -14,13 +14,16 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fxamacker/cbor/v2"
 	"github.com/quic-go/quic-go"
 
 	"github.com/nexar-go/nexar/internal/abi"
+	"github.com/nexar-go/nexar/internal/hostid"
 	"github.com/nexar-go/nexar/internal/identity"
+	"github.com/nexar-go/nexar/internal/procwatch"
 	"github.com/nexar-go/nexar/transport"
 )
 
@@ -59,6 +62,36 @@ type joinMsg struct {
 	Idle int64 `cbor:"idle,omitempty"`
 	// Host names the joiner's host (JoinOptions.Host); absent: unknown.
 	Host string `cbor:"host,omitempty"`
+	// Proc is the joiner's process, so that a seed on its machine can
+	// watch it (procClaim); absent: not told.
+	Proc *procClaim `cbor:"proc,omitempty"`
+}
+
+// procClaim is the process this joiner claims: its own (selfClaim).
+func (o JoinOptions) procClaim() *procClaim {
+	if o.claim != nil {
+		return o.claim
+	}
+	return selfClaim()
+}
+
+// selfClaim is this process's procClaim, nil where it cannot be told.
+func selfClaim() *procClaim {
+	id, ok := procwatch.Self()
+	if !ok {
+		return nil
+	}
+	return &procClaim{Machine: hostid.Local(), PID: id.PID, Start: id.Start, PIDNS: id.PIDNS}
+}
+
+// procClaim identifies the joiner's process: the machine it runs on
+// (internal/hostid.Local: machine, boot, host name, network namespace)
+// and its pid, start time and pid namespace (internal/procwatch.ID).
+type procClaim struct {
+	Machine string `cbor:"machine"`
+	PID     int    `cbor:"pid"`
+	Start   uint64 `cbor:"start"`
+	PIDNS   string `cbor:"pidns"`
 }
 
 type peerMsg struct {
@@ -198,6 +231,13 @@ type Seed struct {
 	mismatch chan struct{}
 	why      string
 
+	// procs watches the processes of members on this machine (nil until
+	// the first; procsErr says why it could not start), by member key.
+	procs    *procwatch.Watch
+	procsErr error
+	nextKey  int
+	procKeys map[int]*member
+
 	// tell orders the notices of losses (lost): a member told of a loss
 	// fails its formation and reports that, and the notice of its own
 	// loss must not reach a member before the loss that caused it, or
@@ -219,6 +259,11 @@ type member struct {
 	from  net.IP        // the address it joined from
 	idle  time.Duration // its rendezvous connection's idle timeout
 	gone  chan struct{}
+	conn  *quic.Conn
+
+	// exited is the pid of its process once the seed saw it exit (its
+	// process watched: on this machine), else 0.
+	exited atomic.Int64
 
 	// After the welcome, until it reports: st carries notices to it.
 	wmu     sync.Mutex
@@ -280,6 +325,12 @@ func (s *Seed) CloseWhenSettled(d time.Duration) {
 // is free again when it returns.
 func (s *Seed) Close() error {
 	s.close(s.end)
+	s.mu.Lock()
+	w := s.procs
+	s.mu.Unlock()
+	if w != nil {
+		w.Close()
+	}
 	return nil
 }
 
@@ -337,6 +388,7 @@ func (s *Seed) serve(conn *quic.Conn) {
 	if j.Idle > 0 {
 		m.idle = min(time.Duration(j.Idle)*time.Millisecond, MaxIdleTimeout)
 	}
+	m.conn = conn
 	if err := s.add(m); errors.Is(err, errFormed) {
 		s.log.Debug("nexar seed: joiner came after formation", "remote", conn.RemoteAddr().String())
 		_ = writeFrame(st, welcomeMsg{V: rdvVersion, Code: abi.ErrInvalidArgument, Err: err.Error(), Formed: true})
@@ -347,6 +399,7 @@ func (s *Seed) serve(conn *quic.Conn) {
 		refuse(abi.ErrInvalidArgument, "%v", err)
 		return
 	}
+	s.watchProc(m, j.Proc)
 	select {
 	case <-s.formed:
 	case <-s.mismatch:
@@ -397,6 +450,10 @@ func (s *Seed) watch(conn *quic.Conn, st *quic.Stream, m *member) {
 		default:
 		}
 		why := "its connection to the seed ended"
+		if pid := m.exited.Load(); pid != 0 {
+			s.lost(m, fmt.Sprintf("its process (pid %d) on this host exited before it reported the mesh formed", pid))
+			return
+		}
 		if isTimeout(err) {
 			why = fmt.Sprintf("it was silent for %v", m.idle)
 		}
@@ -414,6 +471,58 @@ func (s *Seed) watch(conn *quic.Conn, st *quic.Stream, m *member) {
 	s.settle(m)
 	st.Close()
 	s.linger(conn)
+}
+
+// watchProc watches m's process when it runs on this machine, in this
+// seed's pid namespace: its exit then ends m's connection at once (and m
+// is lost, or removed before the formation), instead of at its idle
+// timeout, which a joiner on the seed's machine may make long (core:
+// a starved but live process is not lost for its silence). A claim that
+// cannot be watched leaves m to its idle timeout, as before.
+func (s *Seed) watchProc(m *member, c *procClaim) {
+	if c == nil || !procwatch.Supported || c.Machine != hostid.Local() {
+		return
+	}
+	me, ok := procwatch.Self()
+	if !ok || me.PIDNS != c.PIDNS {
+		return
+	}
+	s.mu.Lock()
+	if s.procs == nil && s.procsErr == nil {
+		s.procs, s.procsErr = procwatch.New(s.procExited)
+		if s.procsErr != nil {
+			s.log.Debug("nexar seed: cannot watch joiners' processes", "err", s.procsErr)
+		}
+	}
+	w := s.procs
+	key := s.nextKey
+	s.nextKey++
+	s.mu.Unlock()
+	if w == nil {
+		return
+	}
+	s.mu.Lock()
+	if s.procKeys == nil {
+		s.procKeys = map[int]*member{}
+	}
+	s.procKeys[key] = m
+	s.mu.Unlock()
+	if err := w.Add(key, procwatch.ID{PID: c.PID, Start: c.Start, PIDNS: c.PIDNS}); err != nil {
+		s.log.Debug("nexar seed: cannot watch a joiner's process", "pid", c.PID, "err", err)
+	}
+}
+
+// procExited ends the connection of the member whose process exited.
+func (s *Seed) procExited(key, pid int) {
+	s.mu.Lock()
+	m := s.procKeys[key]
+	delete(s.procKeys, key)
+	s.mu.Unlock()
+	if m == nil {
+		return
+	}
+	m.exited.Store(int64(pid))
+	m.conn.CloseWithError(0, "process exited")
 }
 
 // settle records that m reported or was lost; false if it had already.
@@ -699,6 +808,8 @@ type JoinOptions struct {
 	// Host names this rank's host, for the members' host-aware schedules
 	// (transport.Peer.Host); "" says nothing.
 	Host string
+	// claim (tests) is sent as this joiner's process instead of its own.
+	claim *procClaim
 	// Log (nil: slog.Default()) receives the waits: a joiner that has not
 	// reached the seed, or waits for the other ranks, says so after
 	// WaitLogFirst and every WaitLogEvery after, at Warn level.
@@ -903,7 +1014,7 @@ func joinOnce(ctx context.Context, conn *quic.Conn, addr string, token []byte, r
 	if err != nil {
 		return fail(abi.ErrInternal, "%v", err)
 	}
-	if err := writeFrame(st, joinMsg{V: rdvVersion, Rank: rank, Addr: advertise, FP: fp[:], Proof: p, Lobby: o.Lobby, Topo: o.Topology, Idle: o.idle().Milliseconds(), Host: o.Host}); err != nil {
+	if err := writeFrame(st, joinMsg{V: rdvVersion, Rank: rank, Addr: advertise, FP: fp[:], Proof: p, Lobby: o.Lobby, Topo: o.Topology, Idle: o.idle().Milliseconds(), Host: o.Host, Proc: o.procClaim()}); err != nil {
 		return fail(abi.ErrInternal, "seed %s: %v", addr, err)
 	}
 	var w welcomeMsg

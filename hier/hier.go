@@ -163,6 +163,8 @@ type Comm struct {
 
 	failed atomic.Bool // fail has run
 
+	p2p p2pState // point-to-point calls through NCCL (p2p.go)
+
 	wmu     sync.Mutex // the watcher's state
 	busy    int        // calls in progress
 	pending []pending  // NCCL work enqueued and not known complete

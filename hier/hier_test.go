@@ -708,3 +708,77 @@ func TestModes(t *testing.T) {
 		})
 	}
 }
+
+// TestP2P: device send and receive within a host through NCCL (ncclSend,
+// ncclRecv of the fake), on two hosts of 2 and 1 ranks: blocking and on a
+// stream, a message of several of the fake's slots, a shorter message than
+// the buffer; a receive whose tag is not the pair's next message, and one
+// too small for it, fail (mismatch; truncated with the bytes that fit) and
+// leave the pair usable; the rank on the other host is not reachable this
+// way; an allreduce afterwards is unaffected.
+func TestP2P(t *testing.T) {
+	m := join(t, On)
+	if m == nil {
+		startJob(t, "TestP2P", []string{"A", "A", "B"}, "NEXAR_FAKE_CUDA_DELAY_US=500").finish(2 * time.Minute)
+		return
+	}
+	ctx := context.Background()
+	if m.r == 2 {
+		if m.h.P2P(0) || m.h.Send(ctx, 0, 8, 0, 1, m.stream, true) == nil {
+			t.Fatal("rank 0, on the other host, reachable through NCCL")
+		}
+	} else {
+		peer := 1 - m.r
+		if !m.h.P2P(peer) {
+			t.Fatalf("rank %d not reachable through NCCL", peer)
+		}
+		big := sequence(collective.Float32, 70001, 7) // about 274 KiB: 5 of the fake's slots
+		short := []byte("a message shorter than its buffer")
+		if m.r == 0 {
+			src := m.upload(big)
+			if err := m.h.Send(ctx, src, len(big), 1, 5, m.stream, true); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.h.Send(ctx, src, len(big), 1, 6, m.stream, false); err != nil {
+				t.Fatal(err)
+			}
+			s := m.upload(short)
+			for _, tag := range []uint64{7, 9, 10} {
+				if err := m.h.Send(ctx, s, len(short), 1, tag, m.stream, false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			m.download(s, 1) // the stream passed every send
+		} else {
+			dst := m.upload(make([]byte, len(big)))
+			if got, err := m.h.Recv(ctx, dst, len(big), 0, 5, m.stream, true); err != nil || got != len(big) {
+				t.Fatalf("blocking recv: %d bytes, %v", got, err)
+			}
+			m.expect("blocking recv", m.download(dst, len(big)), big, 4)
+			dst2 := m.upload(make([]byte, len(big)))
+			if _, err := m.h.Recv(ctx, dst2, len(big), 0, 6, m.stream, false); err != nil {
+				t.Fatal(err)
+			}
+			m.expect("recv on the stream", m.download(dst2, len(big)), big, 4)
+			room := m.upload(make([]byte, 100))
+			if got, err := m.h.Recv(ctx, room, 100, 0, 7, m.stream, true); err != nil || got != len(short) {
+				t.Fatalf("recv of a shorter message: %d bytes, %v", got, err)
+			}
+			m.expect("shorter message", m.download(room, len(short)), short, 1)
+			var ce *core.Error
+			if _, err := m.h.Recv(ctx, room, 100, 0, 8, m.stream, true); !errors.As(err, &ce) || ce.Code != core.CodeMismatch || !strings.Contains(err.Error(), "tag 9") {
+				t.Fatalf("recv of tag 8 when tag 9 is next: %v, want a mismatch naming tag 9", err)
+			}
+			small := m.upload(make([]byte, 10))
+			if got, err := m.h.Recv(ctx, small, 10, 0, 10, m.stream, true); !errors.As(err, &ce) || ce.Code != core.CodeTruncated || got != 10 {
+				t.Fatalf("recv into a buffer too small: %d bytes, %v; want truncated", got, err)
+			}
+			m.expect("truncated", m.download(small, 10), short[:10], 1)
+		}
+	}
+	buf := m.upload(encode(collective.Int64, []float64{float64(m.r + 1)}))
+	if err := m.h.Allreduce(ctx, buf, buf, 1, collective.Int64, collective.Sum, m.stream, true); err != nil {
+		t.Fatal(err)
+	}
+	m.expect("allreduce after point-to-point", m.download(buf, 8), encode(collective.Int64, []float64{6}), 8)
+}

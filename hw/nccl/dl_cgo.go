@@ -183,7 +183,7 @@ func bind(h unsafe.Pointer, path string) (*Library, error) {
 		name string
 		dst  *unsafe.Pointer
 	}{
-		{"ncclGetLastError", &l.f.lastErr}, // NCCL 2.13 and later; optional
+		{"ncclGetLastError", &l.f.lastErr},               // NCCL 2.13 and later; optional
 		{"ncclSend", &l.f.send}, {"ncclRecv", &l.f.recv}, // NCCL 2.7 and later
 	} {
 		cs := C.CString(o.name)

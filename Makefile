@@ -36,7 +36,7 @@ lib:
 
 # --- test -------------------------------------------------------------------
 
-test: deps build vet fmt-check gotest ctest pytest test-asan-quick test-launchers-quick wheel-test sdist-test docs
+test: deps build vet fmt-check gotest ctest pytest test-asan-quick test-launchers-quick wheel-test sdist-test docs gpu-check-dry
 	@echo "make test: all steps passed"
 
 # make test with the race run's collective matrix in full (gotest-full).
@@ -95,6 +95,13 @@ gotest-full:
 	$(GO) test -race -count=1 -timeout 40m ./...
 	NEXAR_TEST_EXHAUSTIVE=1 $(GO) test -count=1 -timeout 30m ./collective
 	$(GO) test -count=1 -timeout 5m -run 'Allocs' ./...
+
+# scripts/gpu_check.sh against the fake CUDA runtime and fake NCCL: every
+# part of the check a lent GPU will run must pass here (torch's CUDA part,
+# which the fakes cannot reach, must say why it did not run).
+.PHONY: gpu-check-dry
+gpu-check-dry: python
+	PYTHON=$(PYTHON) GO=$(GO) scripts/gpu_check.sh dry-run
 
 ctest:
 	cmake -S . -B $(BUILD)/cmake -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo

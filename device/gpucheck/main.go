@@ -66,7 +66,7 @@ func main() {
 	fs.StringVar(&o.mode, "mode", "staged", "matrix: staged (NEXAR_NCCL_HIER=off) or hier (NCCL within a host, 2 simulated hosts)")
 	fs.StringVar(&o.out, "out", "", "JSON file for the figures")
 	sizes := fs.String("sizes", "1048576,16777216,67108864", "bandwidth: message sizes in bytes")
-	counts := fs.String("counts", "7,65537", "matrix: element counts")
+	counts := fs.String("counts", "7,65537", "matrix, collectives: element counts")
 	fs.IntVar(&o.iters, "iters", 9, "bandwidth: timed iterations per size")
 	fs.DurationVar(&o.timeout, "timeout", 4*time.Minute, "the whole part's deadline")
 	fs.Parse(os.Args[2:])
@@ -249,7 +249,7 @@ func runRank(o options) error {
 	case "matrix":
 		res, err = k.matrix(ctx, o)
 	case "collectives":
-		res, err = k.collectives(ctx)
+		res, err = k.collectives(ctx, o)
 	case "bandwidth":
 		res, err = k.bandwidth(ctx, o)
 	}
@@ -433,11 +433,11 @@ func (k *rank) allreduceCase(ctx context.Context, in, ref []byte, count int, dt 
 
 // collectives: the device calls besides allreduce, through NCCL within a
 // host and nexar between 2 simulated hosts (send/recv: staged or GPUDirect).
-func (k *rank) collectives(ctx context.Context) (*Result, error) {
+func (k *rank) collectives(ctx context.Context, o options) (*Result, error) {
 	res := k.result("collectives", "hier")
 	r, n := k.c.Rank(), k.c.Size()
 	for _, dt := range []collective.DType{collective.Float32, collective.BFloat16, collective.Int64} {
-		for _, count := range []int{1, 1001, 1 << 20} {
+		for _, count := range o.counts {
 			es := dt.Size()
 			for _, form := range []string{"blocking", "stream"} {
 				s := device.Stream{}

@@ -7,6 +7,7 @@ import "C"
 
 import (
 	"errors"
+	"fmt"
 	"unsafe"
 
 	"github.com/nexar-go/nexar/collective"
@@ -58,9 +59,21 @@ func devPtr(p unsafe.Pointer) cuda.DevicePtr { return cuda.DevicePtr(uintptr(p))
 // Size() blocks).
 func hierCall(a *args, comm C.uintptr_t, countName string, count C.size_t, perRank bool, dt, op C.int, reduces bool,
 	bufs []unsafe.Pointer, call func(h *hier.Comm, stream cuda.Stream, blocking bool) error) (r C.int, ok bool) {
+	return hierOrDirect(a, comm, countName, count, perRank, dt, op, reduces, bufs, call, nil)
+}
+
+// hierOrDirect is hierCall that, where the hierarchy does not take the
+// call, makes it by GPUDirect RDMA (direct) where hier.Router.Direct
+// chooses that (every path between the members moves device memory); a
+// nil direct leaves it to the usual path.
+func hierOrDirect(a *args, comm C.uintptr_t, countName string, count C.size_t, perRank bool, dt, op C.int, reduces bool,
+	bufs []unsafe.Pointer, call func(h *hier.Comm, stream cuda.Stream, blocking bool) error, direct func(d *hier.Direct) error) (r C.int, ok bool) {
 	h := a.route(comm, count, dt, op, reduces, bufs...)
 	if !a.ok() {
 		return a.fail(), true
+	}
+	if h == nil && direct != nil {
+		return directCall(a, comm, countName, count, perRank, dt, op, reduces, bufs, direct)
 	}
 	if h == nil {
 		return 0, false
@@ -80,27 +93,93 @@ func hierCall(a *args, comm C.uintptr_t, countName string, count C.size_t, perRa
 	return result(a.fn, err), true
 }
 
+// directCall makes a device collective by GPUDirect RDMA where
+// hier.Router.Direct chooses that (collectively: every rank asks, for the
+// same call); ok is false when it chose staging. Like a point-to-point
+// call by GPUDirect, it first waits for the work on the caller's stream
+// and returns with the transfer over: nothing is left on the stream.
+func directCall(a *args, comm C.uintptr_t, countName string, count C.size_t, perRank bool, dt, op C.int, reduces bool,
+	bufs []unsafe.Pointer, direct func(d *hier.Direct) error) (C.int, bool) {
+	if router.Runtime() == nil || count == 0 || dt < 0 || op < 0 {
+		return 0, false
+	}
+	c := a.comm(comm)
+	if !a.ok() {
+		return a.fail(), true
+	}
+	ptrs := make([]uintptr, len(bufs))
+	for i, p := range bufs {
+		ptrs[i] = uintptr(p)
+	}
+	x := hier.Collective{Count: int(count), DType: collective.DType(dt), Op: collective.Op(op), Reduces: reduces, Bufs: ptrs}
+	d, err := router.Direct(bg, uintptr(comm), c, x)
+	if err != nil {
+		return result(a.fn, err), true
+	}
+	if d == nil {
+		return 0, false
+	}
+	mult := 1
+	if perRank {
+		mult = c.Size()
+	}
+	if a.bytes(countName, count, mult, collective.DType(dt)); !a.ok() {
+		return a.fail(), true
+	}
+	if err := a.dev.WaitStream(); err != nil {
+		return a.result(err), true
+	}
+	err = direct(d)
+	var ae *hier.ArgError
+	var ce *core.Error
+	switch {
+	case errors.As(err, &ae):
+		a.devErr(err)
+		return a.fail(), true
+	case err != nil && !errors.As(err, &ce):
+		return fail(a.fn, resUnavailable, "%v", err), true
+	}
+	return result(a.fn, err), true
+}
+
 // hierAllreduce serves nexar_allreduce and nexar_allreduce_stream.
 func hierAllreduce(a *args, sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, comm C.uintptr_t) (C.int, bool) {
-	return hierCall(a, comm, "count", count, false, dt, op, true, []unsafe.Pointer{sendbuf, recvbuf},
+	return hierOrDirect(a, comm, "count", count, false, dt, op, true, []unsafe.Pointer{sendbuf, recvbuf},
 		func(h *hier.Comm, s cuda.Stream, blocking bool) error {
 			return h.Allreduce(bg, devPtr(sendbuf), devPtr(recvbuf), int(count), collective.DType(dt), collective.Op(op), s, blocking)
+		},
+		func(d *hier.Direct) error {
+			return d.Allreduce(bg, devPtr(sendbuf), devPtr(recvbuf), int(count), collective.DType(dt), collective.Op(op))
 		})
 }
 
 // hierBroadcast serves nexar_broadcast and nexar_broadcast_stream.
 func hierBroadcast(a *args, buf unsafe.Pointer, count C.size_t, dt, root C.int, comm C.uintptr_t) (C.int, bool) {
-	return hierCall(a, comm, "count", count, false, dt, 0, false, []unsafe.Pointer{buf},
+	return hierOrDirect(a, comm, "count", count, false, dt, 0, false, []unsafe.Pointer{buf},
 		func(h *hier.Comm, s cuda.Stream, blocking bool) error {
 			return h.Broadcast(bg, devPtr(buf), int(count), collective.DType(dt), int(root), s, blocking)
+		},
+		func(d *hier.Direct) error {
+			if root < 0 || int(root) >= d.Comm().Size() {
+				return &hier.ArgError{Msg: fmt.Sprintf("root %d is not one of the %d ranks", root, d.Comm().Size())}
+			}
+			return d.Broadcast(bg, devPtr(buf), int(count)*collective.DType(dt).Size(), int(root))
 		})
 }
 
 // hierAllgather serves nexar_allgather and nexar_allgather_stream.
 func hierAllgather(a *args, sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt C.int, comm C.uintptr_t) (C.int, bool) {
-	return hierCall(a, comm, "count", count, true, dt, 0, false, []unsafe.Pointer{sendbuf, recvbuf},
+	return hierOrDirect(a, comm, "count", count, true, dt, 0, false, []unsafe.Pointer{sendbuf, recvbuf},
 		func(h *hier.Comm, s cuda.Stream, blocking bool) error {
 			return h.Allgather(bg, devPtr(sendbuf), devPtr(recvbuf), int(count), collective.DType(dt), s, blocking)
+		},
+		func(d *hier.Direct) error {
+			n := int(count) * collective.DType(dt).Size()
+			send := devPtr(sendbuf)
+			if sendbuf == recvbuf { // in place: this rank's block is in recvbuf already
+				send += cuda.DevicePtr(d.Comm().Rank() * n)
+			}
+			return d.Allgather(bg, send, devPtr(recvbuf), n)
 		})
 }
 

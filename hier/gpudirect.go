@@ -184,7 +184,8 @@ func (d *Direct) Broadcast(ctx context.Context, buf cuda.DevicePtr, n, root int)
 }
 
 // Allgather copies n bytes at send (device memory) of every member r to
-// recv+r*n (device memory) on every member.
+// recv+r*n (device memory) on every member; in place where send is
+// recv+r*n itself.
 func (d *Direct) Allgather(ctx context.Context, send, recv cuda.DevicePtr, n int) error {
 	if n == 0 {
 		return nil
@@ -201,10 +202,12 @@ func (d *Direct) Allgather(ctx context.Context, send, recv cuda.DevicePtr, n int
 	// This rank's own block: a device-to-device copy through the host
 	// would cross twice; the runtime has none here, so it goes by the host
 	// once each way (n bytes, as the reduced block of an allreduce does).
-	own := make([]byte, n)
-	err := d.rt.CopyFromDevice(own, send)
-	if err == nil {
-		err = d.rt.CopyToDevice(recv+cuda.DevicePtr(me*n), own)
+	var err error
+	if mine := recv + cuda.DevicePtr(me*n); send != mine {
+		own := make([]byte, n)
+		if err = d.rt.CopyFromDevice(own, send); err == nil {
+			err = d.rt.CopyToDevice(mine, own)
+		}
 	}
 	if err = errors.Join(err, wait(ctx, reqs)); err != nil {
 		return fmt.Errorf("hier: direct allgather: %w", err)

@@ -10,6 +10,12 @@
  *                              dma-buf, peer (peer memory only) or staged
  *                              (neither), checked by the bytes the fake NIC
  *                              moved through each kind of registration.
+ *                              Then device allreduce (blocking in place,
+ *                              _stream out of place), broadcast and
+ *                              allgather (in place): by GPUDirect RDMA where
+ *                              the NIC reaches device memory (the bytes it
+ *                              moved through dma-bufs or peer memory grow),
+ *                              staged where it does not (they do not).
  *   test_gpudirect kill ROLE   starts its own two ranks (spawn and exec of
  *                              itself); rank 1, the ROLE (sender or
  *                              receiver) of a stream of 16 MiB device
@@ -134,6 +140,65 @@ static int recv_posted_first(nexar_comm_t c, size_t n, uint64_t tag, int seed) {
     expect_pattern(dst, n, seed, go ? "irecv posted first" : "recv posted first");
     CU(cudaFree(dst));
     return go;
+}
+
+/* collectives: device allreduce, broadcast and allgather between the two
+ * ranks, checked element by element; device memory reaches the NIC the way
+ * the fakes allow (GPUDirect collectives), or not at all (staged). */
+static void collectives(nexar_comm_t c, int rank, const char* way, cudaStream_t s) {
+    const size_t count = 70001; /* float32: blocks of 35001 and 35000 */
+    const size_t n = count * sizeof(float);
+    long long dev_before = fake_nic_bytes(1) + fake_nic_bytes(2);
+    float* h = malloc(n);
+    for (size_t i = 0; i < count; i++) h[i] = (float)((rank + 1) * (int)(i % 13) + rank);
+    void* a;
+    void* b;
+    CU(cudaMalloc(&a, n));
+    CU(cudaMalloc(&b, n));
+    CU(cudaMemcpy(a, h, n, H2D));
+    CK(nexar_allreduce(a, a, count, NEXAR_FLOAT32, NEXAR_SUM, c));
+    CK(nexar_allreduce_stream(a, b, count, NEXAR_FLOAT32, NEXAR_SUM, c, s));
+    CU(cudaStreamSynchronize(s));
+    float* got = (float*)dev_read(a, n);
+    float* got2 = (float*)dev_read(b, n);
+    for (size_t i = 0; i < count; i++) {
+        float once = (float)(3 * (int)(i % 13) + 1);
+        EXPECT(got[i] == once, "allreduce: element %zu is %g, want %g", i, got[i], once);
+        EXPECT(got2[i] == 2 * once, "allreduce_stream: element %zu is %g, want %g", i, got2[i], 2 * once);
+    }
+    free(got);
+    free(got2);
+
+    /* Broadcast from rank 1, then an in-place allgather of each rank's
+     * 300 KiB block. */
+    const size_t m = 300 << 10;
+    void* g = dev_alloc(2 * m, 0);
+    if (rank == 1) {
+        unsigned char* p = pattern(m, 77);
+        CU(cudaMemcpy((char*)g + m, p, m, H2D));
+        free(p);
+    }
+    CK(nexar_broadcast((char*)g + m, m, NEXAR_UINT8, 1, c));
+    if (rank == 0) { /* rank 0's block: what the broadcast brought */
+        unsigned char* p = dev_read((char*)g + m, m);
+        CU(cudaMemcpy(g, p, m, H2D));
+        free(p);
+    }
+    CK(nexar_allgather(g, g, m, NEXAR_UINT8, c));
+    expect_pattern(g, m, 77, "allgather block 0");
+    expect_pattern((char*)g + m, m, 77, "allgather block 1");
+    CU(cudaFree(g));
+    CU(cudaFree(a));
+    CU(cudaFree(b));
+    free(h);
+
+    long long dev = fake_nic_bytes(1) + fake_nic_bytes(2) - dev_before;
+    fprintf(stderr, "rank %d: %s: device collectives moved %lld bytes of device memory through the NIC\n", rank, way, dev);
+    if (strcmp(way, "staged") == 0) {
+        EXPECT(dev == 0, "staged: device memory reached the NIC in a collective");
+    } else {
+        EXPECT(dev >= (long long)(n / 2 + m), "%s: the device collectives did not go by GPUDirect RDMA", way);
+    }
 }
 
 static void p2p(const char* way) {
@@ -282,6 +347,7 @@ static void p2p(const char* way) {
         }
     }
     CK(nexar_barrier(c));
+    collectives(c, rank, way, s);
 
     /* How device memory reached the NIC, by the fake NIC's own count. */
     long long host = fake_nic_bytes(0), peer = fake_nic_bytes(1), dmabuf = fake_nic_bytes(2);

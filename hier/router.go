@@ -45,7 +45,7 @@ type Router struct {
 	dev atomic.Pointer[devices] // nil: no CUDA device in this process
 	// none classifies buffers while dev is nil: host memory if the host
 	// can read it, through the CUDA driver where one is loaded (Probe).
-	none atomic.Pointer[Kinds]
+	none atomic.Pointer[hostCheck]
 
 	mu    sync.Mutex // probing
 	why   string     // why dev is nil
@@ -80,7 +80,7 @@ type routed struct {
 // NewRouter returns a router that has found no CUDA runtime yet (Probe).
 func NewRouter() *Router {
 	r := &Router{hiers: map[any]*routed{}}
-	r.none.Store(NewKinds(noRuntime{}))
+	r.none.Store(newHostCheck(nil))
 	return r
 }
 
@@ -154,7 +154,7 @@ func (r *Router) Probe(cfg core.Config) {
 		r.why = "no CUDA runtime is loaded in this process (set NEXAR_CUDART, or load libcudart before creating the communicator)"
 		if drv := cuda.LoadedDriver(); drv != nil {
 			r.why = "the CUDA driver is loaded but no CUDA runtime libnexar can use (a statically linked one exports none): set NEXAR_CUDART"
-			r.none.Store(NewKinds(noRuntime{drv: drv}))
+			r.none.Store(newHostCheck(NewKinds(noRuntime{drv: drv})))
 		}
 		return
 	}
@@ -205,12 +205,71 @@ func (r *Router) Forget(p uintptr) {
 	if k := r.Kinds(); k != nil {
 		k.Forget(p)
 	}
+	r.none.Load().forget(p)
 }
 
 // Purge drops every remembered buffer kind.
 func (r *Router) Purge() {
 	if k := r.Kinds(); k != nil {
 		k.Purge()
+	}
+	r.none.Load().purge()
+}
+
+// hostCheck says whether a buffer is host memory the host may read, where
+// no device runtime was found. The common case (no GPU at all) must stay
+// cheap: addresses found readable are remembered in a direct-mapped table
+// of atomics (no lock; a collision only costs another probe), so a buffer
+// passed again costs a load and a compare. With the CUDA driver loaded its
+// answers go through a Kinds instead. Safe for concurrent use.
+type hostCheck struct {
+	kinds    *Kinds // nil: no driver
+	readable func(p uintptr) bool
+	seen     [hostCheckSlots]atomic.Uintptr
+}
+
+const hostCheckSlots = 1024 // a power of two
+
+func newHostCheck(k *Kinds) *hostCheck { return &hostCheck{kinds: k, readable: cuda.Readable} }
+
+func (h *hostCheck) slot(p uintptr) *atomic.Uintptr {
+	return &h.seen[(uint64(p)>>3)*0x9e3779b97f4a7c15>>(64-10)]
+}
+
+// check returns nil for host memory the host may read, else an
+// *UnknownPointerError.
+func (h *hostCheck) check(p uintptr) error {
+	if p == 0 {
+		return nil
+	}
+	if h.kinds != nil {
+		_, err := h.kinds.Of(p)
+		return err
+	}
+	s := h.slot(p)
+	if s.Load() == p {
+		return nil
+	}
+	if !h.readable(p) {
+		return &UnknownPointerError{Ptr: p}
+	}
+	s.Store(p)
+	return nil
+}
+
+func (h *hostCheck) forget(p uintptr) {
+	if h.kinds != nil {
+		h.kinds.Forget(p)
+	}
+	h.slot(p).CompareAndSwap(p, 0)
+}
+
+func (h *hostCheck) purge() {
+	if h.kinds != nil {
+		h.kinds.Purge()
+	}
+	for i := range h.seen {
+		h.seen[i].Store(0)
 	}
 }
 
@@ -219,7 +278,7 @@ func (r *Router) Purge() {
 func (r *Router) Place(p uintptr) (Place, error) {
 	d := r.dev.Load()
 	if d == nil {
-		return r.none.Load().Of(p)
+		return Host, r.none.Load().check(p)
 	}
 	return d.kinds.Of(p)
 }
@@ -393,7 +452,7 @@ func (r *Router) Release(key any) {
 // takes host memory only: start one with Router.Begin.
 type Call struct {
 	d       *devices // nil: no CUDA device
-	none    *Kinds   // with d nil: what the host may read
+	none    *hostCheck // with d nil: what the host may read
 	stages  bool
 	stream  cuda.Stream
 	isStrm  bool
@@ -440,7 +499,7 @@ func (c *Call) P2PBuf(name string, p unsafe.Pointer, n int, in, out bool, direct
 	}
 	if c.d == nil {
 		if c.none != nil {
-			if _, err := c.none.Of(uintptr(p)); err != nil {
+			if err := c.none.check(uintptr(p)); err != nil {
 				return nil, &ArgError{fmt.Sprintf("%s %v", name, err)}
 			}
 		}

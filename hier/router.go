@@ -451,7 +451,7 @@ func (r *Router) Release(key any) {
 // A Call belongs to one goroutine; Run or Release ends it. The zero Call
 // takes host memory only: start one with Router.Begin.
 type Call struct {
-	d       *devices // nil: no CUDA device
+	d       *devices   // nil: no CUDA device
 	none    *hostCheck // with d nil: what the host may read
 	stages  bool
 	stream  cuda.Stream

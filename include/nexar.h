@@ -915,11 +915,17 @@ nexar_result_t nexar_allreduce_compressed(void* buf, void* residual, size_t coun
  * device memory (NEXAR_ERR_INVALID_ARGUMENT, saying why) where GPUDirect
  * RDMA is not used. Not verified on hardware.
  *
- * Device memory is recognised when the process had a CUDA runtime loaded
- * (or named one in the NEXAR_CUDART environment variable) and saw a device
- * when a communicator was created; otherwise every pointer is taken as host
- * memory at the cost of one atomic load per call. Managed memory
- * (cudaMallocManaged) is taken as host memory.
+ * Device memory is recognised when the process had a device runtime that
+ * saw a device when a communicator was created: an installed adapter (see
+ * Device adapters), else the CUDA runtime NEXAR_CUDART names, else one the
+ * process has loaded under any name (torch's bundled libcudart included);
+ * each new buffer is asked about once. A buffer no runtime claims is taken
+ * as host memory only if the host can read it (checked without reading it,
+ * once per address): otherwise the call fails with
+ * NEXAR_ERR_INVALID_ARGUMENT naming the argument and the pointer and saying
+ * what to set (a statically linked CUDA runtime, nvcc's default, cannot be
+ * found: set NEXAR_CUDART), and nothing is sent; the process carries on.
+ * Managed memory (cudaMallocManaged) is taken as host memory.
  *
  * The _stream variants take the arguments of the blocking form and then
  * stream, a cudaStream_t (NULL: the legacy default stream). The call is

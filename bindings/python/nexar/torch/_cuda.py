@@ -21,8 +21,10 @@ ProcessGroupNCCL orders its work:
   makes the stream wait.
 
 Send and receive run on a helper thread each (a posted receive must not
-hold back the worker), on a side stream of their own; their wait() waits
-for the host part, then the stream.
+hold back the worker), on a side stream of their own, with a word of their
+own and a completion stream shared by the group's sends and receives
+(ordered among themselves in issue order, as NCCL's are, but not with the
+collectives).
 
 What of CUDA the backend uses is a CudaOps, one per group
 (ProcessGroupNexar._cuda): tests on machines without a GPU replace it with
@@ -42,7 +44,7 @@ import torch
 
 from ._work import NexarWork
 
-__all__ = ["CudaOps", "CudaWork", "CudaP2PWork", "CudaBatchWork", "Side", "is_cuda", "stream_dtype"]
+__all__ = ["CudaOps", "CudaWork", "CudaBatchWork", "Side", "is_cuda", "stream_dtype"]
 
 
 class CudaOps:
@@ -169,13 +171,15 @@ def stream_dtype(t, fast_dt) -> Optional[int]:
 
 
 class Side:
-    """A group's streams for one CUDA device: stream, where its operations
-    run; done, where each operation's completion event is recorded behind
-    a wait on word reaching the operation's number; seq, the last number
-    given (under lock, with the submission, so numbers follow issue
-    order); gated: False once the driver refused a stream memory wait."""
+    """A group's streams for one CUDA device: stream, where its collectives
+    run; done, where each one's completion event is recorded behind a wait
+    on word reaching its number; seq, the last number given (under lock,
+    with the submission, so numbers follow issue order); gated: False once
+    the driver refused a stream memory wait. Sends and receives: p2p_done,
+    their completion stream, and pools of idle side streams (p2p) and of
+    words with the last value each was given (words)."""
 
-    __slots__ = ("stream", "done", "word", "seq", "gated", "lock", "p2p")
+    __slots__ = ("stream", "done", "word", "seq", "gated", "lock", "p2p", "p2p_done", "words")
 
     def __init__(self, ops, device):
         self.stream = ops.new_stream(device)
@@ -184,11 +188,13 @@ class Side:
         self.seq = 0
         self.gated = True
         self.lock = threading.Lock()
-        self.p2p = []  # idle side streams of sends and receives
+        self.p2p = []
+        self.p2p_done = ops.new_stream(device)
+        self.words = []
 
 
 class CudaWork(NexarWork):
-    """A collective on CUDA tensors. The host part completes the NexarWork
+    """An operation on CUDA tensors. The host part completes the NexarWork
     (on the group's worker); done, when not None, is an event recorded at
     issue that completes once the results are on the device. wait() makes
     the current stream wait for it (no host block), raising the host part's
@@ -232,26 +238,6 @@ class CudaWork(NexarWork):
             if self._cuda_fut is not False:
                 return self._cuda_fut
         return super().get_future()
-
-
-class CudaP2PWork(NexarWork):
-    """A send or receive of a CUDA tensor, run on a helper thread: wait()
-    waits for its host part (the message sent or received), then makes the
-    current stream wait for the event recorded after the call."""
-
-    def __init__(self, result, op_name, ops, device):
-        super().__init__(result, op_name)
-        self._ops = ops
-        self._device = device
-        self._ev = None
-
-    def wait(self, timeout=None):
-        super().wait(timeout)
-        self._ops.wait(self._ev, self._device)
-        return True
-
-    def is_completed(self):
-        return super().is_completed() and (self._exc is not None or self._ops.query(self._ev))
 
 
 class CudaBatchWork(NexarWork):

@@ -18,6 +18,9 @@ Design (see reference/torch-backend.md):
 - Point-to-point operations are posted at once in the caller's thread with
   the non-blocking C ABI (so (source, tag) order is the program's order) and
   are waited for on a helper thread each.
+- CUDA tensors (_cuda.py): every collective is ordered at issue on torch's
+  current stream, runs on the worker on a side stream of the group's, and
+  its Work's wait() makes the current stream wait (no host block).
 - Work objects are a Work subclass (NexarWork): wait() raises the
   operation's error (the future-wrapping Work of torch swallows it),
   get_future() carries the result, or the error as a failed Future that DDP
@@ -46,7 +49,7 @@ from .._types import AVG, BAND, BOR, BXOR, SUM, Datatype
 from ._rendezvous import advertise_host, rendezvous
 from ._staging import (_OPS, BYTE, Reduction, Staged, bytes_cat, copy_blocks, flat_cat, nbytes, offsets,
                        op_of, reduction_error, tag64)
-from ._cuda import CudaBatchWork, CudaOps, CudaP2PWork, CudaWork, Side, is_cuda, stream_dtype
+from ._cuda import CudaBatchWork, CudaOps, CudaWork, Side, is_cuda, stream_dtype
 from ._work import Completer, DoneWork, NexarWork, StartedWork, WorkQueue, complete_in_thread, run_now
 
 
@@ -148,9 +151,8 @@ class _Unconfigured:
 
 
 class ProcessGroupNexar(dist.ProcessGroup):
-    """torch.distributed backend "nexar" (CPU tensors; CUDA tensors for
-    all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor,
-    send and recv, staged by libnexar: _cuda.py).
+    """torch.distributed backend "nexar" (CPU tensors, and CUDA tensors for
+    every collective, asynchronous on streams: _cuda.py).
 
     Created by torch through the registered creator; one nexar.Comm per
     group. Methods are called by torch from any thread; collectives are
@@ -744,7 +746,9 @@ class ProcessGroupNexar(dist.ProcessGroup):
     def _p2p_cuda(self, name, t, peer, tag, recv) -> dist.Work:
         """A send or receive of a CUDA tensor on a helper thread (a receive
         must not block the caller, who may send next), on a side stream of
-        its own ordered at issue after the current stream's work."""
+        its own ordered after the current stream's work at issue; its
+        completion gated as a collective's (_on_cuda), by a word of its own
+        on the group's completion stream for sends and receives."""
         if not t.is_contiguous():
             raise ValueError(f"nexar: {name}: CUDA tensors must be contiguous")
         self._comm.check()
@@ -755,23 +759,36 @@ class ProcessGroupNexar(dist.ProcessGroup):
         if dt is None:
             dt = BYTE  # other dtypes move as bytes
         side = self._side(dev)
+        issued = ops.record(ops.stream(dev), dev)
         with side.lock:
             p = side.p2p.pop() if side.p2p else ops.new_stream(dev)
-        ops.stream_wait(p, ops.record(ops.stream(dev), dev), dev)
-        w = CudaP2PWork([t], name, ops, dev)
+            word = side.words.pop() if side.words else [ops.word(dev), 0]
+            word[1] = v = (word[1] + 1) & 0xFFFFFFFF
+            done = None
+            if side.gated:
+                if ops.wait_word(side.p2p_done, word[0], v):
+                    done = ops.record(side.p2p_done, dev)
+                else:
+                    side.gated = False
+        w = CudaWork([t], name, ops, dev, done, side.p2p_done)
 
         def fn():
             try:
+                ops.stream_wait(p, issued, dev)
                 if recv:
                     self._raw.recv_stream(a, n, dt, int(peer), tg, p)
                 else:
                     self._raw.send_stream(a, n, dt, int(peer), tg, p)
             finally:
-                ev = ops.record(p, dev)
-                ops.synchronize(ev)
-                w._ev = ev
-                with side.lock:
-                    side.p2p.append(p)
+                try:
+                    after = ops.record(p, dev)
+                    ops.synchronize(after)
+                    w._after = after
+                finally:
+                    ops.set_word(word[0], v)
+                    with side.lock:
+                        side.p2p.append(p)
+                        side.words.append(word)
         complete_in_thread(f"nexar-{name}", fn, w)
         if self._coalescing is not None:
             self._coalescing.append(w)
@@ -1362,7 +1379,7 @@ class ProcessGroupNexar(dist.ProcessGroup):
             works = []
         else:
             self._gate.blocked -= 1
-        if any(isinstance(w, (CudaWork, CudaP2PWork)) for w in works):
+        if any(isinstance(w, CudaWork) for w in works):
             return CudaBatchWork(works)
         agg = NexarWork([], "coalesced")
 

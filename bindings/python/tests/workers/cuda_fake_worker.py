@@ -2,9 +2,13 @@
 (tests/fakes/cudart, named by NEXAR_CUDART): objects standing in for CUDA
 tensors (a torch.device("cuda", 0), a data_ptr() into fake device memory
 that the host cannot read) and a CudaOps stand-in whose streams and events
-are the fake's. Checks results read back in stream order, that a
-collective waits for the work already on the caller's stream, the Work's
-CUDA semantics, and the errors. What this does not prove: that torch's own
+are the fake's. Checks every collective element by element for several
+dtypes and ops, that an asynchronous collective returns at once and waits
+on the device for the work already on the caller's stream, the Work's CUDA
+semantics, the errors, and, on the fake's timeline, that DDP's bucket
+all_reduces and FSDP2's prefetched all_gathers overlap compute
+(CUDA_FAKE_PART=overlap runs only those, reporting instead of failing,
+against whatever backend is imported). What this does not prove: that torch's own
 CUDA tensors, streams and events behave as these stand-ins (that needs a
 GPU: scripts/gpu_check.sh). Run as 2+ ranks with torchrun's variables; with
 NEXAR_NCCL naming the fake NCCL and HIER_HOSTS the ranks' hosts, the same
@@ -431,7 +435,7 @@ def check_every_collective(be, ops, r, n):
         same(download(ops, out), val(r, cnt, dt, 12), f"scatter {dt}")
 
 
-KERNEL_US = 80000  # a layer's compute: long against a staged copy (NEXAR_FAKE_CUDA_DELAY_US, 2 ms)
+KERNEL_US = 120000  # a layer's compute: long against a staged copy (NEXAR_FAKE_CUDA_DELAY_US, 2 ms)
 
 
 def overlap(a, b) -> int:
@@ -632,6 +636,22 @@ def main():
     sw.wait()
     rw.wait()
     assert torch.equal(download(ops, dst), torch.full((count,), float(100 + (r - 1) % n)))
+    # A receive's wait() does not block the host either: every rank waits
+    # on its receive before any rank sends (a host block would hang here).
+    # The sends go on another stream, as pipeline stages do: on the same
+    # one they would be ordered after the receives (a cycle, as on NCCL).
+    dst2 = FakeCudaTensor(count)
+    rw = be.recv([dst2], (r - 1) % n, 10)
+    t0 = time.monotonic()
+    rw.wait()
+    took = time.monotonic() - t0
+    assert took < 0.15, f"recv's wait() held the caller {took:.3f} s"
+    dist.barrier()
+    compute = ops.cur
+    ops.cur = ops.new_stream(None)
+    be.send([src], (r + 1) % n, 10).wait()
+    ops.cur = compute
+    assert torch.equal(download(ops, dst2), torch.full((count,), float(100 + (r - 1) % n)))
 
     check_every_collective(be, ops, r, n)
 

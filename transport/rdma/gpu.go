@@ -146,7 +146,9 @@ func (g *gpuPath) used(way string, a, n uintptr, skipped error) {
 }
 
 // summary says how device buffers reached the NIC so far, e.g.
-// "gpu: dma-buf 3, staged 1"; "" when none did.
+// "gpu: dma-buf 3, staged 1", or, before the first, how they will:
+// "gpu: direct, untried" (GPUDirect RDMA, not ruled out) or "gpu: staged"
+// (ruled out); "" without a GPU runtime.
 func (g *gpuPath) summary() string {
 	if g == nil {
 		return ""
@@ -154,7 +156,10 @@ func (g *gpuPath) summary() string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if len(g.counts) == 0 {
-		return ""
+		if g.noDma != nil && g.noPeer != nil {
+			return "gpu: staged"
+		}
+		return "gpu: direct, untried"
 	}
 	var ws []string
 	for w, c := range g.counts {
@@ -194,7 +199,8 @@ func (d *Device) GPU() (moves, direct bool) {
 }
 
 // Detail adds to the channel's description how device buffers reached the
-// NIC on its device ("" when none did).
+// NIC on its device, or will (gpuPath.summary; "" without a GPU runtime):
+// what Paths and `nexar bench` show per path.
 func (e *End) Detail() string { return e.d.gpu.summary() }
 
 // CUDA adapts a CUDA runtime (hw/cuda) for Options.GPU.

@@ -43,6 +43,9 @@ func TestGPUDirect(t *testing.T) {
 			a := openDev(t, Options{Device: "fake_roce0", GPU: CUDA(rt)})
 			b := openDev(t, Options{Device: "fake_roce0", GPU: CUDA(rt)})
 			tx, rx := pair(t, a, b)
+			if d := tx.Detail(); d != "gpu: direct, untried" {
+				t.Errorf("before the first device buffer: Detail() = %q", d)
+			}
 			src, err := rt.Malloc(n)
 			if err != nil {
 				t.Fatal(err)
@@ -108,6 +111,9 @@ func TestNoGPUDirectWithoutGPU(t *testing.T) {
 	rt := fakeCUDA(t)
 	a, b := openDev(t, Options{Device: "fake_ib0"}), openDev(t, Options{Device: "fake_ib0"})
 	tx, _ := pair(t, a, b)
+	if d := tx.Detail(); d != "" {
+		t.Errorf("Detail() = %q without a GPU runtime", d)
+	}
 	src, err := rt.Malloc(1 << 20)
 	if err != nil {
 		t.Fatal(err)

@@ -203,13 +203,14 @@ class CudaWork(NexarWork):
     worker). Safe from any thread."""
 
     def __init__(self, result, op_name, ops, device, done, done_stream):
+        # Made right after done is recorded (under the side's lock), so
+        # that the CUDA future's events follow the same gate.
         super().__init__(result, op_name)
         self._ops = ops
         self._device = device
         self._done = done
-        self._done_stream = done_stream
         self._after = None  # event recorded on the side stream after the operation
-        self._cuda_fut = None
+        self._cuda_fut = ops.future(result, device, done_stream) if done is not None else None
 
     def wait(self, timeout=None):
         if self._done is None:
@@ -232,12 +233,7 @@ class CudaWork(NexarWork):
     def get_future(self):
         # A CUDA future completed at issue, whose wait() makes the current
         # stream wait (as NCCL's); the host-completion future without one.
-        if self._done is not None:
-            if self._cuda_fut is None:
-                self._cuda_fut = self._ops.future(self._result, self._device, self._done_stream) or False
-            if self._cuda_fut is not False:
-                return self._cuda_fut
-        return super().get_future()
+        return self._cuda_fut if self._cuda_fut is not None else super().get_future()
 
 
 class CudaBatchWork(NexarWork):

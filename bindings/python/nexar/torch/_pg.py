@@ -770,7 +770,7 @@ class ProcessGroupNexar(dist.ProcessGroup):
                     done = ops.record(side.p2p_done, dev)
                 else:
                     side.gated = False
-        w = CudaWork([t], name, ops, dev, done, side.p2p_done)
+            w = CudaWork([t], name, ops, dev, done, side.p2p_done)
 
         def fn():
             try:

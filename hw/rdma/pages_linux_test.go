@@ -154,3 +154,43 @@ func TestPagesNotWritable(t *testing.T) {
 		t.Error("read-only memory was held")
 	}
 }
+
+// TestRegCacheWithPages: a kept registration whose memory was mapped anew
+// is dropped when a registration overlapping it is made, so that the new
+// one's pages are all locked and it is reused after (else the stale one's
+// count would stand for pages nobody locked, and every use of the new one
+// would register it again).
+func TestRegCacheWithPages(t *testing.T) {
+	p := NewPages()
+	f := newFake()
+	c, err := NewLastingRegCache(8, f.reg, f.dereg, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg := int(p.page)
+	b := mapAnon(t, 4*pg)
+	a := uintptr(unsafe.Pointer(&b[0]))
+	use := func(addr uintptr, n int) {
+		t.Helper()
+		h, err := c.Acquire(addr, uintptr(n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Release()
+	}
+	use(a, 2*pg)
+	use(a, 2*pg)
+	remapAt(t, a, 2*pg, false)
+	use(a+uintptr(pg), 2*pg)
+	use(a+uintptr(pg), 2*pg)
+	use(a+uintptr(pg), 2*pg)
+	if s := c.Stats(); s.Registered != 2 || s.Stale != 1 || s.Reused != 3 {
+		t.Errorf("%+v: want the stale registration dropped and the new one made once, then reused", s)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.segs) != 0 || isLocked(b) {
+		t.Errorf("after Close: lock counts %+v, pages locked %v", p.segs, isLocked(b))
+	}
+}

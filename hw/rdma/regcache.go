@@ -204,6 +204,14 @@ func (c *RegCache[V]) acquire(addr, n uintptr, keep bool) (*Handle[V], error) {
 			return &Handle[V]{c: c, e: e}, nil
 		}
 	}
+	// Kept registrations that overlap the range without covering it and
+	// whose memory changed go first: their holds count pages a new hold
+	// shares, which are not what they counted any more.
+	for _, k := range c.lru.Keys() {
+		if e, ok := c.lru.Peek(k); ok && k.overlaps(addr, n) && c.lasting != nil {
+			c.usableLocked(e)
+		}
+	}
 	v, err := c.reg(addr, n)
 	if err != nil && c.lasting != nil && c.purgeIdleLocked() {
 		// Kept registrations count against the pinned-memory limit

@@ -158,6 +158,7 @@ type plan struct {
 	stream   cuda.Stream
 	blocking bool
 	first    func(c *nccl.Comm) error // NCCL work before the crossing
+	direct   func() error             // the pieces that cross by GPUDirect RDMA, after first
 	bufs     []stage.Buf              // the device pieces that cross, staged
 	cross    func(host [][]byte) error
 	last     func(c *nccl.Comm) error // NCCL work after it
@@ -183,6 +184,20 @@ func (h *Comm) run(p plan) error {
 		err := h.enqueue(p.first)
 		if err == nil {
 			_, err = h.track(p.op, p.stream)
+		}
+		if err != nil {
+			if call != nil {
+				call.Release()
+			}
+			return h.failCall(p.op, err)
+		}
+	}
+	if p.direct != nil {
+		// The NIC reads what the first phase wrote: the host waits for the
+		// stream to pass it, as staging's copies would.
+		err := h.st.WaitStream(p.stream)
+		if err == nil {
+			err = p.direct()
 		}
 		if err != nil {
 			if call != nil {
@@ -279,7 +294,40 @@ func (h *Comm) Allreduce(ctx context.Context, send, recv cuda.DevicePtr, count i
 			return c.Reduce(at(send, off*es), at(recv, off*es), n, dt, sum, owner, stream)
 		})
 	}
-	mine := h.lay.Owned(h.host, h.li)
+	// Each piece this rank carries crosses by GPUDirect RDMA where its
+	// group's paths all move device memory (agreed within the group, per
+	// call: Directs.Choose, a 4-byte allreduce), else staged. Avg divides
+	// by the world size on the host: staged. Without a GPU runtime in the
+	// communicator's configuration (core.Config.GPU: capi sets it on every
+	// rank that has one, and the hierarchy runs only where every rank has
+	// one) no path moves device memory, and nothing is agreed.
+	gpuPaths := h.gpu != nil && h.parent.Config().GPU != nil
+	var mine []int
+	for _, pc := range h.lay.Owned(h.host, h.li) {
+		if op != collective.Avg && gpuPaths {
+			d, err := h.gd.Choose(ctx, pc, h.cross[pc], h.gpu)
+			if err != nil {
+				return h.failCall(name, err)
+			}
+			if d != nil {
+				h.crossDirect.Add(1)
+				if off, n := Span(count, P, pc); n > 0 {
+					ptr, prev := at(recv, off*es), p.direct
+					p.direct = func() error {
+						if prev != nil {
+							if err := prev(); err != nil {
+								return err
+							}
+						}
+						return d.Allreduce(ctx, ptr, ptr, n, dt, sum)
+					}
+				}
+				continue
+			}
+		}
+		h.crossStaged.Add(1)
+		mine = append(mine, pc)
+	}
 	for _, pc := range mine {
 		if off, n := Span(count, P, pc); n > 0 {
 			p.bufs = append(p.bufs, stage.Buf{Name: fmt.Sprintf("recvbuf piece %d", pc), Ptr: uintptr(at(recv, off*es)), Len: n * es, In: true, Out: true})
@@ -304,6 +352,9 @@ func (h *Comm) Allreduce(ctx context.Context, send, recv cuda.DevicePtr, count i
 			}
 		}
 		return nil
+	}
+	if len(mine) == 0 {
+		p.cross = nil // every piece went by GPUDirect RDMA
 	}
 	p.last = func(c *nccl.Comm) error {
 		if native {

@@ -165,6 +165,13 @@ type Comm struct {
 
 	p2p p2pState // point-to-point calls through NCCL (p2p.go)
 
+	// The crossing between hosts by GPUDirect RDMA, per piece's group
+	// (gpudirect.go's Directs, keyed by piece), with the runtime they copy
+	// through; and how many pieces crossed each way, for Crossings.
+	gd                       Directs
+	gpu                      *cuda.Runtime
+	crossDirect, crossStaged atomic.Int64
+
 	wmu     sync.Mutex // the watcher's state
 	busy    int        // calls in progress
 	pending []pending  // NCCL work enqueued and not known complete
@@ -198,7 +205,8 @@ func New(ctx context.Context, parent *core.Comm, d Deps, opt Options) (*Comm, er
 	if opt.HostID == "" {
 		opt.HostID = hostid.Local()
 	}
-	h := &Comm{parent: parent, rank: parent.Rank(), timeout: opt.Timeout, rt: d.Runtime, st: d.Stager,
+	gpu, _ := d.Runtime.(*cuda.Runtime) // GPUDirect crossings copy through a *cuda.Runtime (Direct)
+	h := &Comm{parent: parent, rank: parent.Rank(), timeout: opt.Timeout, rt: d.Runtime, st: d.Stager, gpu: gpu,
 		lib: d.NCCL, dev: opt.Device}
 	if opt.Mode == Off {
 		h.reason = "NEXAR_NCCL_HIER=off"
@@ -389,6 +397,14 @@ func (h *Comm) Active() bool { return h.active }
 // Reason says why the Comm is not active.
 func (h *Comm) Reason() string { return h.reason }
 
+// Crossings reports how many pieces of allreduce calls this rank carried
+// between hosts by GPUDirect RDMA (the NIC reading and writing the device
+// buffer) and how many it staged through pinned host memory. Safe for
+// concurrent use.
+func (h *Comm) Crossings() (direct, staged int64) {
+	return h.crossDirect.Load(), h.crossStaged.Load()
+}
+
 // Device is the CUDA device NCCL is bound to (Options.Device).
 func (h *Comm) Device() int { return h.dev }
 
@@ -510,6 +526,9 @@ func (h *Comm) teardown() {
 }
 
 func (h *Comm) closeComms() {
+	for pc := range h.cross {
+		h.gd.Release(pc)
+	}
 	if h.local != nil {
 		h.local.Close()
 	}

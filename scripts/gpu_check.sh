@@ -30,7 +30,10 @@
 #   nccl-real      hw/nccl TestLibrary, TestAllReduce
 #   ddp            torch DDP on CUDA, 2 processes, "nexar" against "nccl":
 #                  step time, final weights equal (scripts/gpu_check_ddp.py)
-# Whole run: under 8 minutes (each part's limit below; their sum is 450 s).
+#   pycomm         nexar.Comm with torch CUDA tensors, their DLPack and
+#                  __cuda_array_interface__ exports, CuPy where installed,
+#                  blocking and stream= (scripts/gpu_check_pycomm.py)
+# Whole run: under 8 minutes (each part's limit below; their sum is 440 s).
 set -eu
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -109,9 +112,9 @@ run() {
 	} | tee "$OUT/machine.txt"
 	status=0
 	g=$work/gpucheck
-	part matrix-staged 60 "$g" matrix -mode staged -counts "$counts" -out "$OUT/matrix-staged.json"
-	part matrix-hier 60 "$g" matrix -mode hier -counts "$counts" -out "$OUT/matrix-hier.json"
-	part collectives 60 "$g" collectives -counts "$counts" -out "$OUT/collectives.json"
+	part matrix-staged 40 "$g" matrix -mode staged -counts "$counts" -out "$OUT/matrix-staged.json"
+	part matrix-hier 40 "$g" matrix -mode hier -counts "$counts" -out "$OUT/matrix-hier.json"
+	part collectives 45 "$g" collectives -counts "$counts" -out "$OUT/collectives.json"
 	part bandwidth 60 "$g" bandwidth -sizes "$sizes" -iters "$iters" -out "$OUT/bandwidth.json"
 	gotest stage-real 45 hw_cuda_stage.test '^TestRealCUDAAllreduce2Proc$'
 	gotest hier-real 60 hier.test '^TestRealNCCLHier$'
@@ -120,10 +123,13 @@ run() {
 	py=${GPU_CHECK_PYTHON:-python3}
 	part ddp 90 env GPU_CHECK_NEXAR="$work/python" "$py" scripts/gpu_check_ddp.py --device cuda --backends nexar,nccl \
 		--out "$OUT/ddp.json"
-	if grep -q '"not_run"' "$OUT/ddp.json" 2>/dev/null; then
-		echo "ddp: NOT RUN: $(sed -n 's/.*"not_run": "\(.*\)".*/\1/p' "$OUT/ddp.json")" | tee -a "$OUT/summary.txt"
-		[ -n "${GPU_CHECK_DRY:-}" ] || status=1
-	fi
+	part pycomm 45 env GPU_CHECK_NEXAR="$work/python" "$py" scripts/gpu_check_pycomm.py --out "$OUT/pycomm.json"
+	for p in ddp pycomm; do
+		if grep -q '"not_run"' "$OUT/$p.json" 2>/dev/null; then
+			echo "$p: NOT RUN: $(sed -n 's/.*"not_run": "\(.*\)".*/\1/p' "$OUT/$p.json")" | tee -a "$OUT/summary.txt"
+			[ -n "${GPU_CHECK_DRY:-}" ] || status=1
+		fi
+	done
 	if [ -n "${GPU_CHECK_DRY:-}" ]; then
 		# The fakes have no torch CUDA: the script itself runs on CPU, nexar
 		# against gloo, so that a broken script shows here, not on the GPU.
@@ -167,8 +173,10 @@ dry_run() {
 	for p in stage-real:TestRealCUDAAllreduce2Proc hier-real:TestRealNCCLHier nccl-real:TestAllReduce; do
 		grep -q -- "--- PASS: ${p#*:}" "$OUT/${p%%:*}.log" 2>/dev/null || fail "${p%%:*}: ${p#*:} did not pass against the fakes"
 	done
-	$PYTHON -c 'import json, sys; sys.exit(0 if "not_run" in json.load(open(sys.argv[1])) else 1)' "$OUT/ddp.json" ||
-		fail "ddp: torch's CUDA part says neither a result nor why it did not run ($OUT/ddp.json)"
+	for p in ddp pycomm; do
+		$PYTHON -c 'import json, sys; sys.exit(0 if "not_run" in json.load(open(sys.argv[1])) else 1)' "$OUT/$p.json" ||
+			fail "$p: torch's CUDA part says neither a result nor why it did not run ($OUT/$p.json)"
+	done
 	grep -h . "$OUT/summary.txt" >/dev/null || fail "no summary"
 	if [ $status -ne 0 ]; then
 		for f in "$OUT"/*.log; do

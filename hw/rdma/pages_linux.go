@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"unsafe"
 )
 
 // madvCold is MADV_COLD (Linux 5.4), absent from package syscall.
@@ -52,6 +53,11 @@ type Pages struct {
 	segs   []pageSeg // sorted, disjoint: the ranges this Pages locked, with their holders
 	usable error     // non-nil: keeps nothing, and why
 	page   uintptr
+	// query, where the kernel has PROCMAP_QUERY (Linux 6.11), is
+	// /proc/self/maps held open to ask it for the mapping at an address:
+	// one ioctl per mapping instead of reading the file (about 55 µs in a
+	// small Go process, more with more mappings). Set once, by NewPages.
+	query *os.File
 }
 
 type pageSeg struct {
@@ -64,7 +70,108 @@ type pageSeg struct {
 func NewPages() *Pages {
 	p := &Pages{page: uintptr(os.Getpagesize())}
 	p.usable = selfTest(int(p.page))
+	if p.usable == nil {
+		p.query = queryTest(int(p.page))
+	}
 	return p
+}
+
+// procmapQuery is struct procmap_query of <linux/fs.h> (Linux 6.11).
+type procmapQuery struct {
+	size, queryFlags, queryAddr, vmaStart, vmaEnd, vmaFlags, vmaPageSize, vmaOffset, inode uint64
+	devMajor, devMinor, vmaNameSize, buildIDSize                                           uint32
+	vmaNameAddr, buildIDAddr                                                               uint64
+}
+
+const (
+	procmapQueryIoctl = 0xc0686611 // _IOWR('f', 17, struct procmap_query)
+	procmapReadable   = 1
+	procmapWritable   = 2
+	procmapExecutable = 4
+	procmapShared     = 8
+)
+
+// queryTest opens /proc/self/maps for PROCMAP_QUERY where the kernel
+// answers it as the file reads (checked on a mapping of its own); nil
+// otherwise, and reading the file it is.
+func queryTest(page int) *os.File {
+	f, err := os.Open("/proc/self/maps")
+	if err != nil {
+		return nil
+	}
+	b, err := syscall.Mmap(-1, 0, 3*page, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS)
+	if err != nil {
+		f.Close()
+		return nil
+	}
+	defer syscall.Munmap(b)
+	// A read-only middle page: three mappings, not merged with neighbours.
+	if syscall.Mprotect(b[page:2*page], syscall.PROT_READ) != nil {
+		f.Close()
+		return nil
+	}
+	lo := uintptr(unsafe.Pointer(&b[0]))
+	want, ok1, err1 := readVMAs(lo, lo+uintptr(3*page))
+	got, ok2, err2 := queryVMAs(f, lo, lo+uintptr(3*page))
+	if err1 != nil || err2 != nil || !ok1 || !ok2 || len(want) != 3 || len(got) != 3 {
+		f.Close()
+		return nil
+	}
+	for i := range want {
+		w, g := want[i], got[i]
+		if w.lo != g.lo || w.hi != g.hi || w.perm != g.perm || w.off != g.off || w.inode != g.inode {
+			f.Close()
+			return nil
+		}
+	}
+	return f
+}
+
+// queryVMAs is readVMAs by PROCMAP_QUERY on f (the names of mappings are
+// not asked: their device, inode and offset tell them apart).
+func queryVMAs(f *os.File, lo, hi uintptr) ([]vma, bool, error) {
+	var out []vma
+	for at := lo; at < hi; {
+		q := procmapQuery{queryAddr: uint64(at)}
+		q.size = uint64(unsafe.Sizeof(q))
+		_, _, e := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), procmapQueryIoctl, uintptr(unsafe.Pointer(&q)))
+		switch {
+		case e == syscall.ENOENT:
+			return nil, false, nil // a hole
+		case e != 0:
+			return nil, false, e
+		}
+		perm := []byte("---p")
+		if q.vmaFlags&procmapReadable != 0 {
+			perm[0] = 'r'
+		}
+		if q.vmaFlags&procmapWritable != 0 {
+			perm[1] = 'w'
+		}
+		if q.vmaFlags&procmapExecutable != 0 {
+			perm[2] = 'x'
+		}
+		if q.vmaFlags&procmapShared != 0 {
+			perm[3] = 's'
+		}
+		v := vma{lo: at, hi: min(uintptr(q.vmaEnd), hi), perm: string(perm), off: q.vmaOffset,
+			dev: fmt.Sprintf("%02x:%02x", q.devMajor, q.devMinor), inode: strconv.FormatUint(q.inode, 10)}
+		if v.file() {
+			v.off += uint64(at - uintptr(q.vmaStart))
+		}
+		out = append(out, v)
+		at = v.hi
+	}
+	return out, true, nil
+}
+
+// vmas reads the mappings over [lo, hi), clipped to it; ok is false when
+// some of the range is not mapped.
+func (p *Pages) vmas(lo, hi uintptr) ([]vma, bool, error) {
+	if p.query != nil {
+		return queryVMAs(p.query, lo, hi)
+	}
+	return readVMAs(lo, hi)
 }
 
 // Usable is nil when p keeps registrations, else why it does not.
@@ -112,9 +219,9 @@ func (v vma) same(w vma) bool {
 	return !v.file() || v.off-uint64(v.lo) == w.off-uint64(w.lo)
 }
 
-// vmas reads the mappings over [lo, hi) from /proc/self/maps, clipped to
-// it; ok is false when some of the range is not mapped.
-func vmas(lo, hi uintptr) ([]vma, bool, error) {
+// readVMAs reads the mappings over [lo, hi) from /proc/self/maps, clipped
+// to it; ok is false when some of the range is not mapped.
+func readVMAs(lo, hi uintptr) ([]vma, bool, error) {
 	f, err := os.Open("/proc/self/maps")
 	if err != nil {
 		return nil, false, err
@@ -200,7 +307,7 @@ func (p *Pages) Hold(addr, n uintptr) (Held, bool) {
 	lo, hi := addr&^(p.page-1), (addr+n+p.page-1)&^(p.page-1)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	vs, ok, err := vmas(lo, hi)
+	vs, ok, err := p.vmas(lo, hi)
 	if err != nil || !ok {
 		return nil, false
 	}
@@ -240,7 +347,7 @@ type heldPages struct {
 
 // Still reports whether the range still holds the pages it held at Hold.
 func (h *heldPages) Still() bool {
-	vs, ok, err := vmas(h.lo, h.hi)
+	vs, ok, err := h.p.vmas(h.lo, h.hi)
 	if err != nil || !ok || !locked(vs) {
 		return false
 	}

@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"fmt"
 	"syscall"
 	"testing"
 	"unsafe"
@@ -75,10 +76,26 @@ func isLocked(b []byte) bool { return syscall.Madvise(b, madvCold) == syscall.EI
 // memory locked by someone else is not held; overlapping holds share their
 // pages' lock.
 func TestPages(t *testing.T) {
-	p := NewPages()
-	if err := p.Usable(); err != nil {
-		t.Fatalf("Pages unusable on this kernel: %v", err)
+	// Both sources of the mappings: PROCMAP_QUERY where the kernel has it,
+	// and reading /proc/self/maps.
+	for _, query := range []bool{true, false} {
+		t.Run(fmt.Sprintf("query=%v", query), func(t *testing.T) {
+			p := NewPages()
+			if err := p.Usable(); err != nil {
+				t.Fatalf("Pages unusable on this kernel: %v", err)
+			}
+			if query && p.query == nil {
+				t.Skip("no PROCMAP_QUERY on this kernel")
+			}
+			if !query {
+				p.query = nil
+			}
+			testPages(t, p)
+		})
 	}
+}
+
+func testPages(t *testing.T, p *Pages) {
 	pg := int(p.page)
 	for _, shared := range []bool{false, true} {
 		b := mapAnon(t, 4*pg)
@@ -192,5 +209,26 @@ func TestRegCacheWithPages(t *testing.T) {
 	}
 	if len(p.segs) != 0 || isLocked(b) {
 		t.Errorf("after Close: lock counts %+v, pages locked %v", p.segs, isLocked(b))
+	}
+}
+
+// BenchmarkPagesStill: the check before each reuse of a kept registration
+// (reading /proc/self/maps up to the buffer, one madvise per mapping).
+func BenchmarkPagesStill(b *testing.B) {
+	p := NewPages()
+	m, err := syscall.Mmap(-1, 0, 1<<20, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer syscall.Munmap(m)
+	h, ok := p.Hold(uintptr(unsafe.Pointer(&m[0])), 1<<20)
+	if !ok {
+		b.Fatal("not held")
+	}
+	defer h.Release()
+	for b.Loop() {
+		if !h.Still() {
+			b.Fatal("stale")
+		}
 	}
 }

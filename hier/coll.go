@@ -301,33 +301,14 @@ func (h *Comm) Allreduce(ctx context.Context, send, recv cuda.DevicePtr, count i
 	// communicator's configuration (core.Config.GPU: capi sets it on every
 	// rank that has one, and the hierarchy runs only where every rank has
 	// one) no path moves device memory, and nothing is agreed.
-	gpuPaths := h.gpu != nil && h.parent.Config().GPU != nil
-	var mine []int
-	for _, pc := range h.lay.Owned(h.host, h.li) {
-		if op != collective.Avg && gpuPaths {
-			d, err := h.gd.Choose(ctx, pc, h.cross[pc], h.gpu)
-			if err != nil {
-				return h.failCall(name, err)
-			}
-			if d != nil {
-				h.crossDirect.Add(1)
-				if off, n := Span(count, P, pc); n > 0 {
-					ptr, prev := at(recv, off*es), p.direct
-					p.direct = func() error {
-						if prev != nil {
-							if err := prev(); err != nil {
-								return err
-							}
-						}
-						return d.Allreduce(ctx, ptr, ptr, n, dt, sum)
-					}
-				}
-				continue
-			}
-		}
-		h.crossStaged.Add(1)
-		mine = append(mine, pc)
+	mine, directs, err := h.choosePieces(ctx, op != collective.Avg)
+	if err != nil {
+		return h.failCall(name, err)
 	}
+	p.direct = h.eachDirect(directs, count, func(d *Direct, pc, off, n int) error {
+		ptr := at(recv, off*es)
+		return d.Allreduce(ctx, ptr, ptr, n, dt, sum)
+	})
 	for _, pc := range mine {
 		if off, n := Span(count, P, pc); n > 0 {
 			p.bufs = append(p.bufs, stage.Buf{Name: fmt.Sprintf("recvbuf piece %d", pc), Ptr: uintptr(at(recv, off*es)), Len: n * es, In: true, Out: true})
@@ -367,6 +348,57 @@ func (h *Comm) Allreduce(ctx context.Context, send, recv cuda.DevicePtr, count i
 	return h.run(p)
 }
 
+// choosePieces splits the pieces this rank carries between hosts into those
+// that cross staged and those that cross by GPUDirect RDMA (with their
+// Direct), agreed per piece within its group (Directs.Choose, a 4-byte
+// allreduce). allowed false stages them all; so does a communicator made
+// without a GPU runtime in its configuration (core.Config.GPU: capi sets
+// it on every rank that has one, and the hierarchy runs only where every
+// rank has one), where no path moves device memory and nothing is agreed.
+func (h *Comm) choosePieces(ctx context.Context, allowed bool) (staged []int, direct map[int]*Direct, err error) {
+	allowed = allowed && h.gpu != nil && h.parent.Config().GPU != nil
+	for _, pc := range h.lay.Owned(h.host, h.li) {
+		if allowed {
+			d, err := h.gd.Choose(ctx, pc, h.cross[pc], h.gpu)
+			if err != nil {
+				return nil, nil, err
+			}
+			if d != nil {
+				if direct == nil {
+					direct = map[int]*Direct{}
+				}
+				direct[pc] = d
+				h.crossDirect.Add(1)
+				continue
+			}
+		}
+		h.crossStaged.Add(1)
+		staged = append(staged, pc)
+	}
+	return staged, direct, nil
+}
+
+// eachDirect is the plan's direct phase: do for each piece in direct that
+// is not empty (its offset and length in elements), in piece order; nil
+// when there is none.
+func (h *Comm) eachDirect(direct map[int]*Direct, count int, do func(d *Direct, pc, off, n int) error) func() error {
+	if len(direct) == 0 {
+		return nil
+	}
+	return func() error {
+		for pc := range h.lay.Pieces {
+			if d := direct[pc]; d != nil {
+				if off, n := Span(count, h.lay.Pieces, pc); n > 0 {
+					if err := do(d, pc, off, n); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		return nil
+	}
+}
+
 // Broadcast copies root's count elements at buf into every rank's buf, on
 // stream: NCCL on root's host, each piece from there to the other hosts in
 // its group, NCCL on each of those.
@@ -390,7 +422,13 @@ func (h *Comm) Broadcast(ctx context.Context, buf cuda.DevicePtr, count int, dt 
 	if onRoot && len(h.lay.Hosts[h.host]) > 1 {
 		p.first = func(c *nccl.Comm) error { return c.Broadcast(buf, buf, count, dt, rl, stream) }
 	}
-	mine := h.lay.Owned(h.host, h.li)
+	mine, directs, err := h.choosePieces(ctx, true)
+	if err != nil {
+		return h.failCall(name, err)
+	}
+	p.direct = h.eachDirect(directs, count, func(d *Direct, pc, off, n int) error {
+		return d.Broadcast(ctx, at(buf, off*es), n*es, rh) // members in host order
+	})
 	for _, pc := range mine {
 		if off, n := Span(count, P, pc); n > 0 {
 			p.bufs = append(p.bufs, stage.Buf{Name: fmt.Sprintf("buf piece %d", pc), Ptr: uintptr(at(buf, off*es)), Len: n * es, In: onRoot, Out: !onRoot})
@@ -407,6 +445,9 @@ func (h *Comm) Broadcast(ctx context.Context, buf cuda.DevicePtr, count int, dt 
 			reqs = append(reqs, h.cross[pc].IBroadcast(b, dt, rh)) // members in host order
 		}
 		return h.waitAll(name, reqs)
+	}
+	if len(mine) == 0 {
+		p.cross = nil // every piece went by GPUDirect RDMA
 	}
 	if !onRoot {
 		p.last = func(c *nccl.Comm) error {

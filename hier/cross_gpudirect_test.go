@@ -104,6 +104,38 @@ func TestCrossGPUDirect(t *testing.T) {
 					}
 				}
 			}
+			// A broadcast from rank 1 (host B), after the allreduces.
+			const bn = 50003
+			bufs := make([]cuda.DevicePtr, p)
+			bstreams := make([]cuda.Stream, p) // one each: in one process the legacy stream is shared
+			want := make([]byte, bn)
+			for i := range want {
+				want[i] = byte(i*13 + 1)
+			}
+			for r := range p {
+				b := make([]byte, bn)
+				if r == 1 {
+					copy(b, want)
+				}
+				bufs[r] = cudatest.Upload(t, rt, b)
+				if bstreams[r], err = rt.StreamCreate(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			dBefore, sBefore := hs[0].Crossings()
+			if err := firstErr(each(comms, func(r int, c *core.Comm) error {
+				return hs[r].Broadcast(ctx, bufs[r], bn, collective.Uint8, 1, bstreams[r], true)
+			})); err != nil {
+				t.Fatalf("broadcast: %v", err)
+			}
+			for r := range p {
+				if got := cudatest.Download(t, rt, bstreams[r], bufs[r], bn); string(got) != string(want) {
+					t.Fatalf("broadcast: rank %d got the wrong bytes", r)
+				}
+			}
+			if d, s := hs[0].Crossings(); gpudirect && (d != dBefore+1 || s != sBefore) {
+				t.Errorf("broadcast: %d pieces by GPUDirect, %d staged; want its piece by GPUDirect", d-dBefore, s-sBefore)
+			}
 			after, err := ibverbs.Moved(vlib)
 			if err != nil {
 				t.Fatal(err)
@@ -111,11 +143,12 @@ func TestCrossGPUDirect(t *testing.T) {
 			for r, h := range hs {
 				direct, staged := h.Crossings()
 				t.Logf("rank %d: %d pieces crossed by GPUDirect, %d staged", r, direct, staged)
-				if gpudirect && (direct != 2 || staged != 1) { // one piece per call and rank
-					t.Errorf("rank %d: %d direct, %d staged crossings; want the Sums' by GPUDirect, Avg's staged", r, direct, staged)
+				if gpudirect && (direct != 3 || staged != 1) { // one piece per call and rank: 2 sums, the broadcast
+					t.Errorf("rank %d: %d direct, %d staged crossings; want the sums' and the broadcast's by GPUDirect, Avg's staged", r, direct, staged)
 				}
 			}
 			if d, _ := hs[0].Crossings(); !gpudirect && d != lastDirect {
+				// (the broadcast too: the last two calls were staged)
 				t.Errorf("rank 0: the last call crossed by GPUDirect after the NIC refused device memory")
 			}
 			t.Logf("fake NIC moved: before %+v, after %+v", before, after)

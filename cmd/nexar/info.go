@@ -82,9 +82,11 @@ func rdmaPath(opt trdma.Options) string {
 		return "none (" + err.Error() + ")"
 	}
 	defer d.Close()
-	return d.Describe() + " (not encrypted: used with NEXAR_BULK_PLAINTEXT=1 or NEXAR_BULK=rdma; tested against a fake libibverbs only, not verified on hardware;" +
-		" GPUDirect RDMA: the C ABI's sends and receives of CUDA device buffers go between the NIC and device memory" +
-		" where it can reach them (dma-buf, peer memory), collectives stage; tested against fakes only, docs/device-memory.md)"
+	return d.Describe() + " (not encrypted: used with NEXAR_BULK_PLAINTEXT=1 or NEXAR_BULK=rdma; tested against a fake libibverbs only, not verified on hardware; " +
+		d.Registrations() + ", docs/bulk-path.md;" +
+		" GPUDirect RDMA: the C ABI's sends and receives of CUDA device buffers, and its device allreduce, broadcast and allgather" +
+		" where every member's paths reach device memory, go between the NIC and device memory (dma-buf, peer memory);" +
+		" elsewhere they stage; tested against fakes only, docs/device-memory.md)"
 }
 
 type transportInfo struct{ name, status string }

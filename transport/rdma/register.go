@@ -59,3 +59,14 @@ func (d *Device) registerHost(b []byte, keep bool) (*region, error) {
 // registrations made, uses served by one made before, and registrations
 // dropped because their memory had changed. Safe for concurrent use.
 func (d *Device) RegStats() hw.RegStats { return d.reg.Stats() }
+
+// Registrations says, for `nexar info`, how long registrations of host
+// buffers last on this machine: across operations (docs/bulk-path.md,
+// "Registrations that last"), or one operation and why. Safe for
+// concurrent use.
+func (d *Device) Registrations() string {
+	if err := hw.ProcessPages().Usable(); err != nil {
+		return "host buffers registered per operation (" + err.Error() + ")"
+	}
+	return "host buffers' registrations kept across operations while their pages stay locked and mapped"
+}

@@ -260,6 +260,10 @@ func (e *endpoint) target(r int) (*net.UDPAddr, *tls.Config, error) {
 	return addr, tlsConf, nil
 }
 
+// replyGrace is how long a dialer that missed its handshake deadline still
+// reads the hello reply (dialOnce).
+const replyGrace = time.Second
+
 func (e *endpoint) dialOnce(ctx context.Context, r int, addr *net.UDPAddr, tlsConf *tls.Config, stripe, stripes int) error {
 	hctx, cancel := context.WithTimeout(ctx, e.node.opt.HandshakeTimeout)
 	defer cancel()
@@ -282,8 +286,23 @@ func (e *endpoint) dialOnce(ctx context.Context, r int, addr *net.UDPAddr, tlsCo
 		return fail(err)
 	}
 	var b [helloSize]byte
+	if d := e.node.opt.slowRead; d > 0 && e.node.slowed.CompareAndSwap(false, true) {
+		time.Sleep(d)
+	}
 	if _, err := io.ReadFull(s, b[:]); err != nil {
-		return fail(fmt.Errorf("hello reply: %w", err))
+		// Past the deadline the reply may be here all the same: this
+		// process, not the peer, was late (starved). The acceptor has
+		// registered the connection once its reply went, so read what
+		// came within a short grace rather than abandon a pair that is
+		// made on the other side.
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			return fail(fmt.Errorf("hello reply: %w", err))
+		}
+		s.SetDeadline(time.Now().Add(replyGrace))
+		if _, err := io.ReadFull(s, b[:]); err != nil {
+			return fail(fmt.Errorf("hello reply: %w", err))
+		}
 	}
 	rep, err := parseHello(b[:])
 	if err != nil {
@@ -349,15 +368,69 @@ func (e *endpoint) accept(conn *quic.Conn) {
 		refuse(fmt.Errorf("hello names rank %d of %d, which does not match the certificate", hi.rank, hi.size))
 		return
 	}
+	reply := hello{rank: uint32(e.self), size: uint32(len(e.peers)), stripe: hi.stripe, stripes: hi.stripes}.marshal()
+	if d := e.node.opt.slowReply; d > 0 && e.node.slowed.CompareAndSwap(false, true) {
+		time.Sleep(d)
+	}
+	if e.od == nil {
+		// In the mesh the reply goes first and the connection is
+		// registered only once it went: a reply that misses its deadline
+		// (this process starved past HandshakeTimeout while 64 ranks
+		// form on 2 cores) then leaves a refused handshake, which the
+		// dialer retries until its connect timeout, not a registered
+		// connection whose close would read as the dialer's loss.
+		if err := e.registrable(r, int(hi.stripe), int(hi.stripes)); err != nil {
+			refuse(err)
+			return
+		}
+		if _, err := s.Write(reply); err != nil {
+			conn.CloseWithError(codeHello, "hello reply: "+err.Error())
+			return
+		}
+		if err := e.register(r, conn, int(hi.stripe), int(hi.stripes), r); err != nil {
+			refuse(err)
+			return
+		}
+		s.Close()
+		return
+	}
 	if err := e.register(r, conn, int(hi.stripe), int(hi.stripes), r); err != nil {
 		refuse(err)
 		return
 	}
-	if _, err := s.Write(hello{rank: uint32(e.self), size: uint32(len(e.peers)), stripe: hi.stripe, stripes: hi.stripes}.marshal()); err != nil {
+	if _, err := s.Write(reply); err != nil {
 		conn.CloseWithError(codeHello, "hello reply: "+err.Error())
 		return
 	}
 	s.Close()
+}
+
+// registrable reports whether register would take stripe k of stripes
+// from rank r in the mesh (not on demand), without registering.
+func (e *endpoint) registrable(r, k, stripes int) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closing.Load() {
+		return transport.ErrClosed
+	}
+	return e.registrableLocked(r, k, stripes)
+}
+
+func (e *endpoint) registrableLocked(r, k, stripes int) error {
+	pc := e.conns[r]
+	if k == 0 {
+		if pc != nil {
+			return fmt.Errorf("rank %d already connected", r)
+		}
+		if stripes < 1 || stripes > maxStripes {
+			return fmt.Errorf("rank %d asks for %d data connections, want 1 to %d", r, stripes, maxStripes)
+		}
+		return nil
+	}
+	if pc == nil || stripes != len(pc.stripes)+1 || k >= stripes || pc.stripes[k-1].conn != nil {
+		return fmt.Errorf("rank %d: unexpected data connection %d of %d", r, k, stripes)
+	}
+	return nil
 }
 
 // register installs a verified connection, number k of the pair's
@@ -377,20 +450,14 @@ func (e *endpoint) register(r int, conn *quic.Conn, k, stripes, dialer int) erro
 		}
 		return e.odRegisterLocked(r, conn, dialer)
 	}
+	if err := e.registrableLocked(r, k, stripes); err != nil {
+		return err
+	}
 	pc := e.conns[r]
 	if k == 0 {
-		if pc != nil {
-			return fmt.Errorf("rank %d already connected", r)
-		}
-		if stripes < 1 || stripes > maxStripes {
-			return fmt.Errorf("rank %d asks for %d data connections, want 1 to %d", r, stripes, maxStripes)
-		}
 		e.addConnLocked(r, conn, stripes, nil)
 		e.pending += stripes - 1
 	} else {
-		if pc == nil || stripes != len(pc.stripes)+1 || k >= stripes || pc.stripes[k-1].conn != nil {
-			return fmt.Errorf("rank %d: unexpected data connection %d of %d", r, k, stripes)
-		}
 		st := &pc.stripes[k-1]
 		st.conn = conn
 		e.wg.Go(func() { e.monitorStripe(pc, k, st) })

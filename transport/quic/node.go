@@ -54,6 +54,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -67,6 +68,11 @@ const DefaultIdleTimeout = 5 * time.Second
 // Options configures a Node. The zero value of every field selects the
 // documented default.
 type Options struct {
+	// slowReply and slowRead (tests) hold this node's first hello reply,
+	// and its first read of a reply, that long, as a starved process
+	// would.
+	slowReply, slowRead time.Duration
+
 	// BindAddr is the UDP address to listen on. Default ":0" (every
 	// interface, a free port).
 	BindAddr string
@@ -217,6 +223,8 @@ type Node struct {
 	tr    *quic.Transport
 	ln    *quic.Listener
 	qconf *quic.Config
+
+	slowed atomic.Bool // the first hello reply or read of one was held (Options.slowReply, slowRead)
 
 	mu        sync.Mutex
 	ep        *endpoint // set by Connect; nil before

@@ -3,6 +3,7 @@ package quictransport
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -337,5 +338,50 @@ func BenchmarkQUICThroughput(b *testing.B) {
 		case <-time.After(30 * time.Second):
 			b.Fatal("timed out")
 		}
+	}
+}
+
+// TestLateHelloReplyRetried: a hello that misses its handshake deadline
+// on one side (a process starved while 64 ranks form on 2 cores) is
+// dialled again, and the mesh forms with nobody reported down. The
+// acceptor's reply comes late ("reply": refused there, never
+// registered), or the dialer reads it late ("read": the acceptor had
+// registered the connection, and the dialer, past its deadline, still
+// reads the reply that is there within a grace instead of abandoning a
+// pair made on the other side, which the acceptor would report lost).
+func TestLateHelloReplyRetried(t *testing.T) {
+	for _, c := range []struct {
+		name           string
+		dialer, accept Options
+		slowed         int
+	}{
+		{"reply", Options{HandshakeTimeout: 500 * time.Millisecond}, Options{HandshakeTimeout: 500 * time.Millisecond, slowReply: 1500 * time.Millisecond}, 1},
+		{"read", Options{HandshakeTimeout: 500 * time.Millisecond, slowRead: 1500 * time.Millisecond}, Options{HandshakeTimeout: 5 * time.Second}, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var downs []string
+			down := func(peer int, err error) {
+				mu.Lock()
+				downs = append(downs, fmt.Sprintf("peer %d: %v", peer, err))
+				mu.Unlock()
+			}
+			dialer, dp := listenN(t, 1, c.dialer)
+			acceptor, ap := listenN(t, 1, c.accept)
+			ap[0].Rank = 1
+			nodes, peers := []*Node{dialer[0], acceptor[0]}, []Peer{dp[0], ap[0]}
+			eps := connectAll(t, nodes, peers, nil, []transport.DownHandler{down, down})
+			defer eps[0].Close()
+			defer eps[1].Close()
+			if !nodes[c.slowed].slowed.Load() {
+				t.Fatalf("rank %d was never held: the test did not test", c.slowed)
+			}
+			time.Sleep(time.Second)
+			mu.Lock()
+			defer mu.Unlock()
+			if len(downs) > 0 {
+				t.Fatalf("a late hello was reported as a loss: %v", downs)
+			}
+		})
 	}
 }

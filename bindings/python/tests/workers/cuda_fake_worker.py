@@ -176,10 +176,16 @@ def dev(ops, values: torch.Tensor) -> FakeCudaTensor:
 HOSTFN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
-def gate(ops):
-    """Hold the current stream until the returned Event is set."""
+def gate(ops, timeout=60):
+    """Hold the current stream until the returned Event is set (at most
+    timeout seconds); its passed attribute says whether the stream went on."""
     opened = threading.Event()
-    fn = HOSTFN(lambda _: opened.wait(60))
+    opened.passed = False
+
+    def hold(_):
+        opened.wait(timeout)
+        opened.passed = True
+    fn = HOSTFN(hold)
     ck(lib.cudaLaunchHostFunc(vp(ops.cur), fn, None), "cudaLaunchHostFunc")
     opened._fn = fn  # keep the callback alive
     return opened
@@ -445,12 +451,16 @@ def overlap(a, b) -> int:
 def overlap_failures(what, tl, ops, t0, prefix, staged):
     """For each (name, device tensor) of staged, the library's copy of it
     to the host (a D2H copy off the current stream, reading the tensor)
-    must run at least half within a compute kernel (label prefix*); the
-    failures, each naming when the copy and the kernels ran (ms from t0)."""
+    must run, at least in part, while a compute kernel (label prefix*)
+    runs: it did not wait for the compute queued after its collective (a
+    synchronous collective's copy runs between kernels: the next kernel is
+    queued once the host part is over). The failures, each naming when the
+    copy and the kernels ran (ms from t0), and the kernels."""
     kernels = [e for e in tl if e["kind"] == "kernel" and e["label"].startswith(prefix) and e["enq"] >= t0]
     ms = lambda x: f"{(x - t0) / 1e6:.1f}"  # noqa: E731
     ks = ", ".join(f"{k['label']} {ms(k['start'])}-{ms(k['end'])}" for k in kernels)
     out = []
+    cs = []
     for name, t in staged:
         copies = [e for e in tl if e["kind"] == "copy_d2h" and e["src"] == t.ptr and e["stream"] != ops.cur
                   and e["enq"] >= t0]
@@ -458,11 +468,11 @@ def overlap_failures(what, tl, ops, t0, prefix, staged):
             out.append(f"{what}: {name}: no staging copy of it on the timeline")
             continue
         c = copies[0]
-        best = max(kernels, key=lambda k: overlap(c, k))
-        if overlap(c, best) * 2 < c["end"] - c["start"]:
+        cs.append(f"{name} {ms(c['start'])}-{ms(c['end'])}")
+        if not any(overlap(c, k) for k in kernels):
             out.append(f"{what}: {name}'s staging copy ran at {ms(c['start'])}-{ms(c['end'])} ms, within no "
                        f"compute kernel (kernels ran at {ks} ms)")
-    return out, ks
+    return out, f"kernels {ks} ms; staging copies {', '.join(cs)} ms"
 
 
 def ddp_overlap(be, ops, r, n):
@@ -479,32 +489,31 @@ def ddp_overlap(be, ops, r, n):
     download(ops, buckets[0])  # the stream idle before
     dist.barrier()
     t0 = time.monotonic_ns()
+    # The stream is held while the host queues the backward and waits: an
+    # all_reduce or a wait() that held the host for its stream work would
+    # hold it until the gate gives up (10 s).
+    g = gate(ops, 10)
     works = []
     for j in reversed(range(layers)):
         kernel(ops, KERNEL_US, f"bwd{j}")
         upload(ops, buckets[j], val(r, cnt, torch.float32, j))  # the kernel's gradients, in stream order
         works.append((j, be.allreduce([buckets[j]], opts)))
-    issued = time.monotonic_ns()
+    issued = g.passed
     for _, w in works:
         w.wait()
-    waited = time.monotonic_ns()
+    waited = g.passed
+    g.set()
     for j in range(layers):
         same(download(ops, buckets[j]), reduced([val(q, cnt, torch.float32, j) for q in range(n)], RO.SUM),
              f"ddp bucket {j}")
     tl = timeline()
     fails, ks = overlap_failures("ddp", tl, ops, t0, "bwd", [(f"bucket {j}", buckets[j]) for j, _ in works[:-1]])
-    first = [e for e in tl if e["kind"] == "kernel" and e["label"] == f"bwd{layers - 1}" and e["enq"] >= t0][0]
-    if issued > first["end"]:
-        fails.append(f"ddp: the host queued the backward in {(issued - t0) / 1e6:.1f} ms, after the first kernel "
-                     f"ended ({(first['end'] - t0) / 1e6:.1f} ms): the all_reduces held it")
-    last = [e for e in tl if e["kind"] == "copy_h2d" and e["dst"] == buckets[0].ptr and e["stream"] != ops.cur
-            and e["enq"] >= t0]
-    if not last or waited > last[0]["end"]:
-        fails.append(f"ddp: the waits returned at {(waited - t0) / 1e6:.1f} ms, after the last bucket's result was "
-                     f"copied back: wait() blocked the host")
+    if issued:
+        fails.append("ddp: the all_reduces held the host until its stream went on")
+    elif waited:
+        fails.append("ddp: wait() held the host until its stream went on")
     if r == 0:
-        print(f"ddp timeline: kernels {ks} ms; host queued all at {(issued - t0) / 1e6:.1f} ms, waits returned at "
-              f"{(waited - t0) / 1e6:.1f} ms")
+        print(f"ddp timeline: {ks}")
     assert not fails, "\n".join(fails)
 
 
@@ -538,7 +547,7 @@ def fsdp2_overlap(be, ops, r, n):
     fails, ks = overlap_failures("fsdp2", timeline(), ops, t0, "fwd",
                                  [(f"layer {i}'s all_gather", shards[i]) for i in range(1, layers)])
     if r == 0:
-        print(f"fsdp2 timeline: kernels {ks} ms")
+        print(f"fsdp2 timeline: {ks}")
     assert not fails, "\n".join(fails)
 
 
@@ -593,13 +602,11 @@ def main():
     t2 = FakeCudaTensor(count)
     g = gate(ops)
     upload(ops, t2, torch.full((count,), float(r + 1)))
-    t0 = time.monotonic()
     w2 = be.allreduce([t2], opts)
     w2.wait()
-    took = time.monotonic() - t0
+    assert not g.passed, "all_reduce and wait() held the caller until the stream went on"
     time.sleep(0.2)
     assert not w2.is_completed(), "all_reduce completed before the work queued ahead of it on the stream"
-    assert took < 0.15, f"all_reduce and wait() held the caller {took:.3f} s with its stream held"
     g.set()
     got = download(ops, t2)
     assert torch.equal(got, torch.full((count,), float(n * (n + 1) / 2))), got[:4]
@@ -642,10 +649,7 @@ def main():
     # one they would be ordered after the receives (a cycle, as on NCCL).
     dst2 = FakeCudaTensor(count)
     rw = be.recv([dst2], (r - 1) % n, 10)
-    t0 = time.monotonic()
     rw.wait()
-    took = time.monotonic() - t0
-    assert took < 0.15, f"recv's wait() held the caller {took:.3f} s"
     dist.barrier()
     compute = ops.cur
     ops.cur = ops.new_stream(None)

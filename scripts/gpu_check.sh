@@ -39,7 +39,10 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 bin=$root/.devbin
 GO=${GO:-go}
-PYTHON=${PYTHON:-python3}
+# The venv `make python` installs into, where there is one: build takes the
+# extension and libnexar from it.
+[ -x "$root/.venv/bin/python" ] && venvpy=$root/.venv/bin/python || venvpy=python3
+PYTHON=${PYTHON:-$venvpy}
 
 build() {
 	stage=$(mktemp -d)
@@ -197,8 +200,12 @@ run)
 	;;
 dry-run)
 	counts=7,4099 sizes=65536,1048576 iters=3
-	build # always: the dry run is of this tree
-	dry_run
+	# Always built, and into a scratch directory: the dry run is of this
+	# tree, and leaves no bundle behind in .devbin.
+	bin=$(mktemp -d)
+	build
+	dry_run || { rm -rf "$bin"; exit 1; }
+	rm -rf "$bin"
 	;;
 *)
 	echo "usage: $0 build|run|dry-run" >&2

@@ -59,7 +59,7 @@ func devPtr(p unsafe.Pointer) cuda.DevicePtr { return cuda.DevicePtr(uintptr(p))
 // Size() blocks).
 func hierCall(a *args, comm C.uintptr_t, countName string, count C.size_t, perRank bool, dt, op C.int, reduces bool,
 	bufs []unsafe.Pointer, call func(h *hier.Comm, stream cuda.Stream, blocking bool) error) (r C.int, ok bool) {
-	return hierOrDirect(a, comm, countName, count, perRank, dt, op, reduces, bufs, call, nil)
+	return hierOrDirect(a, comm, countName, count, perRank, dt, op, reduces, bufs, call, "", 0, nil)
 }
 
 // hierOrDirect is hierCall that, where the hierarchy does not take the
@@ -67,13 +67,13 @@ func hierCall(a *args, comm C.uintptr_t, countName string, count C.size_t, perRa
 // chooses that (every path between the members moves device memory); a
 // nil direct leaves it to the usual path.
 func hierOrDirect(a *args, comm C.uintptr_t, countName string, count C.size_t, perRank bool, dt, op C.int, reduces bool,
-	bufs []unsafe.Pointer, call func(h *hier.Comm, stream cuda.Stream, blocking bool) error, direct func(d *hier.Direct) error) (r C.int, ok bool) {
+	bufs []unsafe.Pointer, call func(h *hier.Comm, stream cuda.Stream, blocking bool) error, kind string, root C.int, direct func(d *hier.Direct) error) (r C.int, ok bool) {
 	h := a.route(comm, count, dt, op, reduces, bufs...)
 	if !a.ok() {
 		return a.fail(), true
 	}
 	if h == nil && direct != nil {
-		return directCall(a, comm, countName, count, perRank, dt, op, reduces, bufs, direct)
+		return directCall(a, comm, countName, count, perRank, dt, op, reduces, bufs, kind, root, direct)
 	}
 	if h == nil {
 		return 0, false
@@ -99,7 +99,7 @@ func hierOrDirect(a *args, comm C.uintptr_t, countName string, count C.size_t, p
 // call by GPUDirect, it first waits for the work on the caller's stream
 // and returns with the transfer over: nothing is left on the stream.
 func directCall(a *args, comm C.uintptr_t, countName string, count C.size_t, perRank bool, dt, op C.int, reduces bool,
-	bufs []unsafe.Pointer, direct func(d *hier.Direct) error) (C.int, bool) {
+	bufs []unsafe.Pointer, kind string, root C.int, direct func(d *hier.Direct) error) (C.int, bool) {
 	if router.Runtime() == nil || count == 0 || dt < 0 || op < 0 {
 		return 0, false
 	}
@@ -112,7 +112,7 @@ func directCall(a *args, comm C.uintptr_t, countName string, count C.size_t, per
 		ptrs[i] = uintptr(p)
 	}
 	x := hier.Collective{Count: int(count), DType: collective.DType(dt), Op: collective.Op(op), Reduces: reduces, Bufs: ptrs}
-	d, err := router.Direct(bg, uintptr(comm), c, x)
+	d, err := router.Direct(bg, uintptr(comm), c, kind, int(root), x)
 	if err != nil {
 		return result(a.fn, err), true
 	}
@@ -148,7 +148,7 @@ func hierAllreduce(a *args, sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt,
 		func(h *hier.Comm, s cuda.Stream, blocking bool) error {
 			return h.Allreduce(bg, devPtr(sendbuf), devPtr(recvbuf), int(count), collective.DType(dt), collective.Op(op), s, blocking)
 		},
-		func(d *hier.Direct) error {
+		"allreduce", 0, func(d *hier.Direct) error {
 			return d.Allreduce(bg, devPtr(sendbuf), devPtr(recvbuf), int(count), collective.DType(dt), collective.Op(op))
 		})
 }
@@ -159,7 +159,7 @@ func hierBroadcast(a *args, buf unsafe.Pointer, count C.size_t, dt, root C.int, 
 		func(h *hier.Comm, s cuda.Stream, blocking bool) error {
 			return h.Broadcast(bg, devPtr(buf), int(count), collective.DType(dt), int(root), s, blocking)
 		},
-		func(d *hier.Direct) error {
+		"broadcast", root, func(d *hier.Direct) error {
 			if root < 0 || int(root) >= d.Comm().Size() {
 				return &hier.ArgError{Msg: fmt.Sprintf("root %d is not one of the %d ranks", root, d.Comm().Size())}
 			}
@@ -173,7 +173,7 @@ func hierAllgather(a *args, sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt 
 		func(h *hier.Comm, s cuda.Stream, blocking bool) error {
 			return h.Allgather(bg, devPtr(sendbuf), devPtr(recvbuf), int(count), collective.DType(dt), s, blocking)
 		},
-		func(d *hier.Direct) error {
+		"allgather", 0, func(d *hier.Direct) error {
 			n := int(count) * collective.DType(dt).Size()
 			send := devPtr(sendbuf)
 			if sendbuf == recvbuf { // in place: this rank's block is in recvbuf already

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"sync"
 	"unsafe"
 
@@ -252,7 +253,8 @@ type directFor struct {
 // Choose returns the Direct that carries a device collective on c (the
 // communicator the handle key stands for now), or nil when the call is to
 // be staged: every member of c calls it for the call, with device buffers.
-// The first call that chooses GPUDirect sets the Direct up, collectively.
+// The agreement is a 4-byte allreduce. The first call that chooses
+// GPUDirect sets the Direct up, collectively.
 func (ds *Directs) Choose(ctx context.Context, key any, c *core.Comm, rt *cuda.Runtime) (*Direct, error) {
 	if c.Size() < 2 || rt == nil {
 		return nil, nil
@@ -267,6 +269,47 @@ func (ds *Directs) Choose(ctx context.Context, key any, c *core.Comm, rt *cuda.R
 	if binary.LittleEndian.Uint32(b[:]) == 0 {
 		return nil, nil
 	}
+	return ds.direct(ctx, key, c, rt)
+}
+
+// ChooseCall is Choose that also checks that every member makes the same
+// call, described by call (kind, count, type, op, root): members that
+// describe different calls all fail with core.CodeMismatch, as the staged
+// path's signatures would make them (Direct's own messages carry none, and
+// different counts would pass as short receives). The agreement is one
+// 24-byte allreduce.
+func (ds *Directs) ChooseCall(ctx context.Context, key any, c *core.Comm, rt *cuda.Runtime, call string) (*Direct, error) {
+	if c.Size() < 2 || rt == nil {
+		return nil, nil
+	}
+	// An allreduce (min) of {all my paths move device memory, the call's
+	// hash, minus it}: the minimum of the hash and its maximum (minus the
+	// minimum of its negation) differ where the calls do.
+	h := fnv.New64a()
+	h.Write([]byte(call))
+	sig := int64(h.Sum64() >> 2)
+	var b [24]byte
+	if DirectPaths(c) {
+		b[0] = 1
+	}
+	binary.LittleEndian.PutUint64(b[8:], uint64(sig))
+	binary.LittleEndian.PutUint64(b[16:], uint64(-sig))
+	if err := c.Allreduce(ctx, b[:], b[:], collective.Int64, collective.Min); err != nil {
+		return nil, fmt.Errorf("hier: agreeing on GPUDirect: %w", err)
+	}
+	if lo, hi := int64(binary.LittleEndian.Uint64(b[8:])), -int64(binary.LittleEndian.Uint64(b[16:])); lo != hi || lo != sig {
+		return nil, &core.Error{Code: core.CodeMismatch, Op: call, Rank: -1,
+			Msg: fmt.Sprintf("rank %d called %s, another member a different device collective", c.Rank(), call)}
+	}
+	if binary.LittleEndian.Uint64(b[:8]) == 0 {
+		return nil, nil
+	}
+	return ds.direct(ctx, key, c, rt)
+}
+
+// direct returns key's Direct over c, set up (collectively) at first use
+// and again for a successor communicator.
+func (ds *Directs) direct(ctx context.Context, key any, c *core.Comm, rt *cuda.Runtime) (*Direct, error) {
 	ds.mu.Lock()
 	if ds.m == nil {
 		ds.m = map[any]*directFor{}
@@ -315,8 +358,10 @@ func (ds *Directs) Release(key any) {
 // path. It is for a call Route left to the usual path: with the buffers
 // all device memory of one device, on a communicator made with a GPU
 // runtime (core.Config.GPU), every member calls it for the call (it agrees
-// over c); otherwise it returns nil at once. key and c are Route's.
-func (r *Router) Direct(ctx context.Context, key any, c *core.Comm, x Collective) (*Direct, error) {
+// over c); otherwise it returns nil at once. key and c are Route's; kind
+// names the call ("allreduce", "broadcast", "allgather") and root is its
+// root (0 where it has none).
+func (r *Router) Direct(ctx context.Context, key any, c *core.Comm, kind string, root int, x Collective) (*Direct, error) {
 	d := r.dev.Load()
 	if d == nil || x.Count == 0 || c.Config().GPU == nil || !x.DType.Valid() || !x.Op.Valid() ||
 		x.Reduces && collective.Check(x.DType, x.Op) != nil {
@@ -333,5 +378,12 @@ func (r *Router) Direct(ctx context.Context, key any, c *core.Comm, x Collective
 		}
 		dev = pl.Device
 	}
-	return r.direct.Choose(ctx, key, c, d.rt)
+	call := fmt.Sprintf("%s of %d %v", kind, x.Count, x.DType)
+	if x.Reduces {
+		call += fmt.Sprintf(" %v", x.Op)
+	}
+	if kind == "broadcast" {
+		call += fmt.Sprintf(" from rank %d", root)
+	}
+	return r.direct.ChooseCall(ctx, key, c, d.rt, call)
 }

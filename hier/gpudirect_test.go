@@ -122,13 +122,13 @@ func TestDirect(t *testing.T) {
 			// call runs one device collective on every rank: direct, or
 			// staged through host buffers of n bytes (host runs the host
 			// collective on them).
-			call := func(x Collective, direct func(r int, d *Direct) error, n int, stage func(r int, c *core.Comm, host []byte) error) {
+			call := func(kind string, root int, x Collective, direct func(r int, d *Direct) error, n int, stage func(r int, c *core.Comm, host []byte) error) {
 				t.Helper()
 				var got [p]bool
 				if err := firstErr(each(comms, func(r int, c *core.Comm) error {
 					x := x
 					x.Bufs = []uintptr{x.Bufs[r]}
-					d, err := router.Direct(ctx, c, c, x)
+					d, err := router.Direct(ctx, c, c, kind, root, x)
 					if err != nil {
 						return err
 					}
@@ -165,7 +165,7 @@ func TestDirect(t *testing.T) {
 					}
 				}
 				x := Collective{Count: tc.count, DType: tc.dt, Op: tc.op, Reduces: true, Bufs: ptrs(bufs)}
-				call(x, func(r int, d *Direct) error { return d.Allreduce(ctx, bufs[r], outs[r], tc.count, tc.dt, tc.op) }, nb,
+				call("allreduce", 0, x, func(r int, d *Direct) error { return d.Allreduce(ctx, bufs[r], outs[r], tc.count, tc.dt, tc.op) }, nb,
 					func(r int, c *core.Comm, host []byte) error {
 						if err := rt.CopyFromDevice(host, bufs[r]); err != nil {
 							return err
@@ -213,7 +213,7 @@ func TestDirect(t *testing.T) {
 				src[r] = cudatest.Upload(t, rt, pattern(r, n))
 				dst[r] = cudatest.Upload(t, rt, make([]byte, p*n))
 			}
-			call(Collective{Count: n, DType: collective.Uint8, Bufs: ptrs(src)}, func(r int, d *Direct) error { return d.Broadcast(ctx, src[r], n, 1) }, n,
+			call("broadcast", 1, Collective{Count: n, DType: collective.Uint8, Bufs: ptrs(src)}, func(r int, d *Direct) error { return d.Broadcast(ctx, src[r], n, 1) }, n,
 				func(r int, c *core.Comm, host []byte) error {
 					if err := rt.CopyFromDevice(host, src[r]); err != nil {
 						return err
@@ -223,7 +223,7 @@ func TestDirect(t *testing.T) {
 					}
 					return rt.CopyToDevice(src[r], host)
 				})
-			call(Collective{Count: n, DType: collective.Uint8, Bufs: ptrs(src)}, func(r int, d *Direct) error { return d.Allgather(ctx, src[r], dst[r], n) }, p*n,
+			call("allgather", 0, Collective{Count: n, DType: collective.Uint8, Bufs: ptrs(src)}, func(r int, d *Direct) error { return d.Allgather(ctx, src[r], dst[r], n) }, p*n,
 				func(r int, c *core.Comm, host []byte) error {
 					own := make([]byte, n)
 					if err := rt.CopyFromDevice(own, src[r]); err != nil {
@@ -241,6 +241,15 @@ func TestDirect(t *testing.T) {
 						t.Fatalf("rank %d: block %d of the allgather after the broadcast from rank 1 differs", r, q)
 					}
 				}
+			}
+			// Different calls (rank 2's count differs) fail on every rank
+			// as mismatched, before any data moves.
+			if errs := each(comms, func(r int, c *core.Comm) error {
+				x := Collective{Count: n - r/2, DType: collective.Uint8, Bufs: []uintptr{uintptr(src[r])}}
+				_, err := router.Direct(ctx, c, c, "broadcast", 1, x)
+				return err
+			}); core.CodeOf(errs[0]) != core.CodeMismatch || core.CodeOf(errs[1]) != core.CodeMismatch || core.CodeOf(errs[2]) != core.CodeMismatch {
+				t.Errorf("different calls: %v", errs)
 			}
 			after, _ := ibverbs.Moved(lib)
 			dma := after.DmaBuf - before.DmaBuf

@@ -91,24 +91,8 @@ func TestAllreduceHierBitIdentical(t *testing.T) {
 	for _, keys := range []string{"A,B,A,B,A,B", "A,A,B,B,C,C"} {
 		withHosts(keys, func() {
 			withForce(&testTuning.Force.Allreduce, AlgoHier, func() {
-				n := 6
 				for _, c := range []combo{{Float32, Sum}, {Float64, Avg}, {BFloat16, Prod}} {
-					count := 4001
-					ins := make([][]byte, n)
-					outs := make([][]byte, n)
-					for r := range ins {
-						ins[r] = make([]byte, count*c.dt.Size())
-						for i := 0; i < count; i++ {
-							putFloat(ins[r], c.dt, i, rng.NormFloat64()*1e3)
-						}
-						outs[r] = make([]byte, len(ins[r]))
-					}
-					runRanks(t, n, func(ctx context.Context, l Link) error {
-						return Allreduce(ctx, l, ins[l.Rank()], outs[l.Rank()], c.dt, c.op)
-					})
-					for r := 1; r < n; r++ {
-						equalBytes(t, fmt.Sprintf("%s %v rank %d vs 0", keys, c, r), outs[r], outs[0])
-					}
+					checkBitIdentical(t, rng, fmt.Sprintf("%s %v", keys, c), 6, 4001, c)
 				}
 			})
 		})

@@ -148,25 +148,31 @@ func TestAllreduceBitIdentical(t *testing.T) {
 		withForce(&testTuning.Force.Allreduce, algo, func() {
 			for _, n := range []int{3, 5, 6, 8} {
 				for _, c := range []combo{{Float32, Sum}, {Float64, Avg}, {Float16, Sum}, {BFloat16, Prod}} {
-					count := 333
-					ins := make([][]byte, n)
-					outs := make([][]byte, n)
-					for r := range ins {
-						ins[r] = make([]byte, count*c.dt.Size())
-						for i := 0; i < count; i++ {
-							putFloat(ins[r], c.dt, i, rng.NormFloat64()*1e3)
-						}
-						outs[r] = make([]byte, len(ins[r]))
-					}
-					runRanks(t, n, func(ctx context.Context, l Link) error {
-						return Allreduce(ctx, l, ins[l.Rank()], outs[l.Rank()], c.dt, c.op)
-					})
-					for r := 1; r < n; r++ {
-						equalBytes(t, fmt.Sprintf("%v n=%d %v rank %d vs 0", algo, n, c, r), outs[r], outs[0])
-					}
+					checkBitIdentical(t, rng, fmt.Sprintf("%v n=%d %v", algo, n, c), n, 333, c)
 				}
 			}
 		})
+	}
+}
+
+// checkBitIdentical allreduces arbitrary floats (whose sums round) on n
+// ranks and checks that every rank computed the very same bits.
+func checkBitIdentical(t *testing.T, rng *rand.Rand, what string, n, count int, c combo) {
+	t.Helper()
+	ins := make([][]byte, n)
+	outs := make([][]byte, n)
+	for r := range ins {
+		ins[r] = make([]byte, count*c.dt.Size())
+		for i := 0; i < count; i++ {
+			putFloat(ins[r], c.dt, i, rng.NormFloat64()*1e3)
+		}
+		outs[r] = make([]byte, len(ins[r]))
+	}
+	runRanks(t, n, func(ctx context.Context, l Link) error {
+		return Allreduce(ctx, l, ins[l.Rank()], outs[l.Rank()], c.dt, c.op)
+	})
+	for r := 1; r < n; r++ {
+		equalBytes(t, fmt.Sprintf("%s rank %d vs 0", what, r), outs[r], outs[0])
 	}
 }
 

@@ -2,9 +2,7 @@ package core
 
 import (
 	"context"
-	"crypto/rand"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/nexar-go/nexar/collective"
@@ -14,40 +12,11 @@ import (
 // runs on host hosts[r] (Config.HierHostID, as NEXAR_HIER_HOST_ID).
 func newHostsQUIC(t *testing.T, hosts []string) []*Comm {
 	t.Helper()
-	n := len(hosts)
-	token := make([]byte, 32)
-	if _, err := rand.Read(token); err != nil {
-		t.Fatal(err)
-	}
-	seed, err := StartSeed("127.0.0.1:0", n, token)
+	comms, err := newLocalQUICEach(len(hosts), withMesh(testConfig()), func(i int, c *Config) { c.HierHostID = hosts[i] })
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer seed.Close()
-	cfg := withMesh(testConfig())
-	cfg.WorldSize, cfg.Token, cfg.Seed = n, token, seed.Addr().String()
-	cfg.BindAddr = "127.0.0.1:0"
-	comms := make([]*Comm, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range comms {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := cfg
-			c.Rank, c.HierHostID = i, hosts[i]
-			comms[i], errs[i] = newQUIC(context.Background(), c, false)
-		}()
-	}
-	wg.Wait()
-	t.Cleanup(func() {
-		for _, c := range comms {
-			if c != nil {
-				_ = c.Close()
-			}
-		}
-	})
-	mustAll(t, errs)
+	t.Cleanup(func() { closeAll(t, comms) })
 	return comms
 }
 

@@ -313,7 +313,11 @@ func (e *peerLostError) Error() string {
 
 // NewLocalQUIC builds n communicators in this process connected by real
 // QUIC on loopback, with an in-process seed and a random token (tests).
-func NewLocalQUIC(n int, cfg Config) ([]*Comm, error) {
+func NewLocalQUIC(n int, cfg Config) ([]*Comm, error) { return newLocalQUICEach(n, cfg, nil) }
+
+// newLocalQUICEach is NewLocalQUIC with each rank's config passed through
+// each (when not nil) before it joins: tests give ranks different hosts.
+func newLocalQUICEach(n int, cfg Config, each func(rank int, c *Config)) ([]*Comm, error) {
 	if n < 1 {
 		return nil, invalidArg("new", "world size %d must be >= 1", n)
 	}
@@ -336,6 +340,9 @@ func NewLocalQUIC(n int, cfg Config) ([]*Comm, error) {
 			defer wg.Done()
 			c := cfg
 			c.Rank = i
+			if each != nil {
+				each(i, &c)
+			}
 			comms[i], errs[i] = newQUIC(context.Background(), c, false)
 		}()
 	}

@@ -5,7 +5,6 @@ package membership
 import (
 	"context"
 	"log/slog"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/nexar-go/nexar/internal/hostid"
 	"github.com/nexar-go/nexar/internal/procwatch"
+	"github.com/nexar-go/nexar/internal/procwatch/procwatchtest"
 )
 
 // TestSeedWatchesJoinersOnItsMachine: a joiner on the seed's machine may
@@ -23,24 +23,13 @@ import (
 // 1 claims the process of a child that the test kills; without the watch,
 // rank 0 would hear nothing for the hour.
 func TestSeedWatchesJoinersOnItsMachine(t *testing.T) {
-	cmd := exec.Command("sleep", "600")
-	if err := cmd.Start(); err != nil {
-		t.Skipf("cannot start a child process: %v", err)
-	}
-	var once sync.Once
-	reap := func() { once.Do(func() { cmd.Process.Kill(); cmd.Wait() }) }
-	defer reap()
-	me, ok := procwatch.Self()
-	st, err := procwatch.StartTime(cmd.Process.Pid)
-	if !ok || err != nil {
-		t.Skipf("no process identity here (%v)", err)
-	}
+	cmd, id, reap := procwatchtest.Child(t)
 	if w, err := procwatch.New(func(int, int) {}); err != nil {
 		t.Skipf("no process watch here: %v", err)
 	} else {
 		w.Close()
 	}
-	claim := &procClaim{Machine: hostid.Local(), PID: cmd.Process.Pid, Start: st, PIDNS: me.PIDNS}
+	claim := &procClaim{Machine: hostid.Local(), PID: id.PID, Start: id.Start, PIDNS: id.PIDNS}
 
 	token := []byte("seed-proc-token")
 	s, err := StartSeed("127.0.0.1:0", 2, token, slog.New(slog.DiscardHandler))

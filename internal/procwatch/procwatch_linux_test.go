@@ -1,43 +1,29 @@
 //go:build linux
 
-package procwatch
+package procwatch_test
 
 import (
+	"github.com/nexar-go/nexar/internal/procwatch"
+	"github.com/nexar-go/nexar/internal/procwatch/procwatchtest"
+
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
 
-// child starts a process that sleeps until killed and returns it with its
-// identity; it is killed and reaped at the end of the test.
-func child(t *testing.T) (*exec.Cmd, ID) {
-	t.Helper()
-	cmd := exec.Command("sleep", "600")
-	if err := cmd.Start(); err != nil {
-		t.Skipf("cannot start a child process: %v", err)
-	}
-	var once sync.Once
-	reap := func() { once.Do(func() { cmd.Process.Kill(); cmd.Wait() }) }
-	t.Cleanup(reap)
-	st, err := StartTime(cmd.Process.Pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns, err := os.Readlink("/proc/self/ns/pid")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cmd, ID{PID: cmd.Process.Pid, Start: st, PIDNS: ns}
+// child is procwatchtest.Child without its reap.
+func child(t *testing.T) (*exec.Cmd, procwatch.ID) {
+	cmd, id, _ := procwatchtest.Child(t)
+	return cmd, id
 }
 
-func newTestWatch(t *testing.T) (*Watch, chan [2]int) {
+func newTestWatch(t *testing.T) (*procwatch.Watch, chan [2]int) {
 	t.Helper()
 	exits := make(chan [2]int, 8)
-	w, err := New(func(peer, pid int) { exits <- [2]int{peer, pid} })
+	w, err := procwatch.New(func(peer, pid int) { exits <- [2]int{peer, pid} })
 	if err != nil {
 		t.Skipf("no process watch here: %v", err)
 	}

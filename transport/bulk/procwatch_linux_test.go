@@ -4,7 +4,6 @@ package bulk
 
 import (
 	"errors"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -13,29 +12,14 @@ import (
 	"time"
 
 	"github.com/nexar-go/nexar/internal/procwatch"
+	"github.com/nexar-go/nexar/internal/procwatch/procwatchtest"
 	"github.com/nexar-go/nexar/transport"
 )
 
-// child starts a process that sleeps until killed and returns it with its
-// identity; it is killed and reaped at the end of the test.
+// child is procwatchtest.Child without its reap.
 func child(t *testing.T) (*exec.Cmd, procwatch.ID) {
-	t.Helper()
-	cmd := exec.Command("sleep", "600")
-	if err := cmd.Start(); err != nil {
-		t.Skipf("cannot start a child process: %v", err)
-	}
-	var once sync.Once
-	reap := func() { once.Do(func() { cmd.Process.Kill(); cmd.Wait() }) }
-	t.Cleanup(reap)
-	st, err := procwatch.StartTime(cmd.Process.Pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns, err := os.Readlink("/proc/self/ns/pid")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cmd, procwatch.ID{PID: cmd.Process.Pid, Start: st, PIDNS: ns}
+	cmd, id, _ := procwatchtest.Child(t)
+	return cmd, id
 }
 
 // TestLocalPeerExitReported: rank 1 of a two-rank mesh claims the identity

@@ -678,6 +678,13 @@ func (e *End) Read(p []byte) (int, error) {
 	}
 	e.mu.Lock()
 	for {
+		if e.closed {
+			// Before anything queued: teardown unmaps the receive
+			// buffers (release) once Close has set closed, and a Read
+			// that copied out of them then would fault.
+			e.mu.Unlock()
+			return 0, ErrClosed
+		}
 		if len(e.stash) > 0 {
 			k, err := e.d.gpu.copyOut(p, e.stash)
 			e.stash = e.stash[k:]
@@ -704,14 +711,10 @@ func (e *End) Read(p []byte) (int, error) {
 				e.protocolError("a WRITE landed that was not announced")
 			}
 		}
-		switch {
-		case e.err != nil:
+		if e.err != nil {
 			err := e.err
 			e.mu.Unlock()
 			return 0, err
-		case e.closed:
-			e.mu.Unlock()
-			return 0, ErrClosed
 		}
 		e.returnCreditsLocked(true)
 		e.readWaiting = true

@@ -69,28 +69,34 @@ func readConfig(a *args, p unsafe.Pointer, join bool) core.Config {
 	cfg.HeartbeatTimeout = millis(c.heartbeat_timeout_ms)
 	cfg.MaxBufferedBytes = int64(c.max_buffered_bytes)
 	// The appended knobs, parsed as their environment variables are
-	// (core's table), so that every entry point takes the same forms.
+	// (core's table), so that every entry point takes the same forms. A
+	// field is read only once has says the program's struct holds it:
+	// by offset, not as c.field in the table, which would read past an
+	// older program's struct (AddressSanitizer: tests/c/test_knobs.c).
 	knobs := []struct {
 		field, knob string
 		off         uintptr
-		p           *C.char
 	}{
-		{"topology", "NEXAR_TOPOLOGY", unsafe.Offsetof(c.topology), c.topology},
-		{"schedules", "NEXAR_SCHEDULES", unsafe.Offsetof(c.schedules), c.schedules},
-		{"bulk", "NEXAR_BULK", unsafe.Offsetof(c.bulk), c.bulk},
-		{"memory_profile", "NEXAR_MEMORY_PROFILE", unsafe.Offsetof(c.memory_profile), c.memory_profile},
-		{"failure_policy", "NEXAR_ON_FAILURE", unsafe.Offsetof(c.failure_policy), c.failure_policy},
-		{"join_addr", "NEXAR_JOIN_ADDR", unsafe.Offsetof(c.join_addr), c.join_addr},
-		{"cuda_runtime", "NEXAR_CUDART", unsafe.Offsetof(c.cuda_runtime), c.cuda_runtime},
-		{"nccl_library", "NEXAR_NCCL", unsafe.Offsetof(c.nccl_library), c.nccl_library},
-		{"ibverbs_library", "NEXAR_IBVERBS", unsafe.Offsetof(c.ibverbs_library), c.ibverbs_library},
-		{"rdma_device", "NEXAR_IB_HCA", unsafe.Offsetof(c.rdma_device), c.rdma_device},
+		{"topology", "NEXAR_TOPOLOGY", unsafe.Offsetof(c.topology)},
+		{"schedules", "NEXAR_SCHEDULES", unsafe.Offsetof(c.schedules)},
+		{"bulk", "NEXAR_BULK", unsafe.Offsetof(c.bulk)},
+		{"memory_profile", "NEXAR_MEMORY_PROFILE", unsafe.Offsetof(c.memory_profile)},
+		{"failure_policy", "NEXAR_ON_FAILURE", unsafe.Offsetof(c.failure_policy)},
+		{"join_addr", "NEXAR_JOIN_ADDR", unsafe.Offsetof(c.join_addr)},
+		{"cuda_runtime", "NEXAR_CUDART", unsafe.Offsetof(c.cuda_runtime)},
+		{"nccl_library", "NEXAR_NCCL", unsafe.Offsetof(c.nccl_library)},
+		{"ibverbs_library", "NEXAR_IBVERBS", unsafe.Offsetof(c.ibverbs_library)},
+		{"rdma_device", "NEXAR_IB_HCA", unsafe.Offsetof(c.rdma_device)},
 	}
 	for _, k := range knobs {
-		if !has(k.off, unsafe.Sizeof(k.p)) || k.p == nil {
+		if !has(k.off, unsafe.Sizeof(c.topology)) {
 			continue
 		}
-		if err := cfg.SetKnob(k.knob, C.GoString(k.p)); err != nil {
+		cp := *(**C.char)(unsafe.Add(p, k.off))
+		if cp == nil {
+			continue
+		}
+		if err := cfg.SetKnob(k.knob, C.GoString(cp)); err != nil {
 			a.failf(resInvalidArgument, "config->%s: %v", k.field, err)
 			return cfg
 		}
@@ -101,24 +107,27 @@ func readConfig(a *args, p unsafe.Pointer, join bool) core.Config {
 	ints := []struct {
 		field string
 		off   uintptr
-		v     C.int
 		lo    C.int
 		hi    C.int
 		to    *int
 	}{
-		{"bulk_conns", unsafe.Offsetof(c.bulk_conns), c.bulk_conns, 1, 16, &cfg.BulkConns},
-		{"min_world_size", unsafe.Offsetof(c.min_world_size), c.min_world_size, 1, 1 << 30, &cfg.MinWorldSize},
-		{"max_world_size", unsafe.Offsetof(c.max_world_size), c.max_world_size, 1, 1 << 30, &cfg.MaxWorldSize},
+		{"bulk_conns", unsafe.Offsetof(c.bulk_conns), 1, 16, &cfg.BulkConns},
+		{"min_world_size", unsafe.Offsetof(c.min_world_size), 1, 1 << 30, &cfg.MinWorldSize},
+		{"max_world_size", unsafe.Offsetof(c.max_world_size), 1, 1 << 30, &cfg.MaxWorldSize},
 	}
 	for _, f := range ints {
-		if !has(f.off, unsafe.Sizeof(f.v)) || f.v == 0 {
+		if !has(f.off, unsafe.Sizeof(c.bulk_conns)) {
 			continue
 		}
-		if f.v < f.lo || f.v > f.hi {
-			a.failf(resInvalidArgument, "config->%s %d is not in [%d, %d] (0: the environment's, else the default)", f.field, int(f.v), int(f.lo), int(f.hi))
+		v := *(*C.int)(unsafe.Add(p, f.off))
+		if v == 0 {
+			continue
+		}
+		if v < f.lo || v > f.hi {
+			a.failf(resInvalidArgument, "config->%s %d is not in [%d, %d] (0: the environment's, else the default)", f.field, int(v), int(f.lo), int(f.hi))
 			return cfg
 		}
-		*f.to = int(f.v)
+		*f.to = int(v)
 	}
 	if has(unsafe.Offsetof(c.spin_wait_us), unsafe.Sizeof(c.spin_wait_us)) {
 		switch us := int64(c.spin_wait_us); {

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "nexar.h"
+#include "devprobe.h"
 #include "testutil.h"
 
 #include "cudautil.h"
@@ -33,16 +34,7 @@ int main(void) {
 
     /* The fake is faithful: a host read of device memory dies by SIGSEGV. */
     void* probe = dev_of(in, count);
-    pid_t pid = fork();
-    if (pid == 0) {
-        volatile int64_t v = *(volatile int64_t*)probe;
-        (void)v;
-        _exit(0);
-    }
-    int status = 0;
-    EXPECT(waitpid(pid, &status, 0) == pid, "waitpid");
-    EXPECT(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV,
-           "a host read of fake device memory did not die by SIGSEGV (status %#x)", status);
+    expect_host_read_dies(probe, "fake device memory");
 
     /* Blocking allreduce, device to device. */
     void* send = dev_of(in, count);

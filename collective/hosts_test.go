@@ -208,31 +208,7 @@ func TestReduceScatterAllgatherHier(t *testing.T) {
 				for _, count := range []int{1, 7, 1000, 70000} {
 					for _, c := range combos {
 						for _, inPlace := range []bool{false, true} {
-							ins := genInputs(rng, n, n*count, c.dt, c.op, false)
-							want := refFold(ins, c.dt, c.op)
-							blk := count * c.dt.Size()
-							bufs := make([][]byte, n)
-							outs := make([][]byte, n)
-							for r := range bufs {
-								bufs[r] = append([]byte(nil), ins[r]...)
-								outs[r] = make([]byte, blk)
-							}
-							runRanks(t, n, func(ctx context.Context, l Link) error {
-								r := l.Rank()
-								if inPlace {
-									return ReduceScatterInPlace(ctx, l, bufs[r], c.dt, c.op)
-								}
-								return ReduceScatter(ctx, l, bufs[r], outs[r], c.dt, c.op)
-							})
-							for r := range outs {
-								got := outs[r]
-								if inPlace {
-									got = bufs[r][r*blk : (r+1)*blk]
-								} else {
-									equalBytes(t, "reduce-scatter send modified", bufs[r], ins[r])
-								}
-								equalBytes(t, fmt.Sprintf("reduce-scatter %s count=%d %v inplace=%v rank %d", keys, count, c, inPlace, r), got, want[r*blk:(r+1)*blk])
-							}
+							checkReduceScatter(t, rng, fmt.Sprintf("reduce-scatter %s count=%d %v", keys, count, c), n, count, c, inPlace)
 						}
 					}
 					blk := count * 4

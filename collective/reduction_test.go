@@ -227,33 +227,40 @@ func TestReduceScatter(t *testing.T) {
 				if count == largeCount {
 					count = largeCount / n
 				}
-				ins := genInputs(rng, n, n*count, c.dt, c.op, false)
-				want := refFold(ins, c.dt, c.op)
-				blk := count * c.dt.Size()
-				outs := make([][]byte, n)
-				bufs := make([][]byte, n)
-				for r := range outs {
-					outs[r] = make([]byte, blk)
-					bufs[r] = append([]byte(nil), ins[r]...)
-				}
-				runRanks(t, n, func(ctx context.Context, l Link) error {
-					r := l.Rank()
-					if inPlace {
-						return ReduceScatterInPlace(ctx, l, bufs[r], c.dt, c.op)
-					}
-					return ReduceScatter(ctx, l, bufs[r], outs[r], c.dt, c.op)
-				})
-				for r := range outs {
-					got := outs[r]
-					if inPlace {
-						got = bufs[r][r*blk : (r+1)*blk]
-					} else {
-						equalBytes(t, "reduce-scatter send modified", bufs[r], ins[r])
-					}
-					equalBytes(t, fmt.Sprintf("reduce-scatter n=%d count=%d %v rank %d", n, count, c, r), got, want[r*blk:(r+1)*blk])
-				}
+				checkReduceScatter(t, rng, fmt.Sprintf("reduce-scatter n=%d count=%d %v", n, count, c), n, count, c, inPlace)
 			})
 		})
+	}
+}
+
+// checkReduceScatter reduce-scatters count elements per rank on n ranks,
+// in place or not, and checks each rank's block and that send is intact.
+func checkReduceScatter(t *testing.T, rng *rand.Rand, what string, n, count int, c combo, inPlace bool) {
+	t.Helper()
+	ins := genInputs(rng, n, n*count, c.dt, c.op, false)
+	want := refFold(ins, c.dt, c.op)
+	blk := count * c.dt.Size()
+	outs := make([][]byte, n)
+	bufs := make([][]byte, n)
+	for r := range outs {
+		outs[r] = make([]byte, blk)
+		bufs[r] = append([]byte(nil), ins[r]...)
+	}
+	runRanks(t, n, func(ctx context.Context, l Link) error {
+		r := l.Rank()
+		if inPlace {
+			return ReduceScatterInPlace(ctx, l, bufs[r], c.dt, c.op)
+		}
+		return ReduceScatter(ctx, l, bufs[r], outs[r], c.dt, c.op)
+	})
+	for r := range outs {
+		got := outs[r]
+		if inPlace {
+			got = bufs[r][r*blk : (r+1)*blk]
+		} else {
+			equalBytes(t, what+" send modified", bufs[r], ins[r])
+		}
+		equalBytes(t, fmt.Sprintf("%s inplace=%v rank %d", what, inPlace, r), got, want[r*blk:(r+1)*blk])
 	}
 }
 

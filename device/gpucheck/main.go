@@ -43,8 +43,6 @@ import (
 	"github.com/nexar-go/nexar/transport/mesh"
 )
 
-const rankEnv = "GPUCHECK_RANK"
-
 type options struct {
 	part    string
 	mode    string
@@ -54,6 +52,7 @@ type options struct {
 	iters   int
 	counts  []int
 	timeout time.Duration
+	rank    int // >= 0: this process is that rank (launch starts them), else the launcher
 }
 
 func main() {
@@ -69,6 +68,7 @@ func main() {
 	counts := fs.String("counts", "7,65537", "matrix, collectives: element counts")
 	fs.IntVar(&o.iters, "iters", 9, "bandwidth: timed iterations per size")
 	fs.DurationVar(&o.timeout, "timeout", 4*time.Minute, "the whole part's deadline")
+	fs.IntVar(&o.rank, "rank", -1, "(set by the launcher) run as this rank")
 	fs.Parse(os.Args[2:])
 	var err error
 	if o.sizes, err = ints(*sizes); err == nil {
@@ -82,9 +82,9 @@ func main() {
 	default:
 		fatalf("unknown part %q (matrix, collectives, bandwidth)", o.part)
 	}
-	if os.Getenv(rankEnv) != "" {
+	if o.rank >= 0 {
 		if err := runRank(o); err != nil {
-			fatalf("rank %s: %v", os.Getenv("NEXAR_RANK"), err)
+			fatalf("rank %d: %v", o.rank, err)
 		}
 		return
 	}
@@ -130,8 +130,9 @@ func launch(o options) int {
 	errs := make([]error, len(hosts))
 	var wg sync.WaitGroup
 	for r, h := range hosts {
-		cmd := exec.CommandContext(ctx, os.Args[0], os.Args[1:]...)
-		cmd.Env = append(os.Environ(), rankEnv+"=1", "NEXAR_HIER_HOST_ID="+h, fmt.Sprintf("NEXAR_RANK=%d", r),
+		args := append(append([]string(nil), os.Args[1:]...), "-rank", strconv.Itoa(r))
+		cmd := exec.CommandContext(ctx, os.Args[0], args...)
+		cmd.Env = append(os.Environ(), "NEXAR_HIER_HOST_ID="+h, fmt.Sprintf("NEXAR_RANK=%d", r),
 			fmt.Sprintf("NEXAR_WORLD_SIZE=%d", len(hosts)), fmt.Sprintf("NEXAR_SEED=127.0.0.1:%d", port),
 			"NEXAR_TOKEN=gpucheck-token-0123456789abcdef0123")
 		cmd.Env = append(cmd.Env, "NEXAR_NCCL_HIER="+hier)

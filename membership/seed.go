@@ -237,6 +237,9 @@ type Seed struct {
 	procsErr error
 	nextKey  int
 	procKeys map[int]*member
+	// self is this seed's own process claim (machine, pid namespace),
+	// read once: a joiner is watched only where it matches. nil off Linux.
+	self *procClaim
 
 	// tell orders the notices of losses (lost): a member told of a loss
 	// fails its formation and reports that, and the notice of its own
@@ -291,6 +294,9 @@ func StartSeed(addr string, worldSize int, token []byte, log *slog.Logger) (*See
 	s := &Seed{listener: l, size: worldSize, token: append([]byte(nil), token...), log: log,
 		formed: make(chan struct{}), allSettled: make(chan struct{}), mismatch: make(chan struct{})}
 	s.life, s.end = context.WithCancel(context.Background())
+	if procwatch.Supported {
+		s.self = selfClaim()
+	}
 	s.listener.serve(s.serve)
 	go s.logWaits()
 	return s, nil
@@ -480,11 +486,7 @@ func (s *Seed) watch(conn *quic.Conn, st *quic.Stream, m *member) {
 // a starved but live process is not lost for its silence). A claim that
 // cannot be watched leaves m to its idle timeout, as before.
 func (s *Seed) watchProc(m *member, c *procClaim) {
-	if c == nil || !procwatch.Supported || c.Machine != hostid.Local() {
-		return
-	}
-	me, ok := procwatch.Self()
-	if !ok || me.PIDNS != c.PIDNS {
+	if c == nil || s.self == nil || c.Machine != s.self.Machine || c.PIDNS != s.self.PIDNS {
 		return
 	}
 	s.mu.Lock()
@@ -497,18 +499,21 @@ func (s *Seed) watchProc(m *member, c *procClaim) {
 	w := s.procs
 	key := s.nextKey
 	s.nextKey++
+	if w != nil {
+		if s.procKeys == nil {
+			s.procKeys = map[int]*member{}
+		}
+		s.procKeys[key] = m
+	}
 	s.mu.Unlock()
 	if w == nil {
 		return
 	}
-	s.mu.Lock()
-	if s.procKeys == nil {
-		s.procKeys = map[int]*member{}
-	}
-	s.procKeys[key] = m
-	s.mu.Unlock()
 	if err := w.Add(key, procwatch.ID{PID: c.PID, Start: c.Start, PIDNS: c.PIDNS}); err != nil {
 		s.log.Debug("nexar seed: cannot watch a joiner's process", "pid", c.PID, "err", err)
+		s.mu.Lock()
+		delete(s.procKeys, key)
+		s.mu.Unlock()
 	}
 }
 

@@ -25,6 +25,7 @@ func Allgather(ctx context.Context, l Link, send, recv []byte) error {
 	if err != nil {
 		return err
 	}
+	prepare(l, send, recv)
 	// The blocks' headers on the stack in a small world: a barrier is an
 	// allgather of signatures, often one before every small call.
 	var small [smallWorld][]byte
@@ -88,6 +89,7 @@ func Allgatherv(ctx context.Context, l Link, send, recv []byte, counts, displs [
 	if size == 1 {
 		return nil
 	}
+	prepare(l, send, recv)
 	var st steps
 	st.init(l)
 	return st.ringAllgather(ctx, l, blocks)
@@ -113,6 +115,7 @@ func Alltoall(ctx context.Context, l Link, send, recv []byte) error {
 	if err != nil {
 		return err
 	}
+	prepare(l, send, recv)
 	if algo == AlgoBruck && size > 1 && blk > 0 {
 		var st steps
 		st.init(l)
@@ -191,6 +194,7 @@ func Alltoallv(ctx context.Context, l Link, send []byte, scounts, sdispls []int,
 			return err
 		}
 	}
+	prepare(l, send, recv)
 	return alltoallv(ctx, l, send, scounts, sdispls, recv, rcounts, rdispls)
 }
 

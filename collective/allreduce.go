@@ -44,6 +44,7 @@ func Allreduce(ctx context.Context, l Link, send, recv []byte, dt DType, op Op) 
 	if err != nil {
 		return err
 	}
+	prepare(l, send, recv)
 	if algo == AlgoHier && !hier {
 		return fmt.Errorf("collective: allreduce's hier algorithm needs Tuning.Hosts with at least two hosts of equal rank counts (two or more each); have %v", hostsDesc(l))
 	}
@@ -175,9 +176,12 @@ func (st *steps) ringReduceScatter(ctx context.Context, l Link, in [][]byte, out
 	for _, b := range in {
 		maxb = max(maxb, len(b))
 	}
-	bufs := [2][]byte{scratchOf(l).Get(maxb), scratchOf(l).Get(maxb)}
-	defer scratchOf(l).Put(bufs[0])
-	defer scratchOf(l).Put(bufs[1])
+	// One scratch buffer in two halves: a transport that registers memory
+	// registers it once (prepare).
+	both := scratchOf(l).Get(2 * maxb)
+	defer scratchOf(l).Put(both)
+	prepare(l, both)
+	bufs := [2][]byte{both[:maxb:maxb], both[maxb:]}
 	next, prev := at(pos+1), at(pos-1)
 	cur := in[at(pos-1)] // what we send at step 0: our own block
 	for s := 0; s < size-2; s++ {
@@ -253,6 +257,7 @@ func ReduceScatter(ctx context.Context, l Link, send, recv []byte, dt DType, op 
 	if len(recv) == 0 {
 		return nil
 	}
+	prepare(l, send, recv)
 	if h, ok := twoLevel(l); ok && l.Tuning().Layout == nil {
 		return hierReduceScatter(ctx, l, h, send, recv, dt, op)
 	}
@@ -283,6 +288,7 @@ func ReduceScatterInPlace(ctx context.Context, l Link, buf []byte, dt DType, op 
 		return nil
 	}
 	blocks := eqblocks(buf, size, blk)
+	prepare(l, buf)
 	if h, ok := twoLevel(l); ok && l.Tuning().Layout == nil {
 		return hierReduceScatter(ctx, l, h, buf, blocks[rank], dt, op)
 	}

@@ -75,6 +75,7 @@ func (st *steps) pairStream(ctx context.Context, l Link, in, out []byte, dt DTyp
 	if staged {
 		stage := scratchOf(l).Get(len(outs[rank]))
 		defer scratchOf(l).Put(stage)
+		prepare(l, stage)
 		recvIn = segments(stage, seg)
 	}
 	so, si := st.out(peer), st.in(peer)

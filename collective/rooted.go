@@ -46,6 +46,7 @@ func Broadcast(ctx context.Context, l Link, buf []byte, root int) error {
 	if err != nil {
 		return err
 	}
+	prepare(l, buf)
 	if size == 1 {
 		return nil
 	}
@@ -136,6 +137,7 @@ func Reduce(ctx context.Context, l Link, send, recv []byte, dt DType, op Op, roo
 	if err != nil {
 		return err
 	}
+	prepare(l, send, recv)
 	if size == 1 || count == 0 {
 		if rank == root && send != nil {
 			copy(recv, send)
@@ -236,6 +238,7 @@ func Gather(ctx context.Context, l Link, send, recv []byte, root int) error {
 	if err != nil {
 		return err
 	}
+	prepare(l, send, recv)
 	if algo == AlgoLinear {
 		counts, displs := make([]int, size), make([]int, size)
 		for i := range counts {
@@ -306,6 +309,7 @@ func Gatherv(ctx context.Context, l Link, send, recv []byte, counts, displs []in
 			return fmt.Errorf("collective: gatherv root sends %d bytes, counts say %d", len(send), counts[rank])
 		}
 	}
+	prepare(l, send, recv)
 	var st steps
 	st.init(l)
 	return gatherv(ctx, l, &st, send, recv, counts, displs, root)
@@ -357,6 +361,7 @@ func Scatter(ctx context.Context, l Link, send, recv []byte, root int) error {
 	if err != nil {
 		return err
 	}
+	prepare(l, send, recv)
 	if algo == AlgoLinear {
 		counts, displs := make([]int, size), make([]int, size)
 		for i := range counts {
@@ -432,6 +437,7 @@ func Scatterv(ctx context.Context, l Link, send []byte, counts, displs []int, re
 			return fmt.Errorf("collective: scatterv root receives %d bytes, counts say %d", len(recv), counts[rank])
 		}
 	}
+	prepare(l, send, recv)
 	var st steps
 	st.init(l)
 	return scatterv(ctx, l, &st, send, counts, displs, recv, root)

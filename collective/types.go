@@ -90,6 +90,27 @@ type Link interface {
 	Recv(ctx context.Context, peer int, step uint32, buf []byte) error
 }
 
+// Preparer is an optional Link extension for a link whose transport
+// registers memory with a NIC (RDMA): Prepare says that pieces of b are
+// about to be sent or received by the call, so that b is registered whole,
+// once, and its pieces share that registration (as ncclCommRegister does
+// for a user buffer) where each piece would make its own. A hint: it
+// changes no result.
+type Preparer interface {
+	Prepare(b []byte)
+}
+
+// prepare hands a call's buffers to l's Preparer, if it has one.
+func prepare(l Link, bufs ...[]byte) {
+	if p, ok := l.(Preparer); ok {
+		for _, b := range bufs {
+			if len(b) > 0 {
+				p.Prepare(b)
+			}
+		}
+	}
+}
+
 // Exchanger is an optional Link extension for a send and a receive that
 // move together (the step of most schedules): Exchange sends data to `to`
 // as messages of at most chunk bytes under steps sbase, sbase+1, ... while

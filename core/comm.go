@@ -239,8 +239,9 @@ func worldComm(nd *node, m transport.Mesh) *Comm {
 	if !ok {
 		poll = transport.NoPoller{}
 	}
+	reg, _ := transport.As[transport.Registrar](m)
 	nd.mu.Lock() // a transport goroutine may be in peerDown already
-	nd.ep, nd.caps, nd.poll = m.Path, m.Path.Caps(), poll
+	nd.ep, nd.caps, nd.poll, nd.reg = m.Path, m.Path.Caps(), poll, reg
 	nd.mu.Unlock()
 	c := newComm(nd, worldID, nd.rank, world)
 	_ = nd.register(c) // a fresh node is never closed

@@ -55,6 +55,15 @@ func (l *link) Tuning() *collective.Tuning { return &l.c.cfg.Tuning }
 // Scratch is the communicator's scratch pool (collective.ScratchLink).
 func (l *link) Scratch() *collective.ScratchPool { return l.c.scratch }
 
+// Prepare hands a buffer the call moves in pieces to the data path's
+// memory registration (collective.Preparer; transport.Registrar), which
+// registers it whole where its channels register memory (RDMA).
+func (l *link) Prepare(b []byte) {
+	if r := l.c.n.reg; r != nil {
+		r.Prepare(b)
+	}
+}
+
 func (l *link) Send(ctx context.Context, peer int, step uint32, data []byte) error {
 	return l.send(ctx, peer, step, data, nil)
 }

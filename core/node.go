@@ -33,6 +33,9 @@ type node struct {
 	// poll is ep's scheduling group (transport.Poller), or transport.NoPoller where
 	// ep has none; set with ep.
 	poll transport.Poller
+	// reg is ep's memory registration (transport.Registrar, found on the
+	// mesh's parts), nil where its channels register nothing; set with ep.
+	reg transport.Registrar
 	// view is the world's first membership. Each communicator has the
 	// generation it was made in (Comm.gen: the world's is view.Gen, a
 	// shrunk communicator's one more than its parent's) and takes only
@@ -327,7 +330,7 @@ func (n *node) monitor() {
 			// at once.
 			// Info, not Warn: on a host with more ranks than cores this is
 			// common and harmless (a call that waits on it names it).
-			n.log.Info("nexar: peers stalled: silent, but their processes on this host are alive", "rank", n.rank,
+			n.log.Info("nexar: peers stalled: silent, but their processes are alive", "rank", n.rank,
 				"peers", stalledPeers(stalled))
 		}
 	}
@@ -353,8 +356,8 @@ func stalledPeers(ps []stalledPeer) string {
 }
 
 // judge acts on the detector's verdict on world rank p at now (mono's
-// reading): a dead peer is declared down; a stalled one (on this host, its
-// process alive) is recorded in quiet, where a call that times out finds
+// reading): a dead peer is declared down; a stalled one (its process
+// known to run) is recorded in quiet, where a call that times out finds
 // it (timeoutError), and returned once per silence, for the caller to log.
 func (n *node) judge(det *detector, p int, now int64) (stalledPeer, bool) {
 	v, silent, first := det.check(p, now, n.ep.PeerAlive)

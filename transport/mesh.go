@@ -152,6 +152,15 @@ func As[T any](m Mesh) (T, bool) {
 
 // Optional capabilities of a Mesh's parts, each found with As.
 
+// Registrar is a path whose channels register memory with a NIC (RDMA,
+// transport/bulk): Prepare says that the pieces of b are about to be sent
+// or received, so that the path registers b whole once, where its
+// registrations last across operations, instead of each piece on its own.
+// A hint; safe for concurrent use.
+type Registrar interface {
+	Prepare(b []byte)
+}
+
 // Broadcaster is a path that relays (transport/relay): Broadcast delivers
 // one message to the world ranks in to as if sent to each directly, in
 // one pass over the route tree; Talked reports whether this rank relayed

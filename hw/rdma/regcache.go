@@ -175,53 +175,23 @@ func (c *RegCache[V]) AcquireOnce(addr, n uintptr) (*Handle[V], error) {
 }
 
 func (c *RegCache[V]) acquire(addr, n uintptr, keep bool) (*Handle[V], error) {
-	if n == 0 {
-		return nil, errors.New("hw/rdma: cannot register an empty range")
-	}
-	if addr+n < addr {
-		return nil, fmt.Errorf("hw/rdma: range %#x+%d overflows", addr, n)
+	if err := checkRange(addr, n); err != nil {
+		return nil, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return nil, errors.New("hw/rdma: registration cache is closed")
 	}
-	if e, ok := c.lru.Get(span{addr, n}); ok && c.usableLocked(e) {
+	if e := c.coveringLocked(addr, n); e != nil {
 		e.refs++
 		c.stats.Reused++
 		return &Handle[V]{c: c, e: e}, nil
 	}
-	// The cache is small (a few hundred entries), so a scan for a covering
-	// range costs less than the syscall it saves.
-	for _, k := range c.lru.Keys() {
-		if k.contains(addr, n) {
-			e, _ := c.lru.Get(k) // marks it recently used
-			if !c.usableLocked(e) {
-				continue
-			}
-			e.refs++
-			c.stats.Reused++
-			return &Handle[V]{c: c, e: e}, nil
-		}
-	}
-	// Kept registrations that overlap the range without covering it and
-	// whose memory changed go first: their holds count pages a new hold
-	// shares, which are not what they counted any more.
-	for _, k := range c.lru.Keys() {
-		if e, ok := c.lru.Peek(k); ok && k.overlaps(addr, n) && c.lasting != nil {
-			c.usableLocked(e)
-		}
-	}
-	v, err := c.reg(addr, n)
-	if err != nil && c.lasting != nil && c.purgeIdleLocked() {
-		// Kept registrations count against the pinned-memory limit
-		// (RLIMIT_MEMLOCK): give the idle ones back and try once more.
-		v, err = c.reg(addr, n)
-	}
+	v, err := c.regLocked(addr, n)
 	if err != nil {
 		return nil, err
 	}
-	c.stats.Registered++
 	e := &regEntry[V]{key: span{addr, n}, val: v, refs: 1}
 	if c.lasting != nil && keep {
 		e.held, _ = c.lasting.Hold(addr, n)
@@ -229,6 +199,104 @@ func (c *RegCache[V]) acquire(addr, n uintptr, keep bool) (*Handle[V], error) {
 	e.once = c.lasting != nil && e.held == nil || c.lasting == nil && !keep
 	c.lru.Add(e.key, e)
 	return &Handle[V]{c: c, e: e}, nil
+}
+
+// Keep registers [addr, addr+n) to outlive its uses, unless a cached
+// registration covers it already: a whole buffer whose pieces an
+// operation will Acquire, so that they share one registration (as
+// ncclCommRegister does for a user buffer) where each would make its own.
+// With a Lasting, the range is held first and nothing is registered when
+// the hold is refused (the pieces then register per use, as they would
+// have). It reports whether a kept registration covers the range.
+func (c *RegCache[V]) Keep(addr, n uintptr) (bool, error) {
+	if err := checkRange(addr, n); err != nil {
+		return false, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false, errors.New("hw/rdma: registration cache is closed")
+	}
+	if e := c.coveringLocked(addr, n); e != nil {
+		return !e.once, nil
+	}
+	var held Held
+	if c.lasting != nil {
+		var ok bool
+		if held, ok = c.lasting.Hold(addr, n); !ok {
+			return false, nil
+		}
+	}
+	v, err := c.regLocked(addr, n)
+	if err != nil {
+		if held != nil {
+			held.Release()
+		}
+		return false, err
+	}
+	e := &regEntry[V]{key: span{addr, n}, val: v, held: held}
+	// Idle registrations of pieces of the range serve nothing the new one
+	// does not: give them back (ones in use go when evicted).
+	for _, k := range c.lru.Keys() {
+		if p, ok := c.lru.Peek(k); ok && p.refs == 0 && e.key.contains(k.addr, k.n) {
+			c.lru.Remove(k)
+		}
+	}
+	c.lru.Add(e.key, e)
+	return true, nil
+}
+
+func checkRange(addr, n uintptr) error {
+	if n == 0 {
+		return errors.New("hw/rdma: cannot register an empty range")
+	}
+	if addr+n < addr {
+		return fmt.Errorf("hw/rdma: range %#x+%d overflows", addr, n)
+	}
+	return nil
+}
+
+// coveringLocked returns a usable cached registration covering
+// [addr, addr+n), marked recently used, or nil; first, kept registrations
+// that overlap the range without covering it and whose memory changed are
+// dropped: their holds count pages a new hold shares, which are not what
+// they counted any more.
+func (c *RegCache[V]) coveringLocked(addr, n uintptr) *regEntry[V] {
+	if e, ok := c.lru.Get(span{addr, n}); ok && c.usableLocked(e) {
+		return e
+	}
+	// The cache is small (a few hundred entries), so a scan for a covering
+	// range costs less than the syscall it saves.
+	for _, k := range c.lru.Keys() {
+		if k.contains(addr, n) {
+			e, _ := c.lru.Get(k) // marks it recently used
+			if c.usableLocked(e) {
+				return e
+			}
+		}
+	}
+	if c.lasting != nil {
+		for _, k := range c.lru.Keys() {
+			if e, ok := c.lru.Peek(k); ok && k.overlaps(addr, n) {
+				c.usableLocked(e)
+			}
+		}
+	}
+	return nil
+}
+
+// regLocked registers [addr, addr+n) and counts it.
+func (c *RegCache[V]) regLocked(addr, n uintptr) (V, error) {
+	v, err := c.reg(addr, n)
+	if err != nil && c.lasting != nil && c.purgeIdleLocked() {
+		// Kept registrations count against the pinned-memory limit
+		// (RLIMIT_MEMLOCK): give the idle ones back and try once more.
+		v, err = c.reg(addr, n)
+	}
+	if err == nil {
+		c.stats.Registered++
+	}
+	return v, err
 }
 
 // purgeIdleLocked drops every registration not in use; it reports whether

@@ -338,3 +338,67 @@ func TestRegCacheLastingRetry(t *testing.T) {
 	h.Release()
 	_ = c.Close()
 }
+
+// TestRegCacheKeep: a buffer kept whole serves every piece of it acquired
+// later, with one registration; idle registrations of its pieces made
+// before are given back; a range the Lasting refuses is not registered at
+// all; a kept buffer whose memory changed is registered anew.
+func TestRegCacheKeep(t *testing.T) {
+	f := newFake()
+	l := &fakeLasting{refuse: map[uintptr]bool{0x90000: true}, changed: map[uintptr]bool{}}
+	c, err := NewLastingRegCache(8, f.reg, f.dereg, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const buf, half = 0x10000, 0x2000
+	use := func(a, n uintptr) {
+		t.Helper()
+		h, err := c.Acquire(a, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Release()
+	}
+	use(buf+half, half) // a piece registered before the buffer is kept
+	if kept, err := c.Keep(buf, 2*half); !kept || err != nil {
+		t.Fatalf("Keep: %v, %v", kept, err)
+	}
+	if f.calls != 2 || f.nlive() != 1 {
+		t.Fatalf("after Keep: %d registrations made, %d live; want 2 made and the piece's given back", f.calls, f.nlive())
+	}
+	for range 1000 {
+		if kept, err := c.Keep(buf, 2*half); !kept || err != nil {
+			t.Fatalf("Keep again: %v, %v", kept, err)
+		}
+		use(buf, half)
+		use(buf+half, half)
+		use(buf+100, 8)
+	}
+	if f.calls != 2 {
+		t.Errorf("1000 calls of Keep and 3 pieces each made %d registrations, want none after the first Keep", f.calls-2)
+	}
+	// Refused: nothing registered, and pieces register per use.
+	if kept, err := c.Keep(0x90000, 2*half); kept || err != nil || f.calls != 2 {
+		t.Errorf("Keep of a refused range: %v, %v, %d registrations made; want false, nil, none", kept, err, f.calls-2)
+	}
+	// The memory changed: the stale registration goes, a new one is made.
+	l.changed[buf] = true
+	if kept, err := c.Keep(buf, 2*half); !kept || err != nil {
+		t.Fatalf("Keep after the memory changed: %v, %v", kept, err)
+	}
+	if s := c.Stats(); s.Stale != 1 || f.calls != 3 || f.nlive() != 1 {
+		t.Errorf("after the memory changed: %+v, %d made, %d live; want 1 stale, a third made, 1 live", s, f.calls, f.nlive())
+	}
+	if _, err := c.Keep(buf, 0); err == nil {
+		t.Error("Keep of an empty range: no error")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if f.nlive() != 0 || l.held != 0 {
+		t.Errorf("after Close: %d registrations, %d holds left", f.nlive(), l.held)
+	}
+	if _, err := c.Keep(buf, half); err == nil {
+		t.Error("Keep after Close: no error")
+	}
+}

@@ -197,6 +197,7 @@ type Endpoint struct {
 	// of a CPU (PeerPresence). Set once.
 	inProc []atomic.Bool
 	closed atomic.Bool  // Close began
+	rdmaOn atomic.Bool  // some channel (either way) runs over RDMA: Prepare registers
 	using  atomic.Int64 // sends and pollers that may touch a ring (see Close)
 
 	// mu guards the fields below.

@@ -103,6 +103,7 @@ type channel struct {
 	once   sync.Once
 	broken atomic.Bool
 	quiet  atomic.Bool // closed on purpose: do not report the peer down
+	framed atomic.Bool // receiving side: a frame was read (readLoop, not rings)
 
 	ring *ring // the only link, when the channel is a shared-memory ring
 
@@ -344,6 +345,9 @@ func (c *channel) readLoop() error {
 			c.rmu.Unlock()
 			if err != nil {
 				return err
+			}
+			if !c.framed.Load() {
+				c.framed.Store(true)
 			}
 		}
 	}
@@ -663,7 +667,12 @@ func (c *channel) readFrameLocked() error {
 		per := per // captured here, so that the one-part path above does not move per to the heap
 		wg.Go(func() { _, errs[i] = io.ReadFull(c.links[i], part(p, i, per)) })
 	}
-	if _, errs[0] = io.ReadFull(c.r0, part(p, 0, per)); errs[0] != nil && parts > 1 {
+	r0 := c.r0
+	if l, ok := c.links[0].(rdmaLink); ok && done == nil {
+		// Nobody placed the frame: p is read once, then buffered.
+		r0 = onceReader{l.e}
+	}
+	if _, errs[0] = io.ReadFull(r0, part(p, 0, per)); errs[0] != nil && parts > 1 {
 		c.close() // unblock the other stripes
 	}
 	wg.Wait()

@@ -25,6 +25,11 @@ type RDMA interface {
 	// NIC may still reach it directly (direct: GPUDirect RDMA not ruled
 	// out).
 	GPU() (moves, direct bool)
+	// Prepare registers host buffer b whole where registrations last
+	// across operations, so that the pieces of it sent and received next
+	// share one registration; a hint (nothing happens where it would not
+	// help), safe for concurrent use.
+	Prepare(b []byte)
 	Close() error
 }
 
@@ -34,6 +39,9 @@ type RDMA interface {
 // transport/rdma implements RDMA without importing this package.
 type RDMAEnd = interface {
 	Read(p []byte) (int, error)
+	// ReadOnce is Read into a buffer used once (a frame nobody placed):
+	// the end does not keep its registration.
+	ReadOnce(p []byte) (int, error)
 	// Write writes bufs in order; it returns once no buffer is read any
 	// more, n > 0 with an error when the stream was cut inside them.
 	Write(ctx context.Context, bufs ...[]byte) (int, error)
@@ -57,6 +65,11 @@ func (l rdmaLink) Close() error               { return l.e.Close() }
 func (l rdmaLink) write(ctx context.Context, _ func() bool, bufs ...[]byte) (int, error) {
 	return l.e.Write(ctx, bufs...)
 }
+
+// onceReader reads an RDMA end into buffers used once (RDMAEnd.ReadOnce).
+type onceReader struct{ e RDMAEnd }
+
+func (r onceReader) Read(p []byte) (int, error) { return r.e.ReadOnce(p) }
 
 func (e *Endpoint) rdmaDesc() string { return "rdma " + e.opt.RDMA.Describe() }
 
@@ -137,7 +150,17 @@ func (e *Endpoint) dialRDMA(to int, qp []byte) evAttached {
 		return ev
 	}
 	ev.ch, ev.qp = newChannel(to, e.rdmaDesc(), []link{rdmaLink{end}}), params
+	e.rdmaOn.Store(true)
 	return ev
+}
+
+// Prepare tells the RDMA device, where a channel runs over it, that the
+// pieces of b are about to be sent or received, so that it registers b
+// whole once (transport.Registrar). Safe for concurrent use.
+func (e *Endpoint) Prepare(b []byte) {
+	if len(b) > 0 && e.rdmaOn.Load() {
+		e.opt.RDMA.Prepare(b)
+	}
 }
 
 // watchRDMA reports peer lost when the sending end of its channel ch
@@ -175,6 +198,7 @@ func (e *Endpoint) acceptRDMA(from int, qp []byte) {
 		e.log.Warn("nexar: bulk: accepting the RDMA channel failed", "rank", e.self, "peer", from, "err", err)
 		return
 	}
+	e.rdmaOn.Store(true)
 	e.startReader(from, newChannel(from, e.rdmaDesc(), []link{rdmaLink{end}}))
 }
 

@@ -7,6 +7,7 @@ import "context"
 // bulk's RDMA interface without either package importing the other.
 type Channel = interface {
 	Read(p []byte) (int, error)
+	ReadOnce(p []byte) (int, error)
 	Write(ctx context.Context, bufs ...[]byte) (int, error)
 	Accept(params []byte) error
 	Detail() string

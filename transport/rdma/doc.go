@@ -16,7 +16,10 @@
 // buffer its reader asked to fill (the payload's final destination, from
 // the layer above's PlaceFunc) and answers with its address and rkey
 // (CTS), and the sender writes the payload there with one RDMA WRITE with
-// immediate, whose completion tells the receiver it has landed. Memory is
+// immediate, whose completion tells the receiver it has landed; a reader
+// whose buffer is used once (ReadOnce: a frame nobody placed) asks for a
+// payload that fits in its receive buffers by SEND instead (a CTS without
+// an address), which registers nothing. Memory is
 // registered through hw/rdma's RegCache, whose registrations of the
 // caller's buffers last across operations while hw/rdma's Pages vouches
 // for their memory (docs/bulk-path.md, "Registrations that last"). Completions are polled briefly and

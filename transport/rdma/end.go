@@ -119,6 +119,7 @@ type End struct {
 	stash       []byte // the rest of a buffer written into a temporary one
 	written     int    // buffers written by RDMA WRITE: straight into the reader's buffer
 	staged      int    // ... or into a temporary one (a short read)
+	asked       int    // ... or asked for by SEND (ReadOnce)
 }
 
 func (d *Device) newEnd(peer int, recv bool, slots, slotSize int) (e *End, err error) {
@@ -581,7 +582,10 @@ func (e *End) Write(ctx context.Context, bufs ...[]byte) (int, error) {
 		var k int
 		var err error
 		if len(b) >= e.d.opt.WriteMin || e.d.gpu.isDevice(b) {
-			k, err = e.writeLarge(ctx, b)
+			var bySend bool
+			if k, bySend, err = e.writeLarge(ctx, b); bySend {
+				k, err = e.writeAsked(ctx, b)
+			}
 		} else {
 			k, err = e.writeSmall(ctx, b)
 		}
@@ -612,12 +616,32 @@ func (e *End) writeSmall(ctx context.Context, b []byte) (int, error) {
 	return off, nil
 }
 
+// writeAsked sends b, announced, by SEND: the receiver asked for it so
+// (a CTS without an address). Device memory is staged through the host.
+// Its count is at least 1: the receiver is inside the buffer already.
+func (e *End) writeAsked(ctx context.Context, b []byte) (int, error) {
+	if e.d.gpu.isDevice(b) {
+		host := make([]byte, len(b))
+		if err := e.d.gpu.m.CopyToHost(host, uintptr(unsafe.Pointer(&b[0]))); err != nil {
+			err = fmt.Errorf("transport/rdma: send to rank %d: staging %d bytes of device memory: %w", e.peer, len(b), err)
+			e.mu.Lock()
+			e.failLocked(err)
+			e.mu.Unlock()
+			return 1, err
+		}
+		b = host
+	}
+	k, err := e.writeSmall(ctx, b)
+	return max(k, 1), err
+}
+
 // writeLarge announces b, waits for the receiver's destination and writes
-// b there.
-func (e *End) writeLarge(ctx context.Context, b []byte) (int, error) {
+// b there; bySend: the receiver asked for b by SEND instead (a buffer it
+// reads once: writeAsked).
+func (e *End) writeLarge(ctx context.Context, b []byte) (_ int, bySend bool, _ error) {
 	src, err := e.d.register(b, false, true)
 	if err != nil {
-		return 0, fmt.Errorf("transport/rdma: send to rank %d: %w", e.peer, err)
+		return 0, false, fmt.Errorf("transport/rdma: send to rank %d: %w", e.peer, err)
 	}
 	defer src.release()
 	e.mu.Lock()
@@ -625,7 +649,7 @@ func (e *End) writeLarge(ctx context.Context, b []byte) (int, error) {
 	token := e.nextToken
 	e.nextToken++
 	if err := e.waitLocked(ctx, func() bool { return e.credits > 0 && len(e.freeSend) > 0 }); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	e.cts = nil
 	if err := e.postMsgLocked(msgRTS, 0, func(p []byte) int {
@@ -633,21 +657,24 @@ func (e *End) writeLarge(ctx context.Context, b []byte) (int, error) {
 		binary.LittleEndian.PutUint32(p[8:12], token)
 		return 12
 	}); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	e.credits--
 	// From here a failure leaves the receiver inside the buffer: n > 0.
 	if err := e.waitLocked(ctx, func() bool { return e.cts != nil && e.credits > 0 }); err != nil {
-		return 1, err
+		return 1, false, err
 	}
 	c := *e.cts
 	e.cts = nil
 	if c.token != token || c.n != len(b) {
-		return 1, e.protocolError("CTS for token %d of %d bytes, want token %d of %d", c.token, c.n, token, len(b))
+		return 1, false, e.protocolError("CTS for token %d of %d bytes, want token %d of %d", c.token, c.n, token, len(b))
+	}
+	if c.addr == 0 && c.rkey == 0 {
+		return 0, true, nil
 	}
 	e.wrote = false
 	if err := e.postLocked(wrWrite|uint64(token), hw.OpWriteImm, src.addr, len(b), src.lkey, c.addr, c.rkey, token); err != nil {
-		return 1, err
+		return 1, false, err
 	}
 	e.credits--
 	if err := e.waitLocked(ctx, func() bool { return e.wrote }); err != nil {
@@ -659,9 +686,9 @@ func (e *End) writeLarge(ctx context.Context, b []byte) (int, error) {
 				e.cond.Wait()
 			}
 		}
-		return 1, err
+		return 1, false, err
 	}
-	return len(b), nil
+	return len(b), false, nil
 }
 
 // Read fills p from the stream. Bytes that came by SEND are copied out of
@@ -669,7 +696,17 @@ func (e *End) writeLarge(ctx context.Context, b []byte) (int, error) {
 // NIC straight into p when p holds all of it (the usual case: the caller
 // reads a frame's payload into its destination), else into a temporary
 // buffer that later Reads drain. For one goroutine at a time.
-func (e *End) Read(p []byte) (int, error) {
+func (e *End) Read(p []byte) (int, error) { return e.read(p, false) }
+
+// ReadOnce is Read into a buffer that is used once (a frame nobody placed,
+// which the layer above then buffers), whose registration would not be
+// reused: an announced payload p holds whole and that fits in the receive
+// buffers (Slots x SlotSize) is asked for by SEND (a CTS without an
+// address), a longer one registered for this read only. For one goroutine
+// at a time, as Read.
+func (e *End) ReadOnce(p []byte) (int, error) { return e.read(p, true) }
+
+func (e *End) read(p []byte, once bool) (int, error) {
 	if !e.recv {
 		return 0, errors.New("transport/rdma: Read on a sending end")
 	}
@@ -706,7 +743,16 @@ func (e *End) Read(p []byte) (int, error) {
 				e.mu.Unlock()
 				return k, err
 			case itemRTS:
-				return e.readLarge(p) // unlocks
+				if once && it.n <= len(p) && it.n <= e.nRecv*(e.recvSize-hdrSize) && !e.d.gpu.isDevice(p) {
+					rts := *it
+					e.inq = e.inq[1:]
+					if err := e.askSendLocked(rts); err != nil {
+						e.mu.Unlock()
+						return 0, err
+					}
+					continue // the payload comes as data
+				}
+				return e.readLarge(p, once) // unlocks
 			default:
 				e.protocolError("a WRITE landed that was not announced")
 			}
@@ -726,7 +772,7 @@ func (e *End) Read(p []byte) (int, error) {
 // readLarge answers the RTS at the head of the queue with the destination
 // of its buffer and waits for the WRITE. Called with e.mu held; returns
 // with it released.
-func (e *End) readLarge(p []byte) (int, error) {
+func (e *End) readLarge(p []byte, once bool) (int, error) {
 	rts := e.inq[0]
 	e.inq = e.inq[1:]
 	dst := p
@@ -743,7 +789,7 @@ func (e *End) readLarge(p []byte) (int, error) {
 	if e.d.stage != nil {
 		e.d.stage("rts")
 	}
-	r, err := e.d.register(dst, true, tmp == nil)
+	r, err := e.d.register(dst, true, tmp == nil && !once)
 	e.mu.Lock()
 	if err != nil {
 		err = fmt.Errorf("transport/rdma: receive from rank %d: %w", e.peer, err)
@@ -770,22 +816,41 @@ func (e *End) readLarge(p []byte) (int, error) {
 	return k, err
 }
 
-func (e *End) awaitWriteLocked(rts item, r *region) (int, error) {
-	bg := context.Background()
-	if err := e.waitLocked(bg, func() bool { return len(e.freeSend) > 0 }); err != nil {
-		return 0, err
+// postCTSLocked answers the RTS at rts with the destination addr and
+// rkey, or with neither: send the bytes by SEND.
+func (e *End) postCTSLocked(rts item, addr uint64, rkey uint32) error {
+	if err := e.waitLocked(context.Background(), func() bool { return len(e.freeSend) > 0 }); err != nil {
+		return err
 	}
 	credits := e.toReturn
 	if err := e.postMsgLocked(msgCTS, credits, func(b []byte) int {
-		binary.LittleEndian.PutUint64(b[0:8], r.addr)
+		binary.LittleEndian.PutUint64(b[0:8], addr)
 		binary.LittleEndian.PutUint64(b[8:16], uint64(rts.n))
-		binary.LittleEndian.PutUint32(b[16:20], r.rkey)
+		binary.LittleEndian.PutUint32(b[16:20], rkey)
 		binary.LittleEndian.PutUint32(b[20:24], rts.token)
 		return 24
 	}); err != nil {
-		return 0, err
+		return err
 	}
 	e.toReturn -= credits
+	return nil
+}
+
+// askSendLocked answers the RTS at rts with a CTS without an address: the
+// sender sends the announced bytes by SEND, and they are read as data.
+func (e *End) askSendLocked(rts item) error {
+	if err := e.postCTSLocked(rts, 0, 0); err != nil {
+		return err
+	}
+	e.asked++
+	return nil
+}
+
+func (e *End) awaitWriteLocked(rts item, r *region) (int, error) {
+	bg := context.Background()
+	if err := e.postCTSLocked(rts, r.addr, r.rkey); err != nil {
+		return 0, err
+	}
 	if e.d.stage != nil {
 		e.mu.Unlock()
 		e.d.stage("cts")

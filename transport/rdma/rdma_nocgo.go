@@ -24,5 +24,8 @@ func (d *Device) Dial(int, []byte) (Channel, []byte, error) { return nil, nil, e
 // GPU reports false, false: no device.
 func (d *Device) GPU() (moves, direct bool) { return false, false }
 
+// Prepare does nothing: no device.
+func (d *Device) Prepare([]byte) {}
+
 // Close does nothing: no device.
 func (d *Device) Close() error { return nil }

@@ -55,6 +55,23 @@ func (d *Device) registerHost(b []byte, keep bool) (*region, error) {
 		}}, nil
 }
 
+// Prepare registers host buffer b whole, to last, where registrations
+// last (Pages vouches for them), so that the pieces of it a call then
+// sends and receives share that registration instead of each making its
+// own (bulk.RDMA). A buffer below WriteMin (its pieces go through the
+// slots, never registered) and device memory are left alone; a failure
+// is only logged: each piece then registers for itself. Safe for
+// concurrent use.
+func (d *Device) Prepare(b []byte) {
+	if len(b) < d.opt.WriteMin || d.gpu.isDevice(b) || hw.ProcessPages().Usable() != nil {
+		return
+	}
+	a, n := uintptr(unsafe.Pointer(&b[0])), uintptr(len(b))
+	if _, err := d.reg.Keep(a, n); err != nil {
+		d.log.Debug("nexar: rdma: registering a buffer whole", "dev", d.desc, "bytes", n, "err", err)
+	}
+}
+
 // RegStats says what the device's registration cache of host memory did:
 // registrations made, uses served by one made before, and registrations
 // dropped because their memory had changed. Safe for concurrent use.

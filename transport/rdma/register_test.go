@@ -138,3 +138,63 @@ func TestRegistrationAfterRemap(t *testing.T) {
 		})
 	}
 }
+
+// TestReadOnce: a payload read into a buffer used once (a frame nobody
+// placed) leaves no registration behind: one that fits in the receive
+// buffers is asked for by SEND and registers nothing on the receiving
+// side; a longer one is registered for its read only. A read of the same
+// sizes into a buffer that is reused keeps its registration.
+func TestReadOnce(t *testing.T) {
+	lib := fakeLib(t)
+	a, b := openDev(t, Options{Slots: 4, SlotSize: 64 << 10}), openDev(t, Options{Slots: 4, SlotSize: 64 << 10})
+	tx, rx := pair(t, a, b)
+	for _, n := range []int{128 << 10, 1 << 20} { // within the 4 x 64 KiB receive buffers, and beyond
+		src := pattern(uint64(n), n)
+		before, err := ibverbs.Registrations(lib)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rb, asked := b.RegStats(), rx.asked
+		for i := range 3 {
+			dst := make([]byte, n) // fresh each time, as bulk's unplaced frames
+			errc := make(chan error, 1)
+			go func() {
+				_, err := tx.Write(context.Background(), src)
+				errc <- err
+			}()
+			if _, err := io.ReadFull(readOnce{rx}, dst); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-errc; err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(src, dst) {
+				t.Fatalf("%d bytes, read %d: the data differs", n, i)
+			}
+		}
+		after, _ := ibverbs.Registrations(lib)
+		ra := b.RegStats()
+		small := n <= 4*(64<<10-hdrSize)
+		t.Logf("%d bytes: ibv_reg_mr %d in all, receiver %d, asked by SEND %d, %d kept", n, after-before, ra.Registered-rb.Registered, rx.asked-asked, b.reg.Len())
+		switch {
+		case small && (ra.Registered != rb.Registered || rx.asked-asked != 3):
+			t.Errorf("%d bytes read once 3 times: the receiver registered %d times and asked %d times by SEND, want 0 and 3", n, ra.Registered-rb.Registered, rx.asked-asked)
+		case !small && (ra.Registered-rb.Registered != 3 || rx.asked != asked):
+			t.Errorf("%d bytes read once 3 times: the receiver registered %d times and asked %d times by SEND, want 3 and 0", n, ra.Registered-rb.Registered, rx.asked-asked)
+		}
+		if k := b.reg.Len(); k != 0 {
+			t.Errorf("%d bytes read once: the receiver keeps %d registrations, want none", n, k)
+		}
+	}
+	// The same sizes into a buffer that is reused: registered once, kept.
+	dst := make([]byte, 128<<10)
+	transfer(t, tx, rx, pattern(9, len(dst)), dst)
+	transfer(t, tx, rx, pattern(9, len(dst)), dst)
+	if k := b.reg.Len(); k != 1 {
+		t.Errorf("a buffer read twice: %d registrations kept, want 1", k)
+	}
+}
+
+type readOnce struct{ e *End }
+
+func (r readOnce) Read(p []byte) (int, error) { return r.e.ReadOnce(p) }

@@ -13,9 +13,10 @@ import (
 // detection"). The monitor (node.go) feeds it and acts on its verdicts.
 //
 // The rules:
-//   - A peer on this host whose process the data path watches (its exit
-//     reaches the node at once: transport.DataPath.PeerAlive) is never dead
-//     by silence alone. Past the floor it is stalled: reported once per
+//   - A peer whose process the data path knows to run, so that its death
+//     would reach the node at once (transport.DataPath.PeerAlive: on this
+//     host, its process watched; on another, a TCP connection its kernel
+//     answers on), is never dead by silence alone. Past the floor it is stalled: reported once per
 //     silence, and a call that waits on it ends at its own deadline with a
 //     timeout naming it.
 //   - Any other peer is judged by phi accrual (Hayashibara et al., as
@@ -32,7 +33,7 @@ type verdict uint8
 
 const (
 	verdictAlive   verdict = iota // heard from recently enough
-	verdictStalled                // silent past the floor, its process alive on this host
+	verdictStalled                // silent past the floor, its process known to run
 	verdictDead                   // silent past its limit: declare it down
 )
 
@@ -43,7 +44,7 @@ const gapWindow = 64
 type detectorParams struct {
 	interval time.Duration // heartbeat interval: the gap expected of a quiet peer
 	floor    time.Duration // never dead sooner (Config.HeartbeatTimeout)
-	ceiling  time.Duration // always dead by then, if not on this host and alive
+	ceiling  time.Duration // always dead by then, unless its process is known to run
 	phi      float64       // threshold
 }
 
@@ -192,7 +193,7 @@ func detectorParamsOf(cfg Config) detectorParams {
 }
 
 // timeoutError is the error of op, which reached its deadline (cause
-// err). Where a member is stalled (on this host, its process alive, silent
+// err). Where a member is stalled (its process known to run, silent
 // past the floor: never declared dead for that), it is the likely reason,
 // and the error names it: the one silent longest.
 func (c *Comm) timeoutError(op string, err error) *Error {
@@ -204,7 +205,7 @@ func (c *Comm) timeoutError(op string, err error) *Error {
 		}
 	}
 	if e.Rank >= 0 {
-		e.Msg = fmt.Sprintf("Timed out before the operation completed (deadline exceeded): rank %d has been silent for %v (stalled: its process on this host is alive)",
+		e.Msg = fmt.Sprintf("Timed out before the operation completed (deadline exceeded): rank %d has been silent for %v (stalled: its process is alive)",
 			e.Rank, time.Duration(c.n.mono()-since).Round(100*time.Millisecond))
 		return e
 	}

@@ -332,7 +332,7 @@ func (c *Comm) waitFilledLocked(m *match.Msg) {
 // cutFill ends the wait for a chunk in flight into m from comm rank src
 // that its receiver gave up on (its deadline passed, or c failed). A peer
 // that is talking finishes its frame; one that the detector reports
-// stalled (on this host, its process alive, silent: never declared dead
+// stalled (its process known to run, silent: never declared dead
 // for that) may never, and its stream cannot carry on from the middle of a
 // frame. So such a peer is declared unreachable, which closes its
 // connections and ends the fill with an error, as a send cut mid-frame

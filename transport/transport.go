@@ -176,9 +176,12 @@ type DataPath interface {
 	// !Caps().ProgressSend it is Send.
 	SendProgress(ctx context.Context, peer int, h *Header, payload []byte, progress func() bool) error
 	// PeerAlive reports whether peer's process is known to be running
-	// now: it is on this host and watched, so that its exit reaches the
-	// DownHandler at once. False where the path cannot tell (another
-	// host, no watch): silence is then all the layer above can judge by.
+	// now, so that its death would reach the DownHandler at once: it is
+	// on this host and watched, or (transport/bulk) a TCP connection to it
+	// is established and its kernel answers on it (a dead process's
+	// kernel closes its connections). False where the path cannot tell
+	// (no watch, no such connection): silence is then all the layer above
+	// can judge by.
 	PeerAlive(peer int) bool
 	// SharedMemory reports whether LaneData to peer goes over shared
 	// memory (where polling and spinning pay off).

@@ -3,6 +3,7 @@ package bulk
 import (
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/internal/frame"
@@ -143,8 +144,18 @@ func (e *Endpoint) startReader(from int, ch *channel) {
 			bye = nil // the RPC channel's reader reports the departure once it drained
 		}
 		e.mu.Unlock()
+		_, tcp := ch.links[0].(connLink)
 		switch {
 		case ch.quiet.Load() || e.closed.Load():
+		case tcp && errors.Is(err, io.EOF) && !ch.framed.Load():
+			// Closed cleanly before its first frame: the dialer gave up
+			// on the connections (our answer came after its authTimeout,
+			// on a lossy link) and keeps its data on the inner path, so
+			// nothing was lost. A dialer that died instead is found as
+			// any silent or exited peer is (heartbeats, its process
+			// watch). Anything else (a record that fails authentication)
+			// is a loss.
+			e.log.Info("nexar: bulk: TCP channel closed before its first frame; the peer's data stays on the inner path", "rank", e.self, "peer", from, "err", err)
 		case graceful && bye != nil:
 			e.report(from, bye)
 		case graceful:

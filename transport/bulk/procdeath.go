@@ -142,17 +142,44 @@ func (e *Endpoint) sayBye(peer int, deadline time.Time) {
 	}
 }
 
-// PeerAlive reports whether peer's process runs on this host and is
-// watched (transport.DataPath): its exit would be reported at once, so
-// its silence is a stall, not a death. False once it exited or was
-// reported down, and where it is not watched (another host, a rank of
-// this process, no pidfds).
+// PeerAlive reports whether peer's process is known to run
+// (transport.DataPath), so that its silence is a stall, not a death:
+//   - it runs on this host and is watched: its exit would be reported at
+//     once;
+//   - or a TCP connection to or from it is established and its kernel
+//     answered on it within kernelFresh (keepalives answer every second,
+//     whatever its process does). A process that dies has its connections
+//     closed by its kernel (FIN, or RST to what comes next), which ends
+//     them here; a host that dies or is cut off stops answering.
+//
+// False once it exited or was reported down, and where neither holds (a
+// rank of this process, no pidfds, no TCP channel: QUIC or shared memory
+// only).
 func (e *Endpoint) PeerAlive(peer int) bool {
 	if peer < 0 || peer >= e.size || e.closed.Load() || e.downed[peer].Load() {
 		return false
 	}
 	e.mu.Lock()
-	w, exited := e.watch, e.exited[peer] != nil
+	w, exited, in := e.watch, e.exited[peer] != nil, e.in[peer]
 	e.mu.Unlock()
-	return w != nil && !exited && w.Watching(peer)
+	if exited {
+		return false
+	}
+	return w != nil && w.Watching(peer) || kernelAlive(e.out[peer].Load()) || kernelAlive(in)
+}
+
+// kernelAlive reports whether ch runs over TCP connections one of which
+// the peer's kernel answered on within kernelFresh.
+func kernelAlive(ch *channel) bool {
+	if ch == nil || ch.broken.Load() {
+		return false
+	}
+	for _, l := range ch.links {
+		if c, ok := l.(connLink); ok {
+			if age, ok := kernelAnswered(c.raw); ok && age <= kernelFresh {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -122,3 +122,73 @@ func TestTamperedTCP(t *testing.T) {
 		})
 	}
 }
+
+// lostAnswerConn is a dialer's connection whose acceptor's answer is lost
+// on the way: the answer reaches this side (so the acceptor has installed
+// the channel) and the read then fails, as a read past the dialer's
+// authTimeout does on a lossy link.
+type lostAnswerConn struct{ net.Conn }
+
+func (c lostAnswerConn) Read(p []byte) (int, error) {
+	if _, err := c.Conn.Read(p); err != nil {
+		return 0, err
+	}
+	return 0, errors.New("i/o timeout (the answer was lost)")
+}
+
+// TestTCPAnswerLost: a dialer that gives up on its TCP connections after the
+// acceptor accepted them (the answer came too late) keeps its data on the
+// inner path; the acceptor, whose channel then ends before its first frame,
+// does not take that for the dialer's loss (tests/netns TestLossyLink saw
+// it: "receive from rank 1 over tcp x2 ...: EOF"), and the data arrives.
+func TestTCPAnswerLost(t *testing.T) {
+	got := make(chan []byte, 4)
+	downs := make(chan error, 4)
+	h := []transport.Handler{nil, func(_ int, lane transport.Lane, _ *transport.Header, p []byte) {
+		if lane == transport.LaneData {
+			got <- bytes.Clone(p)
+		}
+	}}
+	dh := []transport.DownHandler{nil, func(peer int, err error) { downs <- err }}
+	// Two connections: the acceptor installs the channel once the second
+	// is accepted, whose answer is then lost.
+	var dials atomic.Int32
+	eps := meshWith(t, 2, Options{Mode: ModeTCP, Plaintext: true, Conns: 2}, h, dh, func(i int, e *Endpoint) {
+		if i == 0 {
+			e.dialHook = func(ctx context.Context, addr string) (net.Conn, error) {
+				var d net.Dialer
+				c, err := d.DialContext(ctx, "tcp", addr)
+				if err != nil || dials.Add(1) != 2 {
+					return c, err
+				}
+				return lostAnswerConn{c}, nil
+			}
+		}
+	})
+	defer eps[1].Close()
+	defer eps[0].Close()
+	if p := eps[0].Paths()[1]; strings.HasPrefix(p, "tcp") {
+		t.Fatalf("rank 0's path to rank 1 is %q although every answer was lost", p)
+	}
+	msg := bytes.Repeat([]byte("nexar"), 1000)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := eps[0].Send(ctx, 1, transport.LaneData, nil, msg); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case p := <-got:
+		if !bytes.Equal(p, msg) {
+			t.Fatalf("delivered %d bytes, not the message", len(p))
+		}
+	case err := <-downs:
+		t.Fatalf("rank 1 reported rank 0 down: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("nothing delivered")
+	}
+	select {
+	case err := <-downs:
+		t.Fatalf("rank 1 reported rank 0 down: %v", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+}

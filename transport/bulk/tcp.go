@@ -102,6 +102,7 @@ func (e *Endpoint) authorise(raw net.Conn) {
 		}
 	}()
 	raw.SetDeadline(time.Now().Add(authTimeout))
+	keepAlive(raw)
 	stop := context.AfterFunc(e.ctx, func() { raw.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	c := raw // the preamble and the answer; TLS unless plaintext
@@ -188,6 +189,25 @@ func (e *Endpoint) authorise(raw net.Conn) {
 	}
 }
 
+// Keepalives on every bulk TCP connection, so that the peer's kernel
+// answers at least every keepAliveIdle*2 while the connection lives, also
+// when no data moves and while the peer's process is stopped or starved
+// (PeerAlive). Count only bounds how long the kernel keeps a connection
+// nobody answers; the failure detector decides long before.
+const (
+	keepAliveIdle  = 500 * time.Millisecond
+	keepAliveCount = 60
+	// kernelFresh is how recent the peer's kernel's last answer must be for
+	// PeerAlive to count it: two keepalive rounds and a margin.
+	kernelFresh = 2 * time.Second
+)
+
+func keepAlive(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: keepAliveIdle, Interval: keepAliveIdle, Count: keepAliveCount})
+	}
+}
+
 // knownPeer accepts the certificate of any rank in the table; the preamble
 // then says which rank, and authorise checks that they match.
 func (e *Endpoint) knownPeer(fp [32]byte) error {
@@ -235,6 +255,7 @@ func (e *Endpoint) dialTCP(ctx context.Context, peer int, addr string, nonce []b
 		if err != nil {
 			return fail(err)
 		}
+		keepAlive(raw)
 		dl, _ := ctx.Deadline()
 		raw.SetDeadline(dl)
 		c := raw // as in authorise

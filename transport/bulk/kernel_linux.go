@@ -1,0 +1,35 @@
+package bulk
+
+import (
+	"net"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// tcpEstablished is TCP_ESTABLISHED (include/net/tcp_states.h).
+const tcpEstablished = 1
+
+// kernelAnswered reports how long ago the kernel at the other end of c
+// last sent anything on it (data, an ACK, a keepalive's answer), and
+// whether c is an established TCP connection whose TCP_INFO says so.
+func kernelAnswered(c net.Conn) (time.Duration, bool) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return 0, false
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	var age time.Duration
+	ok = false
+	_ = rc.Control(func(fd uintptr) {
+		i, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+		if err != nil || i.State != tcpEstablished {
+			return
+		}
+		age, ok = time.Duration(min(i.Last_ack_recv, i.Last_data_recv))*time.Millisecond, true
+	})
+	return age, ok
+}

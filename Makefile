@@ -13,7 +13,7 @@ NPROC   := $(shell nproc 2>/dev/null || echo 2)
 export PATH := $(PATH):/usr/local/go/bin
 
 .PHONY: all deps build lib cli test test-full vet fmt-check gotest gotest-full fuzz ctest python pytest demo clean
-.PHONY: wheel sdist wheel-tools wheel-test sdist-test chaos docs
+.PHONY: wheel sdist wheel-tools wheel-test sdist-test chaos test-scale64 docs
 
 all: build
 
@@ -165,6 +165,12 @@ test-launchers: python launchers-tree
 # one round of each.
 chaos: deps
 	NEXAR_CHAOS_ROUNDS=50 $(GO) test -count=1 -timeout 90m -run "TestChaosKill|TestChaosRegrow" -v ./tests/multiproc
+
+# Issue 32's scale check, full form only (about 5 minutes a run on 2
+# cores): 20 runs of 64 local ranks of every collective; none may declare
+# a live rank dead (scripts/scale64.sh).
+test-scale64: build ctest
+	sh scripts/scale64.sh 20 64
 
 # --- packages ---------------------------------------------------------------
 # dist/: a manylinux wheel (libnexar.so, nexar._nexar and the `nexar` CLI;

@@ -153,6 +153,22 @@ func startIn(t *testing.T, ctx context.Context, name, ns string, env []string, p
 	return p
 }
 
+// onePerHost starts one rank on each of hosts (rank r on hosts[r]), joined
+// through a seed embedded in rank 0 on port, each running prog with
+// extra in its environment.
+func onePerHost(t *testing.T, ctx context.Context, hosts []host, port int, extra []string, prog ...string) []*proc {
+	t.Helper()
+	token := randHex(32)
+	seed := fmt.Sprintf("%s:%d", hosts[0].addr, port)
+	var procs []*proc
+	for r, h := range hosts {
+		env := cleanEnv(append([]string{"NEXAR_RANK=" + strconv.Itoa(r), "NEXAR_WORLD_SIZE=" + strconv.Itoa(len(hosts)),
+			"NEXAR_SEED=" + seed, "NEXAR_TOKEN=" + token, "NEXAR_ADVERTISE_ADDR=" + h.addr}, extra...)...)
+		procs = append(procs, startIn(t, ctx, fmt.Sprintf("rank %d in %s", r, h.ns), h.ns, env, prog...))
+	}
+	return procs
+}
+
 func TestTwoHosts(t *testing.T) {
 	a, b := twoHosts(t)
 	nexar, testprog := build(t)

@@ -2,7 +2,6 @@ package netns
 
 import (
 	"context"
-	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
@@ -26,14 +25,7 @@ func TestTwoHostsTwoRanks(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			token := randHex(32)
-			seed := fmt.Sprintf("%s:%d", a.addr, 29600+i)
-			var procs []*proc
-			for r, h := range []host{a, b} {
-				env := cleanEnv("NEXAR_RANK="+strconv.Itoa(r), "NEXAR_WORLD_SIZE=2", "NEXAR_SEED="+seed,
-					"NEXAR_TOKEN="+token, "NEXAR_ADVERTISE_ADDR="+h.addr, "NEXAR_BULK_PLAINTEXT="+strconv.FormatBool(plain))
-				procs = append(procs, startIn(t, ctx, fmt.Sprintf("rank %d in %s", r, h.ns), h.ns, env, testprog, "check"))
-			}
+			procs := onePerHost(t, ctx, []host{a, b}, 29600+i, []string{"NEXAR_BULK_PLAINTEXT=" + strconv.FormatBool(plain)}, testprog, "check")
 			checked := 0
 			for _, p := range procs {
 				if err := p.cmd.Wait(); err != nil {

@@ -25,14 +25,7 @@ func TestStoppedRemoteRank(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			token := randHex(32)
-			seed := fmt.Sprintf("%s:%d", a.addr, 29700+i)
-			var procs []*proc
-			for r, h := range []host{a, b} {
-				env := cleanEnv(fmt.Sprintf("NEXAR_RANK=%d", r), "NEXAR_WORLD_SIZE=2", "NEXAR_SEED="+seed, "NEXAR_TOKEN="+token,
-					"NEXAR_ADVERTISE_ADDR="+h.addr)
-				procs = append(procs, startIn(t, ctx, fmt.Sprintf("rank %d in %s", r, h.ns), h.ns, env, testprog, "soak", "14s"))
-			}
+			procs := onePerHost(t, ctx, []host{a, b}, 29700+i, nil, testprog, "soak", "14s")
 			deadline := time.Now().Add(60 * time.Second)
 			for strings.Count(procs[0].output()+procs[1].output(), "READY") < 2 {
 				if time.Now().After(deadline) {

@@ -94,7 +94,7 @@ func TestRDMAAllreduceRegistrations(t *testing.T) {
 	if race.Enabled {
 		calls = 200 // 90 s for 1000 under -race on 2 cores; the bound is the same
 	}
-	const warm = 10
+	const warm = 10 // reported: how many registrations come after
 	for i := range warm {
 		run(i)
 	}
@@ -103,11 +103,12 @@ func TestRDMAAllreduceRegistrations(t *testing.T) {
 		run(i)
 	}
 	after, _ := ibverbs.Registrations(lib)
+	// The early-arrival buffer is registered when the first message
+	// arrives early, which may be after the first calls (under -race it
+	// was once call 10 to 200): so the bound is on the total, which
+	// per-call registration exceeds at the second call.
 	t.Logf("%d allreduces of %d KiB: %d registrations in both ranks, %d after the first %d calls", calls, 4*count>>10, after-before, after-mid, warm)
 	if n := after - before; n > 3*int64(len(comms)) {
 		t.Errorf("%d allreduces on one buffer made %d registrations in %d ranks, want at most 3 per rank", calls, n, len(comms))
-	}
-	if after != mid {
-		t.Errorf("calls %d to %d made %d registrations, want none: the first calls' last", warm, calls, after-mid)
 	}
 }

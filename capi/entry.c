@@ -326,6 +326,14 @@ nexar_result_t nexar_ireduce(const void* sendbuf, void* recvbuf, size_t count, n
         (uintptr_t)comm, (uintptr_t*)req);
 }
 
+nexar_result_t nexar_reduce_stream(const void* sendbuf, void* recvbuf, size_t count,
+                                   nexar_datatype_t dt, nexar_op_t op, int root, nexar_comm_t comm,
+                                   void* stream) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_reduce_stream((void*)sendbuf, recvbuf, count, dt, op, root,
+        (uintptr_t)comm, stream);
+}
+
 nexar_result_t nexar_allgather(const void* sendbuf, void* recvbuf, size_t sendcount,
                                nexar_datatype_t dt, nexar_comm_t comm) {
     GUARD("communicator");
@@ -399,6 +407,13 @@ nexar_result_t nexar_ialltoall(const void* sendbuf, void* recvbuf, size_t count_
         (uintptr_t)comm, (uintptr_t*)req);
 }
 
+nexar_result_t nexar_alltoall_stream(const void* sendbuf, void* recvbuf, size_t count_per_peer,
+                                     nexar_datatype_t dt, nexar_comm_t comm, void* stream) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_alltoall_stream((void*)sendbuf, recvbuf, count_per_peer, dt,
+        (uintptr_t)comm, stream);
+}
+
 nexar_result_t nexar_alltoallv(const void* sendbuf, const size_t* sendcounts, const size_t* sdispls,
                                void* recvbuf, const size_t* recvcounts, const size_t* rdispls,
                                nexar_datatype_t dt, nexar_comm_t comm) {
@@ -416,6 +431,16 @@ nexar_result_t nexar_ialltoallv(const void* sendbuf, const size_t* sendcounts,
         recvbuf, (size_t*)recvcounts, (size_t*)rdispls, dt, (uintptr_t)comm, (uintptr_t*)req);
 }
 
+nexar_result_t nexar_alltoallv_stream(const void* sendbuf, const size_t* sendcounts,
+                                      const size_t* sdispls, void* recvbuf,
+                                      const size_t* recvcounts, const size_t* rdispls,
+                                      nexar_datatype_t dt, nexar_comm_t comm, void* stream) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_alltoallv_stream((void*)sendbuf, (size_t*)sendcounts,
+        (size_t*)sdispls, recvbuf, (size_t*)recvcounts, (size_t*)rdispls, dt, (uintptr_t)comm,
+        stream);
+}
+
 nexar_result_t nexar_gather(const void* sendbuf, void* recvbuf, size_t sendcount,
                             nexar_datatype_t dt, int root, nexar_comm_t comm) {
     GUARD("communicator");
@@ -429,6 +454,13 @@ nexar_result_t nexar_igather(const void* sendbuf, void* recvbuf, size_t sendcoun
     GUARD("communicator");
     return (nexar_result_t)nxgo_igather((void*)sendbuf, recvbuf, sendcount, dt, root,
         (uintptr_t)comm, (uintptr_t*)req);
+}
+
+nexar_result_t nexar_gather_stream(const void* sendbuf, void* recvbuf, size_t sendcount,
+                                   nexar_datatype_t dt, int root, nexar_comm_t comm, void* stream) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_gather_stream((void*)sendbuf, recvbuf, sendcount, dt, root,
+        (uintptr_t)comm, stream);
 }
 
 nexar_result_t nexar_gatherv(const void* sendbuf, size_t sendcount, void* recvbuf,
@@ -460,6 +492,14 @@ nexar_result_t nexar_iscatter(const void* sendbuf, void* recvbuf, size_t recvcou
     GUARD("communicator");
     return (nexar_result_t)nxgo_iscatter((void*)sendbuf, recvbuf, recvcount, dt, root,
         (uintptr_t)comm, (uintptr_t*)req);
+}
+
+nexar_result_t nexar_scatter_stream(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                    nexar_datatype_t dt, int root, nexar_comm_t comm,
+                                    void* stream) {
+    GUARD("communicator");
+    return (nexar_result_t)nxgo_scatter_stream((void*)sendbuf, recvbuf, recvcount, dt, root,
+        (uintptr_t)comm, stream);
 }
 
 nexar_result_t nexar_scatterv(const void* sendbuf, const size_t* sendcounts, const size_t* displs,

@@ -97,3 +97,71 @@ func nxgo_recv_stream(buf unsafe.Pointer, count C.size_t, dt C.int, peer C.int, 
 	a.allowDevice(true, stream)
 	return recv(&a, buf, count, dt, peer, tag, comm, nil)
 }
+
+// The collectives below have no hierarchical or GPUDirect path: their
+// device buffers are always staged.
+
+//export nxgo_reduce_stream
+func nxgo_reduce_stream(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt, op C.int, root C.int, comm C.uintptr_t, stream unsafe.Pointer) (r C.int) {
+	const fn = "nexar_reduce_stream"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	a.allowDevice(true, stream)
+	x := prepElementwise(&a, sendbuf, recvbuf, count, dt, op, root, true, comm)
+	if !a.ok() {
+		return a.fail()
+	}
+	return a.callWithBuffers(func() error { return x.c.Reduce(bg, x.send, x.recv, x.dt, x.op, x.root) })
+}
+
+//export nxgo_alltoall_stream
+func nxgo_alltoall_stream(sendbuf, recvbuf unsafe.Pointer, count C.size_t, dt C.int, comm C.uintptr_t, stream unsafe.Pointer) (r C.int) {
+	const fn = "nexar_alltoall_stream"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	a.allowDevice(true, stream)
+	x := prepGatherLike(&a, sendbuf, recvbuf, count, dt, comm, true)
+	if !a.ok() {
+		return a.fail()
+	}
+	return a.callWithBuffers(func() error { return x.c.Alltoall(bg, x.send, x.recv, x.dt) })
+}
+
+//export nxgo_alltoallv_stream
+func nxgo_alltoallv_stream(sendbuf unsafe.Pointer, sendcounts, sdispls *C.size_t, recvbuf unsafe.Pointer, recvcounts, rdispls *C.size_t, dt C.int, comm C.uintptr_t, stream unsafe.Pointer) (r C.int) {
+	const fn = "nexar_alltoallv_stream"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	a.allowDevice(true, stream)
+	x := prepAlltoallv(&a, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dt, comm)
+	if !a.ok() {
+		return a.fail()
+	}
+	return a.callWithBuffers(func() error { return x.c.Alltoallv(bg, x.send, x.counts, x.displs, x.recv, x.rcounts, x.rdispls, x.dt) })
+}
+
+//export nxgo_gather_stream
+func nxgo_gather_stream(sendbuf, recvbuf unsafe.Pointer, sendcount C.size_t, dt, root C.int, comm C.uintptr_t, stream unsafe.Pointer) (r C.int) {
+	const fn = "nexar_gather_stream"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	a.allowDevice(true, stream)
+	x := prepGather(&a, sendbuf, recvbuf, sendcount, dt, root, comm)
+	if !a.ok() {
+		return a.fail()
+	}
+	return a.callWithBuffers(func() error { return x.c.Gather(bg, x.send, x.recv, x.dt, x.root) })
+}
+
+//export nxgo_scatter_stream
+func nxgo_scatter_stream(sendbuf, recvbuf unsafe.Pointer, recvcount C.size_t, dt, root C.int, comm C.uintptr_t, stream unsafe.Pointer) (r C.int) {
+	const fn = "nexar_scatter_stream"
+	defer recoverToResult(fn, &r)
+	a := args{fn: fn}
+	a.allowDevice(true, stream)
+	x := prepScatter(&a, sendbuf, recvbuf, recvcount, dt, root, comm)
+	if !a.ok() {
+		return a.fail()
+	}
+	return a.callWithBuffers(func() error { return x.c.Scatter(bg, x.send, x.recv, x.dt, x.root) })
+}

@@ -974,6 +974,35 @@ nexar_result_t nexar_reduce_scatter_stream(const void* sendbuf, void* recvbuf, s
                                            nexar_datatype_t dt, nexar_op_t op, nexar_comm_t comm,
                                            void* stream);
 
+/* nexar_reduce_stream: nexar_reduce ordered on stream. recvbuf is used
+ * on root only (may be NULL elsewhere). Staged, as are the four calls
+ * below: never through NCCL nor GPUDirect RDMA. */
+nexar_result_t nexar_reduce_stream(const void* sendbuf, void* recvbuf, size_t count,
+                                   nexar_datatype_t dt, nexar_op_t op, int root, nexar_comm_t comm,
+                                   void* stream);
+
+/* nexar_alltoall_stream: nexar_alltoall ordered on stream. Staged. */
+nexar_result_t nexar_alltoall_stream(const void* sendbuf, void* recvbuf, size_t count_per_peer,
+                                     nexar_datatype_t dt, nexar_comm_t comm, void* stream);
+
+/* nexar_alltoallv_stream: nexar_alltoallv ordered on stream. The four
+ * arrays are host memory, read before the call returns (they may be freed
+ * then); the buffers may be device memory. Staged. */
+nexar_result_t nexar_alltoallv_stream(const void* sendbuf, const size_t* sendcounts,
+                                      const size_t* sdispls, void* recvbuf,
+                                      const size_t* recvcounts, const size_t* rdispls,
+                                      nexar_datatype_t dt, nexar_comm_t comm, void* stream);
+
+/* nexar_gather_stream: nexar_gather ordered on stream. recvbuf is used on
+ * root only. Staged. */
+nexar_result_t nexar_gather_stream(const void* sendbuf, void* recvbuf, size_t sendcount,
+                                   nexar_datatype_t dt, int root, nexar_comm_t comm, void* stream);
+
+/* nexar_scatter_stream: nexar_scatter ordered on stream. sendbuf is used
+ * on root only. Staged. */
+nexar_result_t nexar_scatter_stream(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                    nexar_datatype_t dt, int root, nexar_comm_t comm, void* stream);
+
 /* nexar_send_stream: nexar_send of buf as stream has it when the work
  * enqueued before the call is done. */
 nexar_result_t nexar_send_stream(const void* buf, size_t count, nexar_datatype_t dt, int peer,

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 // The runtime's entry points, with its signatures (no CUDA header needed).
@@ -151,6 +152,64 @@ int main() {
         world.reduce_scatter_stream(a.p, b.p, count, nexar::Op::sum, s);
         expect_eq(b.get(), want, "reduce_scatter_stream");
     }
+    {  // reduce_stream to rank 0, int64 sum; the other ranks pass recv nullptr
+        std::vector<std::int64_t> in(count), want(count);
+        for (std::size_t i = 0; i < count; i++) {
+            in[i] = r * 1000000 + static_cast<std::int64_t>(i);
+            want[i] = static_cast<std::int64_t>(i) * n + 1000000LL * n * (n - 1) / 2;
+        }
+        Device<std::int64_t> a(count, s), b(count, s);
+        a.put(in);
+        world.reduce_stream(a.p, r == 0 ? b.p : nullptr, count, nexar::Op::sum, 0, s);
+        if (r == 0) expect_eq(b.get(), want, "reduce_stream");
+        expect_eq(a.get(), in, "reduce_stream sendbuf");
+    }
+    {  // alltoall_stream: block j of rank r goes to block r of rank j
+        std::vector<std::int32_t> in(count * un), want(count * un);
+        for (std::size_t j = 0; j < un; j++)
+            for (std::size_t i = 0; i < count; i++) {
+                in[j * count + i] = static_cast<std::int32_t>(r * 100000 + static_cast<int>(j * 1000 + i));
+                want[j * count + i] = static_cast<std::int32_t>(static_cast<int>(j) * 100000 + r * 1000 + static_cast<int>(i));
+            }
+        Device<std::int32_t> a(count * un, s), b(count * un, s);
+        a.put(in);
+        world.alltoall_stream(a.p, b.p, count, s);
+        expect_eq(b.get(), want, "alltoall_stream");
+    }
+    {  // alltoallv_stream: rank r sends r+j+1 elements to rank j, packed
+        std::vector<std::size_t> sc(un), sd(un), rc(un), rd(un);
+        std::size_t sn = 0, rn = 0;
+        for (std::size_t j = 0; j < un; j++) {
+            sc[j] = static_cast<std::size_t>(r) + j + 1;
+            sd[j] = sn;
+            sn += sc[j];
+            rc[j] = j + static_cast<std::size_t>(r) + 1;
+            rd[j] = rn;
+            rn += rc[j];
+        }
+        std::vector<std::int64_t> in(sn), want(rn);
+        for (std::size_t j = 0; j < un; j++) {
+            for (std::size_t k = 0; k < sc[j]; k++) in[sd[j] + k] = r * 1000 + static_cast<std::int64_t>(j * 100 + k);
+            for (std::size_t k = 0; k < rc[j]; k++) want[rd[j] + k] = static_cast<std::int64_t>(j) * 1000 + r * 100 + static_cast<std::int64_t>(k);
+        }
+        Device<std::int64_t> a(sn, s), b(rn, s);
+        a.put(in);
+        world.alltoallv_stream(a.p, sc.data(), sd.data(), b.p, rc.data(), rd.data(), s);
+        expect_eq(b.get(), want, "alltoallv_stream");
+    }
+    {  // gather_stream to the last rank, then scatter_stream back from it
+        const int root = n - 1;
+        std::vector<std::int64_t> mine(count), all(count * un);
+        for (std::size_t i = 0; i < count; i++) mine[i] = r * 10000 + static_cast<std::int64_t>(i);
+        for (std::size_t k = 0; k < un; k++)
+            for (std::size_t i = 0; i < count; i++) all[k * count + i] = static_cast<std::int64_t>(k) * 10000 + static_cast<std::int64_t>(i);
+        Device<std::int64_t> a(count, s), b(count * un, s), c(count, s);
+        a.put(mine);
+        world.gather_stream(a.p, r == root ? b.p : nullptr, count, root, s);
+        if (r == root) expect_eq(b.get(), all, "gather_stream");
+        world.scatter_stream(r == root ? b.p : nullptr, c.p, count, root, s);
+        expect_eq(c.get(), mine, "scatter_stream");
+    }
     if (n > 1) {  // send_stream / recv_stream around a ring
         const int next = (r + 1) % n, prev = (r + n - 1) % n;
         std::vector<std::uint8_t> out(count), want(count);
@@ -177,6 +236,17 @@ int main() {
             threw = e.code() == NEXAR_ERR_INVALID_ARGUMENT;
         }
         EXPECT(threw, "allreduce_stream of NULL buffers did not throw NEXAR_ERR_INVALID_ARGUMENT");
+    }
+    {  // a bad root throws nexar::Error naming it
+        Device<std::int64_t> a(count * un, s);
+        std::string what;
+        try {
+            world.gather_stream(a.p, a.p, count, n, s);
+        } catch (const nexar::Error& e) {
+            if (e.code() == NEXAR_ERR_INVALID_ARGUMENT) what = e.what();
+        }
+        EXPECT(what.find("nexar_gather_stream") != std::string::npos && what.find("root") != std::string::npos,
+               "gather_stream with root %d: %s", n, what.c_str());
     }
     std::printf("rank %d: cpp device ok\n", r);
     return 0;

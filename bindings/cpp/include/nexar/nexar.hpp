@@ -668,6 +668,38 @@ public:
         detail::check(
             nexar_reduce_scatter_stream(send, recv, recvcount, datatype_v<T>, detail::op(op), h_, stream));
     }
+    // reduce_stream: recv is used on root only (nullptr elsewhere).
+    template <class T>
+    void reduce_stream(const T* send, T* recv, std::size_t count, Op op, int root, void* stream) {
+        detail::check(
+            nexar_reduce_stream(send, recv, count, datatype_v<T>, detail::op(op), root, h_, stream));
+    }
+    // alltoall_stream: send and recv hold size() * count_per_peer elements.
+    template <class T>
+    void alltoall_stream(const T* send, T* recv, std::size_t count_per_peer, void* stream) {
+        detail::check(nexar_alltoall_stream(send, recv, count_per_peer, datatype_v<T>, h_, stream));
+    }
+    // alltoallv_stream: the four arrays are host memory, read before the
+    // call returns.
+    template <class T>
+    void alltoallv_stream(const T* send, const std::size_t* sendcounts, const std::size_t* sdispls,
+                          T* recv, const std::size_t* recvcounts, const std::size_t* rdispls,
+                          void* stream) {
+        detail::check(nexar_alltoallv_stream(send, sendcounts, sdispls, recv, recvcounts, rdispls,
+                                             datatype_v<T>, h_, stream));
+    }
+    // gather_stream: root's recv holds size() * sendcount elements (nullptr
+    // elsewhere).
+    template <class T>
+    void gather_stream(const T* send, T* recv, std::size_t sendcount, int root, void* stream) {
+        detail::check(nexar_gather_stream(send, recv, sendcount, datatype_v<T>, root, h_, stream));
+    }
+    // scatter_stream: root's send holds size() * recvcount elements (nullptr
+    // elsewhere).
+    template <class T>
+    void scatter_stream(const T* send, T* recv, std::size_t recvcount, int root, void* stream) {
+        detail::check(nexar_scatter_stream(send, recv, recvcount, datatype_v<T>, root, h_, stream));
+    }
     template <class T>
     void send_stream(const T* buf, std::size_t count, int peer, std::uint64_t tag, void* stream) {
         detail::check(nexar_send_stream(buf, count, datatype_v<T>, peer, tag, h_, stream));

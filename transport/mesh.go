@@ -156,9 +156,18 @@ func As[T any](m Mesh) (T, bool) {
 // transport/bulk): Prepare says that the pieces of b are about to be sent
 // or received, so that the path registers b whole once, where its
 // registrations last across operations, instead of each piece on its own.
-// A hint; safe for concurrent use.
+// A hint; safe for concurrent use. Forget says that b's memory is about
+// to be given back (to the Go heap, or unmapped): the registrations of its
+// range kept by Prepare or by the operations on it are dropped, so that
+// none pins pages nobody uses (one in use by an operation goes when that
+// operation ends). Registers reports whether the path has a NIC whose
+// registrations Prepare makes (an RDMA device was opened; fixed for the
+// path's life): without one, Prepare and Forget do nothing, and owners
+// need not arrange their memory for them (core's Slabs).
 type Registrar interface {
 	Prepare(b []byte)
+	Forget(b []byte)
+	Registers() bool
 }
 
 // Broadcaster is a path that relays (transport/relay): Broadcast delivers

@@ -402,3 +402,44 @@ func TestRegCacheKeep(t *testing.T) {
 		t.Error("Keep after Close: no error")
 	}
 }
+
+// TestRegCacheKeepInvalidate: a kept whole range serves its pieces, and
+// Invalidate of it (its memory given back: core's slabs, Forget) drops
+// it, at once when idle, else when the piece's use ends, and gives up its
+// hold either way.
+func TestRegCacheKeepInvalidate(t *testing.T) {
+	f := newFake()
+	l := &fakeLasting{refuse: map[uintptr]bool{}, changed: map[uintptr]bool{}}
+	c, err := NewLastingRegCache(8, f.reg, f.dereg, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const slab, piece = 0x400000, 0x40000
+	for _, inUse := range []bool{false, true} {
+		calls := f.calls
+		if kept, err := c.Keep(slab, 16*piece); !kept || err != nil {
+			t.Fatalf("Keep: %v, %v", kept, err)
+		}
+		h, err := c.Acquire(slab+3*piece, piece)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.calls != calls+1 {
+			t.Fatalf("a piece of a kept range made %d registrations of its own", f.calls-calls-1)
+		}
+		if !inUse {
+			h.Release()
+		}
+		c.Invalidate(slab, 16*piece)
+		if want := map[bool]int{false: 0, true: 1}[inUse]; f.nlive() != want || l.held != want {
+			t.Fatalf("in use %v: after Invalidate %d registrations live, %d holds; want %d", inUse, f.nlive(), l.held, want)
+		}
+		h.Release()
+		if f.nlive() != 0 || l.held != 0 || c.Len() != 0 {
+			t.Fatalf("in use %v: after the last use %d live, %d holds, %d cached", inUse, f.nlive(), l.held, c.Len())
+		}
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

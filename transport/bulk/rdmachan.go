@@ -30,6 +30,10 @@ type RDMA interface {
 	// share one registration; a hint (nothing happens where it would not
 	// help), safe for concurrent use.
 	Prepare(b []byte)
+	// Forget drops the registrations of b's range (those in use go when
+	// their operation ends): its memory is about to be given back. Safe
+	// for concurrent use.
+	Forget(b []byte)
 	Close() error
 }
 
@@ -162,6 +166,20 @@ func (e *Endpoint) Prepare(b []byte) {
 		e.opt.RDMA.Prepare(b)
 	}
 }
+
+// Forget tells the RDMA device that b's memory is about to be given back,
+// so that no registration of it outlives it (transport.Registrar). Not
+// gated on a channel being up: a registration made over one that has
+// since closed must go too. Safe for concurrent use.
+func (e *Endpoint) Forget(b []byte) {
+	if len(b) > 0 && e.opt.RDMA != nil {
+		e.opt.RDMA.Forget(b)
+	}
+}
+
+// Registers reports whether the endpoint has an RDMA device, whose
+// channels register memory (transport.Registrar). Safe for concurrent use.
+func (e *Endpoint) Registers() bool { return e.opt.RDMA != nil }
 
 // watchRDMA reports peer lost when the sending end of its channel ch
 // fails while no send waits on it: a message handed to the NIC that could

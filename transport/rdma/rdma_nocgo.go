@@ -27,5 +27,8 @@ func (d *Device) GPU() (moves, direct bool) { return false, false }
 // Prepare does nothing: no device.
 func (d *Device) Prepare([]byte) {}
 
+// Forget does nothing without cgo.
+func (d *Device) Forget([]byte) {}
+
 // Close does nothing: no device.
 func (d *Device) Close() error { return nil }

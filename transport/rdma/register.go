@@ -72,6 +72,18 @@ func (d *Device) Prepare(b []byte) {
 	}
 }
 
+// Forget drops the registrations of host buffer b's range, whose memory
+// is about to be given back (a slab of core's pools let go): a kept
+// registration would otherwise pin and lock its pages until evicted. One
+// in use by an operation goes when that operation ends (RegCache's
+// Invalidate). Safe for concurrent use.
+func (d *Device) Forget(b []byte) {
+	if len(b) == 0 || d.gpu.isDevice(b) {
+		return
+	}
+	d.reg.Invalidate(uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+}
+
 // RegStats says what the device's registration cache of host memory did:
 // registrations made, uses served by one made before, and registrations
 // dropped because their memory had changed. Safe for concurrent use.

@@ -41,6 +41,11 @@ type ScratchPool struct {
 	tinyOn     bool        // idleMax leaves room for every tiny slot
 	tinyClosed atomic.Bool // Close has begun: tiny buffers are not kept
 
+	// slabs carves the buffers of the sizes it Carves, so that they share
+	// its slabs' registrations with the owner's other pools (Slabs); nil:
+	// every buffer is its own allocation. Fixed at NewScratchPoolFrom.
+	slabs *Slabs
+
 	mu     sync.Mutex
 	idle   [maxScratchClass + 1][][]byte
 	closed bool
@@ -56,6 +61,15 @@ const (
 func NewScratchPool(idleBytes int64) *ScratchPool {
 	p := &ScratchPool{idleMax: max(idleBytes, 0)}
 	p.tinyOn = p.idleMax >= tinySlots*tinyScratch
+	return p
+}
+
+// NewScratchPoolFrom is NewScratchPool whose buffers of the sizes slabs
+// Carves are carved from slabs (nil: none). Close does not close slabs:
+// their owner does, after it.
+func NewScratchPoolFrom(idleBytes int64, slabs *Slabs) *ScratchPool {
+	p := NewScratchPool(idleBytes)
+	p.slabs = slabs
 	return p
 }
 
@@ -113,6 +127,8 @@ func (p *ScratchPool) Get(n int) []byte {
 	var b []byte
 	if c >= hugeClass {
 		b = mapHuge(1 << c)
+	} else if p.slabs.Carves(1 << c) {
+		b = p.slabs.Get(1 << c) // nil once the slabs are closed
 	}
 	if b == nil {
 		b = make([]byte, 1<<c)
@@ -142,7 +158,7 @@ func (p *ScratchPool) Put(b []byte) {
 	}
 	p.mu.Unlock()
 	if b != nil {
-		release(b)
+		p.release(b)
 	}
 }
 
@@ -201,13 +217,17 @@ func (p *ScratchPool) Close() {
 	p.closed = true
 	p.mu.Unlock()
 	for _, b := range drop {
-		release(b)
+		p.release(b)
 	}
 }
 
-// release unmaps b if mapHuge made it; the GC takes heap buffers.
-func release(b []byte) {
-	if cap(b) >= 1<<hugeClass && isMapped(b) {
+// release gives b back to the slabs it was carved from, or unmaps it if
+// mapHuge made it; the GC takes other heap buffers.
+func (p *ScratchPool) release(b []byte) {
+	switch {
+	case p.slabs.Carves(cap(b)):
+		p.slabs.Put(b)
+	case cap(b) >= 1<<hugeClass && isMapped(b):
 		unmapHuge(b)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"math/bits"
 	"sync"
 
+	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/transport"
 )
 
@@ -21,6 +22,11 @@ const poolMin = 64 << 10
 // all (set by the owner from the memory profile). Safe for concurrent use;
 // its lock is a leaf.
 type bufPool struct {
+	// slabs carves the buffers of the sizes it Carves (Comm.slabs: shared
+	// with the scratch pool, so that both find one registration covering
+	// their buffers); nil: each is its own allocation. Set at creation.
+	slabs *collective.Slabs
+
 	mu    sync.Mutex
 	max   int
 	idle  int
@@ -43,6 +49,9 @@ func (p *bufPool) get(n int) []byte {
 		return b[:n]
 	}
 	p.mu.Unlock()
+	if b := p.slabs.Get(1 << k); b != nil { // nil: not carved (size, no slabs, closed)
+		return b[:n]
+	}
 	return make([]byte, n, 1<<k)
 }
 
@@ -56,8 +65,12 @@ func (p *bufPool) put(b []byte) {
 	if p.idle+cap(b) <= p.max {
 		p.class[k] = append(p.class[k], b[:0])
 		p.idle += cap(b)
+		b = nil
 	}
 	p.mu.Unlock()
+	if b != nil {
+		p.slabs.Put(b) // a piece of a slab goes back to it; others to the GC
+	}
 }
 
 // poolClass is the size class of n bytes, or -1 when n is not pooled.
@@ -66,6 +79,21 @@ func poolClass(n int) int {
 		return -1
 	}
 	return bits.Len(uint(n - 1))
+}
+
+// newSlabs returns the slabs a communicator's scratch and early-arrival
+// pools carve their large buffers from, where n's data path registers
+// memory with a NIC (transport.Registrar: RDMA): there the buffers of both
+// pools fall under one registration per slab, where each buffer would have
+// its own (collective.Slabs). nil elsewhere (shared memory, TCP: nothing
+// to share, so nothing changes) and where the scratch pool keeps less
+// than a slab idle, whose pieces would come back at once, each time
+// dropping the slab and its registration.
+func newSlabs(n *node) *collective.Slabs {
+	if n.reg == nil || !n.reg.Registers() || n.cfg.ScratchIdleBytes < collective.SlabBytes {
+		return nil
+	}
+	return collective.NewSlabs(n.reg.Prepare, n.reg.Forget)
 }
 
 // earlyPoolBytes bounds a communicator's idle early-arrival buffers

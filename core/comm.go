@@ -88,6 +88,10 @@ type Comm struct {
 	flight *flightRecorder // the last operations (core/flight.go), under its own lock; nil: off
 
 	// Memory and traffic (core/stats.go).
+	// slabs carves the large buffers of scratch and early where the data
+	// path registers memory (newSlabs), so that both pools share its
+	// slabs' registrations; nil elsewhere. Closed after scratch.
+	slabs   *collective.Slabs
 	scratch *collective.ScratchPool // the schedules' temporaries, idle ones within cfg.ScratchIdleBytes
 	// early holds the buffers of chunks that arrive before their
 	// receive (placeEarly), idle ones within earlyPoolBytes.
@@ -106,6 +110,7 @@ type departure struct {
 }
 
 func newComm(n *node, id uint64, rank int, world []int) *Comm {
+	slabs := newSlabs(n)
 	c := &Comm{
 		n: n, id: id, rank: rank, size: len(world), world: world,
 		cfg: n.cfg, tuningDigest: n.cfg.Tuning.Digest(), gen: n.view.Gen,
@@ -119,8 +124,9 @@ func newComm(n *node, id uint64, rank int, world []int) *Comm {
 		rpc:       newRPCState(n.cfg.RPCHandlers, rpcPoolBytes(n.cfg)),
 		rec:       recovery{policy: n.cfg.OnFailure, stop: make(chan struct{})},
 		flight:    newFlightRecorder(n.cfg, n.log, id, rank),
-		scratch:   collective.NewScratchPool(n.cfg.ScratchIdleBytes),
-		early:     bufPool{max: earlyPoolBytes(n.cfg)},
+		slabs:     slabs,
+		scratch:   collective.NewScratchPoolFrom(n.cfg.ScratchIdleBytes, slabs),
+		early:     bufPool{max: earlyPoolBytes(n.cfg), slabs: slabs},
 	}
 	c.match.Free = c.early.put
 	c.byWorld = make([]int32, n.size)
@@ -337,6 +343,7 @@ func (c *Comm) Close() error {
 		c.n.release(held)
 		c.n.unregister(c)
 		c.scratch.Close()
+		c.slabs.Close() // after the pools' last use: drops the slabs' registrations
 	})
 	return nil
 }

@@ -120,8 +120,8 @@ type Endpoint interface {
 type Caps struct {
 	// Poll: StartPolling can return a poll function for a peer whose
 	// LaneData arrives over a channel the waiting goroutine may progress
-	// itself (a shared-memory ring), and Waiting changes how that
-	// channel wakes its reader.
+	// itself (a shared-memory ring, a TCP connection), and Waiting
+	// changes how a ring wakes its reader.
 	Poll bool
 	// ProgressSend: SendProgress runs its progress function while a
 	// LaneData send waits for room; without it SendProgress is Send.

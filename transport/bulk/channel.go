@@ -15,6 +15,7 @@ import (
 
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/internal/frame"
+	"github.com/nexar-go/nexar/transport/internal/record"
 )
 
 const (
@@ -118,6 +119,9 @@ type channel struct {
 	end    error            // rmu: the frame error that ended the channel, once met
 	rx     rxFrame          // rmu
 	pollFn func() bool      // immutable after startReading: poll, made once
+	// unpollFn is StartPolling's stop for a TCP channel with sock, set by
+	// the endpoint before the channel can be polled.
+	unpollFn func()
 	// sleepers (atomic) counts this process's goroutines asleep in await:
 	// a goroutine that delivers frames while one is wakes them (nudge).
 	sleepers atomic.Int32
@@ -128,6 +132,18 @@ type channel struct {
 	// side); 0: never. Set before the channel is installed, then
 	// immutable.
 	remoteMin int
+
+	// A TCP channel's receiving side, where its socket can be polled
+	// (sock, set by startReading): goroutines waiting for its data read
+	// link 0 themselves (pollTCP) while pollers is not 0, and the read
+	// loop keeps off the socket meanwhile; the last poller to stop sends
+	// on kick.
+	sock    *sockWait
+	pollers atomic.Int32
+	kick    chan struct{}
+	// beforeWait, when set (tests only), runs in readLoopTCP just before
+	// it sleeps on the socket.
+	beforeWait func()
 }
 
 // rxFrame is the frame a ring channel is in the middle of reading: ring
@@ -160,6 +176,9 @@ func (c *channel) close() {
 		close(c.dead)
 		for _, l := range c.links {
 			l.Close()
+		}
+		if c.sock != nil {
+			c.sock.close()
 		}
 	})
 }
@@ -330,14 +349,21 @@ func (c *channel) goodbye(deadline time.Time) {
 func (c *channel) startReading(deliver func(h *transport.Header, p []byte), place func(h *transport.Header, n int) ([]byte, func(error))) {
 	c.deliver, c.place = deliver, place
 	c.r0 = c.links[0]
-	if _, ok := c.links[0].(connLink); ok {
+	if cl, ok := c.links[0].(connLink); ok {
 		c.r0 = bufio.NewReaderSize(c.links[0], readBuf)
+		if c.sock = newSockWait(cl.raw); c.sock != nil {
+			c.kick = make(chan struct{}, 1)
+			c.pollFn = c.pollTCP
+		}
 	}
 }
 
 // readLoop delivers frames until a link fails or a goodbye arrives; it
 // returns frame.ErrGoodbye for a graceful end, else the failure.
 func (c *channel) readLoop() error {
+	if c.sock != nil {
+		return c.readLoopTCP()
+	}
 	if c.ring == nil {
 		for {
 			c.rmu.Lock()
@@ -407,6 +433,134 @@ func (c *channel) readLoop() error {
 		c.rmu.Unlock()
 		if err != nil {
 			return err
+		}
+	}
+}
+
+// readLoopTCP is readLoop for a TCP channel whose socket can be polled:
+// it reads what arrives while nobody polls, and sleeps on the socket (not
+// in a read of it, which would hold the connection's read lock) or, while
+// goroutines poll, until the last of them stops.
+func (c *channel) readLoopTCP() error {
+	for {
+		for c.pollers.Load() > 0 {
+			select {
+			case <-c.kick:
+			case <-c.dead:
+				return c.endErr(net.ErrClosed)
+			}
+		}
+		c.rmu.Lock()
+		for c.end == nil && c.readyLocked() {
+			if c.readFrame() != nil {
+				break
+			}
+			c.framed.Store(true)
+			if c.pollers.Load() > 0 {
+				break // the poller takes the rest
+			}
+		}
+		end := c.end
+		c.rmu.Unlock()
+		if end != nil {
+			return end
+		}
+		if c.pollers.Load() > 0 {
+			continue
+		}
+		if c.beforeWait != nil {
+			c.beforeWait()
+		}
+		switch err := c.sock.wait(); {
+		case err == nil:
+		case errors.Is(err, errInterrupted):
+			c.sock.clearInterrupt()
+		default:
+			return c.endErr(err)
+		}
+	}
+}
+
+// endErr is the error that ended the receiving side, else err.
+func (c *channel) endErr(err error) error {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	if c.end != nil {
+		return c.end
+	}
+	return err
+}
+
+// errInterrupted is sockWait.wait's error when interrupt ended it.
+var errInterrupted = errors.New("bulk: socket wait interrupted")
+
+// readyLocked reports whether a read of link 0 would find data without
+// waiting: bytes the readers above the socket hold, or bytes (or the end)
+// on the socket. Called with rmu held, on a channel with sock.
+func (c *channel) readyLocked() bool {
+	return c.bufferedLocked() || c.sock.peek()
+}
+
+// bufferedLocked reports whether the readers above link 0's socket hold
+// bytes the socket no longer does (rmu held).
+func (c *channel) bufferedLocked() bool {
+	if br, ok := c.r0.(*bufio.Reader); ok && br.Buffered() > 0 {
+		return true
+	}
+	if cl, ok := c.links[0].(connLink); ok {
+		if rc, ok := cl.c.(*record.Conn); ok && rc.Buffered() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// pollTCP is poll for a TCP channel with sock: it reads one frame in the
+// calling goroutine if its first bytes have arrived (the rest follows
+// them, so the read does not wait long), and reports whether it did. It
+// returns at once when another goroutine is reading. A frame error ends
+// the channel: the read loop, woken by the close, reports it.
+func (c *channel) pollTCP() bool {
+	if !c.rmu.TryLock() {
+		return false
+	}
+	if c.end != nil || !c.readyLocked() {
+		c.rmu.Unlock()
+		return false
+	}
+	err := c.readFrame()
+	if err == nil {
+		c.framed.Store(true)
+	}
+	c.rmu.Unlock()
+	if err != nil {
+		c.close()
+	}
+	return true
+}
+
+// startPollTCP counts a goroutine that polls the channel (pollTCP).
+func (c *channel) startPollTCP() { c.pollers.Add(1) }
+
+// stopPollTCP ends a poller's count. The last one wakes the read loop; if
+// the readers above the socket hold bytes (read ahead past the frame the
+// poller wanted), a read loop asleep on the socket would not see them, so
+// its wait is interrupted.
+func (c *channel) stopPollTCP() {
+	if c.pollers.Add(-1) != 0 {
+		return
+	}
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+	// When the lock is held, its holder is the read loop, which reads
+	// until nothing is left, or a new poller, which stops the same way.
+	if c.rmu.TryLock() {
+		left := c.end == nil && c.bufferedLocked()
+		c.rmu.Unlock()
+		if left {
+			c.sock.interrupt()
 		}
 	}
 }

@@ -93,6 +93,23 @@ func (e *Endpoint) cause(peer int) error {
 
 // startReader installs an inbound channel and delivers its frames.
 func (e *Endpoint) startReader(from int, ch *channel) {
+	// Before the channel is published (e.in), so that a Close seeing it
+	// sees its socket waiter too.
+	var place func(h *transport.Header, n int) ([]byte, func(error))
+	if e.opt.Place != nil {
+		place = func(h *transport.Header, n int) ([]byte, func(error)) { return e.opt.Place(from, h, n) }
+	}
+	ch.startReading(func(h *transport.Header, p []byte) {
+		if e.h != nil {
+			e.h(from, transport.LaneData, h, p)
+		}
+	}, place)
+	if ch.sock != nil {
+		ch.unpollFn = func() {
+			ch.stopPollTCP()
+			e.unuseFn()
+		}
+	}
 	e.mu.Lock()
 	if !e.accepting || e.downed[from].Load() {
 		e.mu.Unlock()
@@ -108,21 +125,16 @@ func (e *Endpoint) startReader(from int, ch *channel) {
 		old.quiet.Store(true)
 		old.close()
 	}
-	var place func(h *transport.Header, n int) ([]byte, func(error))
-	if e.opt.Place != nil {
-		place = func(h *transport.Header, n int) ([]byte, func(error)) { return e.opt.Place(from, h, n) }
-	}
-	ch.startReading(func(h *transport.Header, p []byte) {
-		if e.h != nil {
-			e.h(from, transport.LaneData, h, p)
-		}
-	}, place)
 	if ch.ring != nil {
 		if e.opt.Forwards {
 			ch.ring.setWaiting(1)
 		}
 		e.polled[from].Store(ch)
 		e.blockedOn[from].moveTo(ch)
+	} else if ch.sock != nil && !e.opt.Forwards {
+		// A relaying rank's read loop forwards what arrives: nobody may
+		// keep it off the socket.
+		e.polled[from].Store(ch)
 	}
 	if e.deviceChannel(ch) {
 		e.devIn[from].Store(ch)

@@ -96,15 +96,15 @@ var _ transport.DataPath = (*Endpoint)(nil)
 // Caps declares what the endpoint can do (transport.DataPath): rings can
 // be polled by a waiting goroutine and progressed while a send waits for
 // room, and are made on first use, where the mode allows shared memory;
-// RDMA channels move device memory where the device was given a GPU
-// runtime.
+// TCP channels can be polled where the mode allows TCP; RDMA channels move
+// device memory where the device was given a GPU runtime.
 func (e *Endpoint) Caps() transport.Caps {
 	shm := e.opt.Mode.shm()
 	dev := false
 	if e.opt.RDMA != nil {
 		dev, _ = e.opt.RDMA.GPU()
 	}
-	return transport.Caps{Poll: shm, ProgressSend: shm, LazyData: shm, Presence: shm, Device: dev}
+	return transport.Caps{Poll: shm || e.opt.Mode.tcp(), ProgressSend: shm, LazyData: shm, Presence: shm, Device: dev}
 }
 
 // SharedMemory reports whether this rank's data to peer goes over a
@@ -185,11 +185,13 @@ func (e *Endpoint) connect(ctx context.Context, peer int) error {
 }
 
 // StartPolling lets the calling goroutine, which is about to wait for data
-// from peer, progress peer's shared-memory ring itself: poll consumes, in
-// the caller, what has arrived (a bounded amount), delivers the frames it
-// completes and reports whether it consumed anything, without waiting for
-// more; stop ends the polling (call it exactly once). Both are nil when
-// peer's data does not come over a ring. Safe for concurrent use.
+// from peer, progress peer's shared-memory ring or TCP channel itself:
+// poll consumes, in the caller, what has arrived (a bounded amount of a
+// ring, one frame of TCP, whose rest follows its first bytes), delivers
+// the frames it completes and reports whether it consumed anything,
+// without waiting for more; stop ends the polling (call it exactly once).
+// Both are nil when peer's data comes over neither. Safe for concurrent
+// use.
 func (e *Endpoint) StartPolling(peer int) (poll func() bool, stop func()) {
 	if peer < 0 || peer >= e.size {
 		return nil, nil
@@ -205,6 +207,10 @@ func (e *Endpoint) StartPolling(peer int) (poll func() bool, stop func()) {
 		return nil, nil
 	}
 	e.pres.enter()
+	if ch.sock != nil {
+		ch.startPollTCP()
+		return ch.pollFn, ch.unpollFn
+	}
 	return ch.pollFn, e.unuseFn
 }
 
@@ -226,11 +232,19 @@ func (e *Endpoint) Waiting(peer int) (done func()) {
 		return func() {}
 	}
 	w := &e.blockedOn[peer]
-	w.add(1, e.polled[peer].Load())
+	w.add(1, e.ringPolled(peer))
 	return func() {
 		w.add(-1, nil)
 		e.using.Add(-1)
 	}
+}
+
+// ringPolled is peer's polled channel if it is a ring, else nil.
+func (e *Endpoint) ringPolled(peer int) *channel {
+	if ch := e.polled[peer].Load(); ch != nil && ch.ring != nil {
+		return ch
+	}
+	return nil
 }
 
 // waitCount is the number of goroutines blocked until one peer's data is
@@ -285,7 +299,7 @@ func (e *Endpoint) Await(peer int, done func() bool, d time.Duration) bool {
 	if peer < 0 || peer >= e.size {
 		return false
 	}
-	ch := e.polled[peer].Load()
+	ch := e.ringPolled(peer)
 	if ch == nil {
 		return false
 	}

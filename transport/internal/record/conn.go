@@ -147,6 +147,12 @@ func (r *Reader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// Buffered is the number of bytes r holds that the connection no longer
+// does: plaintext not yet returned, and read-ahead of a record not yet
+// opened (whose rest is on its way). A reader that sees none here and none
+// on the connection would block.
+func (r *Reader) Buffered() int { return len(r.plain) + r.hi - r.lo }
+
 func (r *Reader) release() {
 	if r.big != nil {
 		r.pool.put(r.big)
@@ -262,5 +268,9 @@ func NewConn(raw net.Conn, cs *tls.ConnectionState, dialer bool, suite Suite, po
 	return &Conn{Conn: raw, r: NewReader(raw, o, pool), w: NewWriter(raw, s, pool), suite: suite}, nil
 }
 
-func (c *Conn) Read(p []byte) (int, error)  { return c.r.Read(p) }
+func (c *Conn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// Buffered is Reader.Buffered of the connection's reading side; like
+// Read, not safe concurrently with Read.
+func (c *Conn) Buffered() int               { return c.r.Buffered() }
 func (c *Conn) Write(p []byte) (int, error) { return c.w.Write(p) }

@@ -407,3 +407,32 @@ func FuzzReader(f *testing.F) {
 		}
 	})
 }
+
+// TestBuffered: what Buffered counts is what a Read returns without
+// reading the connection: the rest of a record opened into its own
+// buffer, and records read ahead of the one returned. A poller relies on
+// it (transport/bulk): a socket with nothing left does not mean no data.
+func TestBuffered(t *testing.T) {
+	eachSuite(t, func(t *testing.T, suite Suite) {
+		data := stream(t, testSecret, suite, 10, 20, 30)
+		r := reader(t, testSecret, suite, bytes.NewReader(data))
+		if n := r.Buffered(); n != 0 {
+			t.Fatalf("Buffered before any read: %d", n)
+		}
+		buf := make([]byte, 4)
+		if n, err := r.Read(buf); n != 4 || err != nil {
+			t.Fatalf("first read: %d, %v", n, err)
+		}
+		// 6 plaintext bytes of the first record, and the two sealed records
+		// read ahead with it.
+		if n, want := r.Buffered(), 6+2*Overhead+20+30; n != want {
+			t.Fatalf("Buffered after 4 of 10 bytes: %d, want %d", n, want)
+		}
+		if _, err := readAll(r, 64); err != io.EOF {
+			t.Fatalf("reading the rest: %v", err)
+		}
+		if n := r.Buffered(); n != 0 {
+			t.Fatalf("Buffered at the end: %d", n)
+		}
+	})
+}

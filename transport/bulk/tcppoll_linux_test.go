@@ -1,0 +1,225 @@
+package bulk
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nexar-go/nexar/transport"
+)
+
+// hdr is a header whose bytes 4-7 hold i (byte 0, the owner, stays 0).
+func hdr(i int) *transport.Header {
+	var h transport.Header
+	binary.LittleEndian.PutUint32(h[4:], uint32(i))
+	return &h
+}
+
+// tcpPair returns both ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (a, b net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		acc <- c
+	}()
+	a, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = <-acc
+	if b == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+// TestTCPPollLeavesReadAhead: a poller that reads one frame leaves the
+// frames behind it that its buffered reader took from the socket; when it
+// stops, the read loop, already asleep on the (now empty) socket, must be
+// woken to deliver them (stopPollTCP's interrupt). Without that they wait
+// for the next byte to arrive, here forever.
+func TestTCPPollLeavesReadAhead(t *testing.T) {
+	a, b := tcpPair(t)
+	snd := newChannel(1, "test", []link{connLink{a, a}})
+	rcv := newChannel(0, "test", []link{connLink{b, b}})
+	got := make(chan uint32, 16)
+	rcv.startReading(func(h *transport.Header, p []byte) { got <- binary.LittleEndian.Uint32(h[4:]) }, nil)
+	if rcv.sock == nil {
+		t.Fatal("no socket waiter on a TCP channel")
+	}
+	const frames = 3
+	var once sync.Once
+	hookErr := make(chan error, 1)
+	rcv.beforeWait = func() {
+		once.Do(func() {
+			// The read loop found nothing and is about to sleep on the
+			// socket: a poller comes, reads one frame, and leaves.
+			rcv.startPollTCP()
+			for i := range frames {
+				if _, err := snd.send(context.Background(), hdr(i), []byte("small"), nil, false); err != nil {
+					hookErr <- err
+					return
+				}
+			}
+			time.Sleep(50 * time.Millisecond) // all of them in the socket
+			if !rcv.pollFn() {
+				hookErr <- fmt.Errorf("poll read nothing with %d frames sent", frames)
+			}
+			rcv.stopPollTCP()
+			close(hookErr)
+		})
+	}
+	loop := make(chan error, 1)
+	go func() { loop <- rcv.readLoop() }()
+	if err := <-hookErr; err != nil {
+		t.Fatal(err)
+	}
+	for i := range frames {
+		select {
+		case tag := <-got:
+			if tag != uint32(i) {
+				t.Fatalf("frame %d delivered as tag %d", i, tag)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatalf("frame %d of %d not delivered within 3 s: the read loop slept on an empty socket while the poller's reader held it", i, frames)
+		}
+	}
+	rcv.quiet.Store(true)
+	rcv.close()
+	select {
+	case <-loop:
+	case <-time.After(3 * time.Second):
+		t.Fatal("read loop did not end at close")
+	}
+}
+
+// TestTCPPolled: goroutines waiting for a peer's data over TCP (TLS and
+// plaintext) poll the channel themselves, several at once and coming and
+// going while the read loop also reads, and every message arrives once,
+// in order and intact, small ones and striped large ones alike.
+func TestTCPPolled(t *testing.T) {
+	for _, m := range modes {
+		if m.opt.Mode != ModeTCP {
+			continue
+		}
+		t.Run(m.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var seen []uint32
+			var sums []uint64
+			h := []transport.Handler{nil, func(_ int, lane transport.Lane, hd *transport.Header, p []byte) {
+				if lane != transport.LaneData {
+					return
+				}
+				var s uint64
+				for _, c := range p {
+					s = s*31 + uint64(c)
+				}
+				mu.Lock()
+				seen = append(seen, binary.LittleEndian.Uint32(hd[4:]))
+				sums = append(sums, s)
+				mu.Unlock()
+			}}
+			eps := mesh(t, 2, m.opt, h, nil)
+			defer eps[1].Close()
+			defer eps[0].Close()
+			waitPaths(t, eps, m.path)
+			if !eps[1].Caps().Poll {
+				t.Fatal("Caps().Poll is false in TCP mode")
+			}
+			poll, stop := eps[1].StartPolling(0)
+			if poll == nil {
+				t.Fatal("no poll function for a TCP peer")
+			}
+			stop()
+			n := 300
+			if testing.Short() {
+				n = 120
+			}
+			sizes := []int{8, 100, 64 << 10, 1 << 20}
+			msgs := make([][]byte, n)
+			want := make([]uint64, n)
+			rng := rand.New(rand.NewPCG(1, 2))
+			for i := range msgs {
+				msgs[i] = make([]byte, sizes[rng.IntN(len(sizes))])
+				for k := range msgs[i] {
+					msgs[i][k] = byte(rng.Uint32())
+				}
+				for _, c := range msgs[i] {
+					want[i] = want[i]*31 + uint64(c)
+				}
+			}
+			var polls atomic.Int64
+			quit := make(chan struct{})
+			var wg sync.WaitGroup
+			for g := range 2 {
+				wg.Go(func() {
+					r := rand.New(rand.NewPCG(uint64(g), 9))
+					for {
+						select {
+						case <-quit:
+							return
+						default:
+						}
+						poll, stop := eps[1].StartPolling(0)
+						for range r.IntN(200) {
+							if poll() {
+								polls.Add(1)
+							}
+						}
+						stop()
+						time.Sleep(time.Duration(r.IntN(100)) * time.Microsecond)
+					}
+				})
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			for i, p := range msgs {
+				if err := eps[0].Send(ctx, 1, transport.LaneData, hdr(i), p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				mu.Lock()
+				k := len(seen)
+				mu.Unlock()
+				if k >= n {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d of %d messages delivered in 30 s", k, n)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			close(quit)
+			wg.Wait()
+			mu.Lock()
+			defer mu.Unlock()
+			if len(seen) != n {
+				t.Fatalf("%d messages delivered, want %d", len(seen), n)
+			}
+			for i := range seen {
+				if seen[i] != uint32(i) || sums[i] != want[i] {
+					t.Fatalf("message %d: tag %d, checksum ok %v", i, seen[i], sums[i] == want[i])
+				}
+			}
+			if polls.Load() == 0 {
+				t.Fatal("the pollers read no frame: the test did not exercise polling")
+			}
+			t.Logf("%d of %d frames read by pollers", polls.Load(), n)
+		})
+	}
+}

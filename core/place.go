@@ -131,6 +131,8 @@ func (c *Comm) pollOnce(src int) {
 // where nothing is known of the peer, spinWait after it began. With more
 // ranks than cores it yields the core between polls, and gives up as soon
 // as the peer is out of a call or asleep, or has not moved for staleAfter.
+// A peer on another host (its TCP channel polled: no presence) is spun on
+// for spinWait, yielding between polls.
 func (c *Comm) spin(src int, done completion) bool {
 	return c.spinPolled(src, done, polling{})
 }
@@ -177,7 +179,11 @@ func (c *Comm) spinPolled(src int, done completion, pre polling) bool {
 	var beat uint32
 	known := false
 	still := 0 // looks at the peer since its beat last moved
-	yield := oversub
+	// A peer on another host (a TCP channel) publishes no presence, and
+	// each poll is a system call: yield the core between polls, so that
+	// this host's other threads (the rank's own, other ranks') run.
+	remote := !c.n.ep.SharedMemory(peer)
+	yield := oversub || remote
 	for i := 0; ; i++ {
 		if i == 16 {
 			start = time.Now()
@@ -202,7 +208,7 @@ func (c *Comm) spinPolled(src int, done completion, pre polling) bool {
 					return false // give the core to a rank that can use it
 				}
 				queued := queuedBehind(p, still, sched.CPU())
-				yield = oversub || queued
+				yield = oversub || queued || remote
 				// With a core per rank, two ranks on one CPU would hand it
 				// back and forth at every message while another CPU idles;
 				// the higher rank moves (one of the two, or both would

@@ -270,6 +270,16 @@ func NewConn(raw net.Conn, cs *tls.ConnectionState, dialer bool, suite Suite, po
 
 func (c *Conn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
+// ReadSource makes the connection's reading side read its records from r
+// (the same byte stream, reached another way: the socket taken out of Go's
+// poller) instead of the connection. Call it before the first Read.
+func (c *Conn) ReadSource(r io.Reader) { c.r.r = r }
+
+// WriteSink makes the connection's writing side write its records to w
+// (the same byte stream, reached another way) instead of the connection.
+// Call it before the first Write.
+func (c *Conn) WriteSink(w io.Writer) { c.w.w = w }
+
 // Buffered is Reader.Buffered of the connection's reading side; like
 // Read, not safe concurrently with Read.
 func (c *Conn) Buffered() int               { return c.r.Buffered() }

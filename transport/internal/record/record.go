@@ -186,8 +186,12 @@ func (k *keys) next(nonce *[16]byte) ([]byte, error) {
 	return nonce[16-k.aead.NonceSize():], nil
 }
 
-// Sealer seals the records of one direction.
-type Sealer struct{ k keys }
+// Sealer seals the records of one direction; one record at a time (its
+// sequence number orders them), so not safe for concurrent use.
+type Sealer struct {
+	k  keys
+	nb [16]byte // the nonce's buffer: a local one escapes through the AEAD
+}
 
 // NewSealer returns the sealer for the direction whose secret is s.
 func NewSealer(s Secret, suite Suite) (*Sealer, error) {
@@ -195,7 +199,7 @@ func NewSealer(s Secret, suite Suite) (*Sealer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Sealer{k}, nil
+	return &Sealer{k: k}, nil
 }
 
 // Seal appends the record of p (1..MaxPlain bytes) to dst. dst and p must
@@ -204,8 +208,7 @@ func (s *Sealer) Seal(dst, p []byte) ([]byte, error) {
 	if len(p) == 0 || len(p) > MaxPlain {
 		return dst, fmt.Errorf("record: cannot seal %d bytes (1..%d)", len(p), MaxPlain)
 	}
-	var nb [16]byte
-	nonce, err := s.k.next(&nb)
+	nonce, err := s.k.next(&s.nb)
 	if err != nil {
 		return dst, err
 	}
@@ -214,8 +217,12 @@ func (s *Sealer) Seal(dst, p []byte) ([]byte, error) {
 	return s.k.aead.Seal(dst, nonce, p, hdr), nil
 }
 
-// Opener opens the records of one direction, in order.
-type Opener struct{ k keys }
+// Opener opens the records of one direction, in order; not safe for
+// concurrent use.
+type Opener struct {
+	k  keys
+	nb [16]byte // as Sealer's
+}
 
 // NewOpener returns the opener for the direction whose secret is s.
 func NewOpener(s Secret, suite Suite) (*Opener, error) {
@@ -223,7 +230,7 @@ func NewOpener(s Secret, suite Suite) (*Opener, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Opener{k}, nil
+	return &Opener{k: k}, nil
 }
 
 // Length returns the plaintext length n that a record header states, or
@@ -249,9 +256,8 @@ func (o *Opener) Open(dst, rec []byte) (int, error) {
 	if len(rec) != n+Overhead || len(dst) < n {
 		return 0, fmt.Errorf("record: open: %d-byte record for %d plaintext bytes into %d", len(rec), n, len(dst))
 	}
-	var nb [16]byte
 	seq := o.k.seq
-	nonce, err := o.k.next(&nb)
+	nonce, err := o.k.next(&o.nb)
 	if err != nil {
 		return 0, err
 	}

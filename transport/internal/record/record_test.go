@@ -271,7 +271,7 @@ func TestRekey(t *testing.T) {
 			t.Fatal(err)
 		}
 		ko, _ := newKeys(testSecret, suite, every)
-		s, o := &Sealer{ks}, &Opener{ko}
+		s, o := &Sealer{k: ks}, &Opener{k: ko}
 		fixed := sealer(t, suite) // never rekeys in this test
 		for i := range 10 {
 			p := pattern(i, 50)

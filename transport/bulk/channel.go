@@ -57,21 +57,48 @@ func (l ringLink) write(ctx context.Context, progress func() bool, bufs ...[]byt
 
 // connLink is a TCP connection, c possibly TLS over raw. Close closes raw
 // without a TLS close_notify, which could block for seconds behind a full
-// send buffer; the goodbye frame already marks a graceful end.
-type connLink struct{ c, raw net.Conn }
+// send buffer; the goodbye frame already marks a graceful end. w, where
+// set (a data channel's sending side), writes to raw: c's records go
+// through it too.
+type connLink struct {
+	c, raw net.Conn
+	w      *sockWriter
+}
 
 func (l connLink) Read(p []byte) (int, error) { return l.c.Read(p) }
 func (l connLink) Close() error               { return l.raw.Close() }
 
-// write honours ctx by moving the write deadline into the past.
+// write honours ctx by moving the write deadline into the past; with w,
+// only for what the socket does not take at once.
 func (l connLink) write(ctx context.Context, _ func() bool, bufs ...[]byte) (int, error) {
+	if l.w == nil {
+		return watched(ctx, l.c, net.Buffers(bufs))
+	}
+	l.w.ctx = ctx
+	defer func() { l.w.ctx = nil }()
+	if l.c == l.raw {
+		return l.w.writeBuffers(bufs)
+	}
+	n := 0
+	for _, b := range bufs { // one record per buffer, each written through w
+		m, err := l.c.Write(b)
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// watched writes bufs to c, honouring ctx by moving the write deadline
+// into the past when it ends.
+func watched(ctx context.Context, c net.Conn, bufs net.Buffers) (int, error) {
 	fired := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
-		l.c.SetWriteDeadline(time.Unix(1, 0))
+		c.SetWriteDeadline(time.Unix(1, 0))
 		close(fired)
 	})
-	nb := net.Buffers(bufs) // writev on a plain TCP connection
-	n, err := nb.WriteTo(l.c)
+	n, err := bufs.WriteTo(c) // writev on a plain TCP connection
 	if !stop() {
 		<-fired
 		if err == nil {
@@ -133,16 +160,17 @@ type channel struct {
 	// immutable.
 	remoteMin int
 
-	// A TCP channel's receiving side, where its socket can be polled
-	// (sock, set by startReading): goroutines waiting for its data read
-	// link 0 themselves (pollTCP) while pollers is not 0, and the read
-	// loop keeps off the socket meanwhile; the last poller to stop sends
-	// on kick.
+	// A TCP channel's receiving side, where its first connection was
+	// taken out of Go's poller (sock, set by startReading): goroutines
+	// waiting for its data read it themselves (pollTCP) while pollers is
+	// not 0, and the read loop keeps off the socket meanwhile.
 	sock    *sockWait
 	pollers atomic.Int32
-	kick    chan struct{}
+	// watching: the read loop sleeps on the socket (not parked), where
+	// bytes a poller read ahead would wait for the next arrival.
+	watching atomic.Bool
 	// beforeWait, when set (tests only), runs in readLoopTCP just before
-	// it sleeps on the socket.
+	// it sleeps on the socket (watching already set).
 	beforeWait func()
 }
 
@@ -178,7 +206,7 @@ func (c *channel) close() {
 			l.Close()
 		}
 		if c.sock != nil {
-			c.sock.close()
+			c.sock.shutdown()
 		}
 	})
 }
@@ -350,11 +378,16 @@ func (c *channel) startReading(deliver func(h *transport.Header, p []byte), plac
 	c.deliver, c.place = deliver, place
 	c.r0 = c.links[0]
 	if cl, ok := c.links[0].(connLink); ok {
-		c.r0 = bufio.NewReaderSize(c.links[0], readBuf)
+		var src io.Reader = c.links[0]
 		if c.sock = newSockWait(cl.raw); c.sock != nil {
-			c.kick = make(chan struct{}, 1)
+			src = c.sock
+			if rc, ok := cl.c.(*record.Conn); ok {
+				rc.ReadSource(c.sock)
+				src = rc
+			}
 			c.pollFn = c.pollTCP
 		}
+		c.r0 = bufio.NewReaderSize(src, readBuf)
 	}
 }
 
@@ -437,18 +470,33 @@ func (c *channel) readLoop() error {
 	}
 }
 
-// readLoopTCP is readLoop for a TCP channel whose socket can be polled:
-// it reads what arrives while nobody polls, and sleeps on the socket (not
-// in a read of it, which would hold the connection's read lock) or, while
-// goroutines poll, until the last of them stops.
-func (c *channel) readLoopTCP() error {
+// readLoopTCP is readLoop for a TCP channel whose first connection is out
+// of Go's poller: it reads what arrives while nobody polls, sleeping on
+// the socket in between. While goroutines poll it stays off the socket, so
+// that no thread is woken by what they read: it looks again when woken
+// (Waiting: a waiter is about to block; a poller left bytes read ahead) or
+// after parkSlot, whichever comes first. On its way out it closes the
+// socket (release), with rmu held, so that no reader can use the closed
+// descriptor.
+func (c *channel) readLoopTCP() (err error) {
+	defer func() {
+		c.rmu.Lock()
+		if c.end == nil {
+			c.end = err
+		}
+		err = c.end
+		c.sock.release()
+		c.rmu.Unlock()
+	}()
 	for {
-		for c.pollers.Load() > 0 {
-			select {
-			case <-c.kick:
-			case <-c.dead:
-				return c.endErr(net.ErrClosed)
+		if c.pollers.Load() > 0 {
+			if err := c.sock.wait(false, parkSlot); err != nil {
+				return err
 			}
+			if c.isDead() {
+				return net.ErrClosed
+			}
+			continue
 		}
 		c.rmu.Lock()
 		for c.end == nil && c.readyLocked() {
@@ -468,31 +516,45 @@ func (c *channel) readLoopTCP() error {
 		if c.pollers.Load() > 0 {
 			continue
 		}
+		// Watching from here: a poller that stops leaving bytes read
+		// ahead wakes the loop (stopPollTCP). One that left them before
+		// it could see the flag is seen here instead.
+		c.watching.Store(true)
+		c.rmu.Lock()
+		left := c.end == nil && c.bufferedLocked()
+		c.rmu.Unlock()
+		if left {
+			c.watching.Store(false)
+			continue
+		}
 		if c.beforeWait != nil {
 			c.beforeWait()
 		}
-		switch err := c.sock.wait(); {
-		case err == nil:
-		case errors.Is(err, errInterrupted):
-			c.sock.clearInterrupt()
-		default:
-			return c.endErr(err)
+		err := c.sock.wait(true, -1)
+		c.watching.Store(false)
+		if err != nil {
+			return err
+		}
+		if c.isDead() {
+			return net.ErrClosed
 		}
 	}
 }
 
-// endErr is the error that ended the receiving side, else err.
-func (c *channel) endErr(err error) error {
-	c.rmu.Lock()
-	defer c.rmu.Unlock()
-	if c.end != nil {
-		return c.end
-	}
-	return err
-}
+// parkSlot bounds how long a TCP channel's read loop stays off the socket
+// while goroutines poll it, unwoken: data that arrives then and that no
+// poller takes (nobody waits for it yet, and nobody blocked on it, which
+// would wake the loop) waits at most this long to be read.
+const parkSlot = 2 * time.Millisecond
 
-// errInterrupted is sockWait.wait's error when interrupt ended it.
-var errInterrupted = errors.New("bulk: socket wait interrupted")
+func (c *channel) isDead() bool {
+	select {
+	case <-c.dead:
+		return true
+	default:
+		return false
+	}
+}
 
 // readyLocked reports whether a read of link 0 would find data without
 // waiting: bytes the readers above the socket hold, or bytes (or the end)
@@ -542,25 +604,24 @@ func (c *channel) pollTCP() bool {
 // startPollTCP counts a goroutine that polls the channel (pollTCP).
 func (c *channel) startPollTCP() { c.pollers.Add(1) }
 
-// stopPollTCP ends a poller's count. The last one wakes the read loop; if
-// the readers above the socket hold bytes (read ahead past the frame the
-// poller wanted), a read loop asleep on the socket would not see them, so
-// its wait is interrupted.
+// stopPollTCP ends a poller's count. The read loop is not woken for it
+// (in a ping-pong that would be a wake-up per message): parked, it looks
+// again within parkSlot, or when a waiter blocks (Waiting). But where the
+// readers above the socket hold bytes read ahead past the frame the poller
+// wanted, a read loop asleep on the socket would not see them until more
+// arrives, so the last poller wakes it then.
 func (c *channel) stopPollTCP() {
 	if c.pollers.Add(-1) != 0 {
 		return
 	}
-	select {
-	case c.kick <- struct{}{}:
-	default:
-	}
 	// When the lock is held, its holder is the read loop, which reads
-	// until nothing is left, or a new poller, which stops the same way.
+	// until nothing is left (or checks, as it starts watching), or a new
+	// poller, which stops the same way.
 	if c.rmu.TryLock() {
 		left := c.end == nil && c.bufferedLocked()
 		c.rmu.Unlock()
-		if left {
-			c.sock.interrupt()
+		if left && c.watching.Load() {
+			c.sock.wake()
 		}
 	}
 }
@@ -808,13 +869,38 @@ func (c *channel) readFrameLocked() error {
 	if _, err := io.ReadFull(c.r0, c.pre[:]); err != nil {
 		return err
 	}
-	h := new(transport.Header)
-	n, _, err := c.parse(h) // remote frames only come on rings
+	// deliver gets a copy of h; placing does not keep it. Remote frames
+	// only come on rings.
+	h := &c.rxh
+	n, _, err := c.parse(h)
 	if err != nil {
 		return err
 	}
 	p, done := c.destination(h, n)
 	parts, per := stripes(n, len(c.links))
+	if parts == 1 {
+		// One stripe, read here: no goroutines, nothing to join.
+		r0 := c.r0
+		if l, ok := c.links[0].(rdmaLink); ok && done == nil {
+			r0 = onceReader{l.e}
+		}
+		if _, err := io.ReadFull(r0, p); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			if done != nil {
+				done(err)
+			}
+			return err
+		}
+		if done != nil {
+			done(nil)
+		} else {
+			hc := *h
+			c.deliver(&hc, p)
+		}
+		return nil
+	}
 	var wg sync.WaitGroup
 	errs := make([]error, parts)
 	for i := 1; i < parts; i++ {
@@ -842,7 +928,8 @@ func (c *channel) readFrameLocked() error {
 	if done != nil {
 		done(nil)
 	} else {
-		c.deliver(h, p)
+		hc := *h
+		c.deliver(&hc, p)
 	}
 	return nil
 }

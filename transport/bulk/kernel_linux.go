@@ -24,12 +24,15 @@ func kernelAnswered(c net.Conn) (time.Duration, bool) {
 	}
 	var age time.Duration
 	ok = false
-	_ = rc.Control(func(fd uintptr) {
-		i, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
-		if err != nil || i.State != tcpEstablished {
-			return
-		}
-		age, ok = time.Duration(min(i.Last_ack_recv, i.Last_data_recv))*time.Millisecond, true
-	})
+	_ = rc.Control(func(fd uintptr) { age, ok = kernelAnsweredFD(int(fd)) })
 	return age, ok
+}
+
+// kernelAnsweredFD is kernelAnswered for the socket fd.
+func kernelAnsweredFD(fd int) (time.Duration, bool) {
+	i, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil || i.State != tcpEstablished {
+		return 0, false
+	}
+	return time.Duration(min(i.Last_ack_recv, i.Last_data_recv)) * time.Millisecond, true
 }

@@ -181,5 +181,10 @@ func kernelAlive(ch *channel) bool {
 			}
 		}
 	}
+	if ch.sock != nil { // link 0, out of Go's poller (its raw closed)
+		if age, ok := ch.sock.answered(); ok && age <= kernelFresh {
+			return true
+		}
+	}
 	return false
 }

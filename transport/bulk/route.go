@@ -218,12 +218,17 @@ func (e *Endpoint) StartPolling(peer int) (poll func() bool, stop func()) {
 // about to block until data from peer is delivered: the producer then wakes
 // the ring's read loop for every write, instead of leaving the data to a
 // goroutine that polls. Call done when the wait ends. Both are no-ops when
-// peer's data does not come over a ring.
+// peer's data does not come over a ring. A TCP channel's read loop, which
+// stays off the socket while goroutines poll it, is woken to read.
 //
 // A wait that begins before peer's ring exists is counted on the ring once
 // startReader installs it (waitCount).
 func (e *Endpoint) Waiting(peer int) (done func()) {
 	if peer < 0 || peer >= e.size {
+		return func() {}
+	}
+	if ch := e.polled[peer].Load(); ch != nil && ch.sock != nil {
+		ch.sock.wake()
 		return func() {}
 	}
 	e.using.Add(1) // as StartPolling: Close does not unmap a ring counted on

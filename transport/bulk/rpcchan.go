@@ -577,6 +577,6 @@ func (e *Endpoint) rpcCloseAll() {
 // rpcAccepted attaches an authorised TCP connection to the RPC offer
 // made to from (authorise checked the MAC against it).
 func (e *Endpoint) rpcAccepted(from int, c, raw net.Conn) {
-	l := connLink{c, raw}
+	l := connLink{c: c, raw: raw}
 	e.startRPCReader(from, newRPCChan(from, "rpc "+e.tcpDesc([]link{l}), l))
 }

@@ -183,7 +183,7 @@ func (e *Endpoint) authorise(raw net.Conn) {
 		links := make([]link, len(off.conns))
 		raws := off.raws
 		for i, cc := range off.conns {
-			links[i] = connLink{cc, raws[i]}
+			links[i] = connLink{c: cc, raw: raws[i]}
 		}
 		e.startReader(from, newChannel(from, e.tcpDesc(links), links))
 	}
@@ -308,7 +308,11 @@ func (e *Endpoint) dialTCP(ctx context.Context, peer int, addr string, nonce []b
 			stream = sc
 		}
 		raw.SetDeadline(time.Time{})
-		links = append(links, connLink{stream, raw})
+		w := newSockWriter(raw)
+		if sc, ok := stream.(*record.Conn); ok && w != nil {
+			sc.WriteSink(w)
+		}
+		links = append(links, connLink{stream, raw, w})
 	}
 	return links, nil
 }

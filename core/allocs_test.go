@@ -2,7 +2,9 @@ package core
 
 import (
 	"context"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/nexar-go/nexar/collective"
 	"github.com/nexar-go/nexar/internal/race"
@@ -19,7 +21,13 @@ const allreduceAllocs = 0
 // and maps.
 func pairAllocs(t *testing.T, call func(c *Comm, r int) error) float64 {
 	t.Helper()
-	comms, err := testNewLocalQUIC(2, testConfig())
+	return pairAllocsWith(t, testConfig(), call)
+}
+
+// pairAllocsWith is pairAllocs with the ranks' configuration cfg.
+func pairAllocsWith(t *testing.T, cfg Config, call func(c *Comm, r int) error) float64 {
+	t.Helper()
+	comms, err := testNewLocalQUIC(2, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,5 +89,68 @@ func TestBarrierAllocs(t *testing.T) {
 	t.Logf("barrier, 2 ranks: %.0f allocations per call, both ranks", got)
 	if got > allreduceAllocs {
 		t.Errorf("barrier, 2 ranks: %.0f allocations per call, both ranks; want at most %d", got, allreduceAllocs)
+	}
+}
+
+// tcpAllreduceAllocs bounds what one 8-byte allreduce between two ranks
+// over TCP (the path between hosts) may allocate on its fast path (the
+// waiter reads the socket itself), both ranks together: nothing but
+// background work (heartbeats), well under one per call. Each frame's
+// write used to watch its context, which armed the context's timer and
+// kept the call's state from reuse (docs/performance.md, "Small messages
+// between hosts").
+const tcpAllreduceAllocs = 1
+
+// TestAllreduceAllocsTCP counts the allocations of an 8-byte allreduce
+// between two ranks of this process over TCP, with TLS (the default
+// between hosts) and in plaintext. Not AllocsPerRun, which runs one P:
+// two ranks that spin in one process need two (each waiter spins on the
+// socket while the other rank runs), and a long SpinWait keeps every wait
+// on that path, also on a loaded host.
+func TestAllreduceAllocsTCP(t *testing.T) {
+	if race.Enabled {
+		t.Skip("the race detector allocates")
+	}
+	if runtime.GOMAXPROCS(0) < 2 {
+		t.Skip("needs two Ps: one per spinning rank")
+	}
+	for _, plain := range []bool{false, true} {
+		t.Run(map[bool]string{false: "tls", true: "plaintext"}[plain], func(t *testing.T) {
+			cfg := testConfig()
+			cfg.Bulk, cfg.BulkPlaintext, cfg.SpinWait = "tcp", plain, 5*time.Second
+			comms, err := testNewLocalQUIC(2, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer closeAll(t, comms)
+			ctx := context.Background()
+			run := func(n int) {
+				errs := each(comms, func(c *Comm) error {
+					send, recv := make([]byte, 8), make([]byte, 8)
+					for range n {
+						if err := c.Allreduce(ctx, send, recv, collective.Float32, collective.Sum); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+				for r, err := range errs {
+					if err != nil {
+						t.Fatalf("rank %d: %v", r, err)
+					}
+				}
+			}
+			run(200) // channels made, pools grown
+			const n = 5000
+			var m0, m1 runtime.MemStats
+			runtime.ReadMemStats(&m0)
+			run(n)
+			runtime.ReadMemStats(&m1)
+			got := float64(m1.Mallocs-m0.Mallocs) / n
+			t.Logf("8 B allreduce over TCP, 2 ranks: %.1f allocations per call, both ranks", got)
+			if got > tcpAllreduceAllocs {
+				t.Errorf("8 B allreduce over TCP, 2 ranks: %.1f allocations per call, both ranks; want at most %d", got, tcpAllreduceAllocs)
+			}
+		})
 	}
 }

@@ -31,9 +31,10 @@ gets "—" rows saying why it could not be built).
 --netns runs two "hosts", network namespaces joined by a veth pair (no
 shared memory between them; needs root), with --per-host ranks on each
 (default 1,2: 2 hosts x 1 and 2 hosts x 2 ranks), for gloo, mpi-tcp,
-nexar-torch and nexar with their default paths between and inside the
-hosts ("nexar" and "nexar-torch" with TLS, the default, and "nexar-plain",
-"nexar-torch-plain" with NEXAR_BULK_PLAINTEXT=1). Each system then runs a
+nexar, nexar-py and nexar-torch with their default paths between and
+inside the hosts ("nexar", "nexar-py" and "nexar-torch" with TLS, the
+default, and "nexar-plain", "nexar-torch-plain" with
+NEXAR_BULK_PLAINTEXT=1). Each system then runs a
 volume run (allreduce of 16 MiB, the iterations the adapters use) whose
 bytes on the veth pair (both ends' tx counters) are divided by the
 minimum an allreduce must move between 2 hosts (2 S per call: half of S
@@ -372,9 +373,16 @@ def netns_procs(net, system, per, ops, sizes):
                  "--mca", "oob_tcp_if_include", net.IFNAME, "--mca", "mpi_yield_when_idle", "1"]
         procs = mpi_procs(n, ops, sizes, "mpi-tcp", extra)
         return [(net.wrap(0) + procs[0][0], procs[0][1])], None
-    if system in ("nexar", "nexar-plain"):
+    if system in ("nexar", "nexar-plain", "nexar-py"):
         if not os.access(NEXAR, os.X_OK):
             return None, f"{NEXAR} not built (make build)"
+        if system == "nexar-py":
+            py, why = nexar_py_procs(n, ops, sizes)
+            if why:
+                return None, why
+            argv = [VENV_PY, os.path.join(HERE, "adapter_nexar.py")] + adapter_args(ops, sizes)
+        else:
+            argv = [NEXAR, "bench"] + nexar_bench_args(ops, sizes)
         # The launcher's job by hand, as on two real hosts: rank 0 embeds
         # the seed on its own address; the default data paths (shared
         # memory inside a host, TCP between them).
@@ -385,12 +393,12 @@ def netns_procs(net, system, per, ops, sizes):
                        NEXAR_SEED=f"{net.addrs[0]}:{port}", NEXAR_TOKEN=token,
                        NEXAR_BIND_ADDR=f"{net.addrs[r // per]}:0",
                        NEXAR_BULK_PLAINTEXT="1" if system == "nexar-plain" else "0")
-            procs.append((wrap(r) + [NEXAR, "bench"] + nexar_bench_args(ops, sizes), env))
+            procs.append((wrap(r) + argv, env))
         return procs, None
     return None, "not run across namespaces"
 
 
-NETNS_SYSTEMS = ("gloo", "mpi-tcp", "nexar", "nexar-plain", "nexar-torch", "nexar-torch-plain")
+NETNS_SYSTEMS = ("gloo", "mpi-tcp", "nexar", "nexar-plain", "nexar-py", "nexar-torch", "nexar-torch-plain")
 
 
 def netns_runs(args, ops, sizes, results):

@@ -20,3 +20,6 @@ func IdleSysmon(ctx context.Context) (int, error) {
 func Policy(tid int) (int, error) {
 	return 0, errors.New("sched: Policy is implemented on Linux only")
 }
+
+// Runnable reports false: /proc/loadavg is Linux's.
+func Runnable() (int, bool) { return 0, false }

@@ -31,3 +31,24 @@ func BenchmarkCPU(b *testing.B) {
 		CPU()
 	}
 }
+
+func TestParseRunnable(t *testing.T) {
+	for _, c := range []struct {
+		in string
+		n  int
+		ok bool
+	}{
+		{"0.50 0.40 0.30 3/512 12345\n", 3, true},
+		{"12.00 8.10 4.02 117/2048 99", 117, true},
+		{"0.50 0.40 0.30 /512 1", 0, false},
+		{"0.50 0.40 0.30 3", 0, false},
+		{"", 0, false},
+	} {
+		if n, ok := parseRunnable([]byte(c.in)); n != c.n || ok != c.ok {
+			t.Errorf("parseRunnable(%q) = %d, %v; want %d, %v", c.in, n, ok, c.n, c.ok)
+		}
+	}
+	if n, ok := Runnable(); runtime.GOOS == "linux" && (!ok || n < 1) {
+		t.Errorf("Runnable() = %d, %v on Linux; want at least this thread", n, ok)
+	}
+}

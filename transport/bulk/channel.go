@@ -601,6 +601,29 @@ func (c *channel) pollTCP() bool {
 	return true
 }
 
+// awaitTCP is await for a TCP channel with sock: the calling goroutine
+// sleeps on the socket itself (its thread in poll(2), woken by the kernel
+// as data arrives, where the read loop's wake-up and then the waiter's
+// would be two) until data arrives, d passes or done reports true, then
+// reads what arrived. It counts as a poller meanwhile, so the read loop
+// stays off the socket. It reports false, at once, when the channel has
+// ended: the caller then waits for the read loop's report.
+func (c *channel) awaitTCP(done func() bool, d time.Duration) bool {
+	c.startPollTCP()
+	defer c.stopPollTCP()
+	if c.isDead() {
+		return false
+	}
+	if c.pollTCP() || done() {
+		return true
+	}
+	if !c.sock.sleep(d) {
+		return false
+	}
+	c.pollTCP()
+	return true
+}
+
 // startPollTCP counts a goroutine that polls the channel (pollTCP).
 func (c *channel) startPollTCP() { c.pollers.Add(1) }
 

@@ -180,7 +180,9 @@ func (c *Comm) spinPolled(src int, done completion, pre polling) bool {
 	// (libnexar) the goroutine is locked to its thread, and every yield
 	// is a thread hand-off through the kernel, tens of microseconds.
 	presence := c.n.caps.Presence
-	oversub := c.n.oversubscribed
+	// A busy machine (hostBusy) is spun on as one with more ranks than
+	// cores: yielding, and giving up once the peer sleeps or stalls.
+	oversub := c.n.oversubscribed || c.n.hostBusy()
 	// The clock and the peer's presence are first read after 16 polls:
 	// most waits end before. A clock read costs tens of nanoseconds on a
 	// VM, and a read of the presence line takes it from the peer, which

@@ -166,6 +166,14 @@ type channel struct {
 	// not 0, and the read loop keeps off the socket meanwhile.
 	sock    *sockWait
 	pollers atomic.Int32
+	// blocked counts the goroutines blocked until this peer's data is
+	// delivered (Waiting): the last poller to stop wakes the read loop
+	// for them.
+	blocked atomic.Int32
+	// sleeping: a goroutine sleeps on the socket (awaitTCP); one at most.
+	sleeping atomic.Bool
+	// loopFrames counts the frames the read loop read (tests).
+	loopFrames atomic.Int64
 	// watching: the read loop sleeps on the socket (not parked), where
 	// bytes a poller read ahead would wait for the next arrival.
 	watching atomic.Bool
@@ -503,6 +511,7 @@ func (c *channel) readLoopTCP() (err error) {
 			if c.readFrame() != nil {
 				break
 			}
+			c.loopFrames.Add(1)
 			c.framed.Store(true)
 			if c.pollers.Load() > 0 {
 				break // the poller takes the rest
@@ -579,9 +588,12 @@ func (c *channel) bufferedLocked() bool {
 
 // pollTCP is poll for a TCP channel with sock: it reads one frame in the
 // calling goroutine if its first bytes have arrived (the rest follows
-// them, so the read does not wait long), and reports whether it did. It
-// returns at once when another goroutine is reading. A frame error ends
-// the channel: the read loop, woken by the close, reports it.
+// them, so the read does not wait long), and then the frames whose bytes
+// the readers above the socket read ahead with it, and reports whether it
+// read. Nothing is left behind in those readers, where a goroutine asleep
+// on the socket (awaitTCP, the read loop) would not see it. It returns at
+// once when another goroutine is reading. A frame error ends the channel:
+// the read loop, woken by the close, reports it.
 func (c *channel) pollTCP() bool {
 	if !c.rmu.TryLock() {
 		return false
@@ -591,6 +603,9 @@ func (c *channel) pollTCP() bool {
 		return false
 	}
 	err := c.readFrame()
+	for err == nil && c.bufferedLocked() {
+		err = c.readFrame()
+	}
 	if err == nil {
 		c.framed.Store(true)
 	}
@@ -607,8 +622,18 @@ func (c *channel) pollTCP() bool {
 // would be two) until data arrives, d passes or done reports true, then
 // reads what arrived. It counts as a poller meanwhile, so the read loop
 // stays off the socket. It reports false, at once, when the channel has
-// ended: the caller then waits for the read loop's report.
+// ended, or another goroutine sleeps on the socket: the caller then
+// blocks as usual.
 func (c *channel) awaitTCP(done func() bool, d time.Duration) bool {
+	// One sleeper per socket: every thread asleep on it is woken by each
+	// arrival (a collective waiting for many chunks of one peer has a
+	// goroutine per chunk), and the one that reads delivers every frame.
+	// The others block as on any path, and the read loop reads for them
+	// once no goroutine polls (stopPollTCP wakes it).
+	if !c.sleeping.CompareAndSwap(false, true) {
+		return false
+	}
+	defer c.sleeping.Store(false)
 	c.startPollTCP()
 	defer c.stopPollTCP()
 	if c.isDead() {
@@ -640,6 +665,10 @@ func (c *channel) stopPollTCP() {
 	// When the lock is held, its holder is the read loop, which reads
 	// until nothing is left (or checks, as it starts watching), or a new
 	// poller, which stops the same way.
+	if c.blocked.Load() > 0 {
+		c.sock.wake() // parked, the loop would leave them up to parkSlot
+		return
+	}
 	if c.rmu.TryLock() {
 		left := c.end == nil && c.bufferedLocked()
 		c.rmu.Unlock()

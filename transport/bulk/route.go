@@ -228,8 +228,9 @@ func (e *Endpoint) Waiting(peer int) (done func()) {
 		return func() {}
 	}
 	if ch := e.polled[peer].Load(); ch != nil && ch.sock != nil {
+		ch.blocked.Add(1)
 		ch.sock.wake()
-		return func() {}
+		return func() { ch.blocked.Add(-1) }
 	}
 	e.using.Add(1) // as StartPolling: Close does not unmap a ring counted on
 	if e.closed.Load() {

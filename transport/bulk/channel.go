@@ -930,28 +930,15 @@ func (c *channel) readFrameLocked() error {
 	}
 	p, done := c.destination(h, n)
 	parts, per := stripes(n, len(c.links))
+	r0 := c.r0
+	if l, ok := c.links[0].(rdmaLink); ok && done == nil {
+		// Nobody placed the frame: p is read once, then buffered.
+		r0 = onceReader{l.e}
+	}
 	if parts == 1 {
 		// One stripe, read here: no goroutines, nothing to join.
-		r0 := c.r0
-		if l, ok := c.links[0].(rdmaLink); ok && done == nil {
-			r0 = onceReader{l.e}
-		}
-		if _, err := io.ReadFull(r0, p); err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			if done != nil {
-				done(err)
-			}
-			return err
-		}
-		if done != nil {
-			done(nil)
-		} else {
-			hc := *h
-			c.deliver(&hc, p)
-		}
-		return nil
+		_, err := io.ReadFull(r0, p)
+		return c.landed(h, p, done, err)
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, parts)
@@ -959,16 +946,17 @@ func (c *channel) readFrameLocked() error {
 		per := per // captured here, so that the one-part path above does not move per to the heap
 		wg.Go(func() { _, errs[i] = io.ReadFull(c.links[i], part(p, i, per)) })
 	}
-	r0 := c.r0
-	if l, ok := c.links[0].(rdmaLink); ok && done == nil {
-		// Nobody placed the frame: p is read once, then buffered.
-		r0 = onceReader{l.e}
-	}
-	if _, errs[0] = io.ReadFull(r0, part(p, 0, per)); errs[0] != nil && parts > 1 {
+	if _, errs[0] = io.ReadFull(r0, part(p, 0, per)); errs[0] != nil {
 		c.close() // unblock the other stripes
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	return c.landed(h, p, done, errors.Join(errs...))
+}
+
+// landed ends a frame read into p (readFrameLocked) with the read's
+// error: its receiver is told (done), or the payload delivered.
+func (c *channel) landed(h *transport.Header, p []byte, done func(error), err error) error {
+	if err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
@@ -980,7 +968,7 @@ func (c *channel) readFrameLocked() error {
 	if done != nil {
 		done(nil)
 	} else {
-		hc := *h
+		hc := *h // deliver may keep it; c.rxh is the next frame's
 		c.deliver(&hc, p)
 	}
 	return nil

@@ -115,6 +115,9 @@ func (e *Endpoint) startReader(from int, ch *channel) {
 		e.mu.Unlock()
 		ch.quiet.Store(true)
 		ch.close()
+		if ch.sock != nil {
+			ch.sock.release() // no read loop runs to release it
+		}
 		return
 	}
 	old := e.in[from]

@@ -2,6 +2,7 @@ package bulk
 
 import (
 	"net"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -14,18 +15,28 @@ const tcpEstablished = 1
 // last sent anything on it (data, an ACK, a keepalive's answer), and
 // whether c is an established TCP connection whose TCP_INFO says so.
 func kernelAnswered(c net.Conn) (time.Duration, bool) {
-	tc, ok := c.(*net.TCPConn)
-	if !ok {
-		return 0, false
-	}
-	rc, err := tc.SyscallConn()
-	if err != nil {
+	rc := tcpRaw(c)
+	if rc == nil {
 		return 0, false
 	}
 	var age time.Duration
-	ok = false
+	ok := false
 	_ = rc.Control(func(fd uintptr) { age, ok = kernelAnsweredFD(int(fd)) })
 	return age, ok
+}
+
+// tcpRaw is c's descriptor for system calls, or nil where c is not a TCP
+// connection (or has none).
+func tcpRaw(c net.Conn) syscall.RawConn {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return nil
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return rc
 }
 
 // kernelAnsweredFD is kernelAnswered for the socket fd.

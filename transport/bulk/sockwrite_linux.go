@@ -39,12 +39,8 @@ type sockWriter struct {
 // newSockWriter returns the writer of raw, or nil where raw is not a TCP
 // connection (the link then watches every write).
 func newSockWriter(raw net.Conn) *sockWriter {
-	tc, ok := raw.(*net.TCPConn)
-	if !ok {
-		return nil
-	}
-	rc, err := tc.SyscallConn()
-	if err != nil {
+	rc := tcpRaw(raw)
+	if rc == nil {
 		return nil
 	}
 	w := &sockWriter{raw: raw, rc: rc}

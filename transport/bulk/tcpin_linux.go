@@ -56,12 +56,8 @@ type sockWait struct {
 // of Go's poller, or returns nil (raw untouched) where it cannot: not a
 // TCP connection, no descriptor to spare.
 func newSockWait(raw net.Conn) *sockWait {
-	tc, ok := raw.(*net.TCPConn)
-	if !ok {
-		return nil
-	}
-	rc, err := tc.SyscallConn()
-	if err != nil {
+	rc := tcpRaw(raw)
+	if rc == nil {
 		return nil
 	}
 	fd, derr := -1, error(nil)

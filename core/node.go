@@ -51,6 +51,7 @@ type node struct {
 	busyAt         atomic.Int64   // time.Now().UnixNano() of hostBusy's last look (busyEvery)
 	busyLooks      atomic.Int32   // hostBusy's looks in a row that saw a crowd
 	busy           atomic.Bool    // what it concluded
+	ignoreBusy     bool           // tests: hostBusy says no (set before the first call)
 	lastSeen       []atomic.Int64 // when the last message from each world rank came: mono's reading
 	quiet          []atomic.Int64 // per world rank: mono's reading when its silence began while it is stalled (detector.go), else 0
 	downSig        []downSignal   // per world rank: declared down (ends sends to it)

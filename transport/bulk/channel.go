@@ -588,12 +588,12 @@ func (c *channel) bufferedLocked() bool {
 
 // pollTCP is poll for a TCP channel with sock: it reads one frame in the
 // calling goroutine if its first bytes have arrived (the rest follows
-// them, so the read does not wait long), and then the frames whose bytes
-// the readers above the socket read ahead with it, and reports whether it
-// read. Nothing is left behind in those readers, where a goroutine asleep
-// on the socket (awaitTCP, the read loop) would not see it. It returns at
-// once when another goroutine is reading. A frame error ends the channel:
-// the read loop, woken by the close, reports it.
+// them, so the read does not wait long), and reports whether it did. One
+// frame, not what the readers above the socket read ahead with it: those
+// frames' receives are often not posted yet, and read now they would
+// arrive early (a pooled copy). It returns at once when another goroutine
+// is reading. A frame error ends the channel: the read loop, woken by the
+// close, reports it.
 func (c *channel) pollTCP() bool {
 	if !c.rmu.TryLock() {
 		return false
@@ -603,9 +603,6 @@ func (c *channel) pollTCP() bool {
 		return false
 	}
 	err := c.readFrame()
-	for err == nil && c.bufferedLocked() {
-		err = c.readFrame()
-	}
 	if err == nil {
 		c.framed.Store(true)
 	}

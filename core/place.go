@@ -181,8 +181,10 @@ func (c *Comm) spinPolled(src int, done completion, pre polling) bool {
 	// is a thread hand-off through the kernel, tens of microseconds.
 	presence := c.n.caps.Presence
 	// A busy machine (hostBusy) is spun on as one with more ranks than
-	// cores: yielding, and giving up once the peer sleeps or stalls.
-	oversub := c.n.oversubscribed || c.n.hostBusy()
+	// cores: yielding, and giving up once the peer sleeps or stalls. It is
+	// looked at with the first clock read, after 16 polls (a remote peer's
+	// was looked at above): most waits end before.
+	oversub := c.n.oversubscribed
 	// The clock and the peer's presence are first read after 16 polls:
 	// most waits end before. A clock read costs tens of nanoseconds on a
 	// VM, and a read of the presence line takes it from the peer, which
@@ -196,6 +198,9 @@ func (c *Comm) spinPolled(src int, done completion, pre polling) bool {
 		if i == 16 {
 			start = time.Now()
 			inCall, moved = start, start
+			if !oversub && c.n.hostBusyAt(start.UnixNano()) {
+				oversub, yield = true, true
+			}
 		}
 		if i%16 == 0 && i > 0 && presence {
 			now := start
@@ -285,11 +290,13 @@ const busyEvery = 2 * time.Millisecond
 // such hosts with one rank each held 2-3 runnable threads while the ranks
 // spun, with two each 8-11; those 4 ranks took 1.1 ms per 8-byte allreduce
 // spinning on TCP, 0.2 ms without (docs/performance.md).
-func (n *node) hostBusy() bool {
+func (n *node) hostBusy() bool { return n.hostBusyAt(time.Now().UnixNano()) }
+
+// hostBusyAt is hostBusy with the clock already read (now: UnixNano).
+func (n *node) hostBusyAt(now int64) bool {
 	if n.ignoreBusy {
 		return false
 	}
-	now := time.Now().UnixNano()
 	last := n.busyAt.Load()
 	if now-last < int64(busyEvery) || !n.busyAt.CompareAndSwap(last, now) {
 		return n.busy.Load()

@@ -79,15 +79,10 @@ func (l connLink) write(ctx context.Context, _ func() bool, bufs ...[]byte) (int
 	if l.c == l.raw {
 		return l.w.writeBuffers(bufs)
 	}
-	n := 0
-	for _, b := range bufs { // one record per buffer, each written through w
-		m, err := l.c.Write(b)
-		n += m
-		if err != nil {
-			return n, err
-		}
+	if rc, ok := l.c.(*record.Conn); ok {
+		return rc.WriteBuffers(bufs...) // sealed into one write through w
 	}
-	return n, nil
+	return watched(ctx, l.c, net.Buffers(bufs))
 }
 
 // watched writes bufs to c, honouring ctx by moving the write deadline
@@ -413,9 +408,7 @@ func (c *channel) readLoop() error {
 			if err != nil {
 				return err
 			}
-			if !c.framed.Load() {
-				c.framed.Store(true)
-			}
+			c.markFramed()
 		}
 	}
 	idle := idleMin
@@ -512,7 +505,7 @@ func (c *channel) readLoopTCP() (err error) {
 				break
 			}
 			c.loopFrames.Add(1)
-			c.framed.Store(true)
+			c.markFramed()
 			if c.pollers.Load() > 0 {
 				break // the poller takes the rest
 			}
@@ -555,6 +548,14 @@ func (c *channel) readLoopTCP() (err error) {
 // poller takes (nobody waits for it yet, and nobody blocked on it, which
 // would wake the loop) waits at most this long to be read.
 const parkSlot = 2 * time.Millisecond
+
+// markFramed records that a frame was read, once: a store per frame would
+// take the flag's cache line from whoever reads it.
+func (c *channel) markFramed() {
+	if !c.framed.Load() {
+		c.framed.Store(true)
+	}
+}
 
 func (c *channel) isDead() bool {
 	select {
@@ -604,7 +605,7 @@ func (c *channel) pollTCP() bool {
 	}
 	err := c.readFrame()
 	if err == nil {
-		c.framed.Store(true)
+		c.markFramed()
 	}
 	c.rmu.Unlock()
 	if err != nil {

@@ -284,3 +284,8 @@ func (c *Conn) WriteSink(w io.Writer) { c.w.w = w }
 // Read, not safe concurrently with Read.
 func (c *Conn) Buffered() int               { return c.r.Buffered() }
 func (c *Conn) Write(p []byte) (int, error) { return c.w.Write(p) }
+
+// WriteBuffers seals bufs, in order, as Writer.Write does: as few writes
+// to the connection as its pooled buffer allows, where a Write per buffer
+// would make one each.
+func (c *Conn) WriteBuffers(bufs ...[]byte) (int, error) { return c.w.Write(bufs...) }

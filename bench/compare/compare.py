@@ -217,13 +217,21 @@ def nexar_bench_args(ops, sizes):
     return ["--json", "--warmup", "2", "--ops", ",".join(ops), "--sizes", ",".join(map(str, sizes))]
 
 
+def have_nexar_py():
+    """None, or why the nexar Python package cannot run."""
+    r = subprocess.run([VENV_PY, "-c", "import nexar, numpy"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return "the nexar Python package is not installed in the venv (make python): " + r.stderr.strip()[-200:]
+    return None
+
+
 def nexar_py_procs(n, ops, sizes):
     """adapter_nexar.py under `nexar run`."""
     if not os.access(NEXAR, os.X_OK):
         return None, f"{NEXAR} not built (make build)"
-    r = subprocess.run([VENV_PY, "-c", "import nexar, numpy"], capture_output=True, text=True)
-    if r.returncode != 0:
-        return None, "the nexar Python package is not installed in the venv (make python): " + r.stderr.strip()[-200:]
+    why = have_nexar_py()
+    if why:
+        return None, why
     argv = [NEXAR, "run", "-n", str(n), "--", VENV_PY, os.path.join(HERE, "adapter_nexar.py")] + adapter_args(ops, sizes)
     return [(argv, dict(os.environ))], None
 
@@ -377,7 +385,7 @@ def netns_procs(net, system, per, ops, sizes):
         if not os.access(NEXAR, os.X_OK):
             return None, f"{NEXAR} not built (make build)"
         if system == "nexar-py":
-            py, why = nexar_py_procs(n, ops, sizes)
+            why = have_nexar_py()
             if why:
                 return None, why
             argv = [VENV_PY, os.path.join(HERE, "adapter_nexar.py")] + adapter_args(ops, sizes)

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -239,8 +240,10 @@ func launch(opt runOptions) error {
 	}
 	var lost []int
 	var (
-		first     *rankExit // the first rank that failed
-		caught    os.Signal // a signal nexar itself received
+		first     *rankExit             // the first rank seen to fail
+		together  = make([]bool, opt.n) // ranks already gone when first was seen
+		failed    []rankExit            // first and those of together that failed
+		caught    os.Signal             // a signal nexar itself received
 		killTimer <-chan time.Time
 		left      = opt.n
 	)
@@ -255,9 +258,32 @@ func launch(opt runOptions) error {
 					e.rank, e.describe(), policy)
 				continue
 			}
+			if together[e.rank] {
+				if e.failed() {
+					failed = append(failed, e)
+					fmt.Fprintf(opt.stderr, "nexar run: rank %d %s\n", e.rank, e.describe())
+				}
+				continue
+			}
 			if e.failed() && first == nil && caught == nil {
 				first = &e
-				fmt.Fprintf(opt.stderr, "nexar run: rank %d %s; stopping the other ranks\n", e.rank, e.describe())
+				failed = append(failed, e)
+				// Ranks that exit within the same moment are reaped in
+				// no particular order, so the first exit seen need not
+				// be the first failure (a rank that loses a peer fails
+				// right after it). Those already gone are named too.
+				var gone []int
+				for _, p := range procs {
+					if running[p.rank] && exitedNow(p.cmd.Process.Pid) {
+						together[p.rank] = true
+						gone = append(gone, p.rank)
+					}
+				}
+				if len(gone) > 0 {
+					fmt.Fprintf(opt.stderr, "nexar run: rank %d %s; ranks %v had exited too; stopping the other ranks\n", e.rank, e.describe(), gone)
+				} else {
+					fmt.Fprintf(opt.stderr, "nexar run: rank %d %s; stopping the other ranks\n", e.rank, e.describe())
+				}
 				signalRunning(syscall.SIGTERM)
 				killTimer = time.After(opt.grace)
 			}
@@ -299,6 +325,13 @@ func launch(opt runOptions) error {
 		fmt.Fprintf(opt.stderr, "nexar run: the job finished without the ranks it lost: %v\n", lost)
 	}
 	switch {
+	case first != nil && len(failed) > 1:
+		sort.Slice(failed, func(i, j int) bool { return failed[i].rank < failed[j].rank })
+		parts := make([]string, len(failed))
+		for i, e := range failed {
+			parts[i] = fmt.Sprintf("rank %d %s", e.rank, e.describe())
+		}
+		return &exitError{code: first.code(), msg: "run: ranks failed at the same moment (which was first is not known): " + strings.Join(parts, "; ")}
 	case first != nil:
 		return &exitError{code: first.code(), msg: fmt.Sprintf("run: rank %d %s", first.rank, first.describe())}
 	case caught != nil:

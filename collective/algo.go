@@ -88,9 +88,11 @@ type Tuning struct {
 	Layout Layout
 
 	// Hosts, when set, says which host each rank runs on (hosts.go):
-	// allreduces in the ring's size range then take the two-level schedule
-	// (AlgoHier) where every host runs the same number of ranks, at least
-	// two. core fills it from where the ranks run. Part of Digest.
+	// allreduces take the two-level schedules (AlgoHier): in the ring's
+	// size range where every host runs the same number of ranks, at least
+	// two; below it where some host runs two or more (one leader per host
+	// crosses the link). core fills it from where the ranks run. Part of
+	// Digest.
 	Hosts *HostMap
 }
 

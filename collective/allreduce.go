@@ -32,27 +32,40 @@ func Allreduce(ctx context.Context, l Link, send, recv []byte, dt DType, op Op) 
 	}
 	lay := l.Tuning().Layout
 	hosts, hier := twoLevel(l)
+	big := len(recv) >= threshold && count >= size
+	leaders, led := leaderHosts(l)
 	switch {
-	case len(recv) >= threshold && count >= size && hier && lay == nil:
+	case big && hier && lay == nil:
 		auto = AlgoHier
-	case len(recv) >= threshold && count >= size:
+	case big:
 		auto = AlgoRing
 	case lay != nil && !lay.Cube():
 		auto = AlgoTree // recursive doubling's partners would be relayed
+	case led:
+		auto = AlgoHier // one rank per host crosses the link (leaderAllreduce)
 	}
 	algo, err := choose("allreduce", l.Tuning().Force.Allreduce, auto, AlgoRecursiveDoubling, AlgoRing, AlgoTree, AlgoHier)
 	if err != nil {
 		return err
 	}
 	prepare(l, send, recv)
-	if algo == AlgoHier && !hier {
-		return fmt.Errorf("collective: allreduce's hier algorithm needs Tuning.Hosts with at least two hosts of equal rank counts (two or more each); have %v", hostsDesc(l))
+	if algo == AlgoHier && big && !hier {
+		return fmt.Errorf("collective: allreduce's hier algorithm needs, from %d bytes, Tuning.Hosts with at least two hosts of equal rank counts (two or more each); have %v", threshold, hostsDesc(l))
+	}
+	if algo == AlgoHier && !big && !led {
+		return fmt.Errorf("collective: allreduce's hier algorithm needs Tuning.Hosts with at least two hosts, one of them with two or more ranks; have %v", hostsDesc(l))
 	}
 	if size == 1 || count == 0 {
 		if send != nil {
 			copy(recv, send)
 		}
 		return nil
+	}
+	if algo == AlgoHier && !big {
+		if send != nil {
+			copy(recv, send)
+		}
+		return leaderAllreduce(ctx, l, leaders, recv, dt, op)
 	}
 	if algo == AlgoHier {
 		in := send

@@ -125,6 +125,17 @@ func twoLevel(l Link) (*HostMap, bool) {
 	return h, true
 }
 
+// leaderHosts reports whether the leader schedules apply to l: a HostMap
+// of l's size with at least two hosts, one of them running two or more of
+// l's ranks (with one rank per host they are the flat schedules).
+func leaderHosts(l Link) (*HostMap, bool) {
+	h := l.Tuning().Hosts
+	if h == nil || h.Size() != l.Size() || h.Hosts() < 2 || h.Hosts() == l.Size() {
+		return nil, false
+	}
+	return h, true
+}
+
 // levels returns rank's two sub-links: the ranks on its host, and the
 // ranks at its position (local index) on every host, by host index.
 func (h *HostMap) levels(l Link) (local, across *subLink) {
@@ -299,4 +310,54 @@ func hierAllgather(ctx context.Context, l Link, h *HostMap, recv []byte, blk int
 	}
 	h.byPosition(recv, tmp, blk, true)
 	return nil
+}
+
+// leaderLinks returns rank's sub-links for the leader schedules: the ranks
+// on its host (the first, its leader, at 0), and, on a leader, the leaders
+// of every host by host index (nil elsewhere).
+func (h *HostMap) leaderLinks(l Link) (local, leaders *subLink) {
+	rank := l.Rank()
+	mine := h.groups[h.of[rank]]
+	li := 0
+	for i, r := range mine {
+		if r == rank {
+			li = i
+		}
+	}
+	local = newSubLink(l, mine, li)
+	if li == 0 {
+		heads := make([]int, len(h.groups))
+		for i, g := range h.groups {
+			heads[i] = g[0]
+		}
+		leaders = newSubLink(l, heads, h.of[rank])
+	}
+	return local, leaders
+}
+
+// leaderAllreduce is the small-message two-level allreduce (Open MPI
+// HAN's): each host reduces to its leader over a binomial tree, the
+// leaders allreduce by recursive doubling, and each leader broadcasts the
+// result back over the tree. Only one rank per host crosses the link, once
+// each way per between-host step, and the others wait off the CPU; every
+// rank gets its leader's bits, which every leader computed alike.
+func leaderAllreduce(ctx context.Context, l Link, h *HostMap, recv []byte, dt DType, op Op) error {
+	local, leaders := h.leaderLinks(l)
+	var st steps
+	st.init(local)
+	t := binomialTree(local.Size())
+	if err := st.treeReduce(ctx, local, t, 0, recv, dt, redOp(op)); err != nil {
+		return err
+	}
+	if leaders != nil {
+		var sl steps
+		sl.init(leaders)
+		if err := sl.recursiveDoubling(ctx, leaders, leaders.Rank(), leaders.Size(), recv, dt, redOp(op)); err != nil {
+			return err
+		}
+		if op == Avg {
+			FinishAvg(recv, dt, l.Size())
+		}
+	}
+	return st.treeBroadcast(ctx, local, t, 0, recv)
 }

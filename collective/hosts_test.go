@@ -91,11 +91,70 @@ func TestAllreduceHierBitIdentical(t *testing.T) {
 	for _, keys := range []string{"A,B,A,B,A,B", "A,A,B,B,C,C"} {
 		withHosts(keys, func() {
 			withForce(&testTuning.Force.Allreduce, AlgoHier, func() {
-				for _, c := range []combo{{Float32, Sum}, {Float64, Avg}, {BFloat16, Prod}} {
-					checkBitIdentical(t, rng, fmt.Sprintf("%s %v", keys, c), 6, 4001, c)
+				// 4001 elements take the leader schedule, 300001 the
+				// two-level ring.
+				for _, count := range []int{4001, 300001} {
+					for _, c := range []combo{{Float32, Sum}, {Float64, Avg}, {BFloat16, Prod}} {
+						checkBitIdentical(t, rng, fmt.Sprintf("%s %d %v", keys, count, c), 6, count, c)
+					}
 				}
 			})
 		})
+	}
+}
+
+// TestAllreduceLeaders: below the ring's range, hosts of any rank counts
+// (one with two or more) take the leader schedule by default; results as
+// the flat schedules', in and out of place, every dtype and op.
+func TestAllreduceLeaders(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 16))
+	combos := someCombos()
+	if !quick() {
+		combos = allCombos()
+	}
+	for _, keys := range []string{"A,A,A,B", "A,B,B,C,C,C", "A,B,C,A", "B,A,A,B,A"} {
+		n := strings.Count(keys, ",") + 1
+		t.Run(keys, func(t *testing.T) {
+			withHosts(keys, func() {
+				for _, count := range []int{1, n, 7, 1000} {
+					for _, c := range combos {
+						checkAllreduce(t, rng, n, count, c, false)
+						checkAllreduce(t, rng, n, count, c, true)
+					}
+				}
+			})
+		})
+	}
+}
+
+// TestAllreduceLeadersCross: a small allreduce with several ranks on a
+// host sends between hosts only what its leaders' recursive doubling
+// sends, S per leader and step (2(H-1)·S, the least, for 2 and 3 hosts);
+// recursive doubling over every rank sends more.
+func TestAllreduceLeadersCross(t *testing.T) {
+	count := 16 // 64 B: latency-bound
+	s := int64(4 * count)
+	// sends of recursive doubling over h ranks: the 2·rem folding sends
+	// and pof2·log2(pof2) exchanges.
+	sends := func(h int) int64 {
+		pof2, steps := 1, 0
+		for pof2*2 <= h {
+			pof2, steps = pof2*2, steps+1
+		}
+		return int64(2*(h-pof2) + pof2*steps)
+	}
+	for _, keys := range []string{"A,A,B,B", "A,B,A,B", "A,A,A,B", "A,B,C,A,B,C", "A,A,B,B,C,C,D,D"} {
+		hosts := NewHostMap(strings.Split(keys, ",")).Hosts()
+		want := sends(hosts) * s
+		if hosts <= 3 && want != 2*int64(hosts-1)*s {
+			t.Fatalf("%s: %d bytes is not the least, 2(H-1)·S", keys, want)
+		}
+		if got := allreduceCross(t, keys, count, AlgoAuto); got != want {
+			t.Errorf("%s: auto sent %d bytes between hosts, want %d (%.2fx)", keys, got, want, float64(got)/float64(want))
+		}
+		if got := allreduceCross(t, keys, count, AlgoRecursiveDoubling); got <= want {
+			t.Errorf("%s: recursive doubling sent %d bytes between hosts, no more than the leaders' %d: the check cannot tell", keys, got, want)
+		}
 	}
 }
 
@@ -176,15 +235,27 @@ func TestAllreduceHierCrossesLeast(t *testing.T) {
 
 func TestAllreduceHierUnusable(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
-	// Unequal hosts: auto keeps the flat ring, forcing hier is an error.
+	// Unequal hosts: auto keeps the flat ring in its range, forcing hier
+	// there is an error.
 	withHosts("A,A,A,B", func() {
 		checkAllreduce(t, rng, 4, largeCount/4, combo{Float32, Sum}, false)
 		withForce(&testTuning.Force.Allreduce, AlgoHier, func() {
 			err := tryRanks(4, 10*time.Second, func(ctx context.Context, l Link) error {
-				return Allreduce(ctx, l, nil, make([]byte, 64), Float32, Sum)
+				return Allreduce(ctx, l, nil, make([]byte, 4*(largeCount/4)), Float32, Sum)
 			})
 			if err == nil || !strings.Contains(err.Error(), "2 hosts (1-3 ranks)") {
 				t.Fatalf("forced hier on unequal hosts: %v", err)
+			}
+		})
+	})
+	// One rank per host: no leader schedule either.
+	withHosts("A,B,C", func() {
+		withForce(&testTuning.Force.Allreduce, AlgoHier, func() {
+			err := tryRanks(3, 10*time.Second, func(ctx context.Context, l Link) error {
+				return Allreduce(ctx, l, nil, make([]byte, 64), Float32, Sum)
+			})
+			if err == nil || !strings.Contains(err.Error(), "3 hosts x 1 ranks") {
+				t.Fatalf("forced hier with one rank per host: %v", err)
 			}
 		})
 	})

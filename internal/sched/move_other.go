@@ -23,3 +23,6 @@ func Policy(tid int) (int, error) {
 
 // Runnable reports false: /proc/loadavg is Linux's.
 func Runnable() (int, bool) { return 0, false }
+
+// Allowed is nil: the CPU set is read on Linux only.
+func Allowed() []uint64 { return nil }

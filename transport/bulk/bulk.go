@@ -16,6 +16,7 @@ import (
 
 	"github.com/nexar-go/nexar/internal/hostid"
 	"github.com/nexar-go/nexar/internal/procwatch"
+	"github.com/nexar-go/nexar/internal/sched"
 	"github.com/nexar-go/nexar/transport"
 	"github.com/nexar-go/nexar/transport/internal/record"
 	nquic "github.com/nexar-go/nexar/transport/quic"
@@ -371,7 +372,12 @@ func (e *Endpoint) Start(ctx context.Context, inner transport.Endpoint) error {
 	for r, p := range e.Paths() {
 		e.log.Debug("nexar: data path", "rank", e.self, "peer", r, "path", p)
 	}
-	if e.LocalPeers()+1 > runtime.NumCPU() {
+	e.mu.Lock()
+	crowd, cpus := e.neg.crowd(runtime.NumCPU())
+	e.mu.Unlock()
+	if e.LocalPeers()+1 > runtime.NumCPU() || crowd > cpus {
+		e.log.Debug("nexar: more ranks than cores: waiters yield", "rank", e.self,
+			"ranks", crowd, "cpus", cpus, "local_peers", e.LocalPeers())
 		e.mu.Lock()
 		e.oversubscribed = true
 		for _, r := range e.rings {
@@ -386,6 +392,7 @@ func (e *Endpoint) Start(ctx context.Context, inner transport.Endpoint) error {
 func (e *Endpoint) negConfig() negConfig {
 	o := &e.opt
 	c := negConfig{self: e.self, size: e.size, talks: make([]bool, e.size), host: o.HostID,
+		kernel: hostid.Kernel(), cpus: sched.Allowed(),
 		shm: o.Mode.shm() && shmSupported(), tcp: o.Mode.tcp(), rdma: o.RDMA != nil && o.Mode.rdma(),
 		rdmaOnly: o.Mode == ModeRDMA, plaintext: o.Plaintext, conns: o.Conns,
 		ringSize: o.RingSize, ringBudget: o.RingBudget, testRemote: cmaSupported && o.RemoteMin >= 0}

@@ -100,6 +100,8 @@ type message interface{ msgType() msgType }
 type helloMsg struct {
 	Proc           procClaim // Host always set
 	SHM, TCP, RDMA bool      // what the sender can use
+	Kernel         string    // the sender's machine and boot (hostid.Kernel; empty: unknown)
+	CPUs           []uint64  // the CPUs the sender may run on (sched.Allowed; nil: unknown)
 }
 
 type wantMsg struct {
@@ -181,6 +183,8 @@ type wireMsg struct {
 	PIDNS  string          `cbor:"pidns,omitempty"`
 	RDMA   bool            `cbor:"rdma,omitempty"`
 	QP     cbor.RawMessage `cbor:"qp,omitempty"`
+	Kernel string          `cbor:"kernel,omitempty"`
+	CPUs   []uint64        `cbor:"cpus,omitempty"`
 }
 
 func (w *wireMsg) setProc(p procClaim) {
@@ -198,6 +202,7 @@ func toWire(m message) wireMsg {
 	case helloMsg:
 		w.setProc(m.Proc)
 		w.SHM, w.TCP, w.RDMA = m.SHM, m.TCP, m.RDMA
+		w.Kernel, w.CPUs = m.Kernel, m.CPUs
 	case wantMsg:
 		w.Size, w.TCP = m.Size, m.TCP
 	case rpcWantMsg:
@@ -243,7 +248,7 @@ func fromWire(w *wireMsg) (message, error) {
 	}
 	switch w.T {
 	case "hello":
-		return helloMsg{Proc: w.proc(), SHM: w.SHM, TCP: w.TCP, RDMA: w.RDMA}, nil
+		return helloMsg{Proc: w.proc(), SHM: w.SHM, TCP: w.TCP, RDMA: w.RDMA, Kernel: w.Kernel, CPUs: w.CPUs}, nil
 	case "want":
 		return wantMsg{Size: w.Size, TCP: w.TCP}, nil
 	case "rpcwant":

@@ -2,6 +2,7 @@ package bulk
 
 import (
 	"fmt"
+	"math/bits"
 )
 
 // This file is the negotiator: both negotiations, of the data channels
@@ -30,6 +31,8 @@ type negConfig struct {
 	self, size int
 	talks      []bool    // per rank: channels are made with it (Options.Peers); false for self
 	host       string    // this host's id
+	kernel     string    // this machine's running kernel (hostid.Kernel; empty: unknown)
+	cpus       []uint64  // the CPUs this process may run on (sched.Allowed; nil: unknown)
 	me         procClaim // this process, carried by hello and data offers (PID 0: not known)
 	shm        bool      // shared memory allowed and supported
 	tcp        bool      // TCP allowed
@@ -89,6 +92,8 @@ type peerNeg struct {
 	rpcIn      inPhase
 	rpcInTCP   bool
 	down       bool
+	kernel     bool     // its hello said it runs on this rank's kernel
+	cpus       []uint64 // the CPUs its hello said it may run on (nil: unknown)
 }
 
 // negotiator is the negotiation's state. Not safe for concurrent use.
@@ -252,7 +257,7 @@ func (n *negotiator) step(ev event) []action {
 	}
 	switch ev := ev.(type) {
 	case evStart:
-		hello := helloMsg{Proc: n.cfg.me, SHM: n.cfg.shm, TCP: n.cfg.tcp, RDMA: n.cfg.rdma}
+		hello := helloMsg{Proc: n.cfg.me, SHM: n.cfg.shm, TCP: n.cfg.tcp, RDMA: n.cfg.rdma, Kernel: n.cfg.kernel, CPUs: n.cfg.cpus}
 		hello.Proc.Host = n.cfg.host
 		for r, t := range n.cfg.talks {
 			if t {
@@ -354,6 +359,50 @@ func (n *negotiator) localPeers() int {
 	return k
 }
 
+// crowd returns how many ranks, this one included, run on this rank's
+// kernel on CPUs that overlap its own, and how many CPUs those ranks may
+// use between them (the union of their sets; ncpu where this rank's is
+// unknown). Ranks in other network namespaces of one machine (containers,
+// the two-host tests) count: they talk as hosts do but take the same
+// cores. Peers that said no hello (silent, or not talked to) do not.
+func (n *negotiator) crowd(ncpu int) (ranks, cpus int) {
+	union := append([]uint64(nil), n.cfg.cpus...)
+	ranks = 1
+	for _, p := range n.peers {
+		if !p.kernel || !overlaps(p.cpus, n.cfg.cpus) {
+			continue
+		}
+		ranks++
+		for i, w := range p.cpus {
+			if i == len(union) {
+				union = append(union, 0)
+			}
+			union[i] |= w
+		}
+	}
+	if len(n.cfg.cpus) == 0 {
+		return ranks, ncpu
+	}
+	for _, w := range union {
+		cpus += bits.OnesCount64(w)
+	}
+	return ranks, cpus
+}
+
+// overlaps reports whether CPU sets a and b share a CPU; an unknown (nil)
+// set overlaps every set.
+func overlaps(a, b []uint64) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return true
+	}
+	for i := range min(len(a), len(b)) {
+		if a[i]&b[i] != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // pairRing is the ring capacity this rank asks a local peer for: the
 // largest power of two up to RingSize with which one ring per local peer
 // fits the budget (each side sizes alike, having the same local peers).
@@ -382,6 +431,8 @@ func (n *negotiator) recv(from int, m message) {
 			n.emit(actNote{from, false, "duplicate hello; ignored"})
 			return
 		}
+		p.kernel = m.Kernel != "" && m.Kernel == n.cfg.kernel
+		p.cpus = m.CPUs
 		same := m.Proc.Host == n.cfg.host
 		n.offerData(from, same && m.SHM, m.TCP, 0, n.cfg.rdma && m.RDMA && (n.cfg.rdmaOnly || !same))
 	case wantMsg:

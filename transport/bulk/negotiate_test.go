@@ -455,3 +455,58 @@ func TestDecodeCtlRefuses(t *testing.T) {
 		}
 	}
 }
+
+// TestCrowd: the ranks that share this rank's cores are those on its
+// kernel, whatever their host id (another network namespace), whose CPU
+// sets overlap its own; their CPUs are the union of those sets.
+func TestCrowd(t *testing.T) {
+	cfg := negCfg()
+	cfg.size = 6
+	cfg.talks = []bool{false, true, true, true, true, true}
+	cfg.kernel = "m/boot1"
+	cfg.cpus = []uint64{0b0011} // CPUs 0 and 1
+	n := newNegotiator(cfg)
+	hellos := []helloMsg{
+		{Proc: procClaim{Host: "A"}, Kernel: "m/boot1", CPUs: []uint64{0b0011}},      // this host
+		{Proc: procClaim{Host: "B"}, Kernel: "m/boot1", CPUs: []uint64{0b0110}},      // another netns, overlapping: adds CPU 2
+		{Proc: procClaim{Host: "C"}, Kernel: "m/boot1", CPUs: []uint64{0b1100, 0b1}}, // disjoint from 0-1
+		{Proc: procClaim{Host: "D"}, Kernel: "m/boot2", CPUs: []uint64{0b0011}},      // another kernel
+		{Proc: procClaim{Host: "E"}, Kernel: "m/boot1"},                              // CPUs unknown: counted
+	}
+	for i, h := range hellos {
+		n.step(evRecv{i + 1, h})
+	}
+	if r, c := n.crowd(8); r != 4 || c != 3 {
+		t.Errorf("crowd = %d ranks on %d CPUs, want 4 on 3", r, c)
+	}
+	// This rank's own set unknown: the machine's count.
+	cfg.cpus = nil
+	n = newNegotiator(cfg)
+	for i, h := range hellos {
+		n.step(evRecv{i + 1, h})
+	}
+	if r, c := n.crowd(8); r != 5 || c != 8 {
+		t.Errorf("crowd without a CPU set = %d ranks on %d CPUs, want 5 on 8", r, c)
+	}
+	// Nothing heard yet: this rank alone.
+	if r, _ := newNegotiator(cfg).crowd(8); r != 1 {
+		t.Errorf("crowd before any hello = %d ranks, want 1", r)
+	}
+}
+
+// TestHelloWire: a hello's kernel and CPU set survive the wire form.
+func TestHelloWire(t *testing.T) {
+	in := helloMsg{Proc: procClaim{Host: "A", PID: 3}, TCP: true, Kernel: "m/b", CPUs: []uint64{5, 1 << 63}}
+	b, err := encodeCtl(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := decodeCtl(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, ok := out.(helloMsg)
+	if !ok || h.Kernel != "m/b" || len(h.CPUs) != 2 || h.CPUs[0] != 5 || h.CPUs[1] != 1<<63 {
+		t.Fatalf("hello after the wire: %+v", out)
+	}
+}

@@ -364,3 +364,43 @@ func TestHostOrderedRings(t *testing.T) {
 		}
 	}
 }
+
+// TestRootedHosts: binomial broadcast and reduce over hosts go through the
+// hosts' chain order: right results from every root, and with hosts of
+// equal power-of-two rank counts each other host is crossed to once (H-1
+// messages of S bytes) where rank order crossed more on interleaved ranks.
+func TestRootedHosts(t *testing.T) {
+	rng := rand.New(rand.NewPCG(17, 18))
+	const count = 64
+	s := int64(4 * count)
+	for _, keys := range []string{"A,B,A,B", "A,A,B,B", "A,B,C,D,A,B,C,D", "A,A,A,B,B", "B,A,C,A,C,B"} {
+		n := strings.Count(keys, ",") + 1
+		h := NewHostMap(strings.Split(keys, ","))
+		withHosts(keys, func() {
+			for root := range n {
+				checkBroadcastLayout(t, rng, n, root)
+				checkRootedReduce(t, rng, n, 7, combo{Float64, Sum}, root, false)
+				checkRootedReduce(t, rng, n, 1000, combo{Int32, Max}, root, root%2 == 1)
+			}
+		})
+		equal := true
+		for i := range h.Hosts() {
+			equal = equal && len(h.groups[i]) == len(h.groups[0]) && len(h.groups[0])&(len(h.groups[0])-1) == 0
+		}
+		if !equal {
+			continue
+		}
+		least := int64(h.Hosts()-1) * s
+		for root := range n {
+			bc := crossBytes(t, keys, func(ctx context.Context, l Link) error {
+				return Broadcast(ctx, l, make([]byte, s), root)
+			})
+			rd := crossBytes(t, keys, func(ctx context.Context, l Link) error {
+				return Reduce(ctx, l, nil, make([]byte, s), Float32, Sum, root)
+			})
+			if bc != least || rd != least {
+				t.Errorf("%s root %d: broadcast sent %d bytes between hosts, reduce %d; the least is %d", keys, root, bc, rd, least)
+			}
+		}
+	}
+}

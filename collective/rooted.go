@@ -29,6 +29,26 @@ func topMask(size int) int {
 	return m
 }
 
+// hostOrder returns the relative rank of rank and its inverse for a
+// binomial tree from root: where Tuning.Hosts says where the ranks run,
+// over the hosts' chain order (root's host first, then each host's ranks
+// in a row), so that a host's ranks fill whole subtrees and, with hosts of
+// equal power-of-two rank counts, each other host is crossed to once;
+// else vr and abs as given (rank order from root).
+func hostOrder(l Link, rank, root, vr int, abs func(int) int) (int, func(int) int) {
+	h := l.Tuning().Hosts
+	if h == nil || h.Size() != l.Size() || h.Hosts() < 2 || h.Hosts() == l.Size() {
+		return vr, abs
+	}
+	order := h.chain(root)
+	for p, r := range order {
+		if r == rank {
+			vr = p
+		}
+	}
+	return vr, func(v int) int { return order[v] }
+}
+
 // Broadcast copies root's buf into buf on every rank.
 func Broadcast(ctx context.Context, l Link, buf []byte, root int) error {
 	rank, size, err := checkLink(l)
@@ -88,6 +108,7 @@ func Broadcast(ctx context.Context, l Link, buf []byte, root int) error {
 	if lay != nil {
 		return st.treeBroadcast(ctx, l, lay, root, buf)
 	}
+	vr, abs = hostOrder(l, rank, root, vr, abs)
 	mask := topMask(size)
 	if vr != 0 {
 		if err := st.recv(ctx, l, abs(vr-lowbit(vr)), buf); err != nil {
@@ -195,12 +216,13 @@ func Reduce(ctx context.Context, l Link, send, recv []byte, dt DType, op Op, roo
 	tmp := scratchOf(l).Get(len(in))
 	defer scratchOf(l).Put(tmp)
 	o := redOp(op)
+	vr, abs := hostOrder(l, rank, root, vr, func(v int) int { return (v + root) % size })
 	for mask := 1; mask < size; mask <<= 1 {
 		if vr&mask != 0 {
-			return st.send(ctx, l, (vr-mask+root)%size, acc)
+			return st.send(ctx, l, abs(vr-mask), acc)
 		}
 		if child := vr | mask; child < size {
-			if err := st.recv(ctx, l, (child+root)%size, tmp); err != nil {
+			if err := st.recv(ctx, l, abs(child), tmp); err != nil {
 				return err
 			}
 			ReduceInto(acc, tmp, dt, o)

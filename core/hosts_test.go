@@ -61,7 +61,8 @@ func TestHostAwareSchedules(t *testing.T) {
 	}))
 
 	// A split of ranks 0, 1 and 2 (hosts A, B, A) has unequal hosts: it
-	// keeps a HostMap, and a forced two-level call fails naming them.
+	// keeps a HostMap; a forced two-level call takes the leader schedule
+	// below the ring's range and fails naming the hosts in it.
 	subs := make([]*Comm, 3)
 	mustAll(t, each(comms, func(c *Comm) error {
 		color := 0
@@ -82,9 +83,22 @@ func TestHostAwareSchedules(t *testing.T) {
 		c.tuningDigest = c.cfg.Tuning.Digest()
 	}
 	mustAll(t, each(subs, func(c *Comm) error {
-		err := c.Allreduce(ctx, nil, make([]byte, 64), collective.Float32, collective.Sum)
+		buf := make([]byte, 8*100)
+		for i := 0; i < 100; i++ {
+			putI64(buf, i, int64(c.Rank()+i))
+		}
+		if err := c.Allreduce(ctx, nil, buf, collective.Int64, collective.Sum); err != nil {
+			return err
+		}
+		for i := 0; i < 100; i++ {
+			if got, want := i64(buf, i), int64(3+3*i); got != want {
+				t.Errorf("split rank %d: [%d] = %d, want %d", c.Rank(), i, got, want)
+				break
+			}
+		}
+		err := c.Allreduce(ctx, nil, make([]byte, 2<<20), collective.Float32, collective.Sum)
 		if err == nil || !strings.Contains(err.Error(), "2 hosts (1-2 ranks)") {
-			t.Errorf("rank %d: forced hier on hosts A,B,A: %v", c.Rank(), err)
+			t.Errorf("rank %d: forced hier on hosts A,B,A in the ring's range: %v", c.Rank(), err)
 		}
 		return nil
 	}))

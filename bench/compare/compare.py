@@ -107,8 +107,16 @@ def run_adapter(procs, timeout, system):
     errs = [tempfile.TemporaryFile(mode="w+") for _ in procs]
     try:
         for i, (argv, env) in enumerate(procs):
+            # A process group per rank (killed whole at the deadline), not a
+            # session: a session is an autogroup of the scheduler (Linux
+            # with sched_autogroup_enabled, processes in the root cpu
+            # cgroup), where one rank's sched_yield no longer lets another
+            # rank run. mpirun's ranks share its session; every system's
+            # must, or the comparison measures the launch (nexar, 2 hosts
+            # x 2 ranks, 8 B: 70-85 µs with a session per rank, 30-45 in
+            # one; docs/performance.md).
             ps.append(subprocess.Popen(argv, env=env, stdout=out if i == 0 else subprocess.DEVNULL,
-                                       stderr=errs[i], start_new_session=True))
+                                       stderr=errs[i], preexec_fn=os.setpgrp))
         deadline = time.monotonic() + timeout
         for p in ps:
             try:
@@ -174,6 +182,12 @@ def adapter_args(ops, sizes):
     return ["--ops", ",".join(ops), "--sizes", ",".join(map(str, sizes))]
 
 
+# Every Python rank runs its numerical libraries on one thread, as torchrun
+# sets for several ranks per host: OpenBLAS's idle workers (numpy) spin
+# after each call and took about 9 % of the CPU from 4 ranks on 2 cores.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
 def gloo_procs(n, ops, sizes, wrap=None, addrs=None, ifname=None, backend="gloo", name=None, per_host=None,
                extra_env=None):
     """torch.distributed ranks (adapter_gloo.py); wrap(r) prefixes rank r's
@@ -182,7 +196,7 @@ def gloo_procs(n, ops, sizes, wrap=None, addrs=None, ifname=None, backend="gloo"
     procs = []
     for r in range(n):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), MASTER_PORT=str(port),
-                   MASTER_ADDR=addrs[0] if addrs else "127.0.0.1", OMP_NUM_THREADS="1")
+                   MASTER_ADDR=addrs[0] if addrs else "127.0.0.1", **ONE_THREAD)
         if per_host:
             env.update(LOCAL_RANK=str(r % per_host), LOCAL_WORLD_SIZE=str(per_host))
         env.update(extra_env or {})
@@ -197,7 +211,7 @@ def gloo_procs(n, ops, sizes, wrap=None, addrs=None, ifname=None, backend="gloo"
 
 
 def mpi_procs(n, ops, sizes, name, extra):
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **ONE_THREAD)
     argv = MPIRUN + ["-np", str(n)] + extra + [SYS_PY, os.path.join(HERE, "adapter_mpi.py"),
                                                  "--name", name] + adapter_args(ops, sizes)
     return [(argv, env)]
@@ -209,7 +223,7 @@ def nexar_procs(n, ops, sizes, timeout, inplace=False):
     if not os.access(NEXAR, os.X_OK):
         return None, f"{NEXAR} not built (make build)"
     argv = [NEXAR, "bench", "-n", str(n)] + nexar_bench_args(ops, sizes) + (["--inplace"] if inplace else [])
-    return [(argv, dict(os.environ))], None
+    return [(argv, dict(os.environ, **ONE_THREAD))], None
 
 
 def nexar_bench_args(ops, sizes):
@@ -400,7 +414,7 @@ def netns_procs(net, system, per, ops, sizes):
             env = dict(os.environ, NEXAR_RANK=str(r), NEXAR_WORLD_SIZE=str(n),
                        NEXAR_SEED=f"{net.addrs[0]}:{port}", NEXAR_TOKEN=token,
                        NEXAR_BIND_ADDR=f"{net.addrs[r // per]}:0",
-                       NEXAR_BULK_PLAINTEXT="1" if system == "nexar-plain" else "0")
+                       NEXAR_BULK_PLAINTEXT="1" if system == "nexar-plain" else "0", **ONE_THREAD)
             procs.append((wrap(r) + argv, env))
         return procs, None
     return None, "not run across namespaces"

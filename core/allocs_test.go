@@ -105,9 +105,8 @@ const tcpAllreduceAllocs = 1
 // between two ranks of this process over TCP, with TLS (the default
 // between hosts) and in plaintext. Not AllocsPerRun, which runs one P:
 // two ranks that spin in one process need two (each waiter spins on the
-// socket while the other rank runs), and a long SpinWait and no look at
-// the machine's load (hostBusy) keep every wait on that path, also on a
-// loaded host.
+// socket while the other rank runs), and a long SpinWait keeps every
+// wait on that path, also on a loaded host.
 func TestAllreduceAllocsTCP(t *testing.T) {
 	if race.Enabled {
 		t.Skip("the race detector allocates")
@@ -124,11 +123,6 @@ func TestAllreduceAllocsTCP(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer closeAll(t, comms)
-			for _, c := range comms {
-				// The fast path even on a loaded host (make test runs
-				// packages side by side), where waiters would block.
-				c.n.ignoreBusy = true
-			}
 			ctx := context.Background()
 			run := func(n int) {
 				errs := each(comms, func(c *Comm) error {

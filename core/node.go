@@ -46,12 +46,8 @@ type node struct {
 
 	born           time.Time      // when the node was made, with a monotonic reading (mono, now)
 	spinWait       time.Duration  // resolved Config.SpinWait (resolveSpinWait)
-	oversubscribed bool           // more ranks on this host than cores
+	oversubscribed bool           // more ranks than cores on this machine (transport/bulk: this kernel, namespaces included)
 	lastMove       atomic.Int64   // time.Now().UnixNano() of spin's last sched.MoveOff (moveOffEvery)
-	busyAt         atomic.Int64   // time.Now().UnixNano() of hostBusy's last look (busyEvery)
-	busyLooks      atomic.Int32   // hostBusy's looks in a row that saw a crowd
-	busy           atomic.Bool    // what it concluded
-	ignoreBusy     bool           // tests: hostBusy says no (set before the first call)
 	lastSeen       []atomic.Int64 // when the last message from each world rank came: mono's reading
 	quiet          []atomic.Int64 // per world rank: mono's reading when its silence began while it is stalled (detector.go), else 0
 	downSig        []downSignal   // per world rank: declared down (ends sends to it)

@@ -2,7 +2,6 @@ package core
 
 import (
 	"context"
-	"runtime"
 	"time"
 
 	"github.com/nexar-go/nexar/core/internal/match"
@@ -161,13 +160,8 @@ func (c *Comm) spinPolled(src int, done completion, pre polling) bool {
 	peer := c.world[src]
 	// A peer on another host (a TCP channel) publishes no presence, and
 	// each poll is a system call: yield the core between polls, so that
-	// this host's other threads (the rank's own, other ranks') run, and
-	// do not spin at all while the machine has more runnable threads than
-	// cores (hostBusy).
+	// this host's other threads (the rank's own, other ranks') run.
 	remote := !c.n.ep.SharedMemory(peer)
-	if remote && pre.poll == nil && c.n.hostBusy() {
-		return false
-	}
 	poll := pre.poll
 	if poll == nil {
 		var stop func()
@@ -180,10 +174,6 @@ func (c *Comm) spinPolled(src int, done completion, pre polling) bool {
 	// (libnexar) the goroutine is locked to its thread, and every yield
 	// is a thread hand-off through the kernel, tens of microseconds.
 	presence := c.n.caps.Presence
-	// A busy machine (hostBusy) is spun on as one with more ranks than
-	// cores: yielding, and giving up once the peer sleeps or stalls. It is
-	// looked at with the first clock read, after 16 polls (a remote peer's
-	// was looked at above): most waits end before.
 	oversub := c.n.oversubscribed
 	// The clock and the peer's presence are first read after 16 polls:
 	// most waits end before. A clock read costs tens of nanoseconds on a
@@ -198,9 +188,6 @@ func (c *Comm) spinPolled(src int, done completion, pre polling) bool {
 		if i == 16 {
 			start = time.Now()
 			inCall, moved = start, start
-			if !oversub && c.n.hostBusyAt(start.UnixNano()) {
-				oversub, yield = true, true
-			}
 		}
 		if i%16 == 0 && i > 0 && presence {
 			now := start
@@ -276,44 +263,6 @@ func (n *node) moveOff(cpu int, now time.Time) {
 	sched.MoveOff(cpu)
 }
 
-// busyEvery bounds how often a node looks at the machine's runnable
-// threads (hostBusy: a read of /proc/loadavg, a few microseconds).
-const busyEvery = 2 * time.Millisecond
-
-// hostBusy reports whether the machine held more than twice as many
-// runnable threads as it has CPUs at the last two looks, busyEvery apart:
-// more spinning ranks than cores, beside their processes' other threads
-// (one look would also see a moment's crowd of those). A waiter that spins
-// on a peer of another host there only takes a core from a thread that
-// would make progress, the peer's reply among them where "hosts" share
-// cores (network namespaces on one machine, containers). On 2 cores, 2
-// such hosts with one rank each held 2-3 runnable threads while the ranks
-// spun, with two each 8-11; those 4 ranks took 1.1 ms per 8-byte allreduce
-// spinning on TCP, 0.2 ms without (docs/performance.md).
-func (n *node) hostBusy() bool { return n.hostBusyAt(time.Now().UnixNano()) }
-
-// hostBusyAt is hostBusy with the clock already read (now: UnixNano).
-func (n *node) hostBusyAt(now int64) bool {
-	if n.ignoreBusy {
-		return false
-	}
-	last := n.busyAt.Load()
-	if now-last < int64(busyEvery) || !n.busyAt.CompareAndSwap(last, now) {
-		return n.busy.Load()
-	}
-	r, ok := sched.Runnable()
-	over := n.busyLooks.Load()
-	if ok && r > 2*runtime.NumCPU() {
-		over++
-	} else {
-		over = 0
-	}
-	n.busyLooks.Store(over)
-	b := over >= 2
-	n.busy.Store(b)
-	return b
-}
-
 // staleAfter is how long a peer that polls goes without a presence beat
 // (one every few microseconds while it polls) before spin, with more
 // ranks than cores, takes it for off the CPU.
@@ -340,13 +289,10 @@ func (c *Comm) await(ctx context.Context, src int, done completion) bool {
 		return false
 	}
 	peer := c.world[src]
-	// On a peer of another host only while the machine is busy: there a
-	// sleeper woken by the kernel saves a thread hand-off that waits for
-	// a core (2 hosts x 2 ranks on 2 cores: an 8-byte allreduce in 80 µs
-	// where it took 210). Elsewhere the read loop delivers a late peer's
+	// On a peer of another host the read loop delivers a late peer's
 	// data: sleeping on the socket cost large transfers up to 2x in their
 	// tail (docs/performance.md).
-	if !c.n.ep.SharedMemory(peer) && !c.n.hostBusy() {
+	if !c.n.ep.SharedMemory(peer) {
 		return false
 	}
 	for {

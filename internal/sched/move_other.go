@@ -21,8 +21,5 @@ func Policy(tid int) (int, error) {
 	return 0, errors.New("sched: Policy is implemented on Linux only")
 }
 
-// Runnable reports false: /proc/loadavg is Linux's.
-func Runnable() (int, bool) { return 0, false }
-
 // Allowed is nil: the CPU set is read on Linux only.
 func Allowed() []uint64 { return nil }

@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"math/bits"
 	"os"
 	"runtime"
 	"strings"
@@ -32,23 +33,23 @@ func BenchmarkCPU(b *testing.B) {
 	}
 }
 
-func TestParseRunnable(t *testing.T) {
-	for _, c := range []struct {
-		in string
-		n  int
-		ok bool
-	}{
-		{"0.50 0.40 0.30 3/512 12345\n", 3, true},
-		{"12.00 8.10 4.02 117/2048 99", 117, true},
-		{"0.50 0.40 0.30 /512 1", 0, false},
-		{"0.50 0.40 0.30 3", 0, false},
-		{"", 0, false},
-	} {
-		if n, ok := parseRunnable([]byte(c.in)); n != c.n || ok != c.ok {
-			t.Errorf("parseRunnable(%q) = %d, %v; want %d, %v", c.in, n, ok, c.n, c.ok)
+func TestAllowed(t *testing.T) {
+	set := Allowed()
+	if runtime.GOOS != "linux" {
+		if set != nil {
+			t.Errorf("Allowed() = %v off Linux", set)
 		}
+		return
 	}
-	if n, ok := Runnable(); runtime.GOOS == "linux" && (!ok || n < 1) {
-		t.Errorf("Runnable() = %d, %v on Linux; want at least this thread", n, ok)
+	n := 0
+	for _, w := range set {
+		n += bits.OnesCount64(w)
+	}
+	// runtime.NumCPU is the same affinity count, read at start-up.
+	if n != runtime.NumCPU() {
+		t.Errorf("Allowed() has %d CPUs, runtime.NumCPU() = %d", n, runtime.NumCPU())
+	}
+	if len(set) > 0 && set[len(set)-1] == 0 {
+		t.Errorf("Allowed() = %v: trailing zero words", set)
 	}
 }

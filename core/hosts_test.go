@@ -96,6 +96,11 @@ func TestHostAwareSchedules(t *testing.T) {
 				break
 			}
 		}
+		return nil
+	}))
+	// Every rank fails this call itself, or first hears of another's
+	// failure of it; both name the hosts.
+	mustAll(t, each(subs, func(c *Comm) error {
 		err := c.Allreduce(ctx, nil, make([]byte, 2<<20), collective.Float32, collective.Sum)
 		if err == nil || !strings.Contains(err.Error(), "2 hosts (1-2 ranks)") {
 			t.Errorf("rank %d: forced hier on hosts A,B,A in the ring's range: %v", c.Rank(), err)

@@ -107,7 +107,7 @@ type Forced struct {
 	Gather    Algorithm // AlgoBinomial, AlgoLinear
 	Scatter   Algorithm // AlgoBinomial, AlgoLinear
 	Scan      Algorithm // AlgoRecursiveDoubling, AlgoPipeline (also Exscan)
-	Alltoall  Algorithm // AlgoBruck, AlgoPairwise
+	Alltoall  Algorithm // AlgoBruck, AlgoPairwise, AlgoHier
 }
 
 // DefaultTuning returns the measured defaults (docs/performance.md).

@@ -111,11 +111,20 @@ func Alltoall(ctx context.Context, l Link, send, recv []byte) error {
 	if size > 2 && len(recv) < l.Tuning().AlltoallBruckThreshold {
 		auto = AlgoBruck
 	}
-	algo, err := choose("alltoall", l.Tuning().Force.Alltoall, auto, AlgoBruck, AlgoPairwise)
+	// The two-level schedule only when forced: at 2 hosts x 2 ranks it
+	// took longer than the flat ones at every size measured (hosts.go).
+	hosts, hier := twoLevel(l)
+	algo, err := choose("alltoall", l.Tuning().Force.Alltoall, auto, AlgoBruck, AlgoPairwise, AlgoHier)
 	if err != nil {
 		return err
 	}
+	if algo == AlgoHier && !hier {
+		return fmt.Errorf("collective: alltoall's hier algorithm needs Tuning.Hosts with at least two hosts of equal rank counts (two or more each); have %v", hostsDesc(l))
+	}
 	prepare(l, send, recv)
+	if algo == AlgoHier && blk > 0 {
+		return hierAlltoall(ctx, l, hosts, send, recv, blk)
+	}
 	if algo == AlgoBruck && size > 1 && blk > 0 {
 		var st steps
 		st.init(l)

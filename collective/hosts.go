@@ -361,3 +361,58 @@ func leaderAllreduce(ctx context.Context, l Link, h *HostMap, recv []byte, dt DT
 	}
 	return st.treeBroadcast(ctx, local, t, 0, recv)
 }
+
+// hierAlltoall is the two-level all-to-all on hosts of L ranks each: an
+// all-to-all inside each host regroups every rank's blocks by the local
+// position of their destination (local rank j gets its host's blocks for
+// the position-j rank of every host), then the ranks at each position
+// exchange between hosts, one message per other host carrying its host's
+// L blocks for that host's rank at the position. Each block crosses
+// between hosts once, as in the flat schedules, but in (H-1) messages per
+// rank instead of (H-1)·L. send == nil: in place (the blocks are in recv).
+//
+// Taken only when forced (Tuning.Force.Alltoall): between two network
+// namespaces of 2 ranks each (nexar bench, 2026-12-05) it took 83, 191 and
+// 2327 µs at 4 KiB, 64 KiB and 1 MiB per rank where the pairwise exchange
+// took 70, 124 and 1095; fewer, larger messages pay where hosts run many
+// ranks each, which was not measured here.
+func hierAlltoall(ctx context.Context, l Link, h *HostMap, send, recv []byte, blk int) error {
+	local, across := h.levels(l)
+	nl, nh := local.Size(), across.Size()
+	in := send
+	if in == nil {
+		in = recv
+	}
+	sp := scratchOf(l)
+	a, b := sp.Get(nl*nh*blk), sp.Get(nl*nh*blk)
+	defer sp.Put(a)
+	defer sp.Put(b)
+	// a, super-block j: the blocks for the position-j rank of hosts 0..H-1.
+	for j := range nl {
+		for hi, g := range h.groups {
+			d := g[j]
+			copy(a[(j*nh+hi)*blk:(j*nh+hi+1)*blk], in[d*blk:(d+1)*blk])
+		}
+	}
+	if err := Alltoall(ctx, local, a, b); err != nil {
+		return err
+	}
+	// b, super-block i: local rank i's blocks for the rank at this rank's
+	// position on hosts 0..H-1. a, super-block hi: those for host hi, by
+	// local rank.
+	for hi := range nh {
+		for i := range nl {
+			copy(a[(hi*nl+i)*blk:(hi*nl+i+1)*blk], b[(i*nh+hi)*blk:(i*nh+hi+1)*blk])
+		}
+	}
+	if err := Alltoall(ctx, across, a, b); err != nil {
+		return err
+	}
+	// b, super-block hi: host hi's blocks for this rank, by local rank.
+	for hi, g := range h.groups {
+		for i, src := range g {
+			copy(recv[src*blk:(src+1)*blk], b[(hi*nl+i)*blk:(hi*nl+i+1)*blk])
+		}
+	}
+	return nil
+}

@@ -164,11 +164,13 @@ type crossLink struct {
 	*memLink
 	hosts *HostMap
 	cross *atomic.Int64
+	msgs  *atomic.Int64
 }
 
 func (c crossLink) Send(ctx context.Context, peer int, step uint32, data []byte) error {
 	if c.hosts.Of(peer) != c.hosts.Of(c.rank) {
 		c.cross.Add(int64(len(data)))
+		c.msgs.Add(1)
 	}
 	return c.memLink.Send(ctx, peer, step, data)
 }
@@ -177,7 +179,14 @@ func (c crossLink) Send(ctx context.Context, peer int, step uint32, data []byte)
 // count, and returns the payload bytes that crossed between hosts.
 func crossBytes(t *testing.T, keys string, call func(ctx context.Context, l Link) error) int64 {
 	t.Helper()
-	var cross atomic.Int64
+	b, _ := crossCounts(t, keys, call)
+	return b
+}
+
+// crossCounts is crossBytes with the number of messages that crossed.
+func crossCounts(t *testing.T, keys string, call func(ctx context.Context, l Link) error) (bytes, msgs int64) {
+	t.Helper()
+	var cross, sent atomic.Int64
 	withHosts(keys, func() {
 		n := strings.Count(keys, ",") + 1
 		net := newMemNet(n)
@@ -189,7 +198,7 @@ func crossBytes(t *testing.T, keys string, call func(ctx context.Context, l Link
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				errs[r] = call(ctx, crossLink{&memLink{net, r}, net.tuning.Hosts, &cross})
+				errs[r] = call(ctx, crossLink{&memLink{net, r}, net.tuning.Hosts, &cross, &sent})
 			}()
 		}
 		wg.Wait()
@@ -199,7 +208,7 @@ func crossBytes(t *testing.T, keys string, call func(ctx context.Context, l Link
 			}
 		}
 	})
-	return cross.Load()
+	return cross.Load(), sent.Load()
 }
 
 // allreduceCross is crossBytes of one float32 sum allreduce of count
@@ -403,4 +412,73 @@ func TestRootedHosts(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestAlltoallHier: on hosts of equal rank counts the two-level all-to-all
+// gives the flat schedules' results, in and out of place; each block
+// crosses between hosts once,
+// as in the flat schedules, in H-1 messages per rank instead of (H-1)·L.
+func TestAlltoallHier(t *testing.T) {
+	rng := rand.New(rand.NewPCG(19, 20))
+	for _, keys := range hierLayouts {
+		n := strings.Count(keys, ",") + 1
+		h := NewHostMap(strings.Split(keys, ","))
+		withHosts(keys, func() {
+			for _, force := range []Algorithm{AlgoAuto, AlgoHier} { // auto: the flat schedules
+				withForce(&testTuning.Force.Alltoall, force, func() {
+					for _, blk := range []int{0, 1, 7, 1000, 40000} {
+						for _, inPlace := range []bool{false, true} {
+							ins, outs := make([][]byte, n), make([][]byte, n)
+							for r := range ins {
+								ins[r], outs[r] = randBytes(rng, n*blk), make([]byte, n*blk)
+								if inPlace {
+									copy(outs[r], ins[r])
+								}
+							}
+							runRanks(t, n, func(ctx context.Context, l Link) error {
+								if inPlace {
+									return Alltoall(ctx, l, nil, outs[l.Rank()])
+								}
+								return Alltoall(ctx, l, ins[l.Rank()], outs[l.Rank()])
+							})
+							for r := range outs {
+								for s := range n {
+									equalBytes(t, fmt.Sprintf("%s %v blk=%d inplace=%v rank %d from %d", keys, force, blk, inPlace, r, s),
+										outs[r][s*blk:(s+1)*blk], ins[s][r*blk:(r+1)*blk])
+								}
+							}
+						}
+					}
+				})
+			}
+		})
+		const blk = 64
+		per := int64(n / h.Hosts())
+		wantBytes := int64(n) * int64(n-int(per)) * blk // every block for another host crosses once
+		for _, c := range []struct {
+			force Algorithm
+			msgs  int64
+		}{{AlgoHier, int64(n) * int64(h.Hosts()-1)}, {AlgoPairwise, int64(n) * int64(n-int(per))}} {
+			var bytes, msgs int64
+			withForce(&testTuning.Force.Alltoall, c.force, func() {
+				bytes, msgs = crossCounts(t, keys, func(ctx context.Context, l Link) error {
+					return Alltoall(ctx, l, make([]byte, n*blk), make([]byte, n*blk))
+				})
+			})
+			if bytes != wantBytes || msgs != c.msgs {
+				t.Errorf("%s %v: %d bytes in %d messages crossed between hosts, want %d in %d", keys, c.force, bytes, msgs, wantBytes, c.msgs)
+			}
+		}
+	}
+	// Unequal hosts: forcing hier fails.
+	withHosts("A,A,A,B", func() {
+		withForce(&testTuning.Force.Alltoall, AlgoHier, func() {
+			err := tryRanks(4, 10*time.Second, func(ctx context.Context, l Link) error {
+				return Alltoall(ctx, l, nil, make([]byte, 64))
+			})
+			if err == nil || !strings.Contains(err.Error(), "2 hosts (1-3 ranks)") {
+				t.Fatalf("forced hier alltoall on unequal hosts: %v", err)
+			}
+		})
+	})
 }

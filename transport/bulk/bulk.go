@@ -216,7 +216,7 @@ type Endpoint struct {
 	lnErr     error             // why ln could not be bound
 	rings     []*ring           // every ring mapped, released at Close
 	ringBytes int               // capacity of the data rings this process created
-	// oversubscribed: more ranks on this host than cores (see Start).
+	// oversubscribed: more ranks than cores share this rank's CPUs (see Start).
 	oversubscribed bool
 	rdmaPending    map[int]RDMAEnd // receiving RDMA ends offered, not accepted yet (rdmachan.go)
 	// Same-host deaths (procdeath.go, procwatch_linux.go). A peer whose

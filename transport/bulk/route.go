@@ -121,9 +121,11 @@ func (e *Endpoint) SharedMemory(peer int) bool {
 	return ok
 }
 
-// Oversubscribed reports whether this host runs more ranks than it has
-// cores, as decided at Start: waiters on its rings then yield the core
-// between polls, and so should the caller's. Safe for concurrent use.
+// Oversubscribed reports whether more ranks than cores share this rank's
+// CPUs, as decided at Start (the ranks on this machine's kernel whose CPU
+// sets overlap this one's, network namespaces included; docs/bulk-path.md):
+// waiters on its rings then yield the core between polls, and so should
+// the caller's. Safe for concurrent use.
 func (e *Endpoint) Oversubscribed() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()

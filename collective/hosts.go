@@ -136,17 +136,22 @@ func leaderHosts(l Link) (*HostMap, bool) {
 	return h, true
 }
 
-// levels returns rank's two sub-links: the ranks on its host, and the
-// ranks at its position (local index) on every host, by host index.
-func (h *HostMap) levels(l Link) (local, across *subLink) {
-	rank := l.Rank()
-	mine := h.groups[h.of[rank]]
-	li := 0
+// place returns the ranks on rank's host and rank's index among them.
+func (h *HostMap) place(rank int) (mine []int, li int) {
+	mine = h.groups[h.of[rank]]
 	for i, r := range mine {
 		if r == rank {
 			li = i
 		}
 	}
+	return mine, li
+}
+
+// levels returns rank's two sub-links: the ranks on its host, and the
+// ranks at its position (local index) on every host, by host index.
+func (h *HostMap) levels(l Link) (local, across *subLink) {
+	rank := l.Rank()
+	mine, li := h.place(rank)
 	peers := make([]int, len(h.groups))
 	for i, g := range h.groups {
 		peers[i] = g[li]
@@ -317,13 +322,7 @@ func hierAllgather(ctx context.Context, l Link, h *HostMap, recv []byte, blk int
 // of every host by host index (nil elsewhere).
 func (h *HostMap) leaderLinks(l Link) (local, leaders *subLink) {
 	rank := l.Rank()
-	mine := h.groups[h.of[rank]]
-	li := 0
-	for i, r := range mine {
-		if r == rank {
-			li = i
-		}
-	}
+	mine, li := h.place(rank)
 	local = newSubLink(l, mine, li)
 	if li == 0 {
 		heads := make([]int, len(h.groups))

@@ -41,8 +41,10 @@ func Allreduce(ctx context.Context, l Link, send, recv []byte, dt DType, op Op) 
 		auto = AlgoRing
 	case lay != nil && !lay.Cube():
 		auto = AlgoTree // recursive doubling's partners would be relayed
-	case led:
-		auto = AlgoHier // one rank per host crosses the link (leaderAllreduce)
+	case led && lay == nil:
+		// One rank per host crosses the link (leaderAllreduce); not over a
+		// sparse Layout, where the leaders need not be neighbours.
+		auto = AlgoHier
 	}
 	algo, err := choose("allreduce", l.Tuning().Force.Allreduce, auto, AlgoRecursiveDoubling, AlgoRing, AlgoTree, AlgoHier)
 	if err != nil {

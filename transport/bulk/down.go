@@ -39,16 +39,25 @@ func (e *Endpoint) peerLost(peer int, err error) {
 // report tells the layer above, once, that peer is down and closes its
 // bulk channels.
 func (e *Endpoint) report(peer int, err error) {
-	if e.closed.Load() || e.downed[peer].Swap(true) {
+	if e.closed.Load() {
 		return
 	}
-	e.settle(peer)
 	var pd *transport.PeerDownError
 	if errors.As(err, &pd) {
 		err = pd.Cause
 	}
+	// The cause is in place before the peer shows as down: a send that
+	// sees it down names the cause (cause), never a placeholder.
 	e.mu.Lock()
+	if e.downed[peer].Load() {
+		e.mu.Unlock()
+		return
+	}
 	e.causes[peer] = err
+	e.downed[peer].Store(true)
+	e.mu.Unlock()
+	e.settle(peer)
+	e.mu.Lock()
 	in := e.in[peer]
 	e.mu.Unlock()
 	for _, ch := range []*channel{e.out[peer].Load(), in} {

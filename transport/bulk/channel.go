@@ -165,8 +165,6 @@ type channel struct {
 	// delivered (Waiting): the last poller to stop wakes the read loop
 	// for them.
 	blocked atomic.Int32
-	// sleeping: a goroutine sleeps on the socket (awaitTCP); one at most.
-	sleeping atomic.Bool
 	// loopFrames counts the frames the read loop read (tests).
 	loopFrames atomic.Int64
 	// watching: the read loop sleeps on the socket (not parked), where
@@ -611,39 +609,6 @@ func (c *channel) pollTCP() bool {
 	if err != nil {
 		c.close()
 	}
-	return true
-}
-
-// awaitTCP is await for a TCP channel with sock: the calling goroutine
-// sleeps on the socket itself (its thread in poll(2), woken by the kernel
-// as data arrives, where the read loop's wake-up and then the waiter's
-// would be two) until data arrives, d passes or done reports true, then
-// reads what arrived. It counts as a poller meanwhile, so the read loop
-// stays off the socket. It reports false, at once, when the channel has
-// ended, or another goroutine sleeps on the socket: the caller then
-// blocks as usual.
-func (c *channel) awaitTCP(done func() bool, d time.Duration) bool {
-	// One sleeper per socket: every thread asleep on it is woken by each
-	// arrival (a collective waiting for many chunks of one peer has a
-	// goroutine per chunk), and the one that reads delivers every frame.
-	// The others block as on any path, and the read loop reads for them
-	// once no goroutine polls (stopPollTCP wakes it).
-	if !c.sleeping.CompareAndSwap(false, true) {
-		return false
-	}
-	defer c.sleeping.Store(false)
-	c.startPollTCP()
-	defer c.stopPollTCP()
-	if c.isDead() {
-		return false
-	}
-	if c.pollTCP() || done() {
-		return true
-	}
-	if !c.sock.sleep(d) {
-		return false
-	}
-	c.pollTCP()
 	return true
 }
 

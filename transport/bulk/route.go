@@ -298,18 +298,16 @@ func (w *waitCount) moveTo(ch *channel) {
 	ch.ring.setWaiting(w.n)
 }
 
-// Await sleeps until data from peer arrives on its shared-memory ring or
-// TCP channel, d passes or done is closed, then consumes what arrived in
-// the calling goroutine (see channel.await, channel.awaitTCP): the
-// producer (the kernel, for TCP) wakes this thread itself, so a waiter
-// whose peer is late is back within microseconds. It reports false at once
-// when peer's data does not come over an open ring or polled TCP channel.
+// Await sleeps until data from peer arrives on its shared-memory ring, d
+// passes or done is closed, then consumes what arrived in the calling
+// goroutine (see channel.await): the producer wakes this thread itself, so
+// a waiter whose peer is late is back within microseconds. It reports
+// false at once when peer's data does not come over an open ring (TCP
+// peers: sleeping on the socket doubled large transfers' tail, and core
+// stopped using it at stop 40; docs/bulk-path.md).
 func (e *Endpoint) Await(peer int, done func() bool, d time.Duration) bool {
 	if peer < 0 || peer >= e.size {
 		return false
-	}
-	if ch := e.polled[peer].Load(); ch != nil && ch.sock != nil {
-		return ch.awaitTCP(done, d)
 	}
 	ch := e.ringPolled(peer)
 	if ch == nil {

@@ -22,7 +22,6 @@ func (*sockWait) wake()                           {}
 func (*sockWait) shutdown()                       {}
 func (*sockWait) answered() (time.Duration, bool) { return 0, false }
 func (*sockWait) release()                        {}
-func (*sockWait) sleep(time.Duration) bool        { return false }
 
 // sockWriter's non-blocking first write is Linux's; elsewhere every write
 // of a TCP link is watched (connLink.write).

@@ -5,7 +5,6 @@ import (
 	"net"
 	"os"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -42,10 +41,6 @@ type sockWait struct {
 	// calls that may come from any goroutine take it.
 	mu     sync.Mutex
 	closed bool
-	// sleepers counts the goroutines in sleep, which waits on fd without
-	// mu; closing set stops new ones, and release waits for the rest.
-	sleepers atomic.Int32
-	closing  atomic.Bool
 
 	peekBuf [1]byte        // rmu
 	evBuf   [8]byte        // read loop
@@ -135,21 +130,6 @@ func (s *sockWait) wait(watch bool, d time.Duration) error {
 	return nil
 }
 
-// sleep blocks the calling goroutine's thread until the socket is
-// readable (or ended) or d passes; false, at once, once the socket is
-// being released. The waiter is woken by the kernel as data arrives: no
-// hand-off through the read loop.
-func (s *sockWait) sleep(d time.Duration) bool {
-	s.sleepers.Add(1)
-	defer s.sleepers.Add(-1)
-	if s.closing.Load() {
-		return false
-	}
-	fds := [1]unix.PollFd{{Fd: int32(s.fd), Events: unix.POLLIN}}
-	unix.Poll(fds[:], int(max(d/time.Millisecond, 1))) // EINTR: the caller looks again
-	return true
-}
-
 // wake ends the read loop's wait (or its next one) at once.
 func (s *sockWait) wake() {
 	s.mu.Lock()
@@ -181,13 +161,8 @@ func (s *sockWait) answered() (time.Duration, bool) {
 	return kernelAnsweredFD(s.fd)
 }
 
-// release closes both descriptors; nothing may use them after. It waits
-// for goroutines in sleep to leave it (each within its bound).
+// release closes both descriptors; nothing may use them after.
 func (s *sockWait) release() {
-	s.closing.Store(true)
-	for s.sleepers.Load() > 0 {
-		time.Sleep(50 * time.Microsecond)
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.closed {

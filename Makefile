@@ -43,8 +43,12 @@ test: deps build vet fmt-check gotest ctest pytest test-asan-quick test-launcher
 test-full: deps build vet fmt-check gotest-full ctest pytest test-asan-quick test-launchers-quick wheel-test sdist-test docs
 	@echo "make test-full: all steps passed"
 
+# vet also checks the build without cgo (CGO_ENABLED=0: static binaries,
+# cross-compiles): every package but the C ABI builds and vets there, with
+# the hardware paths reporting "built without cgo" (nexar info).
 vet:
 	$(GO) vet ./...
+	CGO_ENABLED=0 $(GO) vet ./...
 
 fmt-check:
 	@files=$$(find . -name '*.go' -not -path './.venv/*' -not -path './$(BUILD)/*' | xargs gofmt -l); \

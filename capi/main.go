@@ -1,3 +1,5 @@
+//go:build cgo
+
 package main
 
 // main is required by -buildmode=c-shared and never runs.

@@ -2,7 +2,11 @@
 
 package rdma
 
-import "errors"
+import (
+	"errors"
+
+	hw "github.com/nexar-go/nexar/hw/rdma"
+)
 
 var errNoCgo = errors.New("transport/rdma: unavailable: built without cgo")
 
@@ -32,3 +36,9 @@ func (d *Device) Forget([]byte) {}
 
 // Close does nothing: no device.
 func (d *Device) Close() error { return nil }
+
+// RegStats is zero: no device.
+func (d *Device) RegStats() hw.RegStats { return hw.RegStats{} }
+
+// Registrations says that a build without cgo registers nothing.
+func (d *Device) Registrations() string { return "no registrations: built without cgo" }

@@ -71,6 +71,9 @@ func (h *HostMap) chain(root int) []int {
 	return out
 }
 
+// Ranks returns the ranks of host i, ascending (a copy).
+func (h *HostMap) Ranks(i int) []int { return append([]int(nil), h.groups[i]...) }
+
 // Size is the number of ranks the map covers.
 func (h *HostMap) Size() int { return len(h.of) }
 

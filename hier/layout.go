@@ -1,5 +1,7 @@
 package hier
 
+import "github.com/nexar-go/nexar/collective"
+
 // Layout is where the ranks of a communicator live, and how a buffer is cut
 // into pieces that cross between hosts. It is pure: no IO, no state.
 //
@@ -18,21 +20,18 @@ type Layout struct {
 	Pieces  int     // the rank count of the largest host
 }
 
-// NewLayout groups ranks by host: keys[r] is rank r's host identity.
+// NewLayout groups ranks by host: keys[r] is rank r's host identity. The
+// grouping is collective.NewHostMap's, so that the device schedules and the
+// host ones number hosts alike.
 func NewLayout(keys []string) Layout {
-	l := Layout{HostOf: make([]int, len(keys)), LocalOf: make([]int, len(keys))}
-	index := map[string]int{}
-	for r, k := range keys {
-		h, ok := index[k]
-		if !ok {
-			h = len(l.Hosts)
-			index[k] = h
-			l.Hosts = append(l.Hosts, nil)
+	h := collective.NewHostMap(keys)
+	l := Layout{Hosts: make([][]int, h.Hosts()), HostOf: make([]int, len(keys)), LocalOf: make([]int, len(keys))}
+	for i := range l.Hosts {
+		l.Hosts[i] = h.Ranks(i)
+		l.Pieces = max(l.Pieces, len(l.Hosts[i]))
+		for li, r := range l.Hosts[i] {
+			l.HostOf[r], l.LocalOf[r] = i, li
 		}
-		l.HostOf[r] = h
-		l.LocalOf[r] = len(l.Hosts[h])
-		l.Hosts[h] = append(l.Hosts[h], r)
-		l.Pieces = max(l.Pieces, len(l.Hosts[h]))
 	}
 	return l
 }

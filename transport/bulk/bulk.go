@@ -380,6 +380,7 @@ func (e *Endpoint) Start(ctx context.Context, inner transport.Endpoint) error {
 			"ranks", crowd, "cpus", cpus, "local_peers", e.LocalPeers())
 		e.mu.Lock()
 		e.oversubscribed = true
+		e.pres.crowded.Store(true)
 		for _, r := range e.rings {
 			r.yield.Store(true)
 		}

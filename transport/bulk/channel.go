@@ -161,6 +161,9 @@ type channel struct {
 	// not 0, and the read loop keeps off the socket meanwhile.
 	sock    *sockWait
 	pollers atomic.Int32
+	// proc is this process's polling state (the endpoint's presence), for
+	// the read loop's stepping aside (aside); nil: it never does.
+	proc *presence
 	// blocked counts the goroutines blocked until this peer's data is
 	// delivered (Waiting): the last poller to stop wakes the read loop
 	// for them.
@@ -474,9 +477,10 @@ func (c *channel) readLoop() error {
 // the socket in between. While goroutines poll it stays off the socket, so
 // that no thread is woken by what they read: it looks again when woken
 // (Waiting: a waiter is about to block; a poller left bytes read ahead) or
-// after parkSlot, whichever comes first. On its way out it closes the
-// socket (release), with rmu held, so that no reader can use the closed
-// descriptor.
+// after parkSlot, whichever comes first. It also stays off the socket while
+// it steps aside (aside), but then reads what is there once per parkSlot.
+// On its way out it closes the socket (release), with rmu held, so that no
+// reader can use the closed descriptor.
 func (c *channel) readLoopTCP() (err error) {
 	defer func() {
 		c.rmu.Lock()
@@ -487,16 +491,19 @@ func (c *channel) readLoopTCP() (err error) {
 		c.sock.release()
 		c.rmu.Unlock()
 	}()
+	slept := false // parked aside for a slot: read what is there, once
 	for {
-		if c.pollers.Load() > 0 {
+		if c.pollers.Load() > 0 || (c.aside() && !slept) {
 			if err := c.sock.wait(false, parkSlot); err != nil {
 				return err
 			}
 			if c.isDead() {
 				return net.ErrClosed
 			}
+			slept = c.pollers.Load() == 0
 			continue
 		}
+		slept = false
 		c.rmu.Lock()
 		for c.end == nil && c.readyLocked() {
 			if c.readFrame() != nil {
@@ -513,7 +520,7 @@ func (c *channel) readLoopTCP() (err error) {
 		if end != nil {
 			return end
 		}
-		if c.pollers.Load() > 0 {
+		if c.pollers.Load() > 0 || c.aside() {
 			continue
 		}
 		// Watching from here: a poller that stops leaving bytes read
@@ -539,6 +546,22 @@ func (c *channel) readLoopTCP() (err error) {
 			return net.ErrClosed
 		}
 	}
+}
+
+// aside reports whether the read loop of a TCP channel stays off its
+// socket although nobody polls this channel: this process polls another
+// (a goroutine spins inside a call), it shares its cores with more ranks
+// than they number, and nobody is blocked on this channel. There every
+// thread woken takes a core from a rank that spins, and a read loop woken
+// for each message that arrives while its rank still works on another
+// peer's step (a leader reducing its host's data before the exchange
+// between hosts) cost a third of an 8-byte allreduce, 2 hosts x 2 ranks
+// on 2 cores (docs/performance.md). The data waits in the socket for the
+// poll that wants it; the loop still reads what is there once per
+// parkSlot, so that a sender stopped by a full socket moves on even if
+// nobody here asks for its data.
+func (c *channel) aside() bool {
+	return c.proc != nil && c.proc.crowded.Load() && c.proc.pollers.Load() > 0 && c.blocked.Load() == 0
 }
 
 // parkSlot bounds how long a TCP channel's read loop stays off the socket

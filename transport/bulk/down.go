@@ -114,6 +114,7 @@ func (e *Endpoint) startReader(from int, ch *channel) {
 		}
 	}, place)
 	if ch.sock != nil {
+		ch.proc = &e.pres
 		ch.unpollFn = func() {
 			ch.stopPollTCP()
 			e.unuseFn()

@@ -41,7 +41,11 @@ type presence struct {
 	rings   atomic.Pointer[[]*ring] // the rings this process reads
 	beat    atomic.Uint32
 	pollers atomic.Int32 // polling sessions open (StartPolling to stop)
-	mu      sync.Mutex   // serialises add and clear
+	// crowded: this rank shares its cores with more ranks than they
+	// number (Endpoint.oversubscribed), where TCP read loops step aside
+	// while it polls (channel.aside).
+	crowded atomic.Bool
+	mu      sync.Mutex // serialises add and clear
 }
 
 // enter and leave bracket a polling session: the first one in publishes

@@ -106,6 +106,108 @@ func TestTCPPollLeavesReadAhead(t *testing.T) {
 	}
 }
 
+// TestTCPAside: where this rank shares its cores with more ranks than
+// they number, a TCP channel's read loop stays off its socket while the
+// process polls another peer (channel.aside), so that arrivals wake no
+// thread; it still delivers what arrives (once per parkSlot), and it
+// watches the socket again once a goroutine blocks on the channel, once
+// the process stops polling, and throughout where cores are not shared.
+func TestTCPAside(t *testing.T) {
+	a, b := tcpPair(t)
+	snd := newChannel(1, "test", []link{connLink{c: a, raw: a, w: newSockWriter(a)}})
+	rcv := newChannel(0, "test", []link{connLink{c: b, raw: b}})
+	got := make(chan uint32, 64)
+	rcv.startReading(func(h *transport.Header, p []byte) { got <- binary.LittleEndian.Uint32(h[4:]) }, nil)
+	if rcv.sock == nil {
+		t.Fatal("no socket waiter on a TCP channel")
+	}
+	var proc presence
+	proc.crowded.Store(true)
+	rcv.proc = &proc
+	proc.enter() // a goroutine of this process polls another peer
+	loop := make(chan error, 1)
+	go func() { loop <- rcv.readLoop() }()
+	defer func() {
+		rcv.quiet.Store(true)
+		rcv.close()
+		select {
+		case <-loop:
+		case <-time.After(3 * time.Second):
+			t.Error("read loop did not end at close")
+		}
+	}()
+	tag := 0
+	send := func() {
+		t.Helper()
+		if _, err := snd.send(context.Background(), hdr(tag), []byte("small"), nil, false); err != nil {
+			t.Fatal(err)
+		}
+		tag++
+	}
+	recv := func(what string) {
+		t.Helper()
+		select {
+		case <-got:
+		case <-time.After(3 * time.Second):
+			t.Fatalf("%s: a frame was not delivered within 3 s", what)
+		}
+	}
+	// watching polls the loop's state for up to 3 s until it is want.
+	watching := func(want bool) bool {
+		for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Microsecond) {
+			if rcv.watching.Load() == want {
+				return true
+			}
+		}
+		return false
+	}
+
+	// Aside: the loop never sleeps on the socket, and every frame arrives.
+	for range 20 {
+		send()
+		time.Sleep(5 * time.Millisecond)
+		if rcv.watching.Load() {
+			t.Fatal("aside: the read loop sleeps on the socket while the process polls another peer")
+		}
+	}
+	for range 20 {
+		recv("aside")
+	}
+	// A goroutine blocks on this channel (Waiting): the loop watches.
+	rcv.blocked.Add(1)
+	rcv.sock.wake()
+	if !watching(true) {
+		t.Fatal("a goroutine blocked on the channel, but the read loop does not watch the socket")
+	}
+	send()
+	recv("blocked")
+	rcv.blocked.Add(-1)
+	// Nobody blocked any more: after the next frame it steps aside again.
+	send()
+	recv("aside again")
+	if !watching(false) {
+		t.Fatal("the read loop still watches the socket after the blocked goroutine left")
+	}
+	// The process stops polling: the loop watches again.
+	proc.leave()
+	if !watching(true) {
+		t.Fatal("the process stopped polling, but the read loop does not watch the socket")
+	}
+	send()
+	recv("not polling")
+	// Cores not shared: polling elsewhere keeps the loop on the socket.
+	proc.crowded.Store(false)
+	proc.enter()
+	defer proc.leave()
+	for range 5 {
+		send()
+		recv("not crowded")
+		if !watching(true) {
+			t.Fatal("cores not shared: the read loop left the socket while the process polls another peer")
+		}
+	}
+}
+
 // TestTCPPolled: goroutines waiting for a peer's data over TCP (TLS and
 // plaintext) poll the channel themselves, several at once and coming and
 // going while the read loop also reads, and every message arrives once,

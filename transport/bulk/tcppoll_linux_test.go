@@ -46,20 +46,46 @@ func tcpPair(t *testing.T) (a, b net.Conn) {
 	return a, b
 }
 
+// tcpChannels returns the sending and receiving channels of a loopback TCP
+// connection, the receiver reading (its socket out of Go's poller) and
+// delivering each frame's tag (header bytes 4-7) to got, which holds n.
+func tcpChannels(t *testing.T, n int) (snd, rcv *channel, got chan uint32) {
+	t.Helper()
+	a, b := tcpPair(t)
+	snd = newChannel(1, "test", []link{connLink{c: a, raw: a, w: newSockWriter(a)}})
+	rcv = newChannel(0, "test", []link{connLink{c: b, raw: b}})
+	got = make(chan uint32, n)
+	rcv.startReading(func(h *transport.Header, p []byte) { got <- binary.LittleEndian.Uint32(h[4:]) }, nil)
+	if rcv.sock == nil {
+		t.Fatal("no socket waiter on a TCP channel")
+	}
+	return snd, rcv, got
+}
+
+// runReadLoop starts rcv's read loop and returns the function that closes
+// the channel and checks that the loop ends.
+func runReadLoop(t *testing.T, rcv *channel) (end func()) {
+	loop := make(chan error, 1)
+	go func() { loop <- rcv.readLoop() }()
+	return func() {
+		t.Helper()
+		rcv.quiet.Store(true)
+		rcv.close()
+		select {
+		case <-loop:
+		case <-time.After(3 * time.Second):
+			t.Error("read loop did not end at close")
+		}
+	}
+}
+
 // TestTCPPollLeavesReadAhead: a poller that reads one frame leaves the
 // frames behind it that its buffered reader took from the socket; when it
 // stops, the read loop, already asleep on the (now empty) socket, must be
 // woken to deliver them (stopPollTCP's interrupt). Without that they wait
 // for the next byte to arrive, here forever.
 func TestTCPPollLeavesReadAhead(t *testing.T) {
-	a, b := tcpPair(t)
-	snd := newChannel(1, "test", []link{connLink{c: a, raw: a, w: newSockWriter(a)}})
-	rcv := newChannel(0, "test", []link{connLink{c: b, raw: b}})
-	got := make(chan uint32, 16)
-	rcv.startReading(func(h *transport.Header, p []byte) { got <- binary.LittleEndian.Uint32(h[4:]) }, nil)
-	if rcv.sock == nil {
-		t.Fatal("no socket waiter on a TCP channel")
-	}
+	snd, rcv, got := tcpChannels(t, 16)
 	const frames = 3
 	var once sync.Once
 	hookErr := make(chan error, 1)
@@ -82,8 +108,8 @@ func TestTCPPollLeavesReadAhead(t *testing.T) {
 			close(hookErr)
 		})
 	}
-	loop := make(chan error, 1)
-	go func() { loop <- rcv.readLoop() }()
+	end := runReadLoop(t, rcv)
+	defer end()
 	if err := <-hookErr; err != nil {
 		t.Fatal(err)
 	}
@@ -97,13 +123,6 @@ func TestTCPPollLeavesReadAhead(t *testing.T) {
 			t.Fatalf("frame %d of %d not delivered within 3 s: the read loop slept on an empty socket while the poller's reader held it", i, frames)
 		}
 	}
-	rcv.quiet.Store(true)
-	rcv.close()
-	select {
-	case <-loop:
-	case <-time.After(3 * time.Second):
-		t.Fatal("read loop did not end at close")
-	}
 }
 
 // TestTCPAside: where this rank shares its cores with more ranks than
@@ -113,29 +132,12 @@ func TestTCPPollLeavesReadAhead(t *testing.T) {
 // watches the socket again once a goroutine blocks on the channel, once
 // the process stops polling, and throughout where cores are not shared.
 func TestTCPAside(t *testing.T) {
-	a, b := tcpPair(t)
-	snd := newChannel(1, "test", []link{connLink{c: a, raw: a, w: newSockWriter(a)}})
-	rcv := newChannel(0, "test", []link{connLink{c: b, raw: b}})
-	got := make(chan uint32, 64)
-	rcv.startReading(func(h *transport.Header, p []byte) { got <- binary.LittleEndian.Uint32(h[4:]) }, nil)
-	if rcv.sock == nil {
-		t.Fatal("no socket waiter on a TCP channel")
-	}
+	snd, rcv, got := tcpChannels(t, 64)
 	var proc presence
 	proc.crowded.Store(true)
 	rcv.proc = &proc
 	proc.enter() // a goroutine of this process polls another peer
-	loop := make(chan error, 1)
-	go func() { loop <- rcv.readLoop() }()
-	defer func() {
-		rcv.quiet.Store(true)
-		rcv.close()
-		select {
-		case <-loop:
-		case <-time.After(3 * time.Second):
-			t.Error("read loop did not end at close")
-		}
-	}()
+	defer runReadLoop(t, rcv)()
 	tag := 0
 	send := func() {
 		t.Helper()

@@ -114,7 +114,9 @@ func (e *Endpoint) startReader(from int, ch *channel) {
 		}
 	}, place)
 	if ch.sock != nil {
-		ch.proc = &e.pres
+		if !e.opt.Forwards { // a relaying rank's read loop never steps aside (below)
+			ch.proc = &e.pres
+		}
 		ch.unpollFn = func() {
 			ch.stopPollTCP()
 			e.unuseFn()

@@ -210,6 +210,31 @@ func TestTCPAside(t *testing.T) {
 	}
 }
 
+// TestTCPAsideWiring: an endpoint's TCP channels step aside with their
+// process (channel.proc set), except on a relaying rank (Options.Forwards),
+// whose read loop forwards what arrives and must never wait for a poll.
+func TestTCPAsideWiring(t *testing.T) {
+	for _, forwards := range []bool{false, true} {
+		t.Run(fmt.Sprintf("forwards=%v", forwards), func(t *testing.T) {
+			eps := mesh(t, 2, Options{Mode: ModeTCP, Forwards: forwards}, nil, nil)
+			defer eps[1].Close()
+			defer eps[0].Close()
+			waitPaths(t, eps, "tcp x2 tls")
+			for i, e := range eps {
+				e.mu.Lock()
+				ch := e.in[1-i]
+				e.mu.Unlock()
+				if ch == nil || ch.sock == nil {
+					t.Fatalf("rank %d: no TCP channel from %d taken out of Go's poller", i, 1-i)
+				}
+				if got := ch.proc != nil; got == forwards {
+					t.Errorf("rank %d: channel steps aside %v with Forwards %v", i, got, forwards)
+				}
+			}
+		})
+	}
+}
+
 // TestTCPPolled: goroutines waiting for a peer's data over TCP (TLS and
 // plaintext) poll the channel themselves, several at once and coming and
 // going while the read loop also reads, and every message arrives once,

@@ -113,10 +113,14 @@ func (e *Endpoint) startReader(from int, ch *channel) {
 			e.h(from, transport.LaneData, h, p)
 		}
 	}, place)
+	// A TCP channel that goroutines may poll (not a relaying rank's: its
+	// read loop forwards what arrives, and nobody may keep it off the
+	// socket, neither its pollers nor its process's, channel.aside).
+	tcpPolled := ch.sock != nil && !e.opt.Forwards
+	if tcpPolled {
+		ch.proc = &e.pres
+	}
 	if ch.sock != nil {
-		if !e.opt.Forwards { // a relaying rank's read loop never steps aside (below)
-			ch.proc = &e.pres
-		}
 		ch.unpollFn = func() {
 			ch.stopPollTCP()
 			e.unuseFn()
@@ -146,9 +150,7 @@ func (e *Endpoint) startReader(from int, ch *channel) {
 		}
 		e.polled[from].Store(ch)
 		e.blockedOn[from].moveTo(ch)
-	} else if ch.sock != nil && !e.opt.Forwards {
-		// A relaying rank's read loop forwards what arrives: nobody may
-		// keep it off the socket.
+	} else if tcpPolled {
 		e.polled[from].Store(ch)
 	}
 	if e.deviceChannel(ch) {

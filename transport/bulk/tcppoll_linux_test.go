@@ -210,6 +210,20 @@ func TestTCPAside(t *testing.T) {
 	}
 }
 
+// inbound returns e's channel from peer, waiting up to 10 s for it (nil if
+// none comes): the accepting side installs it as its handshake ends, which
+// waitPaths, done when the dialing sides have their paths, may precede.
+func inbound(e *Endpoint, peer int) *channel {
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		e.mu.Lock()
+		ch := e.in[peer]
+		e.mu.Unlock()
+		if ch != nil || time.Now().After(end) {
+			return ch
+		}
+	}
+}
+
 // TestTCPAsideWiring: an endpoint's TCP channels step aside with their
 // process (channel.proc set), except on a relaying rank (Options.Forwards),
 // whose read loop forwards what arrives and must never wait for a poll.
@@ -221,9 +235,7 @@ func TestTCPAsideWiring(t *testing.T) {
 			defer eps[0].Close()
 			waitPaths(t, eps, "tcp x2 tls")
 			for i, e := range eps {
-				e.mu.Lock()
-				ch := e.in[1-i]
-				e.mu.Unlock()
+				ch := inbound(e, 1-i)
 				if ch == nil || ch.sock == nil {
 					t.Fatalf("rank %d: no TCP channel from %d taken out of Go's poller", i, 1-i)
 				}
@@ -268,7 +280,12 @@ func TestTCPPolled(t *testing.T) {
 			if !eps[1].Caps().Poll {
 				t.Fatal("Caps().Poll is false in TCP mode")
 			}
+			// The inbound channel comes with the accepting side's
+			// handshake, which waitPaths may precede (see inbound).
 			poll, stop := eps[1].StartPolling(0)
+			for end := time.Now().Add(10 * time.Second); poll == nil && time.Now().Before(end); time.Sleep(time.Millisecond) {
+				poll, stop = eps[1].StartPolling(0)
+			}
 			if poll == nil {
 				t.Fatal("no poll function for a TCP peer")
 			}

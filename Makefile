@@ -73,6 +73,7 @@ gotest:
 	NEXAR_TEST_QUICK=1 $(GO) test -race -count=1 -timeout 30m ./...
 	$(GO) test -count=1 -timeout 30m ./collective
 	$(GO) test -count=1 -timeout 5m -run 'Allocs' ./...
+	CGO_ENABLED=0 $(GO) test -count=1 -timeout 5m ./hw/... ./cmd/nexar
 	$(GO) test -count=1 -timeout 15m -run '^(TestLarge|TestQUICLargeP2P|TestLargeP2PMem|TestTopologyQUIC)$$' ./core ./transport/bulk
 
 # Each fuzzer of a decoder that faces peers (or their bytes), FUZZTIME each
@@ -99,6 +100,7 @@ gotest-full:
 	$(GO) test -race -count=1 -timeout 40m ./...
 	NEXAR_TEST_EXHAUSTIVE=1 $(GO) test -count=1 -timeout 30m ./collective
 	$(GO) test -count=1 -timeout 5m -run 'Allocs' ./...
+	CGO_ENABLED=0 $(GO) test -count=1 -timeout 5m ./hw/... ./cmd/nexar
 
 # scripts/gpu_check.sh against the fake CUDA runtime and fake NCCL: every
 # part of the check a lent GPU will run must pass here (torch's CUDA part,

@@ -55,9 +55,7 @@ func (e *Endpoint) report(peer int, err error) {
 	}
 	e.causes[peer] = err
 	e.downed[peer].Store(true)
-	e.mu.Unlock()
-	e.settle(peer)
-	e.mu.Lock()
+	e.settleLocked(peer)
 	in := e.in[peer]
 	e.mu.Unlock()
 	for _, ch := range []*channel{e.out[peer].Load(), in} {

@@ -107,6 +107,11 @@ func (e *Endpoint) peerBye(from int) {
 func (e *Endpoint) settle(peer int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.settleLocked(peer)
+}
+
+// settleLocked is settle with e.mu held.
+func (e *Endpoint) settleLocked(peer int) {
 	if !e.settledOK[peer] {
 		e.settledOK[peer] = true
 		close(e.settled[peer])

@@ -3,6 +3,7 @@ package collective
 import (
 	"context"
 	"fmt"
+	"sync"
 )
 
 // HostMap says which host each rank of a Link runs on (Tuning.Hosts), so
@@ -23,6 +24,11 @@ type HostMap struct {
 	groups [][]int // host index -> its ranks, ascending
 	ring   []int   // the groups one after the other: the flat ring's order
 	digest uint64
+
+	// leaderSets holds *leaderSet for reuse: leaderAllreduce is the small
+	// allreduce, often called once per step, and a garbage collection
+	// cycle costs ranks that share cores a slow call each.
+	leaderSets sync.Pool
 }
 
 // NewHostMap builds the map from each rank's host key (any string that is
@@ -202,10 +208,18 @@ type subLink struct {
 }
 
 func newSubLink(parent Link, members []int, rank int) *subLink {
-	t := *parent.Tuning()
-	t.Layout, t.Hosts = nil, nil
-	t.Force = Forced{}
-	return &subLink{parent: parent, members: members, rank: rank, tuning: t}
+	s := &subLink{members: members, rank: rank}
+	s.over(parent)
+	return s
+}
+
+// over makes s a sub-link of parent: its tuning parent's without the
+// Layout, HostMap and forced algorithms, which name parent's ranks.
+func (s *subLink) over(parent Link) {
+	s.parent = parent
+	s.tuning = *parent.Tuning()
+	s.tuning.Layout, s.tuning.Hosts = nil, nil
+	s.tuning.Force = Forced{}
 }
 
 func (s *subLink) Rank() int             { return s.rank }
@@ -320,21 +334,48 @@ func hierAllgather(ctx context.Context, l Link, h *HostMap, recv []byte, blk int
 	return nil
 }
 
-// leaderLinks returns rank's sub-links for the leader schedules: the ranks
+// leaderSet is one rank's sub-links for the leader schedules: the ranks
 // on its host (the first, its leader, at 0), and, on a leader, the leaders
-// of every host by host index (nil elsewhere).
-func (h *HostMap) leaderLinks(l Link) (local, leaders *subLink) {
+// of every host by host index; and its place in the binomial tree of its
+// host, rooted at the leader.
+type leaderSet struct {
+	rank           int // of the parent Link
+	local, leaders subLink
+	leader         bool
+	parent         int // in local, -1 at the leader
+	children       []int
+}
+
+// leaderLinks returns rank l.Rank()'s leaderSet over l, from h's pool
+// where one was made for that rank before (give it back with
+// putLeaderLinks once nothing refers to it).
+func (h *HostMap) leaderLinks(l Link) *leaderSet {
 	rank := l.Rank()
-	mine, li := h.place(rank)
-	local = newSubLink(l, mine, li)
-	if li == 0 {
-		heads := make([]int, len(h.groups))
-		for i, g := range h.groups {
-			heads[i] = g[0]
+	s, _ := h.leaderSets.Get().(*leaderSet)
+	if s == nil || s.rank != rank {
+		mine, li := h.place(rank)
+		s = &leaderSet{rank: rank, leader: li == 0}
+		s.local.members, s.local.rank = mine, li
+		s.parent, s.children = binomialTree(len(mine)).Tree(0, li)
+		if s.leader {
+			heads := make([]int, len(h.groups))
+			for i, g := range h.groups {
+				heads[i] = g[0]
+			}
+			s.leaders.members, s.leaders.rank = heads, h.of[rank]
 		}
-		leaders = newSubLink(l, heads, h.of[rank])
 	}
-	return local, leaders
+	s.local.over(l)
+	if s.leader {
+		s.leaders.over(l)
+	}
+	return s
+}
+
+// putLeaderLinks gives s back for reuse; it drops the parent Link.
+func (h *HostMap) putLeaderLinks(s *leaderSet) {
+	s.local.parent, s.leaders.parent = nil, nil
+	h.leaderSets.Put(s)
 }
 
 // leaderAllreduce is the small-message two-level allreduce (Open MPI
@@ -342,26 +383,32 @@ func (h *HostMap) leaderLinks(l Link) (local, leaders *subLink) {
 // leaders allreduce by recursive doubling, and each leader broadcasts the
 // result back over the tree. Only one rank per host crosses the link, once
 // each way per between-host step, and the others wait off the CPU; every
-// rank gets its leader's bits, which every leader computed alike.
+// rank gets its leader's bits, which every leader computed alike. It
+// allocates nothing once its sub-links are in h's pool.
 func leaderAllreduce(ctx context.Context, l Link, h *HostMap, recv []byte, dt DType, op Op) error {
-	local, leaders := h.leaderLinks(l)
+	s := h.leaderLinks(l)
 	var st steps
-	st.init(local)
-	t := binomialTree(local.Size())
-	if err := st.treeReduce(ctx, local, t, 0, recv, dt, redOp(op)); err != nil {
+	st.init(&s.local)
+	if err := st.treeReduceAt(ctx, &s.local, s.parent, s.children, recv, dt, redOp(op)); err != nil {
 		return err
 	}
-	if leaders != nil {
+	if s.leader {
 		var sl steps
-		sl.init(leaders)
-		if err := sl.recursiveDoubling(ctx, leaders, leaders.Rank(), leaders.Size(), recv, dt, redOp(op)); err != nil {
+		sl.init(&s.leaders)
+		if err := sl.recursiveDoubling(ctx, &s.leaders, s.leaders.rank, s.leaders.Size(), recv, dt, redOp(op)); err != nil {
 			return err
 		}
 		if op == Avg {
 			FinishAvg(recv, dt, l.Size())
 		}
 	}
-	return st.treeBroadcast(ctx, local, t, 0, recv)
+	if err := st.treeBroadcastAt(ctx, &s.local, s.parent, s.children, recv); err != nil {
+		return err
+	}
+	// Only after success: a failed step may leave a send or receive of
+	// the sub-links' still running.
+	h.putLeaderLinks(s)
+	return nil
 }
 
 // hierAlltoall is the two-level all-to-all on hosts of L ranks each: an

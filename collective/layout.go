@@ -90,6 +90,12 @@ func (rp ringPos) at(p int) int {
 // a rank other than root then sends its partial result to its parent.
 func (st *steps) treeReduce(ctx context.Context, l Link, lay Layout, root int, acc []byte, dt DType, op Op) error {
 	parent, children := lay.Tree(root, l.Rank())
+	return st.treeReduceAt(ctx, l, parent, children, acc, dt, op)
+}
+
+// treeReduceAt is treeReduce at this rank's place in the tree: its parent
+// (-1 at the root) and children.
+func (st *steps) treeReduceAt(ctx context.Context, l Link, parent int, children []int, acc []byte, dt DType, op Op) error {
 	if len(children) > 0 {
 		tmp := scratchOf(l).Get(len(acc))
 		defer scratchOf(l).Put(tmp)
@@ -109,6 +115,11 @@ func (st *steps) treeReduce(ctx context.Context, l Link, lay Layout, root int, a
 // treeBroadcast copies root's buf down the tree rooted at root.
 func (st *steps) treeBroadcast(ctx context.Context, l Link, lay Layout, root int, buf []byte) error {
 	parent, children := lay.Tree(root, l.Rank())
+	return st.treeBroadcastAt(ctx, l, parent, children, buf)
+}
+
+// treeBroadcastAt is treeBroadcast at this rank's place in the tree.
+func (st *steps) treeBroadcastAt(ctx context.Context, l Link, parent int, children []int, buf []byte) error {
 	if parent >= 0 {
 		if err := st.recv(ctx, l, parent, buf); err != nil {
 			return err

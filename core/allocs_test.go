@@ -154,3 +154,43 @@ func TestAllreduceAllocsTCP(t *testing.T) {
 		})
 	}
 }
+
+// TestBarrierAllocsFour counts the allocations of a barrier among 4 ranks,
+// all ranks together. Its allgather (Bruck's) sends to three ranks, more
+// than a call's two built-in send contexts, and such a call was left to
+// the collector instead of reused: a barrier of 4 ranks or more allocated
+// a call (about 700 bytes) each time (docs/performance.md, "Garbage
+// between hosts").
+func TestBarrierAllocsFour(t *testing.T) {
+	if race.Enabled {
+		t.Skip("the race detector allocates")
+	}
+	comms, err := testNewLocalQUIC(4, testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll(t, comms)
+	ctx := context.Background()
+	run := func(n int) {
+		mustAll(t, each(comms, func(c *Comm) error {
+			for range n {
+				if err := c.Barrier(ctx); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+	}
+	run(200) // rings made, pools grown
+	const n = 2000
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	run(n)
+	runtime.ReadMemStats(&m1)
+	got := float64(m1.Mallocs-m0.Mallocs) / n
+	t.Logf("barrier, 4 ranks: %.2f allocations per call, all ranks", got)
+	// Background work (heartbeats, each rank's goroutine per run) only.
+	if got > 0.5 {
+		t.Errorf("barrier, 4 ranks: %.2f allocations per call, all ranks; want at most 0.5", got)
+	}
+}

@@ -82,7 +82,7 @@ type collCall struct {
 	smu   sync.Mutex     // guards the send contexts
 	sends [2]deadlineCtx // the first destinations' (most calls have one or two)
 	nsend int            // sends in use
-	more  []*deadlineCtx // further destinations'
+	more  []*deadlineCtx // further destinations' (kept, zeroed, past len by recycle)
 }
 
 // collArgs are a collective's arguments, held in its call so that its
@@ -97,9 +97,12 @@ type collArgs struct {
 // its request completed with err and nothing can refer to it any more: its
 // caller (Request.wait) is done with it, and no timer, watcher or goroutine
 // was started on its contexts (whose callbacks could still be running), so
-// a call that waited long or failed is left to the collector.
+// a call that waited long or failed is left to the collector. The send
+// contexts past the first two (more) stay with it for its next use: a
+// barrier of 4 ranks or more (Bruck's allgather) sends to more than two
+// ranks, and without them every barrier left its call to the collector.
 func (cc *collCall) recycle(err error) {
-	if err != nil || cc.op.ch != nil || len(cc.more) != 0 {
+	if err != nil || cc.op.ch != nil {
 		return
 	}
 	for i := range cc.nsend {
@@ -107,8 +110,16 @@ func (cc *collCall) recycle(err error) {
 			return
 		}
 	}
-	c := cc.l.c
-	*cc = collCall{}
+	for _, s := range cc.more {
+		if s.ch != nil {
+			return
+		}
+	}
+	c, more := cc.l.c, cc.more
+	for _, s := range more {
+		*s = deadlineCtx{}
+	}
+	*cc = collCall{more: more[:0]}
 	c.calls.Put(cc)
 }
 

@@ -246,6 +246,9 @@ func (l *link) sendCtx(peer int) context.Context {
 	if cc.nsend < len(cc.sends) {
 		s = &cc.sends[cc.nsend]
 		cc.nsend++
+	} else if n := len(cc.more); n < cap(cc.more) && cc.more[:n+1][n] != nil {
+		cc.more = cc.more[:n+1] // one a recycled call kept
+		s = cc.more[n]
 	} else {
 		s = new(deadlineCtx)
 		cc.more = append(cc.more, s)

@@ -17,7 +17,8 @@ import (
 // contiguous (each of a host's ring edges carries 2(n-1)/n·S, and a ring
 // crosses between hosts at least H times).
 //
-// A HostMap is immutable after NewHostMap and safe for concurrent use;
+// A HostMap is immutable after NewHostMap (its pool of per-call sub-links
+// aside) and safe for concurrent use;
 // rank numbers are the Link's.
 type HostMap struct {
 	of     []int   // rank -> host index (0..hosts-1, by first rank)

@@ -18,8 +18,7 @@ import (
 // crosses between hosts at least H times).
 //
 // A HostMap is immutable after NewHostMap (its pool of per-call sub-links
-// aside) and safe for concurrent use;
-// rank numbers are the Link's.
+// aside) and safe for concurrent use; rank numbers are the Link's.
 type HostMap struct {
 	of     []int   // rank -> host index (0..hosts-1, by first rank)
 	groups [][]int // host index -> its ranks, ascending

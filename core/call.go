@@ -95,32 +95,47 @@ type collArgs struct {
 
 // recycle gives a blocking call's collCall back to its communicator once
 // its request completed with err and nothing can refer to it any more: its
-// caller (Request.wait) is done with it, and no timer, watcher or goroutine
-// was started on its contexts (whose callbacks could still be running), so
-// a call that waited long or failed is left to the collector. The send
-// contexts past the first two (more) stay with it for its next use: a
-// barrier of 4 ranks or more (Bruck's allgather) sends to more than two
-// ranks, and without them every barrier left its call to the collector.
+// caller (Request.wait) is done with it, and it is idle, so a call that
+// waited long or failed is left to the collector.
 func (cc *collCall) recycle(err error) {
-	if err != nil || cc.op.ch != nil {
+	if err != nil || !cc.idle() {
 		return
+	}
+	c := cc.l.c
+	cc.reset()
+	c.calls.Put(cc)
+}
+
+// idle reports whether no timer, watcher or goroutine was started on the
+// call's contexts (whose callbacks could still be running): only then may
+// it be reused.
+func (cc *collCall) idle() bool {
+	if cc.op.ch != nil {
+		return false
 	}
 	for i := range cc.nsend {
 		if cc.sends[i].ch != nil {
-			return
+			return false
 		}
 	}
 	for _, s := range cc.more {
 		if s.ch != nil {
-			return
+			return false
 		}
 	}
-	c, more := cc.l.c, cc.more
+	return true
+}
+
+// reset zeroes the call for its next use. The send contexts past the first
+// two (more) stay with it, zeroed: a barrier of 4 ranks or more (Bruck's
+// allgather) sends to more than two ranks, and its call would otherwise
+// allocate them every time.
+func (cc *collCall) reset() {
+	more := cc.more
 	for _, s := range more {
 		*s = deadlineCtx{}
 	}
 	*cc = collCall{more: more[:0]}
-	c.calls.Put(cc)
 }
 
 // releaseSends releases the send contexts once the call's sends are over.

@@ -124,9 +124,29 @@ func TestAllreduceAllocsTCP(t *testing.T) {
 			}
 			defer closeAll(t, comms)
 			ctx := context.Background()
-			got := worldAllocs(t, comms, 5000, func(c *Comm, send, recv []byte) error {
-				return c.Allreduce(ctx, send, recv, collective.Float32, collective.Sum)
-			})
+			run := func(n int) {
+				errs := each(comms, func(c *Comm) error {
+					send, recv := make([]byte, 8), make([]byte, 8)
+					for range n {
+						if err := c.Allreduce(ctx, send, recv, collective.Float32, collective.Sum); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+				for r, err := range errs {
+					if err != nil {
+						t.Fatalf("rank %d: %v", r, err)
+					}
+				}
+			}
+			run(200) // channels made, pools grown
+			const n = 5000
+			var m0, m1 runtime.MemStats
+			runtime.ReadMemStats(&m0)
+			run(n)
+			runtime.ReadMemStats(&m1)
+			got := float64(m1.Mallocs-m0.Mallocs) / n
 			t.Logf("8 B allreduce over TCP, 2 ranks: %.1f allocations per call, both ranks", got)
 			if got > tcpAllreduceAllocs {
 				t.Errorf("8 B allreduce over TCP, 2 ranks: %.1f allocations per call, both ranks; want at most %d", got, tcpAllreduceAllocs)
@@ -167,36 +187,4 @@ func TestRecycleKeepsSendContexts(t *testing.T) {
 	if got := testing.AllocsPerRun(100, use); got != 0 {
 		t.Errorf("a reused call with three send destinations allocates %.1f times per use, want 0", got)
 	}
-}
-
-// worldAllocs counts the allocations of call, made n times by every rank
-// of comms at once (each rank in its own goroutine, with 8-byte send and
-// receive buffers of its own), per call, all ranks together: the process's
-// mallocs, after 200 calls have made the channels and grown the pools.
-// Not AllocsPerRun, which runs one P: ranks that spin in one process need
-// one each.
-func worldAllocs(t *testing.T, comms []*Comm, n int, call func(c *Comm, send, recv []byte) error) float64 {
-	t.Helper()
-	run := func(n int) {
-		errs := each(comms, func(c *Comm) error {
-			send, recv := make([]byte, 8), make([]byte, 8)
-			for range n {
-				if err := call(c, send, recv); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		for r, err := range errs {
-			if err != nil {
-				t.Fatalf("rank %d: %v", r, err)
-			}
-		}
-	}
-	run(200)
-	var m0, m1 runtime.MemStats
-	runtime.ReadMemStats(&m0)
-	run(n)
-	runtime.ReadMemStats(&m1)
-	return float64(m1.Mallocs-m0.Mallocs) / float64(n)
 }

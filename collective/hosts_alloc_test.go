@@ -15,13 +15,18 @@ type nullLink struct {
 	rank, size int
 	tuning     Tuning
 	scratch    *ScratchPool
+	sentTo     []int // the peers sent to, while record is set
+	record     bool
 }
 
 func (l *nullLink) Rank() int             { return l.rank }
 func (l *nullLink) Size() int             { return l.size }
 func (l *nullLink) Tuning() *Tuning       { return &l.tuning }
 func (l *nullLink) Scratch() *ScratchPool { return l.scratch }
-func (l *nullLink) Send(context.Context, int, uint32, []byte) error {
+func (l *nullLink) Send(_ context.Context, peer int, _ uint32, _ []byte) error {
+	if l.record {
+		l.sentTo = append(l.sentTo, peer)
+	}
 	return nil
 }
 func (l *nullLink) Recv(_ context.Context, _ int, _ uint32, buf []byte) error {
@@ -33,7 +38,9 @@ func (l *nullLink) Recv(_ context.Context, _ int, _ uint32, buf []byte) error {
 // several ranks per host) allocates nothing per call, on a leader and on
 // the other ranks, once its sub-links are in the HostMap's pool. It made
 // two sub-links, a list of leaders and a tree per call, and with ranks
-// that share cores each garbage collection was a slow call.
+// that share cores each garbage collection was a slow call. A first call
+// shows that the schedule is the leader one: a rank that is not its
+// host's leader sends once, to a rank of its own host.
 func TestLeaderAllreduceAllocs(t *testing.T) {
 	if race.Enabled {
 		t.Skip("the race detector allocates, and its sync.Pool drops items at random")
@@ -42,7 +49,7 @@ func TestLeaderAllreduceAllocs(t *testing.T) {
 	for _, rank := range []int{0, 1, 4, 7} {
 		tun := testTuning.WithDefaults()
 		tun.Hosts = hosts
-		l := &nullLink{rank: rank, size: hosts.Size(), tuning: tun, scratch: NewScratchPool(1 << 20)}
+		l := &nullLink{rank: rank, size: hosts.Size(), tuning: tun, scratch: NewScratchPool(1 << 20), record: true}
 		buf := make([]byte, 8)
 		ctx := context.Background()
 		call := func() {
@@ -51,6 +58,10 @@ func TestLeaderAllreduceAllocs(t *testing.T) {
 			}
 		}
 		call()
+		l.record = false
+		if mine, li := hosts.place(rank); li != 0 && (len(l.sentTo) != 1 || hosts.Of(l.sentTo[0]) != hosts.Of(rank)) {
+			t.Fatalf("rank %d (local rank %d of %v) sent to %v: not the leader schedule", rank, li, mine, l.sentTo)
+		}
 		if got := testing.AllocsPerRun(100, call); got != 0 {
 			t.Errorf("rank %d: the leader allreduce allocates %.1f times per call, want 0", rank, got)
 		}
